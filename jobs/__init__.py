@@ -1,0 +1,1 @@
+"""tierq: a durable, tiered job scheduler for expensive (GPU) work."""

@@ -1,0 +1,163 @@
+"""Settings: one pydantic-settings class, read from a TOML file and the environment.
+
+Precedence, highest first: constructor arguments, ``TIERQ_*`` environment variables (nested
+with ``__``: ``TIERQ_TIERS__FREE__MAX_WAIT_S``), the TOML file named by ``TIERQ_CONFIG``,
+then the defaults. The three default tiers apply unless the TOML file declares its own
+``[tiers]``; environment variables for a default tier override single fields of it.
+
+Nothing is built at import time: call ``load_settings()`` and pass the result on.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from jobs import policy
+from jobs.errors import ConfigError
+
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Share = Annotated[float, Field(gt=0, le=1)]
+
+DEFAULT_TIERS: dict[str, dict[str, Any]] = {
+    "premium": {"base_priority": 0, "max_wait_s": 5, "tenant_share": 0.25},
+    "standard": {"base_priority": 10, "max_wait_s": 20, "tenant_share": 0.10},
+    "free": {"base_priority": 20, "max_wait_s": 60, "tenant_share": 0.04},
+}
+
+
+class TierSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_priority: NonNegative
+    max_wait_s: Positive
+    tenant_share: Share
+    queued_share: Share | None = None
+    rate_per_s: Positive | None = None
+    rate_burst: Annotated[int, Field(ge=1)] | None = None
+
+
+class PolicySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ageing_rate_s: Positive = 6.0
+    pool_concurrency: Annotated[int, Field(ge=1)] | None = None
+    mean_service_s: Positive = 6.0
+    client_timeout_s: Positive | None = None
+    lease_ttl_s: Positive = 30.0
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    retry_backoff_s: NonNegative = 2.0
+    retry_backoff_max_s: NonNegative = 300.0
+
+
+class ApiSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TIERQ_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        case_sensitive=False,
+    )
+
+    data_dir: Path = Path(".tierq")
+    database_url: str | None = None
+    redis_url: str | None = None
+    broker_url: str | None = None
+    admin_key: str | None = None
+    # Every Redis key tierq writes starts with this; one hash tag keeps them in one slot.
+    key_prefix: str = "{tierq}:"
+    config: Path | None = None
+
+    policy: PolicySettings = PolicySettings()
+    api: ApiSettings = ApiSettings()
+    tiers: dict[str, TierSettings] = Field(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSource(settings_cls))
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if not self.tiers:
+            raise ValueError("tiers: at least one tier must be configured")
+        for name in self.tiers:
+            if not name.isidentifier() or name != name.lower():
+                raise ValueError(
+                    f"tiers.{name!s}: a tier name must be a lower-case identifier"
+                )
+        if not self.key_prefix.startswith("{") or "}" not in self.key_prefix:
+            raise ValueError("key_prefix: must start with one hash tag, e.g. '{tierq}:'")
+        return self
+
+    def build_policy(self) -> policy.Policy:
+        tiers = {
+            name: policy.Tier(name=name, **tier.model_dump()) for name, tier in self.tiers.items()
+        }
+        return policy.Policy(tiers=tiers, **self.policy.model_dump())
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'tierq.db').resolve()}"
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """The TOML file named by ``TIERQ_CONFIG`` (or ``config=``), plus the default tiers."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ returns the whole mapping at once
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("TIERQ_CONFIG")
+        data: dict[str, Any] = {}
+        if path:
+            try:
+                data = tomllib.loads(Path(path).read_text())
+            except OSError as exc:
+                raise ValueError(f"config: cannot read {path}: {exc.strerror}") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise ValueError(f"config: {path} is not valid TOML: {exc}") from exc
+        if "tiers" not in data:
+            data["tiers"] = {name: dict(values) for name, values in DEFAULT_TIERS.items()}
+        return data
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the settings; raise ``ConfigError`` naming every bad field."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(part) for part in err["loc"]) or "settings"
+        lines.append(f"{field}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(lines)

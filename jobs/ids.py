@@ -1,0 +1,22 @@
+"""Identifiers. Job ids are time-ordered (UUID version 7 layout), so the dispatch index's
+tie-break on equal order keys (byte order of ids) follows arrival order."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+
+def new_job_id(now: float | None = None) -> str:
+    """A UUIDv7: 48 bits of Unix milliseconds, then random bits."""
+    ms = int((time.time() if now is None else now) * 1000) & ((1 << 48) - 1)
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms << 80) | rand
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=value))
+
+
+def new_tenant_id() -> str:
+    return str(uuid.uuid4())

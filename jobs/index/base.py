@@ -1,0 +1,144 @@
+"""The dispatch index seam: what the scheduler needs from Redis, as a Protocol.
+
+Two implementations share one contract test suite (tests/integration/test_index_contract.py):
+``RedisIndex`` (Lua scripts, the real thing) and ``MemoryIndex`` (an in-memory twin for the
+simulator and model-based tests). Time is always passed in (``now``, epoch seconds); neither
+implementation reads a clock.
+
+Order: queued jobs are dispatched by ``order_key`` ascending, ties broken by job id (byte
+order; job ids are time-ordered, so ties go in arrival order). A tenant at its cap keeps its
+queued jobs and their keys; other tenants move ahead of it until it drops under its cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexedJob:
+    """What the index knows of a queued job."""
+
+    job_id: str
+    tenant: str
+    tier: str
+    order_key: float
+    # The job must have started by then or it expires (None: never).
+    start_by: float | None = None
+    # Retry backoff: not dispatched before this time (None: at once).
+    not_before: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admitted:
+    accepted: bool
+    # The tier's queued count after the call (before it, if refused).
+    tier_queued: int
+    # The tenant's queued count after the call (before it, if refused).
+    tenant_queued: int
+    # Jobs ahead of this one in dispatch order (when accepted); the position it would have
+    # had (when refused).
+    position: int
+    # Why it was refused: "capacity" (tier at its bound) or "tenant_limit" (tenant quota).
+    reason: str | None = None
+    # The job id was already indexed: nothing changed.
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    job_id: str
+    tenant: str
+    tier: str
+    order_key: float
+    expires_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierDepth:
+    queued: int
+    oldest_order_key: float | None
+
+
+class DispatchIndex(Protocol):
+    """Queued jobs by order key, tenant caps, and in-flight leases."""
+
+    def admit(
+        self, job: IndexedJob, *, bound: int, tenant_quota: int | None = None
+    ) -> Admitted:
+        """Index ``job`` if its tier holds fewer than ``bound`` queued jobs (and its tenant
+        fewer than ``tenant_quota``), as one atomic step; refuse otherwise, leaving nothing."""
+        ...
+
+    def requeue(self, job: IndexedJob) -> None:
+        """Index an already accepted job again (reaped, retried, rebuilt): no bound check."""
+        ...
+
+    def set_caps(
+        self, tier_caps: Mapping[str, int], tenant_caps: Mapping[str, int] | None = None
+    ) -> None:
+        """Set the concurrency cap of each tier's tenants (and per-tenant overrides, which
+        replace all earlier overrides). Tenants that are now under their cap become runnable."""
+        ...
+
+    def dispatch(self, n: int, *, now: float, lease_ttl_s: float) -> list[Lease]:
+        """Pop up to ``n`` jobs in order-key order across runnable tenants, skipping tenants
+        at their cap (they keep their place), and lease each until ``now + lease_ttl_s``.
+        Jobs whose ``not_before`` is later than ``now`` wait; jobs past ``start_by`` are
+        still returned (the caller expires them: the index does not know SQL)."""
+        ...
+
+    def renew(self, job_id: str, *, expires_at: float) -> bool:
+        """Extend a lease; False when the lease is gone (reaped): the holder must stop."""
+        ...
+
+    def release(self, job_id: str) -> bool:
+        """Drop a lease. True when its tenant became runnable again (wake the dispatcher)."""
+        ...
+
+    def cancel(self, job_id: str) -> bool:
+        """Remove a queued job; False when it is not queued here."""
+        ...
+
+    def reap(self, *, now: float, limit: int = 1000) -> list[Lease]:
+        """Remove and return leases that expired at or before ``now`` (oldest first)."""
+        ...
+
+    def expire_due(self, *, now: float, limit: int = 1000) -> list[IndexedJob]:
+        """Remove and return queued jobs whose ``start_by`` is at or before ``now``."""
+        ...
+
+    def position(self, job_id: str) -> int | None:
+        """Queued jobs ahead of this one in order-key order (all tenants, all tiers)."""
+        ...
+
+    def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
+        """Each tier's queued count and oldest order key."""
+        ...
+
+    def register_worker(self, worker_id: str, *, slots: int, expires_at: float) -> None:
+        """Record a live worker's slots until ``expires_at`` (its heartbeat renews it)."""
+        ...
+
+    def unregister_worker(self, worker_id: str) -> None:
+        ...
+
+    def pool_capacity(self, *, now: float) -> int:
+        """Sum of the slots of workers whose registration has not expired at ``now``."""
+        ...
+
+    def inflight(self) -> int:
+        """Leases held now, over all tenants."""
+        ...
+
+    def tenant_inflight(self, tenant: str) -> int:
+        ...
+
+    def tenant_queued(self, tenant: str) -> int:
+        ...
+
+    def clear(self) -> None:
+        """Delete everything this index holds (before a rebuild from SQL)."""
+        ...

@@ -1,0 +1,120 @@
+"""Tier policy: the order key, queue bounds, tenant caps and the ageing guarantee.
+
+Pure functions of their arguments: no clock, no I/O, standard library only. Every other
+module asks this one for the numbers, so the maths lives in one place (see docs/policy.md).
+
+- Ageing: ``effective_priority = base_priority - waited / ageing_rate`` (lower is served
+  sooner). With one ageing rate for all tiers the relative order of two queued jobs never
+  changes, so it equals ordering by the static ``order_key = enqueued_at + base_priority *
+  ageing_rate``: a virtual deadline, computed once on insert.
+- Bound (Little's law): ``queue_bound = max(1, floor(mu * min(max_wait, client_timeout)))``.
+- Cap: ``tenant_cap = max(1, floor(pool_concurrency * tenant_share))``; never 0, which would
+  block a tenant forever.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tier:
+    """A service class. The tenant's record names its tier; clients never choose it."""
+
+    name: str
+    base_priority: float
+    max_wait_s: float
+    tenant_share: float
+    # Share of the tier's bound one tenant may hold queued (None: same as tenant_share).
+    queued_share: float | None = None
+    # Token-bucket request rate per tenant (submits/s); None means unlimited.
+    rate_per_s: float | None = None
+    rate_burst: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """The validated policy; built from settings by ``jobs.config``."""
+
+    tiers: Mapping[str, Tier]
+    ageing_rate_s: float = 6.0
+    pool_concurrency: int | None = None
+    mean_service_s: float = 6.0
+    client_timeout_s: float | None = None
+    lease_ttl_s: float = 30.0
+    max_attempts: int = 3
+    retry_backoff_s: float = 2.0
+    retry_backoff_max_s: float = 300.0
+
+    def tier(self, name: str) -> Tier:
+        return self.tiers[name]
+
+    def order_key(self, tier: str, enqueued_at: float) -> float:
+        return order_key(enqueued_at, self.tiers[tier].base_priority, self.ageing_rate_s)
+
+
+def order_key(enqueued_at: float, base_priority: float, ageing_rate_s: float) -> float:
+    """The static dispatch key: the time at which a fresh top-priority job would tie."""
+    return enqueued_at + base_priority * ageing_rate_s
+
+
+def effective_priority(
+    base_priority: float, waited_s: float, ageing_rate_s: float
+) -> float:
+    """Priority after waiting ``waited_s``; lower is served sooner."""
+    return base_priority - waited_s / ageing_rate_s
+
+
+def service_rate(capacity: int, mean_service_s: float) -> float:
+    """Jobs per second the pool completes: ``mu = capacity / mean_service_time``."""
+    if mean_service_s <= 0:
+        raise ValueError("mean_service_s must be > 0")
+    return max(0, capacity) / mean_service_s
+
+
+def useful_wait_s(tier: Tier, client_timeout_s: float | None = None) -> float:
+    """The longest wait still useful: the tier's ``max_wait_s``, capped by a client timeout."""
+    if client_timeout_s is None:
+        return tier.max_wait_s
+    return min(tier.max_wait_s, client_timeout_s)
+
+
+def queue_bound(tier: Tier, mu: float, client_timeout_s: float | None = None) -> int:
+    """How many jobs of this tier may wait: ``max(1, floor(mu * W))``."""
+    return max(1, math.floor(mu * useful_wait_s(tier, client_timeout_s) + 1e-9))
+
+
+def tenant_cap(tier: Tier, pool_concurrency: int) -> int:
+    """Jobs one tenant of this tier may run at once, fleet-wide."""
+    return max(1, math.floor(pool_concurrency * tier.tenant_share + 1e-9))
+
+
+def tenant_quota(tier: Tier, bound: int) -> int:
+    """Jobs one tenant of this tier may hold queued, so no tenant can fill the tier alone."""
+    share = tier.queued_share if tier.queued_share is not None else tier.tenant_share
+    return max(1, math.floor(bound * share + 1e-9))
+
+
+def ageing_guarantee_s(tier: Tier, tiers: Mapping[str, Tier], ageing_rate_s: float) -> float:
+    """Seconds after which a job of ``tier`` ties with fresh work of the best tier."""
+    best = min(t.base_priority for t in tiers.values())
+    return (tier.base_priority - best) * ageing_rate_s
+
+
+def ageing_rate_for(guarantee_s: float, tier: Tier, tiers: Mapping[str, Tier]) -> float:
+    """The ageing rate (seconds per point) that makes ``tier`` tie with the best tier
+    after ``guarantee_s``: "free within 120 s" with priorities 0 and 20 gives 6 s/point."""
+    best = min(t.base_priority for t in tiers.values())
+    gap = tier.base_priority - best
+    if gap <= 0:
+        raise ValueError(f"tier {tier.name!r} already has the best priority")
+    if guarantee_s <= 0:
+        raise ValueError("guarantee_s must be > 0")
+    return guarantee_s / gap
+
+
+def retry_backoff_s(attempt: int, base_s: float, max_s: float) -> float:
+    """Delay before a retryable failure of ``attempt`` (1-based) may run again."""
+    return min(max_s, base_s * 2 ** max(0, attempt - 1))

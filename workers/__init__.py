@@ -1,0 +1,1 @@
+"""Celery workers: queues, the run-job task, handlers."""
