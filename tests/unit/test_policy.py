@@ -1,0 +1,131 @@
+"""The policy maths, checked against the worked example of docs/policy.md."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobs import policy
+from jobs.config import load_settings
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def tiers() -> dict[str, policy.Tier]:
+    return dict(load_settings().build_policy().tiers)
+
+
+def test_service_rate_of_24_slots_at_6s_is_4_per_second() -> None:
+    assert policy.service_rate(24, 6.0) == 4.0
+
+
+def test_bounds_follow_littles_law(tiers: dict[str, policy.Tier]) -> None:
+    mu = policy.service_rate(24, 6.0)
+    bounds = {name: policy.queue_bound(tier, mu) for name, tier in tiers.items()}
+    assert bounds == {"premium": 20, "standard": 80, "free": 240}
+
+
+def test_client_timeout_caps_the_useful_wait(tiers: dict[str, policy.Tier]) -> None:
+    mu = policy.service_rate(24, 6.0)
+    assert policy.queue_bound(tiers["free"], mu, client_timeout_s=30) == 120
+    # A timeout longer than the tier's own wait changes nothing.
+    assert policy.queue_bound(tiers["premium"], mu, client_timeout_s=30) == 20
+
+
+def test_bound_is_at_least_one(tiers: dict[str, policy.Tier]) -> None:
+    assert policy.queue_bound(tiers["premium"], 0.0) == 1
+    assert policy.queue_bound(tiers["premium"], 0.01) == 1
+
+
+def test_caps_of_a_24_slot_pool(tiers: dict[str, policy.Tier]) -> None:
+    caps = {name: policy.tenant_cap(tier, 24) for name, tier in tiers.items()}
+    # 24 × 0.04 = 0.96 rounds down to 0, and a cap of 0 would block the tenant forever.
+    assert caps == {"premium": 6, "standard": 2, "free": 1}
+
+
+def test_quota_defaults_to_the_tenant_share_of_the_bound(tiers: dict[str, policy.Tier]) -> None:
+    assert policy.tenant_quota(tiers["premium"], 20) == 5
+    assert policy.tenant_quota(tiers["free"], 240) == 9
+    assert policy.tenant_quota(tiers["free"], 10) == 1
+
+
+def test_free_within_120s_means_6s_per_point(tiers: dict[str, policy.Tier]) -> None:
+    assert policy.ageing_rate_for(120, tiers["free"], tiers) == 6.0
+    assert policy.ageing_guarantee_s(tiers["free"], tiers, 6.0) == 120.0
+    assert policy.ageing_guarantee_s(tiers["standard"], tiers, 6.0) == 60.0
+    assert policy.ageing_guarantee_s(tiers["premium"], tiers, 6.0) == 0.0
+    with pytest.raises(ValueError, match="best priority"):
+        policy.ageing_rate_for(120, tiers["premium"], tiers)
+
+
+def test_a_free_job_that_waited_60s_outranks_fresh_standard_work(
+    tiers: dict[str, policy.Tier],
+) -> None:
+    rate = 6.0
+    free = policy.order_key(1000.0, tiers["free"].base_priority, rate)
+    fresh_standard = policy.order_key(1060.0, tiers["standard"].base_priority, rate)
+    assert free == fresh_standard  # they tie exactly at 60 s ...
+    later_standard = policy.order_key(1060.5, tiers["standard"].base_priority, rate)
+    assert free < later_standard  # ... and the free job wins once it has waited longer
+    assert policy.effective_priority(20, 61, rate) < policy.effective_priority(10, 0, rate)
+
+
+def test_a_free_job_ties_with_fresh_premium_work_at_120s(
+    tiers: dict[str, policy.Tier],
+) -> None:
+    rate = 6.0
+    free = policy.order_key(1000.0, tiers["free"].base_priority, rate)
+    assert free == policy.order_key(1120.0, tiers["premium"].base_priority, rate)
+    assert policy.effective_priority(20, 120, rate) == policy.effective_priority(0, 0, rate)
+
+
+def test_retry_backoff_doubles_up_to_its_ceiling() -> None:
+    assert [policy.retry_backoff_s(a, 2.0, 10.0) for a in (1, 2, 3, 4, 5)] == [2, 4, 8, 10, 10]
+
+
+# Times on a 1/1024 s grid and rates whose products with the priorities are exact in binary
+# floating point, so the static key is computed without rounding and ties are real ties.
+times = st.integers(min_value=0, max_value=10_000 * 1024).map(lambda t: t / 1024)
+jobs_strategy = st.lists(
+    st.tuples(st.sampled_from([0.0, 10.0, 20.0]), times), min_size=1, max_size=40
+)
+
+
+@given(jobs=jobs_strategy, now=times, rate=st.sampled_from([1 / 32, 0.25, 1.0, 6.0, 30.0]))
+def test_order_key_sorts_like_effective_priority(
+    jobs: list[tuple[float, float]], now: float, rate: float
+) -> None:
+    """For any jobs and any ``now``: sorting by the static key equals sorting by effective
+    priority at ``now`` (computed exactly), ties in arrival order (index in the list)."""
+
+    def exact_priority(i: int) -> Fraction:
+        base, enqueued_at = jobs[i]
+        return Fraction(base) - (Fraction(now) - Fraction(enqueued_at)) / Fraction(rate)
+
+    arrival = range(len(jobs))
+    by_key = sorted(arrival, key=lambda i: (policy.order_key(jobs[i][1], jobs[i][0], rate), i))
+    by_priority = sorted(arrival, key=lambda i: (exact_priority(i), i))
+    assert by_key == by_priority
+
+
+@given(
+    capacity=st.integers(min_value=0, max_value=10_000),
+    mean=st.floats(min_value=0.01, max_value=3_600),
+    wait=st.floats(min_value=0.01, max_value=86_400),
+    share=st.floats(min_value=1e-6, max_value=1.0),
+)
+def test_bounds_and_caps_are_never_below_one(
+    capacity: int, mean: float, wait: float, share: float
+) -> None:
+    tier = policy.Tier(name="t", base_priority=0, max_wait_s=wait, tenant_share=share)
+    mu = policy.service_rate(capacity, mean)
+    bound = policy.queue_bound(tier, mu)
+    assert bound >= 1
+    assert bound <= max(1, math.floor(mu * wait) + 1)
+    assert policy.tenant_cap(tier, capacity) >= 1
+    assert policy.tenant_quota(tier, bound) >= 1
