@@ -118,7 +118,27 @@ class Settings(BaseSettings):
         return policy.Policy(tiers=tiers, **self.policy.model_dump())
 
     def resolved_database_url(self) -> str:
+        """The configured URL, else the SQLite file in the data directory."""
         return self.database_url or f"sqlite:///{(self.data_dir / 'tierq.db').resolve()}"
+
+    def resolved_redis_url(self) -> str:
+        """The configured URL, else the embedded Redis of ``tierq up`` when its socket is in
+        the data directory, else a local server on the default port."""
+        if self.redis_url:
+            return self.redis_url
+        socket = (self.data_dir / "redis.sock").resolve()
+        if socket.exists():
+            return f"unix://{socket}"
+        return "redis://127.0.0.1:6379/0"
+
+    def resolved_broker_url(self) -> str:
+        """Celery's broker: the configured one, else the Redis above in kombu's spelling."""
+        if self.broker_url:
+            return self.broker_url
+        url = self.resolved_redis_url()
+        if url.startswith("unix://"):
+            return "redis+socket://" + url.removeprefix("unix://")
+        return url
 
 
 class _TomlSource(PydanticBaseSettingsSource):

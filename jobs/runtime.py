@@ -20,9 +20,6 @@ from jobs.db.engine import make_engine, make_sessionmaker
 from jobs.index.redis_index import RedisIndex
 from jobs.policy import Policy
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
 @dataclass
 class Runtime:
     settings: Settings
@@ -36,7 +33,7 @@ class Runtime:
     @classmethod
     def from_settings(cls, settings: Settings) -> Runtime:
         engine = make_engine(settings.resolved_database_url())
-        client = redis_client(settings.redis_url or DEFAULT_REDIS_URL)
+        client = redis_client(settings.resolved_redis_url())
         return cls(
             settings=settings,
             policy=settings.build_policy(),
