@@ -1,0 +1,327 @@
+"""The job repository: every SQL statement tierq runs lives here.
+
+Functions take a ``Session`` first and never commit; the caller owns the transaction
+(``with session.begin():``). They return domain values (``jobs.domain``), never ORM rows.
+
+- A state change is one conditional ``UPDATE ... WHERE id = :id AND status = :src AND
+  attempt = :attempt``; it happened iff exactly one row changed. A move not in
+  ``jobs.states.TRANSITIONS`` raises ``IllegalTransition`` before any SQL runs.
+- Unique violations are caught inside a SAVEPOINT, so the caller's transaction survives (on
+  PostgreSQL a failed statement otherwise aborts the whole transaction), and are translated:
+  a used idempotency key becomes ``DuplicateJob``, a taken tenant name ``InvalidRequest``.
+- Reads refresh any row the session already holds (``populate_existing``): conditional
+  UPDATEs bypass the identity map, so a cached row could otherwise be stale.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from jobs.db.models import JobRow, TenantRow
+from jobs.domain import Job, NewJob, Tenant
+from jobs.errors import DuplicateJob, IllegalTransition, InvalidRequest
+from jobs.states import NEW_ATTEMPT, TERMINAL, Status, is_legal
+
+# Refresh rows the session already holds (see the module docstring).
+FRESH: Mapping[str, Any] = {"populate_existing": True}
+
+TENANT_FIELDS = frozenset({"tier", "api_key_hash", "cap", "max_queued", "rate_per_s", "rate_burst"})
+TRANSITION_FIELDS = frozenset({"result", "error", "not_before", "cancel_requested"})
+
+
+def _dt(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=UTC)
+
+
+def _dt_or_none(epoch: float | None) -> datetime | None:
+    return None if epoch is None else _dt(epoch)
+
+
+def _rowcount(session: Session, stmt: sa.Update) -> int:
+    stmt = stmt.execution_options(synchronize_session=False)
+    result = cast(CursorResult[Any], session.execute(stmt))
+    return result.rowcount
+
+
+# -- tenants ---------------------------------------------------------------------------------
+
+
+def create_tenant(
+    session: Session, *, name: str, tier: str, api_key_hash: str, now: float
+) -> Tenant:
+    row = TenantRow(
+        id=str(uuid.uuid4()), name=name, tier=tier, api_key_hash=api_key_hash, created_at=_dt(now)
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        if tenant_by_name(session, name) is None:
+            raise
+        raise InvalidRequest(f"a tenant named {name!r} already exists", name=name) from None
+    return Tenant.from_row(row)
+
+
+def get_tenant(session: Session, tenant_id: str) -> Tenant | None:
+    return _tenant_where(session, TenantRow.id == tenant_id)
+
+
+def tenant_by_name(session: Session, name: str) -> Tenant | None:
+    return _tenant_where(session, TenantRow.name == name)
+
+
+def tenant_by_key_hash(session: Session, key_hash: str) -> Tenant | None:
+    return _tenant_where(session, TenantRow.api_key_hash == key_hash)
+
+
+def _tenant_where(session: Session, criterion: sa.ColumnElement[bool]) -> Tenant | None:
+    stmt = sa.select(TenantRow).where(criterion).limit(1)
+    row = session.scalars(stmt, execution_options=FRESH).first()
+    return None if row is None else Tenant.from_row(row)
+
+
+def list_tenants(session: Session) -> list[Tenant]:
+    rows = session.scalars(sa.select(TenantRow).order_by(TenantRow.name), execution_options=FRESH)
+    return [Tenant.from_row(row) for row in rows]
+
+
+def update_tenant(
+    session: Session, tenant_id: str, **fields: str | int | float | None
+) -> Tenant | None:
+    """Change the tier, the key hash or the overrides; None when there is no such tenant."""
+    unknown = set(fields) - TENANT_FIELDS
+    if unknown:
+        raise TypeError(f"update_tenant() got unexpected fields {sorted(unknown)}")
+    if fields:
+        stmt = sa.update(TenantRow).where(TenantRow.id == tenant_id).values(**fields)
+        if _rowcount(session, stmt) != 1:
+            return None
+    return get_tenant(session, tenant_id)
+
+
+# -- jobs: insert and read -------------------------------------------------------------------
+
+
+def insert_job(session: Session, new: NewJob) -> Job:
+    """Insert a queued job, attempt 1. A used idempotency key raises ``DuplicateJob``."""
+    row = _new_row(new)
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        if new.idempotency_key is None:
+            raise
+        existing = job_by_idempotency_key(session, new.tenant_id, new.idempotency_key)
+        if existing is None:
+            raise
+        raise DuplicateJob(
+            "this idempotency key was already used by this tenant", job_id=existing.id
+        ) from None
+    return Job.from_row(row)
+
+
+def _new_row(new: NewJob) -> JobRow:
+    created_at = new.enqueued_at if new.created_at is None else new.created_at
+    return JobRow(
+        id=new.id,
+        tenant_id=new.tenant_id,
+        tier=new.tier,
+        kind=new.kind,
+        payload=new.payload,
+        status=Status.QUEUED.value,
+        attempt=1,
+        max_attempts=new.max_attempts,
+        order_key=new.order_key,
+        created_at=_dt(created_at),
+        enqueued_at=_dt(new.enqueued_at),
+        max_wait_s=new.max_wait_s,
+        start_by=_dt_or_none(new.start_by),
+        idempotency_key=new.idempotency_key,
+        cancel_requested=False,
+    )
+
+
+def job_by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None:
+    stmt = sa.select(JobRow).where(JobRow.tenant_id == tenant_id, JobRow.idempotency_key == key)
+    row = session.scalars(stmt.limit(1), execution_options=FRESH).first()
+    return None if row is None else Job.from_row(row)
+
+
+def get_job(session: Session, job_id: str, *, tenant_id: str | None = None) -> Job | None:
+    """The job; with ``tenant_id``, another tenant's job is None (never "forbidden")."""
+    stmt = sa.select(JobRow).where(JobRow.id == job_id)
+    if tenant_id is not None:
+        stmt = stmt.where(JobRow.tenant_id == tenant_id)
+    row = session.scalars(stmt.limit(1), execution_options=FRESH).first()
+    return None if row is None else Job.from_row(row)
+
+
+def get_jobs(session: Session, job_ids: Iterable[str]) -> dict[str, Job]:
+    """The jobs among ``job_ids`` that exist, by id, in one query (a dispatch batch)."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    stmt = sa.select(JobRow).where(JobRow.id.in_(ids))
+    return {row.id: Job.from_row(row) for row in session.scalars(stmt, execution_options=FRESH)}
+
+
+def list_jobs(
+    session: Session,
+    *,
+    tenant_id: str,
+    status: Status | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> tuple[list[Job], str | None]:
+    """One page of the tenant's jobs, newest first, and the cursor of the next (None: last)."""
+    if limit < 1:
+        raise InvalidRequest("limit must be at least 1", limit=limit)
+    stmt = sa.select(JobRow).where(JobRow.tenant_id == tenant_id)
+    if status is not None:
+        stmt = stmt.where(JobRow.status == status.value)
+    if cursor is not None:
+        stmt = stmt.where(JobRow.id < _decode_cursor(cursor))
+    stmt = stmt.order_by(JobRow.id.desc()).limit(limit + 1)
+    rows = session.scalars(stmt, execution_options=FRESH).all()
+    page = [Job.from_row(row) for row in rows[:limit]]
+    next_cursor = _encode_cursor(page[-1].id) if len(rows) > limit else None
+    return page, next_cursor
+
+
+def _encode_cursor(job_id: str) -> str:
+    return base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> str:
+    """The job id the previous page ended on; anything else is an invalid request."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        job_id = str(uuid.UUID(text))
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidRequest("invalid cursor", cursor=cursor) from None
+    if job_id != text:
+        raise InvalidRequest("invalid cursor", cursor=cursor)
+    return job_id
+
+
+# -- jobs: state changes ---------------------------------------------------------------------
+
+
+def transition(
+    session: Session,
+    job_id: str,
+    *,
+    src: Status,
+    attempt: int,
+    dst: Status,
+    now: float,
+    **fields: Any,
+) -> bool:
+    """Compare-and-set ``(status, attempt)``: True iff this call made the move.
+
+    ``fields`` may set ``result``, ``error``, ``not_before`` (epoch seconds) and
+    ``cancel_requested``. False means the job was not in ``(src, attempt)``: a late or
+    duplicated message, which must change nothing.
+    """
+    if not is_legal(src, dst):
+        raise IllegalTransition(
+            f"{src.value} -> {dst.value} is not a legal move", job_id=job_id, src=src, dst=dst
+        )
+    unknown = set(fields) - TRANSITION_FIELDS
+    if unknown:
+        raise TypeError(f"transition() got unexpected fields {sorted(unknown)}")
+    stmt = (
+        sa.update(JobRow)
+        .where(JobRow.id == job_id, JobRow.status == src.value, JobRow.attempt == attempt)
+        .values(_transition_values(src, attempt, dst, now, fields))
+    )
+    return _rowcount(session, stmt) == 1
+
+
+def _transition_values(
+    src: Status, attempt: int, dst: Status, now: float, fields: dict[str, Any]
+) -> dict[str, Any]:
+    values: dict[str, Any] = {"status": dst.value}
+    if dst is Status.DISPATCHED:
+        values["dispatched_at"] = _dt(now)
+    elif dst is Status.RUNNING:
+        values["started_at"] = _dt(now)
+    elif dst.terminal:
+        values["finished_at"] = _dt(now)
+    if (src, dst) in NEW_ATTEMPT:
+        values.update(attempt=attempt + 1, dispatched_at=None, started_at=None)
+    for name, value in fields.items():
+        values[name] = _dt_or_none(value) if name == "not_before" else value
+    return values
+
+
+def request_cancel(session: Session, job_id: str) -> bool:
+    """Flag a job that has not finished for cancellation; False when it has (or is unknown)."""
+    stmt = (
+        sa.update(JobRow)
+        .where(JobRow.id == job_id, JobRow.status.not_in([s.value for s in TERMINAL]))
+        .values(cancel_requested=True)
+    )
+    return _rowcount(session, stmt) == 1
+
+
+# -- jobs: bulk reads for the index rebuild and metrics --------------------------------------
+
+
+def jobs_in_status(session: Session, statuses: Iterable[Status]) -> list[Job]:
+    """Jobs in these states in dispatch order (``order_key``, then id): rebuilds the index."""
+    values = [status.value for status in statuses]
+    stmt = sa.select(JobRow).where(JobRow.status.in_(values)).order_by(JobRow.order_key, JobRow.id)
+    return [Job.from_row(row) for row in session.scalars(stmt, execution_options=FRESH)]
+
+
+def count_by_status(session: Session) -> dict[Status, int]:
+    """Every state with its number of jobs (0 included)."""
+    counts = dict.fromkeys(Status, 0)
+    stmt = sa.select(JobRow.status, sa.func.count()).group_by(JobRow.status)
+    for status, count in session.execute(stmt):
+        counts[Status(status)] = count
+    return counts
+
+
+def recent_service_times(session: Session, *, limit: int) -> list[float]:
+    """Run time (finished - started) of the last ``limit`` finished runs, newest first."""
+    stmt = (
+        sa.select(JobRow.started_at, JobRow.finished_at)
+        .where(
+            JobRow.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]),
+            JobRow.started_at.is_not(None),
+            JobRow.finished_at.is_not(None),
+        )
+        .order_by(JobRow.finished_at.desc(), JobRow.id.desc())
+        .limit(limit)
+    )
+    return [
+        (finished - started).total_seconds()
+        for started, finished in session.execute(stmt)
+        if started is not None and finished is not None
+    ]
+
+
+def recent_waits(session: Session, *, tier: str, since: float) -> list[float]:
+    """Queue wait (started - enqueued) of the tier's jobs that started at or after ``since``."""
+    stmt = (
+        sa.select(JobRow.enqueued_at, JobRow.started_at)
+        .where(JobRow.tier == tier, JobRow.started_at >= _dt(since))
+        .order_by(JobRow.started_at)
+    )
+    return [
+        (started - enqueued).total_seconds()
+        for enqueued, started in session.execute(stmt)
+        if started is not None
+    ]
