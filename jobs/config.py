@@ -22,7 +22,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from jobs import policy
+from jobs import policy as tier_policy
 from jobs.errors import ConfigError
 
 Positive = Annotated[float, Field(gt=0)]
@@ -111,11 +111,11 @@ class Settings(BaseSettings):
             raise ValueError("key_prefix: must start with one hash tag, e.g. '{tierq}:'")
         return self
 
-    def build_policy(self) -> policy.Policy:
+    def build_policy(self) -> tier_policy.Policy:
         tiers = {
-            name: policy.Tier(name=name, **tier.model_dump()) for name, tier in self.tiers.items()
+            name: tier_policy.Tier(name=name, **tier.model_dump()) for name, tier in self.tiers.items()
         }
-        return policy.Policy(tiers=tiers, **self.policy.model_dump())
+        return tier_policy.Policy(tiers=tiers, **self.policy.model_dump())
 
     def resolved_database_url(self) -> str:
         """The configured URL, else the SQLite file in the data directory."""

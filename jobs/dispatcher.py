@@ -21,7 +21,6 @@ import logging
 import signal
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,7 +108,7 @@ class Dispatcher:
             return
         stats.reaped += len(leases)
         with self.runtime.sessions.begin() as session:
-            jobs = _load(session, (lease.job_id for lease in leases))
+            jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
             requeue = [self._recover(session, jobs.get(lease.job_id), now, stats) for lease in leases]
         for job in requeue:
             if job is not None:
@@ -144,9 +143,9 @@ class Dispatcher:
         if not due:
             return
         with self.runtime.sessions.begin() as session:
-            for item in due:
-                job = repository.get_job(session, item.job_id)
-                if job is not None and job.status is Status.QUEUED and repository.transition(
+            jobs = repository.get_jobs(session, (item.job_id for item in due))
+            for job in jobs.values():
+                if job.status is Status.QUEUED and repository.transition(
                     session, job.id, src=Status.QUEUED, attempt=job.attempt,
                     dst=Status.EXPIRED, now=now,
                 ):
@@ -164,7 +163,7 @@ class Dispatcher:
         retry_later: list[str] = []
         drop: list[str] = []
         with self.runtime.sessions.begin() as session:
-            jobs = _load(session, (lease.job_id for lease in leases))
+            jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
             for lease in leases:
                 job = jobs.get(lease.job_id)
                 if job is None:
@@ -210,15 +209,6 @@ class Dispatcher:
             "job.dispatched",
             extra={"job_id": job.id, "tenant": job.tenant_id, "tier": job.tier, "attempt": job.attempt},
         )
-
-
-def _load(session: Session, job_ids: Iterable[str]) -> Mapping[str, Job]:
-    found = {}
-    for job_id in job_ids:
-        job = repository.get_job(session, job_id)
-        if job is not None:
-            found[job_id] = job
-    return found
 
 
 def _indexed(job: Job, not_before: float | None = None) -> IndexedJob:

@@ -117,7 +117,7 @@ def ageing_rate_for(guarantee_s: float, tier: Tier, tiers: Mapping[str, Tier]) -
 
 def retry_backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     """Delay before a retryable failure of ``attempt`` (1-based) may run again."""
-    return min(max_s, base_s * 2 ** max(0, attempt - 1))
+    return min(max_s, base_s * 2.0 ** max(0, attempt - 1))
 
 
 def estimated_wait_s(position: int, free_slots: int, mu: float) -> float:

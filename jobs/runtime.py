@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.config import Settings
 from jobs.db.engine import make_engine, make_sessionmaker
+from jobs.index.base import DispatchIndex
 from jobs.index.redis_index import RedisIndex
 from jobs.policy import Policy
 
@@ -27,7 +28,7 @@ class Runtime:
     engine: Engine
     sessions: sessionmaker[Session]
     redis: redis.Redis
-    index: RedisIndex
+    index: DispatchIndex
     clock: Callable[[], float] = field(default=time.time)
 
     @classmethod

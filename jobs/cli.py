@@ -1,0 +1,430 @@
+"""The ``tierq`` command: run the parts, manage tenants, submit jobs, explain the policy.
+
+Settings are read inside each command (``load_settings``), never at import; an impossible
+configuration prints its message in red and exits 2. Heavy imports (the API, Celery) happen
+inside the commands that need them, so ``tierq --help`` and ``tierq policy`` stay quick.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, ParamSpec
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from jobs.config import Settings, load_settings
+from jobs.errors import ConfigError, InvalidRequest, TierqError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from jobs.capacity import PoolFigures
+    from jobs.client import Client
+    from jobs.policy import Policy
+
+P = ParamSpec("P")
+
+ApiUrl = Annotated[
+    str, typer.Option("--api", envvar="TIERQ_API_URL", help="Base URL of the tierq API.")
+]
+ApiKey = Annotated[
+    str | None, typer.Option("--key", envvar="TIERQ_API_KEY", help="The tenant's API key.")
+]
+DEFAULT_API = "http://127.0.0.1:8000"
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    Console(stderr=True, soft_wrap=True).print(message, style="red", markup=False, highlight=False)
+    raise typer.Exit(code)
+
+
+def _friendly(func: Callable[P, None]) -> Callable[P, None]:
+    """Print tierq's own errors as one red line, no traceback: exit 2 for a bad configuration
+    or input (the caller's to fix), 1 for anything else."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            func(*args, **kwargs)
+        except (ConfigError, InvalidRequest) as exc:
+            _fail(exc.message, 2)
+        except TierqError as exc:
+            _fail(exc.message, 1)
+
+    return wrapper
+
+
+class _KeyValueFormatter(logging.Formatter):
+    """``time level logger event key=value …``: the structured extras stay readable."""
+
+    _standard = frozenset(
+        [*logging.LogRecord("", 0, "", 0, "", None, None).__dict__, "message", "asctime", "event"]
+    )
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        extras = [f"{k}={v}" for k, v in record.__dict__.items() if k not in self._standard]
+        return " ".join([text, *extras])
+
+
+def configure_logging(level: str = "INFO") -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(_KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+# --- running the parts ------------------------------------------------------------------
+
+
+@_friendly
+def up(
+    host: Annotated[str, typer.Option(help="Address the API listens on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the API.")] = 8000,
+    concurrency: Annotated[int, typer.Option(min=1, help="Worker slots.")] = 2,
+    data_dir: Annotated[
+        Path, typer.Option(envvar="TIERQ_DATA_DIR", help="SQLite file, Redis socket, keys.")
+    ] = Path(".tierq"),
+) -> None:
+    """Run the whole system on this machine: API, dispatcher, worker (and Redis)."""
+    from jobs.supervisor import UpOptions, run_up
+
+    configure_logging()
+    run_up(UpOptions(host=host, port=port, concurrency=concurrency, data_dir=data_dir), Console())
+
+
+def api_app() -> FastAPI:
+    """Zero-argument factory for uvicorn (``jobs.cli:api_app``), also in its worker processes."""
+    from jobs.api.app import create_app
+
+    return create_app(load_settings())
+
+
+@_friendly
+def api(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="Server processes.")] = 1,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the HTTP API (uvicorn)."""
+    import uvicorn
+
+    load_settings()  # refuse a bad configuration before the server starts
+    configure_logging(log_level)
+    uvicorn.run("jobs.cli:api_app", factory=True, host=host, port=port, workers=workers,
+                log_level=log_level)
+
+
+@_friendly
+def dispatcher() -> None:
+    """Run the dispatcher loop (one leader; extra ones wait as standbys)."""
+    from jobs.dispatcher import serve
+
+    settings = load_settings()
+    configure_logging()
+    serve(settings)
+
+
+@_friendly
+def worker(
+    concurrency: Annotated[int, typer.Option(min=1, help="Jobs run at once.")] = 2,
+    pool: Annotated[Literal["threads", "prefork", "solo"], typer.Option(help="Celery pool.")] = (
+        "threads"
+    ),
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+) -> None:
+    """Run a Celery worker for every tier's queue."""
+    from workers.main import run_worker
+
+    code = run_worker(load_settings(), concurrency=concurrency, pool=pool, loglevel=loglevel)
+    if code:
+        raise typer.Exit(code)
+
+
+@_friendly
+def flower(
+    port: Annotated[int, typer.Option(help="Port of the Flower web UI.")] = 5555,
+    address: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+) -> None:
+    """Run Flower (Celery's monitor) against the broker."""
+    from workers.app import make_celery
+
+    argv = ["flower", f"--port={port}"]
+    if address is not None:
+        argv.append(f"--address={address}")
+    make_celery(load_settings()).start(argv)
+
+
+@_friendly
+def migrate() -> None:
+    """Bring the database schema to the latest revision."""
+    from jobs.db.migrate import current, upgrade
+
+    settings = load_settings()
+    if not settings.database_url:
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    url = settings.resolved_database_url()
+    upgrade(url)
+    Console().print(f"database at revision {current(url)}", highlight=False)
+
+
+# --- tenants ----------------------------------------------------------------------------
+
+
+@_friendly
+def tenants_create(
+    name: Annotated[str, typer.Argument(help="Unique tenant name.")],
+    tier: Annotated[str, typer.Option(help="The tenant's tier (see `tierq policy`).")],
+) -> None:
+    """Create a tenant in the database and print its API key (shown once)."""
+    from sqlalchemy.exc import OperationalError
+
+    from jobs.runtime import Runtime
+    from jobs.tenants import create_tenant
+
+    runtime = Runtime.from_settings(load_settings())
+    try:
+        tenant, key = create_tenant(runtime, name=name, tier=tier)
+    except OperationalError as exc:
+        _fail(f"database not ready ({exc.orig}): run `tierq migrate` or `tierq up` first", 1)
+    finally:
+        runtime.close()
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"tenant {tenant.name}  id {tenant.id}  tier {tenant.tier}")
+    console.print(f"API key (shown once, store it now): [bold]{key}[/]")
+    console.print(f"Use it:  export TIERQ_API_KEY={key}", markup=False)
+    console.print("         tierq submit echo --payload '{\"a\": 1}' --wait", markup=False)
+
+
+@_friendly
+def tenants_list() -> None:
+    """List the tenants."""
+    from datetime import UTC, datetime
+
+    from jobs.runtime import Runtime
+    from jobs.tenants import list_tenants
+
+    runtime = Runtime.from_settings(load_settings())
+    try:
+        tenants = list_tenants(runtime)
+    finally:
+        runtime.close()
+    table = Table("name", "tier")
+    table.add_column("id", overflow="fold")  # ids are copied from here: never cut them
+    table.add_column("created (UTC)", overflow="fold")
+    table.add_column("overrides", overflow="fold")
+    for t in tenants:
+        overrides = {"cap": t.cap, "max_queued": t.max_queued, "rate_per_s": t.rate_per_s}
+        shown = ", ".join(f"{k}={v}" for k, v in overrides.items() if v is not None)
+        created = datetime.fromtimestamp(t.created_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(t.name, t.tier, t.id, created, shown or "-")
+    Console().print(table)
+
+
+# --- jobs over HTTP ---------------------------------------------------------------------
+
+
+def _client(api_url: str, key: str | None) -> Client:
+    from jobs.client import Client
+
+    if not key:
+        _fail("no API key: pass --key or set TIERQ_API_KEY (tierq tenants create prints one)", 2)
+    return Client(api_url, key)
+
+
+def _payload(text: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        _fail(f"--payload is not valid JSON: {exc}", 2)
+    if not isinstance(payload, dict):
+        _fail("--payload must be a JSON object, e.g. '{\"seconds\": 2}'", 2)
+    return payload
+
+
+def submit(
+    kind: Annotated[str, typer.Argument(help="Job kind, e.g. sleep or echo.")],
+    payload: Annotated[str, typer.Option(help="The job's payload, a JSON object.")] = "{}",
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the result.")] = False,
+    idempotency_key: Annotated[str | None, typer.Option(help="Unique per tenant.")] = None,
+    max_wait: Annotated[
+        float | None, typer.Option(help="Expire the job if it has not started by then (s).")
+    ] = None,
+    api_url: ApiUrl = DEFAULT_API,
+    key: ApiKey = None,
+) -> None:
+    """Submit a job; with --wait, follow it and print its result."""
+    from jobs.client import ApiError, Refused
+
+    body = _payload(payload)
+    console = Console(highlight=False, soft_wrap=True)
+    with _client(api_url, key) as client:
+        try:
+            job = client.submit(kind, body, idempotency_key=idempotency_key, max_wait_s=max_wait)
+        except Refused as exc:
+            retry = f"{exc.retry_after_s:g}" if exc.retry_after_s is not None else "a few"
+            _fail(f"refused ({exc.type}): {exc.message} Retry after {retry} s.", 2)
+        except ApiError as exc:
+            _fail(f"not submitted: {exc}", 2)
+        console.print(
+            f"job {job.get('id')}  tier {job.get('tier')}  position {job.get('queue_position')}"
+            f"  estimated wait {job.get('estimated_wait_s')} s"
+        )
+        if wait:
+            _follow(client, str(job["id"]), console)
+
+
+def _follow(client: Client, job_id: str, console: Console) -> None:
+    """Show the job's progress until it is terminal; print the result and set the exit code."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from jobs.client import ApiError
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("queued", total=None)
+
+            def update(job: dict[str, Any]) -> None:
+                status = job.get("status")
+                where = f" · position {job.get('queue_position')}" if status == "queued" else ""
+                progress.update(task, description=f"{status}{where}")
+
+            final = client.wait(job_id, on_update=update)
+            outcome = client.result(job_id) if final.get("status") == "succeeded" else final
+    except ApiError as exc:
+        _fail(f"lost track of job {job_id}: {exc}", 1)
+    except KeyboardInterrupt:
+        _fail(f"stopped waiting; the job goes on: tierq status {job_id}", 130)
+    if final.get("status") != "succeeded":
+        _fail(f"job {job_id} {final.get('status')}: {final.get('error')}", 1)
+    console.print_json(json.dumps(outcome.get("result")))
+
+
+def status(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    api_url: ApiUrl = DEFAULT_API,
+    key: ApiKey = None,
+) -> None:
+    """Print a job's status as JSON."""
+    from jobs.client import ApiError
+
+    with _client(api_url, key) as client:
+        try:
+            job = client.get(job_id)
+        except ApiError as exc:
+            _fail(str(exc), 1)
+    Console().print_json(json.dumps(job))
+
+
+# --- policy -----------------------------------------------------------------------------
+
+
+def _live_pool(settings: Settings, pol: Policy) -> tuple[PoolFigures | None, int | None, str]:
+    """Figures read from Redis (and its live worker slots), or why there are none."""
+    import redis
+
+    from jobs.capacity import read_pool
+    from jobs.index.redis_index import RedisIndex
+    from jobs.runtime import redis_client
+
+    url = settings.resolved_redis_url()
+    client = redis_client(url)
+    index, now = RedisIndex(client, settings.key_prefix), time.time()
+    try:
+        return read_pool(pol, index, now=now), index.pool_capacity(now=now), ""
+    except (redis.RedisError, OSError):
+        return None, None, f"Redis at {url} is not reachable: configured figures only."
+    finally:
+        client.close()
+
+
+def _tier_table(pol: Policy, figures: PoolFigures | None) -> Table:
+    from jobs import policy
+
+    best = min(pol.tiers.values(), key=lambda t: t.base_priority)
+    table = Table(title="tiers")
+    for column in ("tier", "priority", "max wait s", "bound", "tenant cap", "tenant quota",
+                   f"ties with {best.name} after"):
+        table.add_column(column, justify="left" if column == "tier" else "right")
+    for name, tier in pol.tiers.items():
+        guarantee = policy.ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)
+        numbers: tuple[str, ...] = ("-", "-", "-")
+        if figures is not None:
+            numbers = tuple(str(f[name]) for f in (figures.bounds, figures.caps, figures.quotas))
+        table.add_row(name, f"{tier.base_priority:g}", f"{tier.max_wait_s:g}", *numbers,
+                      f"{guarantee:g} s")
+    return table
+
+
+@_friendly
+def show_policy() -> None:
+    """Print the numbers that follow from the configuration: μ, bounds, caps, ageing."""
+    from jobs import capacity, policy
+
+    settings = load_settings()
+    pol = settings.build_policy()
+    console = Console(highlight=False, soft_wrap=True)
+    live, live_slots, note = _live_pool(settings, pol)
+    figures = live
+    if figures is None and pol.pool_concurrency is not None:
+        figures = capacity.figures(pol, capacity=pol.pool_concurrency, inflight=0)
+    console.print(_tier_table(pol, figures))
+    best = min(pol.tiers.values(), key=lambda t: t.base_priority)
+    for name, tier in pol.tiers.items():
+        if tier is not best:
+            after = policy.ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)
+            console.print(f"A {name} job ties with fresh {best.name} work after {after:g} s.")
+    source = "configured" if pol.pool_concurrency is not None else "live workers"
+    lines = [("pool capacity", f"{'unknown' if figures is None else figures.capacity} ({source})")]
+    if live is not None:
+        lines.append(("live worker slots", f"{live_slots}   in flight {live.inflight}"))
+    if figures is not None:
+        lines.append(("service rate μ", f"{figures.service_rate:.3g} jobs/s"))
+    lines.append(("mean service time", f"{pol.mean_service_s:g} s (configured fallback)"))
+    lines.append(("ageing rate", f"{pol.ageing_rate_s:g} s per priority point"))
+    if pol.client_timeout_s is not None:
+        lines.append(("client timeout", f"{pol.client_timeout_s:g} s (caps every max wait)"))
+    for label, value in lines:
+        console.print(f"{label:<18} {value}")
+    if live is not None and not live_slots and pol.pool_concurrency is None:
+        console.print("No live workers yet: every bound and cap is 1 until one registers.")
+    if note:
+        console.print(note)
+
+
+def build_app() -> typer.Typer:
+    """The command tree (``main`` runs it; tests introspect it)."""
+    app = typer.Typer(
+        name="tierq",
+        help="tierq: a durable, tiered job scheduler for expensive (GPU) work.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_show_locals=False,
+    )
+    for command in (up, api, dispatcher, worker, flower, migrate, submit, status):
+        app.command()(command)
+    app.command("policy")(show_policy)
+    tenants = typer.Typer(help="Manage tenants (directly in the database).", no_args_is_help=True)
+    tenants.command("create")(tenants_create)
+    tenants.command("list")(tenants_list)
+    app.add_typer(tenants, name="tenants")
+    return app
+
+
+def main() -> None:
+    build_app()(prog_name="tierq")
+
+
+if __name__ == "__main__":
+    main()

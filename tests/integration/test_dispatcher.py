@@ -1,0 +1,243 @@
+"""The dispatcher's rounds against real SQL and a real Redis index, driven by ``run_once``.
+
+The publisher is the one seam replaced here (a recorder): publishing through Celery to real
+workers is covered end to end in tests/e2e.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+
+from jobs.config import load_settings
+from jobs.db import repository
+from jobs.db.engine import make_engine, make_sessionmaker
+from jobs.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
+from jobs.domain import Job, NewJob
+from jobs.ids import new_job_id
+from jobs.index.base import IndexedJob
+from jobs.index.redis_index import RedisIndex
+from jobs.runtime import Runtime
+from jobs.states import Status
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_800_000_000.0
+
+
+@dataclass
+class RecordingPublisher:
+    sent: list[tuple[str, int, str]] = field(default_factory=list)
+    fail: bool = False
+
+    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+        if self.fail:
+            raise ConnectionError("broker down")
+        self.sent.append((job_id, attempt, tier))
+
+
+@pytest.fixture
+def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
+    settings = load_settings(
+        database_url=db_url,
+        key_prefix=key_prefix,
+        policy={"pool_concurrency": 2, "lease_ttl_s": 10, "max_attempts": 2},
+    )
+    engine = make_engine(db_url)
+    rt = Runtime(
+        settings=settings,
+        policy=settings.build_policy(),
+        engine=engine,
+        sessions=make_sessionmaker(engine),
+        redis=redis_client,
+        index=RedisIndex(redis_client, key_prefix),
+    )
+    yield rt
+    engine.dispose()
+
+
+@pytest.fixture
+def publisher() -> RecordingPublisher:
+    return RecordingPublisher()
+
+
+@pytest.fixture
+def dispatcher(runtime: Runtime, publisher: RecordingPublisher) -> Dispatcher:
+    return Dispatcher(runtime, publisher)
+
+
+def tenant(runtime: Runtime, name: str, tier: str = "standard", cap: int | None = None) -> str:
+    with runtime.sessions.begin() as s:
+        t = repository.create_tenant(s, name=name, tier=tier, api_key_hash=name, now=T0)
+        if cap is not None:
+            repository.update_tenant(s, t.id, cap=cap)
+        return t.id
+
+
+def queue_job(
+    runtime: Runtime, tenant_id: str, *, at: float, tier: str = "standard", max_wait_s: float | None = None
+) -> Job:
+    new = NewJob(
+        id=new_job_id(at), tenant_id=tenant_id, tier=tier, kind="echo", payload={},
+        order_key=runtime.policy.order_key(tier, at), enqueued_at=at, max_wait_s=max_wait_s,
+        max_attempts=2,
+    )
+    with runtime.sessions.begin() as s:
+        job = repository.insert_job(s, new)
+    admitted = runtime.index.admit(indexed(job), bound=1000)
+    assert admitted.accepted
+    return job
+
+
+def indexed(job: Job) -> IndexedJob:
+    return IndexedJob(
+        job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
+        start_by=job.start_by,
+    )
+
+
+def status(runtime: Runtime, job_id: str) -> Job:
+    with runtime.sessions() as s:
+        job = repository.get_job(s, job_id)
+    assert job is not None
+    return job
+
+
+def test_publishes_as_many_jobs_as_free_slots_in_order(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    tenants = [tenant(runtime, f"t{i}") for i in range(3)]
+    jobs = [queue_job(runtime, tenants[i % 3], at=T0 + i) for i in range(5)]
+
+    stats = dispatcher.run_once(T0 + 10)
+
+    assert stats.dispatched == 2
+    assert publisher.sent == [(jobs[0].id, 1, "standard"), (jobs[1].id, 1, "standard")]
+    assert status(runtime, jobs[0].id).status is Status.DISPATCHED
+    assert status(runtime, jobs[2].id).status is Status.QUEUED
+    assert dispatcher.run_once(T0 + 11).dispatched == 0  # the pool is full: nothing more
+    runtime.index.release(jobs[0].id)
+    assert dispatcher.run_once(T0 + 12).dispatched == 1
+    assert publisher.sent[-1][0] == jobs[2].id
+
+
+def test_a_tenant_at_its_cap_waits_while_others_go_first(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    noisy = tenant(runtime, "noisy", cap=1)
+    quiet = tenant(runtime, "quiet")
+    noisy_jobs = [queue_job(runtime, noisy, at=T0 + i) for i in range(3)]
+    quiet_job = queue_job(runtime, quiet, at=T0 + 5)
+
+    dispatcher.run_once(T0 + 10)
+
+    assert [s[0] for s in publisher.sent] == [noisy_jobs[0].id, quiet_job.id]
+    runtime.index.release(noisy_jobs[0].id)
+    dispatcher.run_once(T0 + 11)
+    assert publisher.sent[-1][0] == noisy_jobs[1].id  # it kept its place
+
+
+def test_cancelled_or_expired_jobs_are_never_published(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    t = tenant(runtime, "acme")
+    cancelled = queue_job(runtime, t, at=T0)
+    with runtime.sessions.begin() as s:  # the API cancelled it in SQL; the index still has it
+        repository.transition(s, cancelled.id, src=Status.QUEUED, attempt=1, dst=Status.CANCELLED, now=T0)
+    late = queue_job(runtime, t, at=T0 + 1, max_wait_s=5)
+
+    stats = dispatcher.run_once(T0 + 6.5)
+
+    assert publisher.sent == []
+    assert stats.expired == 1
+    assert status(runtime, late.id).status is Status.EXPIRED
+    assert status(runtime, cancelled.id).status is Status.CANCELLED
+    assert runtime.index.inflight() == 0  # no slot leaked
+
+
+def test_waiting_jobs_expire_even_while_the_pool_is_full(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    t1, t2, t3 = (tenant(runtime, n) for n in ("a", "b", "c"))
+    queue_job(runtime, t1, at=T0)
+    queue_job(runtime, t2, at=T0)
+    assert dispatcher.run_once(T0 + 1).dispatched == 2
+    waiting = queue_job(runtime, t3, at=T0 + 1, max_wait_s=2)
+
+    stats = dispatcher.run_once(T0 + 3.5)
+
+    assert stats.expired == 1
+    assert status(runtime, waiting.id).status is Status.EXPIRED
+    assert runtime.index.position(waiting.id) is None
+
+
+def test_an_expired_lease_requeues_with_the_next_attempt_and_the_same_key(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    t = tenant(runtime, "acme")
+    job = queue_job(runtime, t, at=T0)
+    dispatcher.run_once(T0 + 1)
+    assert status(runtime, job.id).status is Status.DISPATCHED
+
+    stats = dispatcher.run_once(T0 + 1 + runtime.policy.lease_ttl_s + 1)  # nobody renewed it
+
+    assert stats.reaped == 1 and stats.requeued == 1
+    assert publisher.sent == [(job.id, 1, "standard"), (job.id, 2, "standard")]
+    again = status(runtime, job.id)
+    assert again.attempt == 2
+    assert again.order_key == job.order_key
+    assert again.enqueued_at == job.enqueued_at
+
+
+def test_a_job_whose_attempts_are_spent_fails_when_its_lease_expires(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    t = tenant(runtime, "acme")
+    job = queue_job(runtime, t, at=T0)
+    now = T0
+    for _ in range(2):  # max_attempts = 2
+        now += 1
+        dispatcher.run_once(now)
+        now += runtime.policy.lease_ttl_s + 1
+    stats = dispatcher.run_once(now)
+
+    final = status(runtime, job.id)
+    assert final.status is Status.FAILED
+    assert "lease expired" in (final.error or "")
+    assert stats.failed == 1
+    assert runtime.index.inflight() == 0
+
+
+def test_an_uncommitted_job_is_retried_then_dropped(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    t = tenant(runtime, "acme")
+    ghost = IndexedJob(job_id=new_job_id(T0), tenant=t, tier="standard", order_key=T0)
+    runtime.index.admit(ghost, bound=10)
+
+    dispatcher.run_once(T0 + 1)  # its SQL row may still be committing: retry soon
+    assert publisher.sent == []
+    assert runtime.index.tenant_queued(t) == 1
+    assert runtime.index.inflight() == 0
+
+    dispatcher.run_once(T0 + UNCOMMITTED_GRACE_S + 1)  # a failed submit's leftover: dropped
+    assert runtime.index.tenant_queued(t) == 0
+    assert runtime.index.inflight() == 0
+
+
+def test_a_failed_publish_is_recovered_by_the_lease(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    t = tenant(runtime, "acme")
+    job = queue_job(runtime, t, at=T0)
+    publisher.fail = True
+    assert dispatcher.run_once(T0 + 1).dispatched == 0
+    publisher.fail = False
+
+    dispatcher.run_once(T0 + 2 + runtime.policy.lease_ttl_s)
+
+    assert publisher.sent == [(job.id, 2, "standard")]
+    assert status(runtime, job.id).attempt == 2

@@ -1,0 +1,101 @@
+"""The `tierq` command line: the policy table, refusals of bad input, every command's help."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from jobs.cli import build_app
+
+pytestmark = pytest.mark.unit
+
+COMMANDS = [
+    ["up"],
+    ["api"],
+    ["dispatcher"],
+    ["worker"],
+    ["flower"],
+    ["migrate"],
+    ["tenants"],
+    ["tenants", "create"],
+    ["tenants", "list"],
+    ["submit"],
+    ["status"],
+    ["policy"],
+]
+# Nothing listens on port 1: Redis is unreachable at once.
+NO_REDIS = {"TIERQ_REDIS_URL": "redis://127.0.0.1:1", "COLUMNS": "200"}
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("TIERQ_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    return build_app()
+
+
+def test_policy_prints_the_worked_example(app: typer.Typer) -> None:
+    env = {**NO_REDIS, "TIERQ_POLICY__POOL_CONCURRENCY": "24"}
+    result = CliRunner().invoke(app, ["policy"], env=env)
+    assert result.exit_code == 0, result.output
+    rows = {
+        line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+        for line in result.stdout.splitlines()
+        if line.count("│") >= 8
+    }
+    # tier: base priority, max wait, bound, cap, quota, ageing guarantee
+    assert rows["premium"] == ["0", "5", "20", "6", "5", "0 s"]
+    assert rows["standard"] == ["10", "20", "80", "2", "8", "60 s"]
+    assert rows["free"] == ["20", "60", "240", "1", "9", "120 s"]
+    assert "A free job ties with fresh premium work after 120 s." in result.stdout
+    assert "pool capacity      24 (configured)" in result.stdout
+    assert "service rate μ     4 jobs/s" in result.stdout
+    assert "not reachable: configured figures only" in result.stdout
+
+
+def test_policy_without_pool_size_or_redis_says_capacity_is_unknown(app: typer.Typer) -> None:
+    result = CliRunner().invoke(app, ["policy"], env=NO_REDIS)
+    assert result.exit_code == 0, result.output
+    assert "pool capacity      unknown (live workers)" in result.stdout
+    assert "A free job ties with fresh premium work after 120 s." in result.stdout
+
+
+def test_a_bad_configuration_exits_2_naming_the_field(app: typer.Typer) -> None:
+    env = {**NO_REDIS, "TIERQ_TIERS__FREE__TENANT_SHARE": "0"}
+    result = CliRunner().invoke(app, ["policy"], env=env)
+    assert result.exit_code == 2
+    assert "tiers.free.tenant_share" in result.stderr
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize("payload", ["{not json", "[1, 2]", "3"])
+def test_submit_refuses_a_payload_that_is_not_a_json_object(
+    app: typer.Typer, payload: str
+) -> None:
+    args = ["submit", "echo", "--payload", payload, "--key", "k", "--api", "http://127.0.0.1:1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--payload" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_submit_without_a_key_exits_2(app: typer.Typer) -> None:
+    result = CliRunner().invoke(app, ["submit", "echo", "--api", "http://127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert "TIERQ_API_KEY" in result.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help(app: typer.Typer, command: list[str]) -> None:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "Usage: tierq " + " ".join(command) in result.stdout
