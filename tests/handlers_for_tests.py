@@ -1,0 +1,108 @@
+"""Handlers used only by tests: each makes one way a job can end easy to provoke.
+
+Load them into a worker with ``TIERQ_HANDLERS=tests.handlers_for_tests:HANDLERS`` (the
+process must run from the repository root), or register instances in a registry directly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+from workers.handlers import Handler, JobContext, RetryableError
+
+
+class _AnyObject:
+    """Accepts any JSON object as its payload."""
+
+    kind = ""
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return dict(payload)
+
+
+class RecordingHandler(_AnyObject):
+    """Records every call; returns the attempt it ran."""
+
+    kind = "record"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        with self._lock:
+            self.calls.append((ctx.job_id, ctx.attempt, payload))
+        return {"attempt": ctx.attempt}
+
+
+class FlakyHandler(RecordingHandler):
+    """Raises ``RetryableError`` until ``payload["succeed_on"]`` (default: never)."""
+
+    kind = "flaky"
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        super().run(ctx, payload)
+        succeed_on = payload.get("succeed_on")
+        if succeed_on is None or ctx.attempt < succeed_on:
+            raise RetryableError(f"not yet (attempt {ctx.attempt})")
+        return {"attempt": ctx.attempt}
+
+
+class BlockingHandler(_AnyObject):
+    """Runs until the job must stop (cancel or lost lease), then returns normally, or
+    raises ``RetryableError`` when the payload says ``{"then": "retry"}``."""
+
+    kind = "block"
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.started.set()
+        while ctx.sleep(60):
+            pass
+        if payload.get("then") == "retry":
+            raise RetryableError("interrupted")
+        return {"stopped": True}
+
+
+class GateHandler(_AnyObject):
+    """Ignores its context: waits for ``gate`` (set by the test), then returns a result."""
+
+    kind = "gate"
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.gate = threading.Event()
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.started.set()
+        if not self.gate.wait(60):
+            raise TimeoutError("the test never opened the gate")
+        return {"late": True}
+
+
+class UnserialisableHandler(_AnyObject):
+    """Returns something JSON cannot hold."""
+
+    kind = "unserialisable"
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        return {"values": {1, 2, 3}}
+
+
+class CrashHandler(_AnyObject):
+    """Kills its own worker process (SIGKILL): the lease must recover the job."""
+
+    kind = "crash"
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return None
+
+
+# For TIERQ_HANDLERS in worker processes.
+HANDLERS: list[Handler] = [RecordingHandler(), FlakyHandler(), CrashHandler()]

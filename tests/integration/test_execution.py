@@ -1,0 +1,451 @@
+"""The worker side of a job (``jobs.execution.execute``) against real SQL and a real Redis
+index: each test does the dispatcher's part by hand (admit, dispatch, CAS queued →
+dispatched), then calls ``execute`` as the Celery task would."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from jobs import wake
+from jobs.config import load_settings
+from jobs.db import repository
+from jobs.db.engine import make_engine, make_sessionmaker
+from jobs.domain import Job, NewJob, Tenant
+from jobs.execution import Heartbeat, execute
+from jobs.index.base import IndexedJob
+from jobs.index.redis_index import RedisIndex
+from jobs.runtime import Runtime
+from jobs.states import Status
+from tests.handlers_for_tests import (
+    BlockingHandler,
+    FlakyHandler,
+    GateHandler,
+    RecordingHandler,
+    UnserialisableHandler,
+)
+from workers.handlers import HandlerRegistry, JobContext, default_registry
+
+pytestmark = pytest.mark.integration
+
+LEASE_TTL_S = 1.5
+BACKOFF_S = 2.0
+WORKER = "worker-test@host"
+
+
+@pytest.fixture
+def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
+    settings = load_settings(
+        database_url=db_url,
+        key_prefix=key_prefix,
+        policy={"lease_ttl_s": LEASE_TTL_S, "retry_backoff_s": BACKOFF_S},
+    )
+    engine = make_engine(db_url)
+    index = RedisIndex(redis_client, key_prefix)
+    index.set_caps({name: 10 for name in settings.tiers})
+    rt = Runtime(
+        settings=settings,
+        policy=settings.build_policy(),
+        engine=engine,
+        sessions=make_sessionmaker(engine),
+        redis=redis_client,
+        index=index,
+    )
+    yield rt
+    engine.dispose()
+
+
+@pytest.fixture
+def tenant(runtime: Runtime) -> Tenant:
+    with runtime.sessions.begin() as session:
+        return repository.create_tenant(
+            session, name="acme", tier="standard", api_key_hash="hash", now=time.time()
+        )
+
+
+@pytest.fixture
+def registry() -> HandlerRegistry:
+    return default_registry("")
+
+
+def submit(runtime: Runtime, tenant: Tenant, kind: str, payload: dict[str, Any], **kw: Any) -> Job:
+    """What the API does: insert the job, then index it."""
+    now = time.time()
+    new = NewJob(
+        tenant_id=tenant.id, tier=tenant.tier, kind=kind, payload=payload,
+        order_key=runtime.policy.order_key(tenant.tier, now), enqueued_at=now, **kw,
+    )
+    with runtime.sessions.begin() as session:
+        job = repository.insert_job(session, new)
+    indexed = IndexedJob(
+        job_id=job.id, tenant=tenant.id, tier=job.tier, order_key=job.order_key,
+        start_by=job.start_by,
+    )
+    assert runtime.index.admit(indexed, bound=1000).accepted
+    return job
+
+
+def dispatch(runtime: Runtime, job: Job, *, now: float | None = None) -> Job:
+    """What the dispatcher does: lease the job, then CAS queued → dispatched."""
+    now = time.time() if now is None else now
+    leases = runtime.index.dispatch(1, now=now, lease_ttl_s=LEASE_TTL_S)
+    assert [lease.job_id for lease in leases] == [job.id]
+    with runtime.sessions.begin() as session:
+        current = repository.get_job(session, job.id)
+        assert current is not None
+        assert repository.transition(
+            session, job.id, src=Status.QUEUED, attempt=current.attempt,
+            dst=Status.DISPATCHED, now=now,
+        )
+    return load(runtime, job.id)
+
+
+def load(runtime: Runtime, job_id: str) -> Job:
+    with runtime.sessions() as session:
+        job = repository.get_job(session, job_id)
+    assert job is not None
+    return job
+
+
+def request_cancel(runtime: Runtime, job_id: str) -> None:
+    with runtime.sessions.begin() as session:
+        assert repository.request_cancel(session, job_id)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+class Background:
+    """``execute`` in a thread, as a worker slot runs it."""
+
+    def __init__(self, call: Callable[[], str]) -> None:
+        self.outcome: str | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], str]) -> None:
+        try:
+            self.outcome = call()
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout: float = 30.0) -> str | None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "execute did not return"
+        if self.error is not None:
+            raise self.error
+        return self.outcome
+
+
+def rung(runtime: Runtime) -> bool:
+    return bool(runtime.redis.llen(wake.doorbell_key(runtime.settings.key_prefix)))
+
+
+def assert_released(runtime: Runtime, job: Job) -> None:
+    assert runtime.index.inflight() == 0
+    assert runtime.index.tenant_inflight(job.tenant_id) == 0
+    assert rung(runtime)
+
+
+# -- ending well or badly --------------------------------------------------------------------
+
+
+def test_echo_succeeds_with_its_result_stored(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    job = dispatch(runtime, submit(runtime, tenant, "echo", {"hello": ["world", 1]}))
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "succeeded"
+
+    done = load(runtime, job.id)
+    assert done.status is Status.SUCCEEDED
+    assert done.result == {"hello": ["world", 1]}
+    assert done.error is None
+    assert done.started_at is not None and done.finished_at is not None
+    assert_released(runtime, job)
+
+
+def test_a_failing_handler_ends_failed_with_the_error_text(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    job = dispatch(runtime, submit(runtime, tenant, "sleep", {"seconds": 0, "fail": True}))
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "failed"
+
+    done = load(runtime, job.id)
+    assert done.status is Status.FAILED
+    assert done.error is not None and done.error.startswith("RuntimeError: ")
+    assert "Traceback" not in done.error
+    assert done.result is None
+    assert_released(runtime, job)
+
+
+def test_a_result_json_cannot_hold_fails_the_job(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    registry.register(UnserialisableHandler())
+    job = dispatch(runtime, submit(runtime, tenant, "unserialisable", {}))
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "failed"
+
+    done = load(runtime, job.id)
+    assert done.status is Status.FAILED
+    assert done.error is not None and "not JSON-serialisable" in done.error
+    assert_released(runtime, job)
+
+
+def test_a_kind_this_worker_does_not_know_fails_the_job(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    job = dispatch(runtime, submit(runtime, tenant, "transcode", {}))
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "failed"
+
+    done = load(runtime, job.id)
+    assert done.error is not None and done.error.startswith("UnknownKind: ")
+    assert_released(runtime, job)
+
+
+# -- stale and duplicate messages ------------------------------------------------------------
+
+
+def test_a_duplicate_message_is_a_no_op(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    recorder = RecordingHandler()
+    registry.register(recorder)
+    job = dispatch(runtime, submit(runtime, tenant, "record", {}))
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "succeeded"
+    done = load(runtime, job.id)
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "stale"
+
+    assert load(runtime, job.id) == done
+    assert len(recorder.calls) == 1
+
+
+def test_a_message_for_an_older_attempt_leaves_the_current_one_alone(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    recorder = RecordingHandler()
+    registry.register(recorder)
+    job = dispatch(runtime, submit(runtime, tenant, "record", {}))
+    # The reaper gave up on attempt 1; attempt 2 is dispatched and holds the lease.
+    runtime.index.reap(now=time.time() + 3600)
+    with runtime.sessions.begin() as session:
+        assert repository.transition(
+            session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.QUEUED, now=time.time()
+        )
+    runtime.index.requeue(
+        IndexedJob(job_id=job.id, tenant=tenant.id, tier=job.tier, order_key=job.order_key)
+    )
+    second = dispatch(runtime, job)
+    assert second.attempt == 2
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "stale"
+
+    assert load(runtime, job.id) == second
+    assert runtime.index.tenant_inflight(tenant.id) == 1  # attempt 2's lease is untouched
+    assert recorder.calls == []
+
+
+def test_a_message_for_an_unknown_job_is_a_no_op(
+    runtime: Runtime, registry: HandlerRegistry
+) -> None:
+    assert execute(runtime, registry, "no-such-job", 1, worker_id=WORKER) == "stale"
+
+
+# -- retries ---------------------------------------------------------------------------------
+
+
+def test_a_retryable_error_requeues_with_backoff_until_attempts_are_spent(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    flaky = FlakyHandler()
+    registry.register(flaky)
+    job = dispatch(runtime, submit(runtime, tenant, "flaky", {}, max_attempts=2))
+    now = time.time()
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER, clock=lambda: now) == "requeued"
+
+    queued = load(runtime, job.id)
+    assert queued.status is Status.QUEUED
+    assert queued.attempt == 2
+    assert queued.not_before == pytest.approx(now + BACKOFF_S)
+    assert queued.enqueued_at == job.enqueued_at and queued.order_key == job.order_key
+    # Held back in the index until its backoff has passed, no longer leased.
+    assert runtime.index.inflight() == 0
+    assert runtime.index.tenant_queued(tenant.id) == 1
+    assert runtime.index.dispatch(1, now=now + BACKOFF_S - 0.1, lease_ttl_s=LEASE_TTL_S) == []
+    second = dispatch(runtime, job, now=now + BACKOFF_S + 0.1)
+    assert second.attempt == 2
+
+    assert execute(runtime, registry, job.id, 2, worker_id=WORKER) == "failed"
+
+    done = load(runtime, job.id)
+    assert done.status is Status.FAILED
+    assert done.error is not None and done.error.startswith("RetryableError: ")
+    assert [attempt for _, attempt, _ in flaky.calls] == [1, 2]
+    assert_released(runtime, job)
+
+
+def test_a_retry_that_succeeds_stores_the_result(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    registry.register(FlakyHandler())
+    job = dispatch(runtime, submit(runtime, tenant, "flaky", {"succeed_on": 2}))
+    now = time.time()
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER, clock=lambda: now) == "requeued"
+    dispatch(runtime, job, now=now + BACKOFF_S + 0.1)
+
+    assert execute(runtime, registry, job.id, 2, worker_id=WORKER) == "succeeded"
+
+    assert load(runtime, job.id).result == {"attempt": 2}
+
+
+# -- cancellation and expiry -----------------------------------------------------------------
+
+
+def test_cancel_requested_before_start_cancels_without_running(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    recorder = RecordingHandler()
+    registry.register(recorder)
+    job = dispatch(runtime, submit(runtime, tenant, "record", {}))
+    request_cancel(runtime, job.id)
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "cancelled"
+
+    done = load(runtime, job.id)
+    assert done.status is Status.CANCELLED
+    assert done.started_at is None
+    assert recorder.calls == []
+    assert_released(runtime, job)
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload"),
+    [("block", {}), ("block", {"then": "retry"}), ("sleep", {"seconds": 3600})],
+    ids=["returns", "raises-retryable", "raises-cancelled"],
+)
+def test_cancel_while_running_stops_the_handler(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, kind: str,
+    payload: dict[str, Any],
+) -> None:
+    """However the handler stops once cancelled (returning, raising ``RetryableError``,
+    raising ``JobCancelled`` as ``sleep`` does), the job ends cancelled, not retried."""
+    registry.register(BlockingHandler())
+    job = dispatch(runtime, submit(runtime, tenant, kind, payload))
+    run = Background(lambda: execute(runtime, registry, job.id, 1, worker_id=WORKER))
+    wait_for(lambda: load(runtime, job.id).status is Status.RUNNING)
+
+    request_cancel(runtime, job.id)
+
+    assert run.join() == "cancelled"
+    done = load(runtime, job.id)
+    assert done.status is Status.CANCELLED
+    assert done.started_at is not None
+    assert_released(runtime, job)
+
+
+def test_a_job_past_its_start_by_expires_without_running(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    recorder = RecordingHandler()
+    registry.register(recorder)
+    job = dispatch(runtime, submit(runtime, tenant, "record", {}, max_wait_s=60))
+    assert job.start_by is not None
+    late = job.start_by + 1
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER, clock=lambda: late) == "expired"
+
+    done = load(runtime, job.id)
+    assert done.status is Status.EXPIRED
+    assert done.started_at is None
+    assert recorder.calls == []
+    assert_released(runtime, job)
+
+
+def test_a_job_within_its_start_by_runs(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    job = dispatch(runtime, submit(runtime, tenant, "echo", {}, max_wait_s=3600))
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "succeeded"
+
+
+# -- leases ----------------------------------------------------------------------------------
+
+
+def test_a_late_result_after_the_lease_was_reaped_is_rejected(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    gate = GateHandler()
+    registry.register(gate)
+    job = dispatch(runtime, submit(runtime, tenant, "gate", {}))
+    run = Background(lambda: execute(runtime, registry, job.id, 1, worker_id=WORKER))
+    assert gate.started.wait(20)
+    # The reaper's part: the lease expired, the job goes back to the queue as attempt 2.
+    reaped = runtime.index.reap(now=time.time() + 3600)
+    assert [lease.job_id for lease in reaped] == [job.id]
+    with runtime.sessions.begin() as session:
+        assert repository.transition(
+            session, job.id, src=Status.RUNNING, attempt=1, dst=Status.QUEUED, now=time.time()
+        )
+    runtime.index.requeue(
+        IndexedJob(job_id=job.id, tenant=tenant.id, tier=job.tier, order_key=job.order_key)
+    )
+    requeued = load(runtime, job.id)
+
+    gate.gate.set()
+
+    assert run.join() == "stale"
+    assert load(runtime, job.id) == requeued
+    assert requeued.status is Status.QUEUED and requeued.attempt == 2
+    assert runtime.index.position(job.id) == 0  # still queued for attempt 2
+
+
+def test_the_heartbeat_renews_the_lease_and_notices_a_cancel(
+    runtime: Runtime, tenant: Tenant
+) -> None:
+    dispatched_at = time.time()
+    job = dispatch(runtime, submit(runtime, tenant, "echo", {}), now=dispatched_at)
+    with runtime.sessions.begin() as session:
+        assert repository.transition(
+            session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.RUNNING, now=time.time()
+        )
+    ctx = JobContext(job_id=job.id, attempt=1, tenant_id=tenant.id, kind="echo")
+    later = dispatched_at + 100
+    heartbeat = Heartbeat(runtime, ctx, clock=lambda: later)
+
+    heartbeat.tick()
+
+    assert runtime.index.reap(now=later + LEASE_TTL_S - 0.01) == []  # renewed from `later`
+    assert not ctx.stopped()
+    request_cancel(runtime, job.id)
+    heartbeat.tick()
+    assert ctx.cancelled() and not ctx.lease_lost()
+
+
+def test_the_heartbeat_marks_a_reaped_lease_lost(runtime: Runtime, tenant: Tenant) -> None:
+    job = dispatch(runtime, submit(runtime, tenant, "echo", {}))
+    with runtime.sessions.begin() as session:
+        assert repository.transition(
+            session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.RUNNING, now=time.time()
+        )
+    ctx = JobContext(job_id=job.id, attempt=1, tenant_id=tenant.id, kind="echo")
+    runtime.index.reap(now=time.time() + 3600)
+
+    Heartbeat(runtime, ctx, clock=time.time).tick()
+
+    assert ctx.lease_lost() and not ctx.cancelled()
+    assert not ctx.sleep(3600)

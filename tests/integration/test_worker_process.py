@@ -1,0 +1,273 @@
+"""A real Celery worker process (``python -m workers.main``) on PostgreSQL and Redis.
+
+The test does the dispatcher's part by hand (admit, dispatch, CAS queued → dispatched) and
+publishes through ``CeleryPublisher``; the worker runs the job and records the outcome in
+SQL. The worker registers its slots while it lives and unregisters on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobs.config import load_settings
+from jobs.db import repository
+from jobs.domain import Job, NewJob, Tenant
+from jobs.index.base import IndexedJob
+from jobs.runtime import Runtime
+from jobs.states import Status
+from tests.services import RedisServer
+from workers.app import make_celery
+from workers.publisher import CeleryPublisher
+from workers.registration import MIN_TTL_S, WorkerRegistration, registration_ttl_s
+from workers.tasks import TASK_NAME
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE_TTL_S = 30.0
+
+
+@dataclass
+class Worker:
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+    def stop(self, grace: float = 10.0) -> int:
+        """SIGTERM (warm shutdown), then SIGKILL to its process group after ``grace`` s."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+            raise
+
+
+@pytest.fixture
+def settings_env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
+    env.update(
+        TIERQ_DATABASE_URL=pg_url,
+        TIERQ_REDIS_URL=redis_server.url,
+        TIERQ_KEY_PREFIX=key_prefix,
+        TIERQ_HANDLERS="tests.handlers_for_tests:HANDLERS",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def runtime(settings_env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runtime]:
+    settings = load_settings(
+        database_url=settings_env["TIERQ_DATABASE_URL"],
+        redis_url=settings_env["TIERQ_REDIS_URL"],
+        key_prefix=settings_env["TIERQ_KEY_PREFIX"],
+    )
+    rt = Runtime.from_settings(settings)
+    rt.index.set_caps({name: 10 for name in settings.tiers})
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def publisher(runtime: Runtime) -> Iterator[CeleryPublisher]:
+    publisher = CeleryPublisher(runtime.settings)
+    yield publisher
+    publisher.close()
+
+
+@pytest.fixture
+def start_worker(settings_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[int], Worker]]:
+    started: list[Worker] = []
+
+    def start(concurrency: int) -> Worker:
+        log = tmp_path / f"worker-{len(started)}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "workers.main", "--concurrency", str(concurrency)],
+                cwd=ROOT, env=settings_env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        worker = Worker(popen=popen, log=log)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.stop()
+
+
+@pytest.fixture
+def tenant(runtime: Runtime) -> Tenant:
+    with runtime.sessions.begin() as session:
+        return repository.create_tenant(
+            session, name="acme", tier="standard", api_key_hash="hash", now=time.time()
+        )
+
+
+def wait_for(predicate: Callable[[], Any], worker: Worker, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if worker.popen.poll() is not None:
+            pytest.fail(f"the worker exited ({worker.popen.returncode}):\n{worker.output()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout} s; worker log:\n{worker.output()}")
+        time.sleep(0.05)
+
+
+def load(runtime: Runtime, job_id: str) -> Job:
+    with runtime.sessions() as session:
+        job = repository.get_job(session, job_id)
+    assert job is not None
+    return job
+
+
+def submit(runtime: Runtime, tenant: Tenant, kind: str, payload: dict[str, Any]) -> Job:
+    now = time.time()
+    new = NewJob(
+        tenant_id=tenant.id, tier=tenant.tier, kind=kind, payload=payload,
+        order_key=runtime.policy.order_key(tenant.tier, now), enqueued_at=now,
+    )
+    with runtime.sessions.begin() as session:
+        job = repository.insert_job(session, new)
+    indexed = IndexedJob(job_id=job.id, tenant=tenant.id, tier=job.tier, order_key=job.order_key)
+    assert runtime.index.admit(indexed, bound=1000).accepted
+    return job
+
+
+def dispatch(runtime: Runtime, job: Job) -> Job:
+    now = time.time()
+    leases = runtime.index.dispatch(1, now=now, lease_ttl_s=LEASE_TTL_S)
+    assert [lease.job_id for lease in leases] == [job.id]
+    current = load(runtime, job.id)
+    with runtime.sessions.begin() as session:
+        assert repository.transition(
+            session, job.id, src=Status.QUEUED, attempt=current.attempt,
+            dst=Status.DISPATCHED, now=now,
+        )
+    return load(runtime, job.id)
+
+
+def run_to_end(
+    runtime: Runtime, publisher: CeleryPublisher, worker: Worker, tenant: Tenant,
+    kind: str, payload: dict[str, Any],
+) -> Job:
+    job = dispatch(runtime, submit(runtime, tenant, kind, payload))
+    publisher.publish(job.id, job.attempt, job.tier)
+    wait_for(lambda: load(runtime, job.id).terminal, worker)
+    return load(runtime, job.id)
+
+
+def test_the_celery_configuration() -> None:
+    """Prefetch off, acked on receipt, no results, one queue per tier, prefixed broker keys."""
+    settings = load_settings(redis_url="redis://127.0.0.1:6379/0", key_prefix="{acme}:")
+    conf = make_celery(settings).conf
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.worker_disable_prefetch is True
+    assert conf.task_acks_late is False
+    assert conf.task_ignore_result is True
+    assert not conf.result_backend
+    assert conf.worker_send_task_events and conf.task_send_sent_event
+    assert [q.name for q in conf.task_queues] == [f"tier.{name}" for name in settings.tiers]
+    assert conf.task_default_queue == f"tier.{next(iter(settings.tiers))}"
+    assert conf.broker_transport_options == {"global_keyprefix": "{acme}:"}
+    assert TASK_NAME in make_celery(settings).tasks
+
+    amqp = load_settings(broker_url="amqp://guest@127.0.0.1:5672//")
+    amqp_conf = make_celery(amqp).conf
+    assert not amqp_conf.broker_transport_options
+    assert not amqp_conf.worker_disable_prefetch
+
+
+def test_a_registration_expires_unless_renewed_and_stop_unregisters(runtime: Runtime) -> None:
+    now, rings = 1_800_000_000.0, []
+    registration = WorkerRegistration(
+        runtime.index, worker_id="w1", slots=3, ttl_s=10.0, on_register=lambda: rings.append(1),
+        clock=lambda: now,
+    )
+    registration.start()
+    try:
+        assert rings == [1]
+        assert runtime.index.pool_capacity(now=now + 9.9) == 3
+        assert runtime.index.pool_capacity(now=now + 10.1) == 0  # a dead worker's slots lapse
+        now += 5
+        registration.register_once()
+        assert runtime.index.pool_capacity(now=now + 9.9) == 3
+    finally:
+        registration.stop()
+    assert runtime.index.pool_capacity(now=now) == 0
+    registration.stop()  # idempotent
+    assert registration_ttl_s(runtime.policy) == max(MIN_TTL_S, runtime.policy.lease_ttl_s)
+
+
+def test_a_worker_runs_jobs_and_holds_its_slots_while_it_lives(
+    runtime: Runtime, publisher: CeleryPublisher, start_worker: Callable[[int], Worker],
+    tenant: Tenant,
+) -> None:
+    worker = start_worker(2)
+    wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 2, worker)
+
+    done = run_to_end(runtime, publisher, worker, tenant, "echo", {"hello": "world"})
+    failed = run_to_end(runtime, publisher, worker, tenant, "sleep", {"seconds": 0, "fail": True})
+    recorded = run_to_end(runtime, publisher, worker, tenant, "record", {})  # from TIERQ_HANDLERS
+
+    assert (done.status, done.result) == (Status.SUCCEEDED, {"hello": "world"})
+    assert failed.status is Status.FAILED
+    assert failed.error is not None and failed.error.startswith("RuntimeError: ")
+    assert (recorded.status, recorded.result) == (Status.SUCCEEDED, {"attempt": 1})
+    assert runtime.index.inflight() == 0
+    assert runtime.index.pool_capacity(now=time.time()) == 2
+
+    assert worker.stop() == 0
+    assert runtime.index.pool_capacity(now=time.time()) == 0
+
+
+def test_stale_and_duplicate_messages_leave_jobs_untouched(
+    runtime: Runtime, publisher: CeleryPublisher, start_worker: Callable[[int], Worker],
+    tenant: Tenant,
+) -> None:
+    worker = start_worker(1)
+    wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker)
+    finished = run_to_end(runtime, publisher, worker, tenant, "record", {})
+    # A job whose attempt 1 was given up on by the reaper; attempt 2 is dispatched (leased).
+    job = dispatch(runtime, submit(runtime, tenant, "record", {}))
+    runtime.index.reap(now=time.time() + 3600)
+    with runtime.sessions.begin() as session:
+        assert repository.transition(
+            session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.QUEUED, now=time.time()
+        )
+    runtime.index.requeue(
+        IndexedJob(job_id=job.id, tenant=tenant.id, tier=job.tier, order_key=job.order_key)
+    )
+    second = dispatch(runtime, job)
+
+    publisher.publish(finished.id, 1, finished.tier)  # a duplicate of a finished job
+    publisher.publish(job.id, 1, job.tier)  # attempt 1 of a job now at attempt 2
+    # One slot, one queue: once a later job has run, the two messages before it have too.
+    sentinel = run_to_end(runtime, publisher, worker, tenant, "echo", {})
+
+    assert sentinel.status is Status.SUCCEEDED
+    assert load(runtime, finished.id) == finished
+    assert load(runtime, job.id) == second
+    assert runtime.index.tenant_inflight(tenant.id) == 1  # attempt 2's lease is untouched

@@ -1,0 +1,132 @@
+"""The Celery app: one kombu queue per tier, prefetch off, acked on receipt, no results.
+
+Celery only carries "start job X, attempt N"; leases, not the broker, recover lost work, so
+messages are acked on receipt (``task_acks_late=False``) and Celery's redelivery never
+re-runs a long job. Results live in SQL: no result backend. Task events stay on for Flower.
+
+``make_celery(settings)`` builds a worker app (task + worker hooks); ``base_app(settings)``
+the same configuration without them, for processes that only publish.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery, signals
+from kombu.entity import Exchange, Queue
+
+from jobs import wake
+from jobs.config import Settings
+from workers.registration import WorkerRegistration, registration_ttl_s
+from workers.tasks import WorkerResources, register_tasks
+
+logger = logging.getLogger("tierq.worker")
+
+EXCHANGE = "tierq"
+REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
+
+
+def queue_name(tier: str) -> str:
+    return f"tier.{tier}"
+
+
+def is_redis_broker(url: str) -> bool:
+    return url.startswith(REDIS_SCHEMES)
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings for ``settings``: shared by workers and publishers."""
+    broker = settings.resolved_broker_url()
+    exchange = Exchange(EXCHANGE, type="direct")  # type: ignore[no-untyped-call]
+    queues = [
+        Queue(queue_name(tier), exchange, routing_key=queue_name(tier))  # type: ignore[no-untyped-call]
+        for tier in settings.tiers
+    ]
+    config: dict[str, Any] = {
+        "broker_url": broker,
+        "broker_connection_retry_on_startup": True,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": False,
+        "task_queues": queues,
+        "task_default_queue": queues[0].name,
+        "task_default_exchange": EXCHANGE,
+        "task_default_routing_key": queues[0].routing_key,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "worker_prefetch_multiplier": 1,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+    }
+    if is_redis_broker(broker):
+        # Celery's broker keys start with the key prefix too: deployments (and test runs)
+        # sharing one Redis stay apart.
+        config["broker_transport_options"] = {"global_keyprefix": settings.key_prefix}
+        # Supported on Redis only (Celery warns and ignores it on other brokers).
+        config["worker_disable_prefetch"] = True
+    return config
+
+
+def base_app(settings: Settings, name: str = "tierq") -> Celery:
+    app = Celery(name, set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+def make_celery(settings: Settings) -> Celery:
+    """The worker app: ``tierq.run_job`` registered; the Runtime and handlers are built per
+    worker process on first use; the worker registers its slots once it is ready."""
+    app = base_app(settings)
+    resources = WorkerResources(settings)
+    register_tasks(app, resources)
+    _install_worker_hooks(app, resources)
+    return app
+
+
+class _WorkerLifecycle:
+    """Starts the registration when the worker is ready; stops it when the worker leaves."""
+
+    def __init__(self, app: Celery, resources: WorkerResources) -> None:
+        self.app = app
+        self.resources = resources
+        self.registration: WorkerRegistration | None = None
+
+    def on_ready(self, sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not self.app:
+            return
+        controller = sender.controller
+        slots = int(getattr(controller, "max_concurrency", None) or controller.concurrency)
+        runtime = self.resources.runtime()
+        self.registration = WorkerRegistration(
+            runtime.index,
+            worker_id=str(sender.hostname),
+            slots=slots,
+            ttl_s=registration_ttl_s(runtime.policy),
+            on_register=lambda: wake.ring(runtime.redis, self.resources.settings.key_prefix),
+        )
+        self.registration.start()
+
+    def on_shutting_down(self, sender: Any = None, **_: Any) -> None:
+        """Sent from a signal handler: unregister in a thread, so that no lock this thread
+        might hold is taken again (the worker drains its running jobs meanwhile)."""
+        registration = self.registration
+        if registration is not None and sender == registration.worker_id:
+            threading.Thread(target=registration.stop, name="unregister").start()
+
+    def on_shutdown(self, sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not self.app:
+            return
+        if self.registration is not None:
+            self.registration.stop()
+        self.resources.close()
+
+
+def _install_worker_hooks(app: Celery, resources: WorkerResources) -> None:
+    lifecycle = _WorkerLifecycle(app, resources)
+    app.tierq_lifecycle = lifecycle
+    signals.worker_ready.connect(lifecycle.on_ready, weak=False)
+    signals.worker_shutting_down.connect(lifecycle.on_shutting_down, weak=False)
+    signals.worker_shutdown.connect(lifecycle.on_shutdown, weak=False)

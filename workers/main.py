@@ -1,0 +1,105 @@
+"""Run a Celery worker for tierq: ``run_worker(settings, concurrency=N)``.
+
+Also runnable as ``python -m workers.main --concurrency N`` with settings from the
+environment (``TIERQ_DATABASE_URL``, ``TIERQ_REDIS_URL``, ``TIERQ_KEY_PREFIX``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Sequence
+
+from jobs.config import Settings, load_settings
+from jobs.errors import ConfigError
+from workers.app import make_celery, queue_name
+from workers.tasks import resources_of
+
+# Keys shown after the message when a log record carries them (``extra=``).
+LOG_KEYS = (
+    "event", "job_id", "tenant", "tier", "attempt", "worker_id", "status", "reason", "error",
+)
+
+
+class KeyValueFormatter(logging.Formatter):
+    """``<time> <level> <logger> <message> key=value ...`` for the stable log keys."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        text = super().formatMessage(record)
+        pairs = [
+            f"{key}={getattr(record, key)}"
+            for key in LOG_KEYS
+            if key != "event" and getattr(record, key, None) is not None
+        ]
+        return f"{text} {' '.join(pairs)}" if pairs else text
+
+
+def configure_logging(loglevel: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(loglevel.upper())
+
+
+def worker_hostname() -> str:
+    """A worker id unique per process: it names the worker's slots in the index."""
+    return f"tierq-{os.getpid()}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+
+
+def run_worker(
+    settings: Settings,
+    *,
+    concurrency: int,
+    pool: str = "threads",
+    loglevel: str = "INFO",
+    hostname: str | None = None,
+) -> int:
+    """Consume every tier's queue with ``concurrency`` slots until stopped (SIGTERM: warm
+    shutdown, running jobs finish). Returns the worker's exit code."""
+    if concurrency < 1:
+        raise ConfigError("concurrency: must be at least 1")
+    configure_logging(loglevel)
+    app = make_celery(settings)
+    resources_of(app).registry()  # a bad TIERQ_HANDLERS stops the worker now, not per job
+    worker = app.Worker(
+        hostname=hostname or worker_hostname(),
+        pool_cls=pool,
+        concurrency=concurrency,
+        loglevel=loglevel.upper(),
+        queues=[queue_name(tier) for tier in settings.tiers],
+        without_mingle=True,
+        without_gossip=True,
+        optimization="fair",
+    )
+    worker.start()
+    return int(worker.exitcode or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.main", description=__doc__)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--pool", default="threads")
+    parser.add_argument("--loglevel", default="INFO")
+    parser.add_argument("--hostname", default=None)
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        parser.exit(2, f"{exc}\n")
+    return run_worker(
+        settings,
+        concurrency=args.concurrency,
+        pool=args.pool,
+        loglevel=args.loglevel,
+        hostname=args.hostname,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

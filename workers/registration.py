@@ -1,0 +1,107 @@
+"""A worker's registration in the index: its slots count towards the pool's capacity.
+
+The registration is renewed every ``ttl / 3`` by a thread; a worker that dies stops renewing
+and its slots drop out of ``pool_capacity`` when the registration expires. A clean stop
+unregisters at once, so the dispatcher stops sending work to a worker that is leaving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from jobs.index.base import DispatchIndex
+from jobs.policy import Policy
+
+logger = logging.getLogger("tierq.worker")
+
+# A registration lives at least this long, so a short lease TTL cannot make it flap.
+MIN_TTL_S = 3.0
+
+
+def registration_ttl_s(policy: Policy) -> float:
+    return max(MIN_TTL_S, policy.lease_ttl_s)
+
+
+class WorkerRegistration:
+    """Registers ``slots`` for ``worker_id`` until ``stop``; ``register_once`` is one beat."""
+
+    def __init__(
+        self,
+        index: DispatchIndex,
+        *,
+        worker_id: str,
+        slots: int,
+        ttl_s: float,
+        on_register: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.worker_id = worker_id
+        self.slots = slots
+        self._index = index
+        self._ttl_s = ttl_s
+        self._on_register = on_register
+        self._clock = clock
+        self._stopping = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self._thread = threading.Thread(
+            target=self._loop, name=f"registration-{worker_id}", daemon=True
+        )
+
+    def register_once(self) -> None:
+        self._index.register_worker(
+            self.worker_id, slots=self.slots, expires_at=self._clock() + self._ttl_s
+        )
+
+    def start(self) -> None:
+        """Register now (new capacity: ring the dispatcher), then keep renewing."""
+        self.register_once()
+        logger.info(
+            "worker.registered",
+            extra={"event": "worker.registered", "worker_id": self.worker_id, "slots": self.slots},
+        )
+        if self._on_register is not None:
+            self._on_register()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing and unregister. Idempotent; a second caller waits for the first."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopping.set()
+            if self._thread.is_alive():
+                self._thread.join()
+            self._unregister()
+            self._stopped = True
+
+    def _unregister(self) -> None:
+        try:
+            self._index.unregister_worker(self.worker_id)
+        except redis.RedisError:
+            logger.warning(
+                "worker.unregister_failed",
+                extra={"event": "worker.unregister_failed", "worker_id": self.worker_id},
+                exc_info=True,
+            )
+            return
+        logger.info(
+            "worker.unregistered",
+            extra={"event": "worker.unregistered", "worker_id": self.worker_id},
+        )
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self._ttl_s / 3):
+            try:
+                self.register_once()
+            except redis.RedisError:
+                logger.warning(
+                    "worker.register_failed",
+                    extra={"event": "worker.register_failed", "worker_id": self.worker_id},
+                    exc_info=True,
+                )
