@@ -1,0 +1,69 @@
+"""The application factory: ``create_app(settings)`` wires routes, errors and middleware.
+
+Middleware, outermost first: ``CatchAll`` (a bug becomes a typed, logged 500), then
+``BodyLimit`` (413 before parsing). A runtime built here is closed on shutdown; one passed
+in belongs to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI
+
+from jobs.api import routes_admin, routes_jobs, routes_queues
+from jobs.api.body_limit import BodyLimit
+from jobs.api.errors import CatchAll, install_error_handlers
+from jobs.config import Settings
+from jobs.metrics import AppMetrics
+from jobs.runtime import Runtime
+from jobs.submission import PayloadValidator
+from workers.handlers import default_registry
+
+DESCRIPTION = (
+    "A durable, tiered job scheduler. Submit jobs, come back for the result. Every error is "
+    '`{"error": {"type", "message", ...}}`; a 429 carries `Retry-After`, `X-Queue-Position` '
+    "and `X-Tier`."
+)
+
+
+def _version() -> str:
+    try:
+        return version("tierq")
+    except PackageNotFoundError:
+        return "0"
+
+
+def create_app(
+    settings: Settings,
+    runtime: Runtime | None = None,
+    *,
+    validator: PayloadValidator | None = None,
+) -> FastAPI:
+    """The API. ``validator`` checks payloads by kind (default: the handler registry)."""
+    owned = runtime is None
+    active = runtime if runtime is not None else Runtime.from_settings(settings)
+    if validator is None:
+        validator = default_registry()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if owned:
+                active.close()
+
+    app = FastAPI(title="tierq", version=_version(), description=DESCRIPTION, lifespan=lifespan)
+    app.state.runtime = active
+    app.state.validator = validator
+    app.state.metrics = AppMetrics(active)
+    routers = (routes_jobs.router, routes_queues.router, routes_admin.router)
+    for router in routers:
+        app.include_router(router)
+    install_error_handlers(app, [route for router in routers for route in router.routes])
+    app.add_middleware(BodyLimit, max_body_bytes=settings.api.max_body_bytes)
+    app.add_middleware(CatchAll)
+    return app

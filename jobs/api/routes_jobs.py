@@ -1,0 +1,193 @@
+"""``/v1/jobs``: submit, look up (optionally long-polling), fetch the result, cancel, list.
+
+Handlers are thin: each calls ``jobs.submission`` and returns a schema. The sync ones run
+in the threadpool; the status long-poll is async and sleeps between SQL reads (run in the
+threadpool), so a thousand waiting clients hold no threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from jobs import submission
+from jobs.admission import result_retry_after_s
+from jobs.api.deps import RuntimeDep, TenantDep, ValidatorDep
+from jobs.api.errors import error_responses
+from jobs.api.schemas import (
+    CancelResponse,
+    JobListResponse,
+    JobResponse,
+    PendingResultResponse,
+    ResultResponse,
+    SubmitRequest,
+    SubmitResponse,
+)
+from jobs.domain import Job, Tenant
+from jobs.runtime import Runtime
+from jobs.states import Status
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_LONG_POLL_S = 60.0
+POLL_INTERVAL_S = 0.15
+_COMMON = (401, 403, 404, 422, 503)
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=SubmitResponse,
+    summary="Submit a job",
+    responses={
+        200: {"model": SubmitResponse,
+              "description": "this idempotency key was used before: the same job"},
+        202: {"description": "accepted and queued",
+              "headers": {"Location": {"description": "/v1/jobs/<id>",
+                                       "schema": {"type": "string"}}}},
+        **error_responses(400, 401, 403, 413, 422, 429, 503),
+    },
+)
+def submit_job(
+    body: SubmitRequest,
+    tenant: TenantDep,
+    runtime: RuntimeDep,
+    validator: ValidatorDep,
+    response: Response,
+) -> SubmitResponse:
+    submitted = submission.submit(
+        runtime,
+        validator,
+        tenant,
+        submission.Submission(
+            kind=body.kind,
+            payload=body.payload,
+            idempotency_key=body.idempotency_key,
+            max_wait_s=body.max_wait_s,
+            max_attempts=body.max_attempts,
+        ),
+    )
+    job_id = submitted.progress.job.id
+    response.headers["Location"] = f"/v1/jobs/{job_id}"
+    if not submitted.created:
+        response.status_code = 200
+    return SubmitResponse.of(submitted.progress)
+
+
+@router.get(
+    "",
+    response_model=JobListResponse,
+    summary="This tenant's jobs, newest first",
+    responses=error_responses(401, 403, 422, 503),
+)
+def list_jobs(
+    tenant: TenantDep,
+    runtime: RuntimeDep,
+    status: Annotated[Status | None, Query(description="only jobs in this state")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200,
+                                        description="next_cursor of the previous page")] = None,
+) -> JobListResponse:
+    page, next_cursor = submission.list_jobs(
+        runtime, tenant, status=status, limit=limit, cursor=cursor
+    )
+    return JobListResponse(jobs=[JobResponse.of(p) for p in page], next_cursor=next_cursor)
+
+
+@router.get(
+    "/{job_id}",
+    response_model=JobResponse,
+    summary="A job's state; with wait, long-poll until it changes",
+    responses=error_responses(*_COMMON),
+)
+async def get_job(
+    job_id: str,
+    tenant: TenantDep,
+    runtime: RuntimeDep,
+    request: Request,
+    wait: Annotated[float | None, Query(
+        ge=0, le=MAX_LONG_POLL_S,
+        description="seconds to wait for a change of state (at most 60)")] = None,
+) -> JobResponse:
+    job = await run_in_threadpool(submission.load_job, runtime, tenant, job_id)
+    if wait:
+        job = await _wait_for_change(runtime, tenant, job, wait, request)
+    progress = await run_in_threadpool(submission.progress, runtime, job)
+    return JobResponse.of(progress)
+
+
+async def _wait_for_change(
+    runtime: Runtime, tenant: Tenant, job: Job, wait_s: float, request: Request
+) -> Job:
+    """Re-read the job until its status differs from ``job``'s, it is terminal, the client
+    leaves, or ``wait_s`` passes (real time: the runtime clock may be simulated)."""
+    deadline = time.monotonic() + wait_s
+    start_status = job.status
+    while not job.terminal and job.status is start_status:
+        left = deadline - time.monotonic()
+        if left <= 0 or await request.is_disconnected():
+            break
+        await asyncio.sleep(min(POLL_INTERVAL_S, left))
+        job = await run_in_threadpool(submission.load_job, runtime, tenant, job.id)
+    return job
+
+
+@router.get(
+    "/{job_id}/result",
+    response_model=ResultResponse,
+    summary="The result of a succeeded job",
+    responses={
+        202: {"model": PendingResultResponse, "description": "not finished yet",
+              "headers": {"Retry-After": {"description": "seconds, 1 to 5",
+                                          "schema": {"type": "integer"}}}},
+        **error_responses(*_COMMON, 409, 410),
+    },
+)
+def get_result(
+    job_id: str, tenant: TenantDep, runtime: RuntimeDep
+) -> ResultResponse | JSONResponse:
+    job = submission.load_job(runtime, tenant, job_id)
+    if job.terminal:
+        return ResultResponse(id=job.id, status=job.status, result=submission.finished_result(job))
+    progress = submission.progress(runtime, job)
+    retry_after = result_retry_after_s(
+        running=job.status is not Status.QUEUED,
+        estimated_wait_s=progress.estimated_wait_s,
+        mean_service_s=runtime.policy.mean_service_s,
+    )
+    pending = PendingResultResponse(
+        id=job.id,
+        status=job.status,
+        queue_position=progress.queue_position,
+        estimated_wait_s=progress.estimated_wait_s,
+    )
+    return JSONResponse(
+        pending.model_dump(mode="json"), status_code=202,
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=CancelResponse,
+    summary="Cancel a job",
+    responses={
+        200: {"description": "cancelled (it had not started), or already finished: its status"},
+        202: {"model": CancelResponse,
+              "description": "running: cancellation requested from its handler"},
+        **error_responses(*_COMMON),
+    },
+)
+def cancel_job(
+    job_id: str, tenant: TenantDep, runtime: RuntimeDep, response: Response
+) -> CancelResponse:
+    outcome = submission.cancel(runtime, tenant, job_id)
+    if outcome.pending:
+        response.status_code = 202
+    job = outcome.job
+    return CancelResponse(id=job.id, status=job.status, cancel_requested=job.cancel_requested)

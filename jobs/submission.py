@@ -1,0 +1,396 @@
+"""The job service behind the API: submit, look up, list and cancel a tenant's jobs.
+
+Submitting is admit-then-persist: the index's admit script checks the tier's bound and the
+tenant's quota and indexes the job in one atomic step, then the row is committed. A refusal
+leaves nothing behind; a failed commit takes the job back out of the index (best effort: the
+dispatcher also drops indexed jobs whose row never appears). The tier always comes from the
+tenant's record, never from the request.
+
+Cancelling follows the job's state: a queued job leaves the index and becomes ``cancelled``;
+a dispatched one is cancelled and its lease released; a running one is flagged for its
+handler to stop cooperatively. Each SQL change is a compare-and-set, so a race with the
+dispatcher or a worker is settled by reading the job again and acting on its new state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis
+import sqlalchemy.exc as sa_exc
+
+from jobs import wake
+from jobs.admission import Refusal, refused, tenant_rate
+from jobs.capacity import PoolFigures, read_pool
+from jobs.db import repository
+from jobs.domain import Job, NewJob, Tenant
+from jobs.errors import (
+    DuplicateJob,
+    Forbidden,
+    InvalidRequest,
+    JobFailed,
+    JobGone,
+    NotFound,
+    Unavailable,
+)
+from jobs.ids import new_job_id
+from jobs.index.base import IndexedJob
+from jobs.policy import estimated_wait_s
+from jobs.runtime import Runtime
+from jobs.states import Status
+
+logger = logging.getLogger(__name__)
+
+REDIS_OUTAGE: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+SQL_OUTAGE: tuple[type[Exception], ...] = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,
+)
+# Deepest nesting accepted in a payload: deeper JSON is abuse, and would strain encoders.
+MAX_PAYLOAD_DEPTH = 64
+# Rounds of "read the job, act on its state" before a cancel gives up on a job that keeps
+# moving under it (each round is one state change elsewhere).
+_CANCEL_ROUNDS = 8
+
+
+def is_backend_outage(exc: BaseException) -> bool:
+    """True for errors that mean SQL or Redis cannot be reached right now (a 503)."""
+    if isinstance(exc, SQL_OUTAGE + REDIS_OUTAGE):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+class PayloadValidator(Protocol):
+    """What submission needs of the handler registry (``workers.handlers``)."""
+
+    def validate(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submission:
+    kind: str
+    payload: dict[str, Any]
+    idempotency_key: str | None = None
+    max_wait_s: float | None = None
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """A job with its live place in the queue (both None unless it is queued and indexed)."""
+
+    job: Job
+    queue_position: int | None = None
+    estimated_wait_s: float | None = None  # None also when nothing is being served
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitted:
+    progress: Progress
+    created: bool  # False: an earlier job with the same idempotency key
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelOutcome:
+    job: Job
+    pending: bool  # True: running, cancellation requested from its handler
+
+
+# -- submit ----------------------------------------------------------------------------------
+
+
+def submit(
+    runtime: Runtime, validator: PayloadValidator, tenant: Tenant, submission: Submission
+) -> Submitted:
+    """Admit, persist and announce a job; an earlier job when the idempotency key was used.
+    Raises ``InvalidRequest``, ``Refused`` (429) or ``Unavailable``; a refusal leaves nothing."""
+    tier = _tier_of(runtime, tenant)
+    payload = validator.validate(submission.kind, check_json(submission.payload))
+    if submission.idempotency_key is not None:
+        check_text(submission.idempotency_key, ("idempotency_key",))
+        existing = _by_idempotency_key(runtime, tenant.id, submission.idempotency_key)
+        if existing is not None:
+            return Submitted(progress=progress(runtime, existing), created=False)
+    now = runtime.clock()
+    figures = read_pool(runtime.policy, runtime.index, now=now)
+    new = NewJob(
+        id=new_job_id(now),
+        tenant_id=tenant.id,
+        tier=tier,
+        kind=submission.kind,
+        payload=payload,
+        order_key=runtime.policy.order_key(tier, now),
+        enqueued_at=now,
+        created_at=now,
+        max_attempts=submission.max_attempts or runtime.policy.max_attempts,
+        max_wait_s=submission.max_wait_s,
+        idempotency_key=submission.idempotency_key,
+    )
+    position = _admit(runtime, tenant, new, figures)
+    job = _persist(runtime, new)
+    if job.id != new.id:
+        return Submitted(progress=progress(runtime, job), created=False)
+    _ring(runtime)
+    logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
+                                        "tenant": tenant.id, "tier": tier, "attempt": 1})
+    estimate = _finite(estimated_wait_s(position, figures.free_slots, figures.service_rate))
+    return Submitted(
+        progress=Progress(job=job, queue_position=position, estimated_wait_s=estimate),
+        created=True,
+    )
+
+
+def _tier_of(runtime: Runtime, tenant: Tenant) -> str:
+    if tenant.tier not in runtime.policy.tiers:
+        raise Forbidden(
+            f"this tenant's tier {tenant.tier!r} is not served by this deployment; "
+            "ask the operator to move the tenant to a configured tier",
+            tier=tenant.tier,
+        )
+    return tenant.tier
+
+
+def _admit(runtime: Runtime, tenant: Tenant, new: NewJob, figures: PoolFigures) -> int:
+    """Index the job under the tier's bound and the tenant's quota; its queue position."""
+    tier = new.tier
+    quota = tenant.max_queued if tenant.max_queued is not None else figures.quotas[tier]
+    admitted = runtime.index.admit(
+        IndexedJob(
+            job_id=new.id, tenant=tenant.id, tier=tier, order_key=new.order_key,
+            start_by=new.start_by,
+        ),
+        bound=figures.bounds[tier],
+        tenant_quota=quota,
+    )
+    if admitted.accepted:
+        return admitted.position
+    cap = tenant.cap if tenant.cap is not None else figures.caps[tier]
+    reason = admitted.reason or "capacity"
+    logger.info("job.refused", extra={"event": "job.refused", "tenant": tenant.id,
+                                      "tier": tier, "reason": reason})
+    raise refused(
+        Refusal(
+            reason=reason,
+            tier=tier,
+            tenant_name=tenant.name,
+            position=admitted.position,
+            tier_queued=admitted.tier_queued,
+            tenant_queued=admitted.tenant_queued,
+            bound=figures.bounds[tier],
+            quota=quota,
+            service_rate=figures.service_rate,
+            tenant_rate=tenant_rate(
+                cap=cap, capacity=figures.capacity, mean_service_s=figures.mean_service_s
+            ),
+            fallback_s=runtime.policy.tier(tier).max_wait_s,
+        )
+    )
+
+
+def _persist(runtime: Runtime, new: NewJob) -> Job:
+    """Commit the job's row; on a lost idempotency race, the job that won."""
+    try:
+        with runtime.sessions.begin() as session:
+            return repository.insert_job(session, new)
+    except DuplicateJob as duplicate:
+        _forget(runtime, new.id)
+        with runtime.sessions.begin() as session:
+            existing = repository.get_job(session, duplicate.job_id)
+        if existing is None:  # the winner's row vanished (pruned): nothing sensible to show
+            raise Unavailable("the job with this idempotency key moved; retry") from None
+        return existing
+    except Exception as exc:
+        _forget(runtime, new.id)
+        if is_backend_outage(exc):
+            raise Unavailable("the database cannot be reached; nothing was accepted") from exc
+        raise
+
+
+def _forget(runtime: Runtime, job_id: str) -> None:
+    """Take a job that will not be committed back out of the index (best effort)."""
+    try:
+        runtime.index.cancel(job_id)
+    except REDIS_OUTAGE:
+        logger.warning("job.unindex_failed", extra={"event": "job.unindex_failed",
+                                                    "job_id": job_id})
+
+
+def _ring(runtime: Runtime) -> None:
+    """Wake the dispatcher; a missed ring only costs one of its maintenance periods."""
+    try:
+        wake.ring(runtime.redis, runtime.settings.key_prefix)
+    except REDIS_OUTAGE:
+        logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"})
+
+
+def _by_idempotency_key(runtime: Runtime, tenant_id: str, key: str) -> Job | None:
+    with runtime.sessions.begin() as session:
+        return repository.job_by_idempotency_key(session, tenant_id, key)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def check_json(payload: dict[str, Any]) -> dict[str, Any]:
+    """Refuse what JSON parsers accept but the stores cannot keep: NUL characters and lone
+    surrogates in text (PostgreSQL refuses both), non-finite numbers (not JSON), and nesting
+    deeper than ``MAX_PAYLOAD_DEPTH``. Iterative, so hostile depth cannot exhaust the stack."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(payload, ("payload",))]
+    while stack:
+        value, loc = stack.pop()
+        if len(loc) > MAX_PAYLOAD_DEPTH + 1:
+            raise _bad_value(loc, f"nested deeper than {MAX_PAYLOAD_DEPTH} levels")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                check_text(str(key), loc)
+                stack.append((item, (*loc, str(key))))
+        elif isinstance(value, list):
+            stack.extend((item, (*loc, i)) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            check_text(value, loc)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise _bad_value(loc, "numbers must be finite")
+    return payload
+
+
+def check_text(text: str, loc: tuple[str | int, ...]) -> str:
+    if "\x00" in text:
+        raise _bad_value(loc, "text may not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad_value(loc, "text must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+def _bad_value(loc: tuple[str | int, ...], msg: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"{'.'.join(str(part) for part in loc)}: {msg}",
+        details=[{"loc": list(loc), "msg": msg}],
+    )
+
+
+# -- read ------------------------------------------------------------------------------------
+
+
+def parse_job_id(job_id: str) -> str:
+    """The canonical form of a job id; anything that is not a UUID names no job."""
+    try:
+        return str(uuid.UUID(job_id))
+    except ValueError:
+        raise NotFound("no such job", job_id=job_id) from None
+
+
+def load_job(runtime: Runtime, tenant: Tenant, job_id: str) -> Job:
+    """The tenant's job; another tenant's job is "not found" too, never "forbidden"."""
+    canonical = parse_job_id(job_id)
+    with runtime.sessions.begin() as session:
+        job = repository.get_job(session, canonical, tenant_id=tenant.id)
+    if job is None:
+        raise NotFound("no such job", job_id=job_id)
+    return job
+
+
+def list_jobs(
+    runtime: Runtime, tenant: Tenant, *, status: Status | None, limit: int, cursor: str | None
+) -> tuple[list[Progress], str | None]:
+    with runtime.sessions.begin() as session:
+        jobs, next_cursor = repository.list_jobs(
+            session, tenant_id=tenant.id, status=status, limit=limit, cursor=cursor
+        )
+    return progress_many(runtime, jobs), next_cursor
+
+
+def progress(runtime: Runtime, job: Job) -> Progress:
+    return progress_many(runtime, [job])[0]
+
+
+def progress_many(runtime: Runtime, jobs: Sequence[Job]) -> list[Progress]:
+    """Live queue positions of the queued jobs among ``jobs``. Status reads keep working
+    while Redis is down: the positions are then unknown (None), not an error."""
+    if not any(job.status is Status.QUEUED for job in jobs):
+        return [Progress(job=job) for job in jobs]
+    try:
+        figures = read_pool(runtime.policy, runtime.index, now=runtime.clock())
+        return [_progress(runtime, job, figures) for job in jobs]
+    except REDIS_OUTAGE:
+        logger.warning("index.unreachable", extra={"event": "index.unreachable"})
+        return [Progress(job=job) for job in jobs]
+
+
+def _progress(runtime: Runtime, job: Job, figures: PoolFigures) -> Progress:
+    if job.status is not Status.QUEUED:
+        return Progress(job=job)
+    position = runtime.index.position(job.id)
+    if position is None:  # waiting out a retry backoff, or not indexed (yet)
+        return Progress(job=job)
+    estimate = estimated_wait_s(position, figures.free_slots, figures.service_rate)
+    return Progress(job=job, queue_position=position, estimated_wait_s=_finite(estimate))
+
+
+def finished_result(job: Job) -> Any:
+    """The result of a succeeded job; a typed error for the other terminal states."""
+    if job.status is Status.FAILED:
+        raise JobFailed("the job failed", job_id=job.id, job_error=job.error)
+    if job.status is Status.CANCELLED:
+        raise JobGone("the job was cancelled", type="job_cancelled", job_id=job.id)
+    if job.status is Status.EXPIRED:
+        raise JobGone(
+            "the job expired before it started", type="job_expired", job_id=job.id
+        )
+    return job.result
+
+
+# -- cancel ----------------------------------------------------------------------------------
+
+
+def cancel(runtime: Runtime, tenant: Tenant, job_id: str) -> CancelOutcome:
+    job = load_job(runtime, tenant, job_id)
+    for _ in range(_CANCEL_ROUNDS):
+        outcome = _cancel_step(runtime, job)
+        if outcome is not None:
+            return outcome
+        job = load_job(runtime, tenant, job.id)  # it moved under us: act on its new state
+    raise Unavailable("the job keeps changing state; retry the cancel", retry_after_s=1)
+
+
+def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
+    if job.terminal:
+        return CancelOutcome(job=job, pending=False)
+    if job.status is Status.RUNNING:
+        with runtime.sessions.begin() as session:
+            flagged = repository.request_cancel(session, job.id)
+        if not flagged:
+            return None
+        _log_cancel(job, "job.cancel_requested")
+        return CancelOutcome(job=dataclasses.replace(job, cancel_requested=True), pending=True)
+    removed = runtime.index.cancel(job.id) if job.status is Status.QUEUED else False
+    with runtime.sessions.begin() as session:
+        moved = repository.transition(
+            session, job.id, src=job.status, attempt=job.attempt, dst=Status.CANCELLED,
+            now=runtime.clock(),
+        )
+    if not moved:
+        return None
+    if not removed:
+        # Dispatched, or popped by a dispatcher that has not recorded it yet: free its slot.
+        runtime.index.release(job.id)
+        _ring(runtime)
+    _log_cancel(job, "job.cancelled")
+    return CancelOutcome(job=dataclasses.replace(job, status=Status.CANCELLED), pending=False)
+
+
+def _log_cancel(job: Job, event: str) -> None:
+    logger.info(event, extra={"event": event, "job_id": job.id, "tenant": job.tenant_id,
+                              "tier": job.tier, "attempt": job.attempt})

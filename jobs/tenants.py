@@ -1,0 +1,136 @@
+"""The tenant service: accounts, their tiers and their API keys.
+
+Used by the admin routes of the API and by ``tierq tenants``. A key is shown once, when it is
+made; only its sha256 is stored, so a leaked database does not leak working keys. A tier is
+checked against the policy here, so neither caller can file a tenant under a tier that this
+deployment does not serve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+import uuid
+
+from jobs.db import repository
+from jobs.domain import Tenant
+from jobs.errors import InvalidRequest, NotFound
+from jobs.policy import Policy
+from jobs.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
+_NAME = re.compile(NAME_PATTERN)
+KEY_PREFIX = "tq_"
+
+
+def new_api_key() -> str:
+    """A fresh key: 256 random bits, URL-safe, with a prefix that secret scanners can spot."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """The stored form of a key (sha256 hex): random keys need no salt or slow hash."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise InvalidRequest(
+            "a tenant name is 1 to 100 characters of letters, digits, '.', '_' and '-'",
+            details=[{"loc": ["body", "name"], "msg": "invalid tenant name"}],
+        )
+    return name
+
+
+def check_tier(policy: Policy, tier: str) -> str:
+    if tier not in policy.tiers:
+        known = ", ".join(sorted(policy.tiers))
+        raise InvalidRequest(
+            f"unknown tier {tier!r}; this deployment has: {known}",
+            details=[{"loc": ["body", "tier"], "msg": "unknown tier"}],
+        )
+    return tier
+
+
+def parse_tenant_id(tenant_id: str) -> str:
+    """The canonical form of a tenant id; anything that is not a UUID names no tenant."""
+    try:
+        return str(uuid.UUID(tenant_id))
+    except ValueError:
+        raise NotFound("no such tenant", tenant_id=tenant_id) from None
+
+
+def create_tenant(runtime: Runtime, *, name: str, tier: str) -> tuple[Tenant, str]:
+    """Create a tenant and return it with its API key (the only time the key is seen)."""
+    check_name(name)
+    check_tier(runtime.policy, tier)
+    key = new_api_key()
+    with runtime.sessions.begin() as session:
+        tenant = repository.create_tenant(
+            session, name=name, tier=tier, api_key_hash=hash_key(key), now=runtime.clock()
+        )
+    logger.info("tenant.created", extra={"event": "tenant.created", "tenant": tenant.id,
+                                         "tier": tier})
+    return tenant, key
+
+
+def rotate_key(runtime: Runtime, tenant_id: str) -> tuple[Tenant, str]:
+    """Give the tenant a new key; the old one stops working at once."""
+    key = new_api_key()
+    with runtime.sessions.begin() as session:
+        tenant = repository.update_tenant(
+            session, parse_tenant_id(tenant_id), api_key_hash=hash_key(key)
+        )
+    if tenant is None:
+        raise NotFound("no such tenant", tenant_id=tenant_id)
+    logger.info("tenant.key_rotated", extra={"event": "tenant.key_rotated", "tenant": tenant.id})
+    return tenant, key
+
+
+def list_tenants(runtime: Runtime) -> list[Tenant]:
+    with runtime.sessions.begin() as session:
+        return repository.list_tenants(session)
+
+
+def get_tenant(runtime: Runtime, tenant_id: str) -> Tenant:
+    with runtime.sessions.begin() as session:
+        tenant = repository.get_tenant(session, parse_tenant_id(tenant_id))
+    if tenant is None:
+        raise NotFound("no such tenant", tenant_id=tenant_id)
+    return tenant
+
+
+def update_tenant(
+    runtime: Runtime,
+    tenant_id: str,
+    *,
+    tier: str | None = None,
+    cap: int | None = None,
+    max_queued: int | None = None,
+) -> Tenant:
+    """Change a tenant's tier or overrides (None: unchanged). Jobs already submitted keep
+    the tier they were submitted under; later jobs get the new one."""
+    fields: dict[str, str | int] = {}
+    if tier is not None:
+        fields["tier"] = check_tier(runtime.policy, tier)
+    if cap is not None:
+        fields["cap"] = cap
+    if max_queued is not None:
+        fields["max_queued"] = max_queued
+    with runtime.sessions.begin() as session:
+        tenant = repository.update_tenant(session, parse_tenant_id(tenant_id), **fields)
+    if tenant is None:
+        raise NotFound("no such tenant", tenant_id=tenant_id)
+    logger.info("tenant.updated", extra={"event": "tenant.updated", "tenant": tenant.id,
+                                         "tier": tenant.tier})
+    return tenant
+
+
+def tenant_for_key(runtime: Runtime, key: str) -> Tenant | None:
+    """The tenant holding this key, or None."""
+    with runtime.sessions.begin() as session:
+        return repository.tenant_by_key_hash(session, hash_key(key))

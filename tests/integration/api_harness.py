@@ -1,0 +1,168 @@
+"""Run the API over real HTTP for tests: uvicorn in a thread, on a free port of 127.0.0.1.
+
+``serve(app)`` yields the base URL and stops the server afterwards. ``ApiClient`` is an
+``httpx.Client`` with helpers for the admin routes and tenant keys. ``running_api`` builds the
+app on its own runtime (optionally on a hand-moved ``Clock``); ``move`` and ``dispatch_one``
+drive a job as the dispatcher and a worker would, for states the API cannot reach alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from jobs.api.app import create_app
+from jobs.config import Settings, load_settings
+from jobs.db import repository
+from jobs.runtime import Runtime
+from jobs.states import Status
+
+ADMIN_KEY = "test-admin"
+
+
+@contextlib.contextmanager
+def serve(app: FastAPI) -> Iterator[tuple[str, uvicorn.Server]]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="none")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the API server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+class ApiClient(httpx.Client):
+    """An HTTP client of the test server, with helpers for tenants."""
+
+    runtime: Any = None  # the server's runtime, for tests that drive state behind the API
+    server: uvicorn.Server | None = None
+
+    def in_flight(self) -> set[Any]:
+        """The server's request tasks now (pass to ``wait_for_new_request``)."""
+        assert self.server is not None
+        return set(self.server.server_state.tasks)
+
+    def wait_for_new_request(self, before: set[Any]) -> None:
+        """Block until the server handles a request that was not in ``before`` (polling
+        with a deadline): e.g. a long-poll sent from another thread is now under way."""
+        assert self.server is not None
+        tasks = self.server.server_state.tasks
+        deadline = time.monotonic() + 20
+        while not set(tasks) - before:
+            assert time.monotonic() < deadline, "the request never reached the server"
+            time.sleep(0.005)
+
+    def create_tenant(self, name: str, tier: str = "free") -> dict[str, Any]:
+        response = self.post(
+            "/v1/admin/tenants", json={"name": name, "tier": tier}, headers=auth(ADMIN_KEY)
+        )
+        assert response.status_code == 201, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def tenant_key(self, name: str, tier: str = "free") -> str:
+        key: str = self.create_tenant(name, tier)["api_key"]
+        return key
+
+    def submit(self, key: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        payload = body if body is not None else {"kind": "sleep", "payload": {"seconds": 1}}
+        return self.post("/v1/jobs", json=payload, headers=auth(key))
+
+
+@contextlib.contextmanager
+def api_client(app: FastAPI) -> Iterator[ApiClient]:
+    with serve(app) as (url, server), ApiClient(base_url=url, timeout=90) as client:
+        client.server = server
+        yield client
+
+
+class Clock:
+    """A clock the test moves by hand (the API reads time only through the runtime)."""
+
+    def __init__(self) -> None:
+        self.now = float(int(time.time()))
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_settings(db_url: str, redis_url: str, key_prefix: str, **policy: Any) -> Settings:
+    return load_settings(
+        database_url=db_url,
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        admin_key=ADMIN_KEY,
+        policy={"pool_concurrency": 4, **policy},
+    )
+
+
+@contextlib.contextmanager
+def running_api(settings: Settings, clock: Clock | None = None) -> Iterator[ApiClient]:
+    runtime = Runtime.from_settings(settings)
+    if clock is not None:
+        runtime.clock = clock
+    try:
+        with api_client(create_app(settings, runtime)) as client:
+            client.runtime = runtime
+            yield client
+    finally:
+        runtime.close()
+
+
+def rt(client: ApiClient) -> Runtime:
+    runtime: Runtime = client.runtime
+    return runtime
+
+
+def move(client: ApiClient, job_id: str, *steps: Status, **fields: Any) -> None:
+    """Walk a job through ``steps`` (a CAS each); ``fields`` go with the last step."""
+    runtime = rt(client)
+    with runtime.sessions.begin() as session:
+        job = repository.get_job(session, job_id)
+        assert job is not None
+        for step in steps:
+            extra = fields if step is steps[-1] else {}
+            assert repository.transition(
+                session, job_id, src=job.status, attempt=job.attempt, dst=step,
+                now=runtime.clock(), **extra,
+            )
+            job = repository.get_job(session, job_id)
+            assert job is not None
+
+
+def dispatch_one(client: ApiClient, job_id: str) -> None:
+    """Lease the next job, which must be ``job_id``, and mark it dispatched."""
+    leases = rt(client).index.dispatch(1, now=rt(client).clock(), lease_ttl_s=30)
+    assert [lease.job_id for lease in leases] == [job_id]
+    move(client, job_id, Status.DISPATCHED)
+
+
+def queue_of(client: ApiClient, key: str, tier: str) -> dict[str, Any]:
+    """The tier's entry of ``/v1/queues``."""
+    tiers = client.get("/v1/queues", headers=auth(key)).json()["tiers"]
+    found: dict[str, Any] = next(entry for entry in tiers if entry["name"] == tier)
+    return found

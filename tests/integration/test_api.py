@@ -1,0 +1,286 @@
+"""The HTTP API over real HTTP (uvicorn on a free port), on real PostgreSQL and Redis:
+tenants, submission and admission, queues, health and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from jobs.config import load_settings
+from jobs.db import repository
+from jobs.states import Status
+from jobs.tenants import create_tenant
+from tests.integration.api_harness import (
+    ADMIN_KEY,
+    ApiClient,
+    Clock,
+    auth,
+    dispatch_one,
+    make_settings,
+    move,
+    queue_of,
+    rt,
+    running_api,
+)
+from tests.services import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def client(
+    pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock, redis_client: Any
+) -> Iterator[ApiClient]:
+    with running_api(make_settings(pg_url, redis_server.url, key_prefix), clock) as api:
+        yield api
+
+
+# -- tenants ---------------------------------------------------------------------------------
+
+
+def test_tenants_are_created_listed_moved_and_rekeyed(client: ApiClient) -> None:
+    created = client.create_tenant("acme", "premium")
+    assert set(created) >= {"id", "name", "tier", "api_key"}
+    assert (created["name"], created["tier"]) == ("acme", "premium")
+    old_key = created["api_key"]
+
+    listed = client.get("/v1/admin/tenants", headers=auth(ADMIN_KEY)).json()["tenants"]
+    assert [t["name"] for t in listed] == ["acme"]
+    assert not {"api_key", "api_key_hash"} & set(listed[0])
+
+    patched = client.patch(f"/v1/admin/tenants/{created['id']}", json={"tier": "standard"},
+                           headers=auth(ADMIN_KEY))
+    assert patched.status_code == 200 and patched.json()["tier"] == "standard"
+    assert client.submit(old_key).json()["tier"] == "standard"
+
+    rotated = client.post(f"/v1/admin/tenants/{created['id']}/rotate-key",
+                          headers=auth(ADMIN_KEY))
+    assert rotated.status_code == 200
+    new_key = rotated.json()["api_key"]
+    assert new_key != old_key
+    assert client.get("/v1/jobs", headers=auth(old_key)).status_code == 401
+    assert client.get("/v1/jobs", headers=auth(new_key)).status_code == 200
+
+
+def test_tenant_name_taken_or_tier_unknown_is_invalid(client: ApiClient) -> None:
+    client.create_tenant("acme")
+    again = client.post("/v1/admin/tenants", json={"name": "acme", "tier": "free"},
+                        headers=auth(ADMIN_KEY))
+    assert again.status_code == 422
+    assert again.json()["error"]["message"] == "a tenant named 'acme' already exists"
+    gold = client.post("/v1/admin/tenants", json={"name": "b", "tier": "gold"},
+                       headers=auth(ADMIN_KEY))
+    assert (gold.status_code, gold.json()["error"]["type"]) == (422, "invalid_request")
+    missing = client.patch("/v1/admin/tenants/00000000-0000-4000-8000-000000000000",
+                           json={"tier": "free"}, headers=auth(ADMIN_KEY))
+    assert (missing.status_code, missing.json()["error"]["type"]) == (404, "not_found")
+
+
+def test_admin_routes_are_off_without_an_admin_key(
+    pg_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> None:
+    settings = load_settings(database_url=pg_url, redis_url=redis_server.url,
+                             key_prefix=key_prefix)
+    with running_api(settings) as api:
+        answer = api.get("/v1/admin/tenants", headers=auth("anything"))
+        assert answer.status_code == 403
+        assert "TIERQ_ADMIN_KEY" in answer.json()["error"]["message"]
+        _, key = create_tenant(rt(api), name="acme", tier="free")
+        assert api.submit(key).status_code == 202
+
+
+# -- submit ----------------------------------------------------------------------------------
+
+
+def test_submit_answers_202_with_location_and_body(client: ApiClient) -> None:
+    key = client.tenant_key("acme", "premium")
+    answer = client.submit(key, {"kind": "sleep", "payload": {"seconds": 2}, "max_wait_s": 60})
+    assert answer.status_code == 202
+    body = answer.json()
+    job_id = body["id"]
+    assert answer.headers["Location"] == f"/v1/jobs/{job_id}"
+    assert body == {
+        "id": job_id, "status": "queued", "tier": "premium", "queue_position": 0,
+        "estimated_wait_s": 0.0,
+        "links": {"self": f"/v1/jobs/{job_id}", "result": f"/v1/jobs/{job_id}/result"},
+    }
+    with rt(client).sessions.begin() as session:
+        job = repository.get_job(session, job_id)
+    assert job is not None and job.status is Status.QUEUED
+    assert job.payload == {"seconds": 2.0, "fail": False}
+    assert job.start_by == job.enqueued_at + 60
+    assert rt(client).index.position(job_id) == 0
+
+
+def test_the_same_idempotency_key_returns_the_same_job(client: ApiClient) -> None:
+    tenant = client.create_tenant("acme")
+    key = tenant["api_key"]
+    body = {"kind": "echo", "payload": {"a": 1}, "idempotency_key": "run-7"}
+    first = client.submit(key, body)
+    second = client.submit(key, body)
+    assert (first.status_code, second.status_code) == (202, 200)
+    assert second.json()["id"] == first.json()["id"]
+    assert set(second.json()) == set(first.json())
+    jobs = client.get("/v1/jobs", headers=auth(key)).json()["jobs"]
+    assert [job["id"] for job in jobs] == [first.json()["id"]]
+    assert rt(client).index.tenant_queued(tenant["id"]) == 1
+    other = client.tenant_key("other")
+    assert client.submit(other, body).json()["id"] != first.json()["id"]
+
+
+def test_another_tenants_job_is_not_found(client: ApiClient) -> None:
+    owner, stranger = client.tenant_key("owner"), client.tenant_key("stranger")
+    job_id = client.submit(owner).json()["id"]
+    for answer in (
+        client.get(f"/v1/jobs/{job_id}", headers=auth(stranger)),
+        client.get(f"/v1/jobs/{job_id}/result", headers=auth(stranger)),
+        client.post(f"/v1/jobs/{job_id}/cancel", headers=auth(stranger)),
+    ):
+        assert (answer.status_code, answer.json()["error"]["type"]) == (404, "not_found")
+    assert client.get("/v1/jobs", headers=auth(stranger)).json()["jobs"] == []
+    assert client.get(f"/v1/jobs/{job_id}", headers=auth(owner)).status_code == 200
+
+
+# -- admission -------------------------------------------------------------------------------
+
+
+def test_a_full_tier_refuses_with_429_capacity(
+    pg_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> None:
+    # One slot served every 600 s: every tier's bound is 1.
+    settings = make_settings(pg_url, redis_server.url, key_prefix, pool_concurrency=1,
+                             mean_service_s=600)
+    with running_api(settings) as api:
+        first, second = api.tenant_key("first"), api.tenant_key("second")
+        assert api.submit(first).status_code == 202
+        refused = api.submit(second)
+        assert refused.status_code == 429
+        assert refused.headers["Retry-After"] == "600"
+        assert refused.headers["X-Tier"] == "free"
+        assert refused.headers["X-Queue-Position"] == "1"
+        error = refused.json()["error"]
+        assert error["type"] == "capacity"
+        assert error["message"] == "tier 'free' is at its bound of 1 queued jobs"
+        assert (error["tier"], error["queue_position"], error["retry_after_seconds"]) == (
+            "free", 1, 600)
+        free = queue_of(api, first, "free")
+        assert free["queued"] == free["bound"] == 1
+        assert api.submit(api.tenant_key("paying", "premium")).status_code == 202
+        metrics = api.get("/metrics").text
+        assert 'tierq_rejections_total{cause="capacity",tier="free"} 1.0' in metrics
+
+
+def test_concurrent_submits_never_overshoot_the_bound(
+    pg_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> None:
+    # mu = 1/20 jobs/s, free max wait 60 s: the free tier's bound is 3.
+    settings = make_settings(pg_url, redis_server.url, key_prefix, pool_concurrency=1,
+                             mean_service_s=20)
+    with running_api(settings) as api:
+        keys = [api.tenant_key(f"t{i}") for i in range(8)]
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            answers = list(pool.map(lambda k: api.submit(k).status_code, keys * 3))
+        assert answers.count(202) == 3
+        assert set(answers) == {202, 429}
+        free = queue_of(api, keys[0], "free")
+        assert free["queued"] == free["bound"] == 3
+
+
+def test_a_tenant_over_its_quota_is_refused_while_others_are_admitted(
+    client: ApiClient,
+) -> None:
+    # pool 4 at 6 s: free bound 40, a free tenant may hold floor(40 * 0.04) = 1 queued job.
+    greedy, modest = client.tenant_key("greedy"), client.tenant_key("modest")
+    assert client.submit(greedy).status_code == 202
+    refused = client.submit(greedy)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["type"] == "tenant_limit"
+    assert error["message"] == "tenant 'greedy' has 1 queued jobs, its limit is 1"
+    # Its cap of 1 slot finishes a job every 6 s.
+    assert refused.headers["Retry-After"] == "6" and error["retry_after_seconds"] == 6
+    assert refused.headers["X-Tier"] == "free"
+    assert client.submit(modest).status_code == 202
+
+
+# -- queues, health, metrics -----------------------------------------------------------------
+
+
+def test_queues_publish_depth_age_bound_cap_and_waits(client: ApiClient, clock: Clock) -> None:
+    key = client.tenant_key("acme", "standard")
+    t0 = clock.now
+    started = client.submit(key).json()["id"]
+    clock.now = t0 + 3
+    dispatch_one(client, started)
+    clock.now = t0 + 4
+    move(client, started, Status.RUNNING)  # waited 4 s
+    waiting = client.submit(client.tenant_key("other", "standard")).json()["id"]
+    clock.now = t0 + 9
+
+    answer = client.get("/v1/queues", headers=auth(key))
+    assert answer.status_code == 200
+    body = answer.json()
+    assert [tier["name"] for tier in body["tiers"]] == ["premium", "standard", "free"]
+    standard = body["tiers"][1]
+    # pool 4 at 6 s: mu = 2/3; standard bound floor(2/3 * 20) = 13, cap max(1, 0.4) = 1.
+    assert standard == {
+        "name": "standard", "queued": 1, "bound": 13, "oldest_age_s": 5.0, "tenant_cap": 1,
+        "wait_p50_s": 4.0, "wait_p95_s": 4.0,
+    }
+    assert body["tiers"][2]["oldest_age_s"] is None and body["tiers"][2]["wait_p50_s"] is None
+    assert body["pool"] == {"capacity": 4, "inflight": 1, "utilisation": 0.25,
+                            "service_rate": pytest.approx(4 / 6)}
+    assert client.get("/v1/queues", headers=auth(ADMIN_KEY)).status_code == 200
+    assert client.get("/v1/queues").status_code == 401
+    assert rt(client).index.position(waiting) == 0
+
+
+def test_health_ready_and_metrics(client: ApiClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"sql": "ok", "redis": "ok"}
+    key = client.tenant_key("acme")
+    client.submit(key)
+    client.submit(key)  # over its quota: a tenant_limit rejection
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain")
+    text = metrics.text
+    for line in (
+        'tierq_queue_depth{tier="free"} 1.0',
+        'tierq_queue_bound{tier="free"} 40.0',
+        'tierq_jobs{status="queued"} 1.0',
+        "tierq_pool_capacity 4.0",
+        'tierq_rejections_total{cause="tenant_limit",tier="free"} 1.0',
+        'tierq_backend_up{backend="redis"} 1.0',
+        'tierq_queue_wait_seconds_bucket{le="+Inf",tier="free"} 0.0',
+    ):
+        assert line in text, line
+
+
+def test_happy_path_on_sqlite(
+    sqlite_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> None:
+    settings = make_settings(sqlite_url, redis_server.url, key_prefix)
+    with running_api(settings) as api:
+        key = api.tenant_key("acme", "premium")
+        submitted = api.submit(key, {"kind": "echo", "payload": {"hello": "wörld"},
+                                     "idempotency_key": "k"})
+        assert submitted.status_code == 202
+        job_id = submitted.json()["id"]
+        assert api.submit(key, {"kind": "echo", "payload": {"hello": "wörld"},
+                                "idempotency_key": "k"}).json()["id"] == job_id
+        assert api.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
+        assert [j["id"] for j in api.get("/v1/jobs", headers=auth(key)).json()["jobs"]] == [
+            job_id]
+        assert api.post(f"/v1/jobs/{job_id}/cancel", headers=auth(key)).json()["status"] == (
+            "cancelled")
+        assert api.get("/readyz").status_code == 200
