@@ -104,16 +104,15 @@ class Settings(BaseSettings):
             raise ValueError("tiers: at least one tier must be configured")
         for name in self.tiers:
             if not name.isidentifier() or name != name.lower():
-                raise ValueError(
-                    f"tiers.{name!s}: a tier name must be a lower-case identifier"
-                )
+                raise ValueError(f"tiers.{name!s}: a tier name must be a lower-case identifier")
         if not self.key_prefix.startswith("{") or "}" not in self.key_prefix:
             raise ValueError("key_prefix: must start with one hash tag, e.g. '{tierq}:'")
         return self
 
     def build_policy(self) -> tier_policy.Policy:
         tiers = {
-            name: tier_policy.Tier(name=name, **tier.model_dump()) for name, tier in self.tiers.items()
+            name: tier_policy.Tier(name=name, **tier.model_dump())
+            for name, tier in self.tiers.items()
         }
         return tier_policy.Policy(tiers=tiers, **self.policy.model_dump())
 

@@ -109,7 +109,9 @@ class Dispatcher:
         stats.reaped += len(leases)
         with self.runtime.sessions.begin() as session:
             jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
-            requeue = [self._recover(session, jobs.get(lease.job_id), now, stats) for lease in leases]
+            requeue = [
+                self._recover(session, jobs.get(lease.job_id), now, stats) for lease in leases
+            ]
         for job in requeue:
             if job is not None:
                 self.runtime.index.requeue(_indexed(job))
@@ -124,8 +126,13 @@ class Dispatcher:
         if job.attempt >= job.max_attempts:
             error = f"lease expired on attempt {job.attempt} of {job.max_attempts}"
             if repository.transition(
-                session, job.id, src=job.status, attempt=job.attempt, dst=Status.FAILED,
-                now=now, error=error,
+                session,
+                job.id,
+                src=job.status,
+                attempt=job.attempt,
+                dst=Status.FAILED,
+                now=now,
+                error=error,
             ):
                 stats.failed += 1
                 logger.warning("lease.expired.failed", extra=log)
@@ -146,8 +153,12 @@ class Dispatcher:
             jobs = repository.get_jobs(session, (item.job_id for item in due))
             for job in jobs.values():
                 if job.status is Status.QUEUED and repository.transition(
-                    session, job.id, src=Status.QUEUED, attempt=job.attempt,
-                    dst=Status.EXPIRED, now=now,
+                    session,
+                    job.id,
+                    src=Status.QUEUED,
+                    attempt=job.attempt,
+                    dst=Status.EXPIRED,
+                    now=now,
                 ):
                     stats.expired += 1
                     logger.info("job.expired", extra={"job_id": job.id, "tier": job.tier})
@@ -207,7 +218,12 @@ class Dispatcher:
         stats.dispatched += 1
         logger.info(
             "job.dispatched",
-            extra={"job_id": job.id, "tenant": job.tenant_id, "tier": job.tier, "attempt": job.attempt},
+            extra={
+                "job_id": job.id,
+                "tenant": job.tenant_id,
+                "tier": job.tier,
+                "attempt": job.attempt,
+            },
         )
 
 
@@ -278,4 +294,3 @@ def serve(settings: Settings) -> None:
         publisher.close()
         runtime.close()
         logger.info("dispatcher.stopped")
-

@@ -60,9 +60,7 @@ def order_key(enqueued_at: float, base_priority: float, ageing_rate_s: float) ->
     return enqueued_at + base_priority * ageing_rate_s
 
 
-def effective_priority(
-    base_priority: float, waited_s: float, ageing_rate_s: float
-) -> float:
+def effective_priority(base_priority: float, waited_s: float, ageing_rate_s: float) -> float:
     """Priority after waiting ``waited_s``; lower is served sooner."""
     return base_priority - waited_s / ageing_rate_s
 

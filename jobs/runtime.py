@@ -21,6 +21,7 @@ from jobs.index.base import DispatchIndex
 from jobs.index.redis_index import RedisIndex
 from jobs.policy import Policy
 
+
 @dataclass
 class Runtime:
     settings: Settings

@@ -44,7 +44,9 @@ class PostgresServer:
 
     @contextlib.contextmanager
     def _admin(self) -> Iterator[sa.Connection]:
-        engine = sa.create_engine(self.admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+        engine = sa.create_engine(
+            self.admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool
+        )
         try:
             with engine.connect() as conn:
                 yield conn
@@ -80,7 +82,9 @@ def find_postgres() -> PostgresServer:
     import pgserver  # embedded fallback: a private server in a temporary directory
 
     server = pgserver.get_server(tempfile.mkdtemp(prefix="tierq-pg-"), cleanup_mode="stop")
-    embedded_url = sa.make_url(server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1))
+    embedded_url = sa.make_url(
+        server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+    )
     return PostgresServer(admin_url=embedded_url, embedded=server)
 
 

@@ -78,11 +78,22 @@ def tenant(runtime: Runtime, name: str, tier: str = "standard", cap: int | None 
 
 
 def queue_job(
-    runtime: Runtime, tenant_id: str, *, at: float, tier: str = "standard", max_wait_s: float | None = None
+    runtime: Runtime,
+    tenant_id: str,
+    *,
+    at: float,
+    tier: str = "standard",
+    max_wait_s: float | None = None,
 ) -> Job:
     new = NewJob(
-        id=new_job_id(at), tenant_id=tenant_id, tier=tier, kind="echo", payload={},
-        order_key=runtime.policy.order_key(tier, at), enqueued_at=at, max_wait_s=max_wait_s,
+        id=new_job_id(at),
+        tenant_id=tenant_id,
+        tier=tier,
+        kind="echo",
+        payload={},
+        order_key=runtime.policy.order_key(tier, at),
+        enqueued_at=at,
+        max_wait_s=max_wait_s,
         max_attempts=2,
     )
     with runtime.sessions.begin() as s:
@@ -94,7 +105,10 @@ def queue_job(
 
 def indexed(job: Job) -> IndexedJob:
     return IndexedJob(
-        job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
+        job_id=job.id,
+        tenant=job.tenant_id,
+        tier=job.tier,
+        order_key=job.order_key,
         start_by=job.start_by,
     )
 
@@ -146,7 +160,9 @@ def test_cancelled_or_expired_jobs_are_never_published(
     t = tenant(runtime, "acme")
     cancelled = queue_job(runtime, t, at=T0)
     with runtime.sessions.begin() as s:  # the API cancelled it in SQL; the index still has it
-        repository.transition(s, cancelled.id, src=Status.QUEUED, attempt=1, dst=Status.CANCELLED, now=T0)
+        repository.transition(
+            s, cancelled.id, src=Status.QUEUED, attempt=1, dst=Status.CANCELLED, now=T0
+        )
     late = queue_job(runtime, t, at=T0 + 1, max_wait_s=5)
 
     stats = dispatcher.run_once(T0 + 6.5)

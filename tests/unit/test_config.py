@@ -83,16 +83,29 @@ def test_environment_alone_overrides_a_default_tier(monkeypatch: pytest.MonkeyPa
 def test_a_file_with_its_own_tiers_replaces_the_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write(tmp_path, "[tiers.gold]\nbase_priority = 0\nmax_wait_s = 10\ntenant_share = 0.5\n", monkeypatch)
+    write(
+        tmp_path,
+        "[tiers.gold]\nbase_priority = 0\nmax_wait_s = 10\ntenant_share = 0.5\n",
+        monkeypatch,
+    )
     assert list(load_settings().tiers) == ["gold"]
 
 
 @pytest.mark.parametrize(
     ("text", "field"),
     [
-        ("[tiers.free]\nbase_priority = 20\nmax_wait_s = 60\ntenant_share = 0\n", "tiers.free.tenant_share"),
-        ("[tiers.free]\nbase_priority = 20\nmax_wait_s = -1\ntenant_share = 0.1\n", "tiers.free.max_wait_s"),
-        ("[tiers.free]\nbase_priority = 20\nmax_wait_s = 5\ntenant_share = 1.5\n", "tiers.free.tenant_share"),
+        (
+            "[tiers.free]\nbase_priority = 20\nmax_wait_s = 60\ntenant_share = 0\n",
+            "tiers.free.tenant_share",
+        ),
+        (
+            "[tiers.free]\nbase_priority = 20\nmax_wait_s = -1\ntenant_share = 0.1\n",
+            "tiers.free.max_wait_s",
+        ),
+        (
+            "[tiers.free]\nbase_priority = 20\nmax_wait_s = 5\ntenant_share = 1.5\n",
+            "tiers.free.tenant_share",
+        ),
         ("[tiers.free]\nmax_wait_s = 5\ntenant_share = 0.5\n", "tiers.free.base_priority"),
         ("[policy]\nageing_rate_s = 0\n", "policy.ageing_rate_s"),
         ("[policy]\npool_concurrency = 0\n", "policy.pool_concurrency"),

@@ -1,0 +1,182 @@
+"""Run tierq as real processes (API, dispatcher, Celery worker) and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ADMIN_KEY = "e2e-admin-key"
+TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float = 30.0, every: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            value = predicate()
+            if value:
+                return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout} s")
+        time.sleep(every)
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(5)
+
+
+@dataclass
+class System:
+    """A tierq deployment of separate processes sharing one database, Redis and prefix."""
+
+    env: dict[str, str]
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    processes: dict[str, Process] = field(default_factory=dict)
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, name: str, *args: str) -> Process:
+        log = self.workdir / f"{name}.log"
+        with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "jobs.cli", *args],
+                env=self.env,
+                cwd=self.workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        process = Process(name=name, popen=popen, log=log)
+        self.processes[name] = process
+        return process
+
+    def start_api(self) -> Process:
+        process = self.start("api", "api", "--host", "127.0.0.1", "--port", str(self.port))
+        wait_until(lambda: httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200)
+        return process
+
+    def start_all(self, *, concurrency: int) -> None:
+        self.start_api()
+        self.start("dispatcher", "dispatcher")
+        self.start("worker", "worker", "--concurrency", str(concurrency))
+
+    def stop(self) -> None:
+        for client in self.clients:
+            client.close()
+        for process in reversed(list(self.processes.values())):
+            process.stop()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name} ---\n{p.log.read_text(errors='replace')[-4000:]}"
+            for p in self.processes.values()
+        )
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10
+        )
+
+    def tenant(self, name: str, tier: str) -> httpx.Client:
+        with self.admin() as admin:
+            response = admin.post("/v1/admin/tenants", json={"name": name, "tier": tier})
+            response.raise_for_status()
+            key = response.json()["api_key"]
+        client = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
+        self.clients.append(client)
+        return client
+
+    def wait_for_capacity(self, client: httpx.Client, slots: int) -> None:
+        wait_until(lambda: client.get("/v1/queues").json()["pool"]["capacity"] >= slots)
+
+
+def system_env(
+    *, database_url: str, redis_url: str, key_prefix: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
+    env.update(
+        TIERQ_DATABASE_URL=database_url,
+        TIERQ_REDIS_URL=redis_url,
+        TIERQ_KEY_PREFIX=key_prefix,
+        TIERQ_ADMIN_KEY=ADMIN_KEY,
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+@contextlib.contextmanager
+def running(system: System) -> Iterator[System]:
+    try:
+        yield system
+    except BaseException:
+        sys.stderr.write(system.logs())
+        raise
+    finally:
+        system.stop()
+
+
+def wait_terminal(client: httpx.Client, job_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        body: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", params={"wait": 5}).json()
+        return body if body["status"] in TERMINAL else None
+
+    result: dict[str, Any] = wait_until(done, timeout=timeout, every=0)
+    return result
+
+
+def wait_status(client: httpx.Client, job_id: str, status: str, timeout: float = 30.0) -> None:
+    wait_until(lambda: client.get(f"/v1/jobs/{job_id}").json()["status"] == status, timeout=timeout)
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (ends before starts at equal times)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running_now = peak = 0
+    for _, delta in events:
+        running_now += delta
+        peak = max(peak, running_now)
+    return peak

@@ -1,0 +1,272 @@
+"""End to end: API, dispatcher and Celery worker as separate processes on PostgreSQL + Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.e2e.harness import (
+    System,
+    max_overlap,
+    running,
+    system_env,
+    wait_status,
+    wait_terminal,
+    wait_until,
+)
+from tests.services import RedisServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+def make_system(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer, key_prefix: str, config: str = ""
+) -> System:
+    extra = {}
+    if config:
+        path = tmp_path / "tierq.toml"
+        path.write_text(config)
+        extra["TIERQ_CONFIG"] = str(path)
+    env = system_env(
+        database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix, extra=extra
+    )
+    return System(env=env, workdir=tmp_path)
+
+
+@pytest.fixture
+def system(
+    tmp_path: Path,
+    pg_url: str,
+    redis_server: RedisServer,
+    key_prefix: str,
+    redis_client: redis.Redis,  # deletes this test's keys (Celery's too) afterwards
+) -> Iterator[System]:
+    # Capacity comes from the live worker's registration (no pool_concurrency configured).
+    config = "[policy]\nmean_service_s = 0.5\n"
+    with running(make_system(tmp_path, pg_url, redis_server, key_prefix, config)) as sys_:
+        sys_.start_all(concurrency=2)
+        yield sys_
+
+
+def ts(value: str) -> float:
+    return datetime.fromisoformat(value).timestamp()
+
+
+def submit(
+    client: httpx.Client, kind: str, payload: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    response = client.post("/v1/jobs", json={"kind": kind, "payload": payload, **extra})
+    assert response.status_code == 202, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_submit_poll_result_and_tenant_isolation(system: System) -> None:
+    acme = system.tenant("acme", "premium")
+    other = system.tenant("other", "free")
+    system.wait_for_capacity(acme, 2)
+
+    response = acme.post(
+        "/v1/jobs", json={"kind": "echo", "payload": {"a": 1}, "idempotency_key": "k1"}
+    )
+    assert response.status_code == 202
+    job = response.json()
+    assert response.headers["location"] == f"/v1/jobs/{job['id']}"
+    assert job["tier"] == "premium"
+
+    again = acme.post(
+        "/v1/jobs", json={"kind": "echo", "payload": {"a": 1}, "idempotency_key": "k1"}
+    )
+    assert again.status_code == 200
+    assert again.json()["id"] == job["id"]
+
+    assert other.get(f"/v1/jobs/{job['id']}").status_code == 404
+    assert other.get(f"/v1/jobs/{job['id']}/result").status_code == 404
+
+    final = wait_terminal(acme, job["id"])
+    assert final["status"] == "succeeded"
+    assert final["attempt"] == 1
+    result = acme.get(f"/v1/jobs/{job['id']}/result")
+    assert result.status_code == 200
+    assert result.json()["result"] == {"a": 1}
+    listed = acme.get("/v1/jobs").json()["jobs"]
+    assert [j["id"] for j in listed] == [job["id"]]  # the idempotent resubmit made no job
+
+
+def test_cancelled_and_expired_jobs_never_start_and_failures_are_409(system: System) -> None:
+    acme = system.tenant("acme", "premium")
+    system.wait_for_capacity(acme, 2)
+    # Fill both slots (premium cap is 1 per tenant on a 2-slot pool: use two tenants).
+    blocker_tenant = system.tenant("blocker", "premium")
+    blockers = [submit(c, "sleep", {"seconds": 3}) for c in (acme, blocker_tenant)]
+    for job, client in zip(blockers, (acme, blocker_tenant), strict=True):
+        wait_status(client, job["id"], "running")
+
+    waiting = submit(acme, "echo", {"x": 1})
+    cancel = acme.post(f"/v1/jobs/{waiting['id']}/cancel")
+    assert cancel.status_code == 200
+    assert cancel.json()["status"] == "cancelled"
+
+    doomed = submit(acme, "echo", {"x": 2}, max_wait_s=0.5)
+    expired = wait_terminal(acme, doomed["id"])
+    assert expired["status"] == "expired"
+    assert expired["started_at"] is None
+    assert acme.get(f"/v1/jobs/{doomed['id']}/result").json()["error"]["type"] == "job_expired"
+
+    failing = submit(blocker_tenant, "sleep", {"seconds": 0, "fail": True})
+    assert wait_terminal(blocker_tenant, failing["id"])["status"] == "failed"
+    result = blocker_tenant.get(f"/v1/jobs/{failing['id']}/result")
+    assert result.status_code == 409
+    assert result.json()["error"]["type"] == "job_failed"
+
+    for job, client in zip(blockers, (acme, blocker_tenant), strict=True):
+        assert wait_terminal(client, job["id"])["status"] == "succeeded"
+    cancelled = acme.get(f"/v1/jobs/{waiting['id']}").json()
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["started_at"] is None
+    assert acme.get(f"/v1/jobs/{waiting['id']}/result").status_code == 410
+
+
+NOISY_CONFIG = """
+[policy]
+pool_concurrency = 4
+mean_service_s = 0.5
+[tiers.standard]
+base_priority = 10
+max_wait_s = 60
+tenant_share = 0.5
+"""
+
+
+def test_noisy_neighbour_cannot_take_the_tier(
+    tmp_path: Path,
+    pg_url: str,
+    redis_server: RedisServer,
+    key_prefix: str,
+    redis_client: redis.Redis,
+) -> None:
+    with running(make_system(tmp_path, pg_url, redis_server, key_prefix, NOISY_CONFIG)) as system:
+        system.start_all(concurrency=4)
+        noisy, quiet = system.tenant("noisy", "standard"), system.tenant("quiet", "standard")
+        noisy_jobs = [submit(noisy, "sleep", {"seconds": 0.4}) for _ in range(10)]
+        wait_status(noisy, noisy_jobs[0]["id"], "running")
+        quiet_job = submit(quiet, "sleep", {"seconds": 0.1})
+
+        finished = [wait_terminal(noisy, j["id"]) for j in noisy_jobs]
+        quiet_final = wait_terminal(quiet, quiet_job["id"])
+
+    assert {j["status"] for j in finished} == {"succeeded"}
+    assert quiet_final["status"] == "succeeded"
+    intervals = [(ts(j["started_at"]), ts(j["finished_at"])) for j in finished]
+    assert max_overlap(intervals) <= 2  # cap = floor(4 × 0.5)
+    # The quiet tenant did not queue behind the noisy backlog.
+    assert ts(quiet_final["started_at"]) < max(start for start, _ in intervals)
+
+
+AGEING_RATE = 0.02
+AGEING_CONFIG = f"""
+[policy]
+ageing_rate_s = {AGEING_RATE}
+pool_concurrency = 2
+mean_service_s = 0.2
+[tiers.premium]
+base_priority = 0
+max_wait_s = 60
+tenant_share = 1.0
+queued_share = 1.0
+[tiers.free]
+base_priority = 20
+max_wait_s = 60
+tenant_share = 0.5
+queued_share = 1.0
+"""
+
+
+def test_ageing_serves_free_work_within_its_bound_under_premium_overload(
+    tmp_path: Path,
+    pg_url: str,
+    redis_server: RedisServer,
+    key_prefix: str,
+    redis_client: redis.Redis,
+) -> None:
+    with running(make_system(tmp_path, pg_url, redis_server, key_prefix, AGEING_CONFIG)) as system:
+        system.start_all(concurrency=2)
+        premium, free = system.tenant("rich", "premium"), system.tenant("poor", "free")
+        premium_ids: list[str] = []
+        stop = threading.Event()
+
+        def flood() -> None:  # premium work arrives faster than the pool serves it
+            while not stop.is_set():
+                premium_ids.append(submit(premium, "sleep", {"seconds": 0.2})["id"])
+                time.sleep(0.05)
+
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        try:
+            wait_until(lambda: len(premium_ids) >= 10)
+            free_job = submit(free, "sleep", {"seconds": 0.2})
+            free_final = wait_terminal(free, free_job["id"])
+            wait_until(lambda: len(premium_ids) >= 10 + 20 * 2)  # keep the backlog growing
+        finally:
+            stop.set()
+            flooder.join()
+        premium_final = [premium.get(f"/v1/jobs/{i}").json() for i in premium_ids]
+
+    assert free_final["status"] == "succeeded"
+    free_enqueued = ts(free_final["enqueued_at"])
+    free_dispatched = ts(free_final["dispatched_at"])
+    later = [j for j in premium_final if ts(j["enqueued_at"]) > free_enqueued + 20 * AGEING_RATE]
+    assert later, "the premium flood did not outlast the free job's ageing"
+    jumped = [j for j in later if j["dispatched_at"] and ts(j["dispatched_at"]) < free_dispatched]
+    assert jumped == []
+    # And the free job did wait behind the older premium backlog: ageing, not a free pass.
+    earlier = [j for j in premium_final if ts(j["enqueued_at"]) < free_enqueued]
+    assert any(j["dispatched_at"] and ts(j["dispatched_at"]) <= free_dispatched for j in earlier)
+
+
+BOUND_CONFIG = """
+[policy]
+pool_concurrency = 1
+mean_service_s = 10
+[tiers.free]
+base_priority = 20
+max_wait_s = 30
+tenant_share = 1.0
+"""
+
+
+def test_the_bound_refuses_with_capacity_and_is_never_exceeded(
+    tmp_path: Path,
+    pg_url: str,
+    redis_server: RedisServer,
+    key_prefix: str,
+    redis_client: redis.Redis,
+) -> None:
+    # μ = 1 / 10 s; bound = floor(0.1 × 30) = 3 free jobs queued at most.
+    with running(make_system(tmp_path, pg_url, redis_server, key_prefix, BOUND_CONFIG)) as system:
+        system.start_all(concurrency=1)
+        client = system.tenant("crowd", "free")
+        statuses, depths = [], []
+        for _ in range(8):
+            response = client.post("/v1/jobs", json={"kind": "sleep", "payload": {"seconds": 5}})
+            statuses.append(response.status_code)
+            depths.append(client.get("/v1/queues").json()["tiers"][0]["queued"])
+            if response.status_code == 429:
+                refused = response
+        assert 429 in statuses
+        assert statuses.count(202) >= 3
+        assert max(depths) <= 3
+        body = refused.json()["error"]
+        assert body["type"] == "capacity"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert int(refused.headers["x-queue-position"]) >= 3
+        assert refused.headers["x-tier"] == "free"
+        assert body["retry_after_seconds"] >= 1
