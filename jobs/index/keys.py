@@ -1,0 +1,81 @@
+"""The names of the dispatch index's Redis keys: the one module that spells them.
+
+Every key starts with one prefix that carries one hash tag (``{tierq}:``), so all keys sit in
+one cluster slot. Fixed keys are passed to the Lua scripts through ``KEYS[]`` in the order of
+``IndexKeys.fixed()``; keys discovered while a script runs (a tenant's queue) are derived from
+the prefix (``KEYS[1]``) with the same suffixes as below, spelled once more in
+``lua/common.lua``.
+
+Layout (a job is in exactly one of queued, delayed or leased while the index knows it):
+
+- ``q:<tenant>``       zset job -> order_key: the tenant's runnable queue
+- ``lease:<tenant>``   zset job -> expires_at: the tenant's in-flight leases
+- ``tier:<tier>``      zset job -> order_key: queued and delayed jobs of a tier
+- ``runnable``         zset head job -> order_key: tenants with queued work under their cap,
+                       each filed under its head job (so ties go by job id, as in ``queued``)
+- ``blocked``          zset head job -> order_key: tenants at their cap with queued work
+- ``queued``           zset job -> order_key: every queued job (positions)
+- ``delayed``          zset job -> not_before: jobs waiting out a retry backoff
+- ``deadlines``        zset job -> start_by: queued and delayed jobs that can expire
+- ``leases``           zset job -> expires_at: every lease (the reaper's view)
+- ``meta``             hash job -> JSON [tenant, tier, order_key, start_by, not_before]
+- ``tier_caps``        hash tier -> cap;  ``tenant_caps``: hash tenant -> cap override
+- ``tenant_tier``      hash tenant -> the tier last seen for it
+- ``tenant_delayed``   hash tenant -> count of its delayed jobs
+- ``workers``          zset worker -> expires_at;  ``worker_slots``: hash worker -> slots
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "{tierq}:"
+
+# Due delayed jobs moved into their tenants' queues by one dispatch call, at most.
+PROMOTE_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class IndexKeys:
+    prefix: str
+
+    def tenant_queue(self, tenant: str) -> str:
+        return f"{self.prefix}q:{tenant}"
+
+    def tenant_leases(self, tenant: str) -> str:
+        return f"{self.prefix}lease:{tenant}"
+
+    def tier(self, tier: str) -> str:
+        return f"{self.prefix}tier:{tier}"
+
+    def _fixed(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    @property
+    def queued(self) -> str:
+        return self._fixed("queued")
+
+    @property
+    def leases(self) -> str:
+        return self._fixed("leases")
+
+    @property
+    def tenant_delayed(self) -> str:
+        return self._fixed("tenant_delayed")
+
+    def fixed(self) -> list[str]:
+        """``KEYS[]`` of the index scripts, in the order ``lua/common.lua`` reads them."""
+        names = (
+            "runnable", "blocked", "queued", "delayed", "deadlines", "leases",
+            "meta", "tier_caps", "tenant_caps", "tenant_tier", "tenant_delayed",
+        )
+        return [self.prefix, *(self._fixed(name) for name in names)]
+
+    def worker_keys(self) -> list[str]:
+        """``KEYS[]`` of the worker scripts: the registrations and their slots."""
+        return [self._fixed("workers"), self._fixed("worker_slots")]
+
+    def glob(self) -> str:
+        """A SCAN pattern matching every key under the prefix (glob characters escaped)."""
+        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self.prefix)
+        return f"{escaped}*"

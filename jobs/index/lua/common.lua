@@ -1,0 +1,136 @@
+-- common.lua: the prelude of every index script (prepended to each when it is loaded).
+-- KEYS[1] prefix (one hash tag; a tenant's and a tier's keys are derived from it)
+-- KEYS[2] runnable  KEYS[3] blocked  KEYS[4] queued  KEYS[5] delayed  KEYS[6] deadlines
+-- KEYS[7] leases  KEYS[8] meta  KEYS[9] tier_caps  KEYS[10] tenant_caps
+-- KEYS[11] tenant_tier  KEYS[12] tenant_delayed
+-- Scores travel as strings (Python's repr of a float) so they round-trip exactly.
+local PREFIX, RUNNABLE, BLOCKED, QUEUED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local DELAYED, DEADLINES, LEASES, META = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local TIER_CAPS, TENANT_CAPS, TENANT_TIER, TENANT_DELAYED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+
+local function qkey(tenant) return PREFIX .. 'q:' .. tenant end
+local function lkey(tenant) return PREFIX .. 'lease:' .. tenant end
+local function tkey(tier) return PREFIX .. 'tier:' .. tier end
+
+local CAPS, TIER_CAP = {}, {}  -- caps looked up during this call (tenant, tier)
+
+local function cap_of(tenant)
+  local cap = CAPS[tenant]
+  if cap then return cap end
+  cap = tonumber(redis.call('HGET', TENANT_CAPS, tenant))
+  if not cap then
+    local tier = redis.call('HGET', TENANT_TIER, tenant)
+    if tier then
+      cap = TIER_CAP[tier]
+      if not cap then
+        cap = tonumber(redis.call('HGET', TIER_CAPS, tier)) or 1
+        TIER_CAP[tier] = cap
+      end
+    end
+  end
+  cap = cap or 1
+  CAPS[tenant] = cap
+  return cap
+end
+
+local function at_cap(tenant)
+  return redis.call('ZCARD', lkey(tenant)) >= cap_of(tenant)
+end
+
+-- {tenant, tier, order_key, start_by, not_before} ('' for none), or nil when unknown.
+local function meta_of(job)
+  local raw = redis.call('HGET', META, job)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+
+local function head_of(tenant)
+  return redis.call('ZRANGE', qkey(tenant), 0, 0)[1]
+end
+
+-- File a tenant under its head job: in blocked at its cap, else in runnable; out of both
+-- when it has no queued work. old: the member it was filed under before the change (nil
+-- when it had no queued work). True when it moved from blocked to runnable.
+local function refile(tenant, old)
+  local head = redis.call('ZRANGE', qkey(tenant), 0, 0, 'WITHSCORES')
+  local was_blocked = false
+  if old then was_blocked = redis.call('ZSCORE', BLOCKED, old) ~= false end
+  local from = was_blocked and BLOCKED or RUNNABLE
+  if head[1] == nil then
+    if old then redis.call('ZREM', from, old) end
+    return false
+  end
+  local to_blocked = at_cap(tenant)
+  if old == head[1] and was_blocked == to_blocked then return false end
+  if old then redis.call('ZREM', from, old) end
+  redis.call('ZADD', to_blocked and BLOCKED or RUNNABLE, head[2], head[1])
+  return was_blocked and not to_blocked
+end
+
+-- Add a job to its tenant's queue; re-file the tenant when its head changed, or when its
+-- cap may have changed (recheck).
+local function enqueue(job, tenant, order_key, recheck)
+  local old = head_of(tenant)
+  redis.call('ZADD', qkey(tenant), order_key, job)
+  redis.call('ZADD', QUEUED, order_key, job)
+  if recheck or head_of(tenant) ~= old then refile(tenant, old) end
+end
+
+local function undelay(job, tenant)
+  if redis.call('ZREM', DELAYED, job) == 0 then return false end
+  if redis.call('HINCRBY', TENANT_DELAYED, tenant, -1) <= 0 then
+    redis.call('HDEL', TENANT_DELAYED, tenant)
+  end
+  return true
+end
+
+local function tenant_queued(tenant)
+  local delayed = tonumber(redis.call('HGET', TENANT_DELAYED, tenant)) or 0
+  return redis.call('ZCARD', qkey(tenant)) + delayed
+end
+
+-- Index a job: queued, or delayed when it has a not_before ('' for none).
+local function index_job(job, tenant, tier, order_key, start_by, not_before)
+  redis.call('HSET', META, job, cjson.encode({tenant, tier, order_key, start_by, not_before}))
+  local retiered = redis.call('HGET', TENANT_TIER, tenant) ~= tier
+  if retiered then  -- a new tenant, or one that changed tier: its cap may have changed
+    redis.call('HSET', TENANT_TIER, tenant, tier)
+    CAPS[tenant] = nil
+  end
+  redis.call('ZADD', tkey(tier), order_key, job)
+  if start_by ~= '' then redis.call('ZADD', DEADLINES, start_by, job) end
+  if not_before == '' then
+    enqueue(job, tenant, order_key, retiered)
+    return
+  end
+  redis.call('ZADD', DELAYED, not_before, job)
+  redis.call('HINCRBY', TENANT_DELAYED, tenant, 1)
+  local head = head_of(tenant)
+  if retiered and head then refile(tenant, head) end
+end
+
+-- Remove every trace of a job the index knows (m: its meta) and re-file its tenant.
+-- Returns what it was: 'queued', 'delayed', 'leased' (or 'none' for a stray meta entry).
+local function unindex(job, m)
+  local tenant, state, old = m[1], 'none', nil
+  if undelay(job, tenant) then
+    state = 'delayed'
+  elseif redis.call('ZSCORE', QUEUED, job) then
+    state, old = 'queued', head_of(tenant)
+    redis.call('ZREM', qkey(tenant), job)
+    redis.call('ZREM', QUEUED, job)
+  elseif redis.call('ZREM', LEASES, job) == 1 then
+    state = 'leased'
+    redis.call('ZREM', lkey(tenant), job)
+  end
+  redis.call('ZREM', tkey(m[2]), job)
+  redis.call('ZREM', DEADLINES, job)
+  redis.call('HDEL', META, job)
+  if state == 'queued' then
+    refile(tenant, old)
+  elseif state == 'leased' then
+    local head = head_of(tenant)
+    if head then refile(tenant, head) end
+  end
+  return state
+end

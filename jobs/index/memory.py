@@ -1,0 +1,385 @@
+"""The in-memory twin of ``RedisIndex``: same behaviour, step for step, for the simulator
+and for model-based tests. It mirrors the Lua scripts' data layout (see ``keys.py``) with a
+small sorted-set type ordered like Redis's: ascending score, ties by member bytes (code
+point order of a ``str`` is the byte order of its UTF-8).
+
+The choices the protocol leaves open are the ones ``redis_index.py`` documents: delayed
+jobs are counted but not positioned nor dispatched before their ``not_before``; ``requeue``
+replaces any entry of the same id (a lease included); ``set_caps`` merges tier caps and
+replaces tenant overrides (``None`` clears them); caps below 1 raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from sortedcontainers import SortedList
+
+from jobs.index.base import Admitted, IndexedJob, Lease, TierDepth
+from jobs.index.keys import PROMOTE_LIMIT
+
+
+class ZSet:
+    """A Redis sorted set: members with float scores, ordered by (score, member)."""
+
+    __slots__ = ("_order", "_scores")
+
+    def __init__(self) -> None:
+        self._scores: dict[str, float] = {}
+        self._order = SortedList()
+
+    def __len__(self) -> int:
+        return len(self._scores)
+
+    def score(self, member: str) -> float | None:
+        return self._scores.get(member)
+
+    def add(self, member: str, score: float) -> None:
+        old = self._scores.get(member)
+        if old is not None:
+            if old == score:
+                return
+            self._order.remove((old, member))
+        self._scores[member] = score
+        self._order.add((score, member))
+
+    def remove(self, member: str) -> bool:
+        old = self._scores.pop(member, None)
+        if old is None:
+            return False
+        self._order.remove((old, member))
+        return True
+
+    def first(self) -> tuple[str, float] | None:
+        if not self._scores:
+            return None
+        score, member = self._order[0]
+        return member, score
+
+    def rank(self, member: str) -> int | None:
+        score = self._scores.get(member)
+        return None if score is None else self.rank_at(score, member)
+
+    def rank_at(self, score: float, member: str) -> int:
+        """Members ordered before (score, member)."""
+        return int(self._order.bisect_left((score, member)))
+
+    def upto(self, score: float, limit: int) -> list[tuple[str, float]]:
+        """Members with scores at or below ``score``, in order, at most ``limit``."""
+        out: list[tuple[str, float]] = []
+        for each_score, member in self._order.islice(0, limit):
+            if each_score > score:
+                break
+            out.append((member, each_score))
+        return out
+
+    def items(self) -> list[tuple[str, float]]:
+        return [(member, score) for score, member in self._order]
+
+
+def _check(job: IndexedJob) -> None:
+    for value in (job.order_key, job.start_by, job.not_before):
+        if value is not None and math.isnan(value):
+            raise ValueError("a score must be a number, not NaN")
+
+
+def _check_caps(caps: Mapping[str, int], what: str) -> None:
+    for name, cap in caps.items():
+        if cap < 1:
+            raise ValueError(f"{what} cap for {name!r} must be at least 1, got {cap}")
+
+
+class MemoryIndex:
+    """``DispatchIndex`` in process memory (not thread-safe; one owner at a time)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self._queues: dict[str, ZSet] = {}
+        self._tenant_leases: dict[str, ZSet] = {}
+        self._tiers: dict[str, ZSet] = {}
+        self._runnable, self._blocked, self._queued = ZSet(), ZSet(), ZSet()
+        self._delayed, self._deadlines, self._leases = ZSet(), ZSet(), ZSet()
+        self._meta: dict[str, IndexedJob] = {}
+        self._tier_caps: dict[str, int] = {}
+        self._tenant_caps: dict[str, int] = {}
+        self._tenant_tier: dict[str, str] = {}
+        self._tenant_delayed: dict[str, int] = {}
+        self._workers: dict[str, tuple[float, int]] = {}
+
+    # -- the layout's small steps (the helpers of lua/common.lua) --
+
+    @staticmethod
+    def _zadd(sets: dict[str, ZSet], key: str, member: str, score: float) -> None:
+        sets.setdefault(key, ZSet()).add(member, score)
+
+    @staticmethod
+    def _zrem(sets: dict[str, ZSet], key: str, member: str) -> bool:
+        zset = sets.get(key)
+        if zset is None or not zset.remove(member):
+            return False
+        if not zset:
+            del sets[key]
+        return True
+
+    def _cap_of(self, tenant: str) -> int:
+        cap = self._tenant_caps.get(tenant)
+        if cap is None:
+            tier = self._tenant_tier.get(tenant)
+            cap = None if tier is None else self._tier_caps.get(tier)
+        return 1 if cap is None else cap
+
+    def _at_cap(self, tenant: str) -> bool:
+        return self.tenant_inflight(tenant) >= self._cap_of(tenant)
+
+    def _head(self, tenant: str) -> tuple[str, float] | None:
+        queue = self._queues.get(tenant)
+        return None if queue is None else queue.first()
+
+    def _head_of(self, tenant: str) -> str | None:
+        head = self._head(tenant)
+        return None if head is None else head[0]
+
+    def _refile(self, tenant: str, old: str | None) -> bool:
+        head = self._head(tenant)
+        was_blocked = old is not None and self._blocked.score(old) is not None
+        source = self._blocked if was_blocked else self._runnable
+        if head is None:
+            if old is not None:
+                source.remove(old)
+            return False
+        to_blocked = self._at_cap(tenant)
+        if old == head[0] and was_blocked == to_blocked:
+            return False
+        if old is not None:
+            source.remove(old)
+        (self._blocked if to_blocked else self._runnable).add(head[0], head[1])
+        return was_blocked and not to_blocked
+
+    def _enqueue(self, job_id: str, tenant: str, order_key: float, recheck: bool) -> None:
+        old = self._head_of(tenant)
+        self._zadd(self._queues, tenant, job_id, order_key)
+        self._queued.add(job_id, order_key)
+        if recheck or self._head_of(tenant) != old:
+            self._refile(tenant, old)
+
+    def _undelay(self, job_id: str, tenant: str) -> bool:
+        if not self._delayed.remove(job_id):
+            return False
+        left = self._tenant_delayed[tenant] - 1
+        if left <= 0:
+            del self._tenant_delayed[tenant]
+        else:
+            self._tenant_delayed[tenant] = left
+        return True
+
+    def _index(self, job: IndexedJob) -> None:
+        self._meta[job.job_id] = job
+        retiered = self._tenant_tier.get(job.tenant) != job.tier
+        self._tenant_tier[job.tenant] = job.tier
+        self._zadd(self._tiers, job.tier, job.job_id, job.order_key)
+        if job.start_by is not None:
+            self._deadlines.add(job.job_id, job.start_by)
+        if job.not_before is None:
+            self._enqueue(job.job_id, job.tenant, job.order_key, retiered)
+            return
+        self._delayed.add(job.job_id, job.not_before)
+        self._tenant_delayed[job.tenant] = self._tenant_delayed.get(job.tenant, 0) + 1
+        head = self._head_of(job.tenant)
+        if retiered and head is not None:
+            self._refile(job.tenant, head)
+
+    def _unindex(self, job: IndexedJob) -> str:
+        job_id, tenant = job.job_id, job.tenant
+        state, old = "none", None
+        if self._undelay(job_id, tenant):
+            state = "delayed"
+        elif self._queued.score(job_id) is not None:
+            state, old = "queued", self._head_of(tenant)
+            self._zrem(self._queues, tenant, job_id)
+            self._queued.remove(job_id)
+        elif self._leases.remove(job_id):
+            state = "leased"
+            self._zrem(self._tenant_leases, tenant, job_id)
+        self._zrem(self._tiers, job.tier, job_id)
+        self._deadlines.remove(job_id)
+        del self._meta[job_id]
+        if state == "queued":
+            self._refile(tenant, old)
+        elif state == "leased":
+            head = self._head_of(tenant)
+            if head is not None:
+                self._refile(tenant, head)
+        return state
+
+    # -- the protocol --
+
+    def admit(
+        self, job: IndexedJob, *, bound: int, tenant_quota: int | None = None
+    ) -> Admitted:
+        _check(job)
+        tier_queued = len(self._tiers.get(job.tier, ()))
+        queued = self.tenant_queued(job.tenant)
+        known = self._meta.get(job.job_id)
+        if known is not None:
+            position = self._queued.rank(job.job_id)
+            if position is None:
+                delayed = self._delayed.score(job.job_id) is not None
+                position = self._queued.rank_at(known.order_key, job.job_id) if delayed else 0
+            return Admitted(accepted=True, tier_queued=tier_queued, tenant_queued=queued,
+                            position=position, duplicate=True)
+        reason = None
+        if tier_queued >= bound:
+            reason = "capacity"
+        elif tenant_quota is not None and queued >= tenant_quota:
+            reason = "tenant_limit"
+        if reason is not None:
+            return Admitted(accepted=False, tier_queued=tier_queued, tenant_queued=queued,
+                            position=self._queued.rank_at(job.order_key, job.job_id),
+                            reason=reason)
+        self._index(job)
+        position = self._queued.rank(job.job_id)
+        if position is None:
+            position = self._queued.rank_at(job.order_key, job.job_id)
+        return Admitted(accepted=True, tier_queued=tier_queued + 1, tenant_queued=queued + 1,
+                        position=position)
+
+    def requeue(self, job: IndexedJob) -> None:
+        _check(job)
+        known = self._meta.get(job.job_id)
+        if known is not None:
+            self._unindex(known)
+        self._index(job)
+
+    def requeue_many(self, jobs: Iterable[IndexedJob]) -> int:
+        count = 0
+        for job in jobs:
+            self.requeue(job)
+            count += 1
+        return count
+
+    def set_caps(
+        self, tier_caps: Mapping[str, int], tenant_caps: Mapping[str, int] | None = None
+    ) -> None:
+        """Merge ``tier_caps`` into the tier caps; replace all tenant overrides with
+        ``tenant_caps`` (``None``: clear them). Blocked tenants now under their cap become
+        runnable; runnable tenants over a lowered cap are blocked by the next dispatch."""
+        overrides = dict(tenant_caps or {})
+        _check_caps(tier_caps, "tier")
+        _check_caps(overrides, "tenant")
+        self._tier_caps.update({tier: int(cap) for tier, cap in tier_caps.items()})
+        self._tenant_caps = {tenant: int(cap) for tenant, cap in overrides.items()}
+        for job_id, score in self._blocked.items():
+            if not self._at_cap(self._meta[job_id].tenant):
+                self._blocked.remove(job_id)
+                self._runnable.add(job_id, score)
+
+    def dispatch(self, n: int, *, now: float, lease_ttl_s: float) -> list[Lease]:
+        if n <= 0:
+            return []
+        expires_at = now + lease_ttl_s
+        for job_id, _ in self._delayed.upto(now, PROMOTE_LIMIT):
+            job = self._meta[job_id]
+            self._undelay(job_id, job.tenant)
+            self._enqueue(job_id, job.tenant, job.order_key, recheck=False)
+        out: list[Lease] = []
+        while len(out) < n:
+            top = self._runnable.first()
+            if top is None:
+                break
+            job = self._meta[top[0]]
+            inflight, cap = self.tenant_inflight(job.tenant), self._cap_of(job.tenant)
+            self._runnable.remove(job.job_id)
+            if inflight >= cap:
+                self._blocked.add(job.job_id, top[1])  # found at its cap: not counted
+                continue
+            self._zrem(self._queues, job.tenant, job.job_id)
+            self._queued.remove(job.job_id)
+            self._zrem(self._tiers, job.tier, job.job_id)
+            self._deadlines.remove(job.job_id)
+            self._zadd(self._tenant_leases, job.tenant, job.job_id, expires_at)
+            self._leases.add(job.job_id, expires_at)
+            head = self._head(job.tenant)
+            if head is not None:
+                (self._blocked if inflight + 1 >= cap else self._runnable).add(*head)
+            out.append(Lease(job_id=job.job_id, tenant=job.tenant, tier=job.tier,
+                             order_key=job.order_key, expires_at=expires_at))
+        return out
+
+    def renew(self, job_id: str, *, expires_at: float) -> bool:
+        if self._leases.score(job_id) is None:
+            return False
+        self._leases.add(job_id, expires_at)
+        self._tenant_leases[self._meta[job_id].tenant].add(job_id, expires_at)
+        return True
+
+    def release(self, job_id: str) -> bool:
+        if self._leases.score(job_id) is None:
+            return False
+        tenant = self._meta.pop(job_id).tenant
+        self._leases.remove(job_id)
+        self._zrem(self._tenant_leases, tenant, job_id)
+        head = self._head_of(tenant)
+        return head is not None and self._refile(tenant, head)
+
+    def cancel(self, job_id: str) -> bool:
+        if self._queued.score(job_id) is None and self._delayed.score(job_id) is None:
+            return False
+        self._unindex(self._meta[job_id])
+        return True
+
+    def reap(self, *, now: float, limit: int = 1000) -> list[Lease]:
+        if limit <= 0:
+            return []
+        out: list[Lease] = []
+        for job_id, expires_at in self._leases.upto(now, limit):
+            job = self._meta[job_id]
+            self._unindex(job)
+            out.append(Lease(job_id=job_id, tenant=job.tenant, tier=job.tier,
+                             order_key=job.order_key, expires_at=expires_at))
+        return out
+
+    def expire_due(self, *, now: float, limit: int = 1000) -> list[IndexedJob]:
+        if limit <= 0:
+            return []
+        out: list[IndexedJob] = []
+        for job_id, _ in self._deadlines.upto(now, limit):
+            job = self._meta[job_id]
+            self._unindex(job)
+            out.append(job)
+        return out
+
+    def position(self, job_id: str) -> int | None:
+        return self._queued.rank(job_id)
+
+    def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
+        depths: dict[str, TierDepth] = {}
+        for tier in tiers:
+            zset = self._tiers.get(tier)
+            first = None if zset is None else zset.first()
+            depths[tier] = TierDepth(
+                queued=0 if zset is None else len(zset),
+                oldest_order_key=None if first is None else first[1],
+            )
+        return depths
+
+    def register_worker(self, worker_id: str, *, slots: int, expires_at: float) -> None:
+        self._workers[worker_id] = (expires_at, int(slots))
+
+    def unregister_worker(self, worker_id: str) -> None:
+        self._workers.pop(worker_id, None)
+
+    def pool_capacity(self, *, now: float) -> int:
+        self._workers = {w: entry for w, entry in self._workers.items() if entry[0] > now}
+        return sum(slots for _, slots in self._workers.values())
+
+    def inflight(self) -> int:
+        return len(self._leases)
+
+    def tenant_inflight(self, tenant: str) -> int:
+        return len(self._tenant_leases.get(tenant, ()))
+
+    def tenant_queued(self, tenant: str) -> int:
+        return len(self._queues.get(tenant, ())) + self._tenant_delayed.get(tenant, 0)

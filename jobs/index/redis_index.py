@@ -1,0 +1,246 @@
+"""The dispatch index in Redis: one Lua script per operation, all keys under one prefix.
+
+Every change that touches more than one key is one script (``jobs/index/lua``), so
+concurrent API replicas and dispatchers never overshoot a bound or a cap. Key names come
+from ``keys.py``; scores travel as ``repr(float)`` so they round-trip exactly.
+
+Choices the protocol leaves open (``MemoryIndex`` makes the same ones):
+
+- A job with a ``not_before`` is *delayed*: counted in its tier's depth and its tenant's
+  queued count, but not in ``position`` nor dispatchable until a ``dispatch(now)`` with
+  ``now >= not_before`` promotes it (at most ``PROMOTE_LIMIT`` per call, by ``not_before``).
+- ``requeue`` of a job the index holds replaces it, whatever it was: queued, delayed or
+  leased (its lease is dropped).
+- ``set_caps``: tier caps are merged into the earlier ones; tenant overrides replace all
+  earlier overrides, and ``None`` clears them. A cap below 1 raises ``ValueError``.
+- Runnable tenants are filed under their head job, so tenants whose heads tie on
+  ``order_key`` go by job id, the same order as ``position``.
+- ``admit`` of a job already indexed returns ``duplicate=True`` with the counts of the
+  given tenant and tier; its position is its rank when queued, the rank it would have when
+  delayed, 0 when leased.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from jobs.index.base import Admitted, IndexedJob, Lease, TierDepth
+from jobs.index.keys import PROMOTE_LIMIT, IndexKeys
+
+_SCRIPTS = (
+    "admit", "requeue", "dispatch", "release", "renew", "cancel", "reap", "expire_due",
+    "set_caps",
+)
+# Jobs per requeue script call when loading many (keeps each call short).
+REQUEUE_CHUNK = 5000
+
+
+def _lua(name: str) -> str:
+    return (resources.files("jobs.index") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _score(value: float) -> str:
+    number = float(value)
+    if math.isnan(number):
+        raise ValueError("a score must be a number, not NaN")
+    return repr(number)
+
+
+def _opt_score(value: float | None) -> str:
+    return "" if value is None else _score(value)
+
+
+def _opt_float(value: Any) -> float | None:
+    text = _text(value)
+    return None if text == "" else float(text)
+
+
+def _job_args(job: IndexedJob) -> list[str]:
+    return [
+        job.job_id, job.tenant, job.tier, _score(job.order_key),
+        _opt_score(job.start_by), _opt_score(job.not_before),
+    ]
+
+
+def _check_caps(caps: Mapping[str, int], what: str) -> None:
+    for name, cap in caps.items():
+        if cap < 1:
+            raise ValueError(f"{what} cap for {name!r} must be at least 1, got {cap}")
+
+
+class RedisIndex:
+    """``DispatchIndex`` on Redis. ``prefix`` must carry one hash tag, e.g. ``{tierq}:``."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self._client = client
+        self._keys = IndexKeys(prefix)
+        self._fixed = self._keys.fixed()
+        common = _lua("common")
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(f"{common}\n{_lua(name)}") for name in _SCRIPTS
+        }
+        self._pool_capacity = client.register_script(_lua("pool_capacity"))
+
+    def _run(self, name: str, args: Sequence[str | int]) -> Any:
+        return self._scripts[name](keys=self._fixed, args=list(args))
+
+    def admit(
+        self, job: IndexedJob, *, bound: int, tenant_quota: int | None = None
+    ) -> Admitted:
+        quota = "" if tenant_quota is None else str(tenant_quota)
+        raw = self._run("admit", [*_job_args(job), str(bound), quota])
+        reason = _text(raw[4])
+        return Admitted(
+            accepted=bool(raw[0]),
+            tier_queued=int(raw[1]),
+            tenant_queued=int(raw[2]),
+            position=int(raw[3]),
+            reason=reason or None,
+            duplicate=bool(raw[5]),
+        )
+
+    def requeue(self, job: IndexedJob) -> None:
+        self._run("requeue", _job_args(job))
+
+    def requeue_many(self, jobs: Iterable[IndexedJob]) -> int:
+        """``requeue`` each job, in chunks of ``REQUEUE_CHUNK`` per script call (rebuilds,
+        bulk loads). Each chunk is atomic; the whole is not. Returns the number indexed."""
+        count, chunk = 0, []
+        for job in jobs:
+            chunk.extend(_job_args(job))
+            if len(chunk) >= 6 * REQUEUE_CHUNK:
+                count += int(self._run("requeue", chunk))
+                chunk = []
+        if chunk:
+            count += int(self._run("requeue", chunk))
+        return count
+
+    def set_caps(
+        self, tier_caps: Mapping[str, int], tenant_caps: Mapping[str, int] | None = None
+    ) -> None:
+        """Merge ``tier_caps`` into the tier caps; replace all tenant overrides with
+        ``tenant_caps`` (``None``: clear them). Blocked tenants now under their cap become
+        runnable; runnable tenants over a lowered cap are blocked by the next dispatch."""
+        overrides = tenant_caps or {}
+        _check_caps(tier_caps, "tier")
+        _check_caps(overrides, "tenant")
+        args: list[str | int] = [len(tier_caps)]
+        for caps in (tier_caps, overrides):
+            for name, cap in caps.items():
+                args += [name, int(cap)]
+        self._run("set_caps", args)
+
+    def dispatch(self, n: int, *, now: float, lease_ttl_s: float) -> list[Lease]:
+        if n <= 0:
+            return []
+        expires_at = now + lease_ttl_s
+        raw = self._run("dispatch", [n, _score(now), _score(expires_at), PROMOTE_LIMIT])
+        return [
+            Lease(
+                job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
+                order_key=float(_text(key)), expires_at=expires_at,
+            )
+            for job, tenant, tier, key in raw
+        ]
+
+    def renew(self, job_id: str, *, expires_at: float) -> bool:
+        return bool(self._run("renew", [job_id, _score(expires_at)]))
+
+    def release(self, job_id: str) -> bool:
+        return bool(self._run("release", [job_id]))
+
+    def cancel(self, job_id: str) -> bool:
+        return bool(self._run("cancel", [job_id]))
+
+    def reap(self, *, now: float, limit: int = 1000) -> list[Lease]:
+        if limit <= 0:
+            return []
+        raw = self._run("reap", [_score(now), limit])
+        return [
+            Lease(
+                job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
+                order_key=float(_text(key)), expires_at=float(_text(expires_at)),
+            )
+            for job, tenant, tier, key, expires_at in raw
+        ]
+
+    def expire_due(self, *, now: float, limit: int = 1000) -> list[IndexedJob]:
+        if limit <= 0:
+            return []
+        raw = self._run("expire_due", [_score(now), limit])
+        return [
+            IndexedJob(
+                job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
+                order_key=float(_text(key)), start_by=_opt_float(start_by),
+                not_before=_opt_float(not_before),
+            )
+            for job, tenant, tier, key, start_by, not_before in raw
+        ]
+
+    def position(self, job_id: str) -> int | None:
+        rank: Any = self._client.zrank(self._keys.queued, job_id)
+        return None if rank is None else int(rank)
+
+    def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
+        pipe = self._client.pipeline(transaction=True)
+        for tier in tiers:
+            pipe.zcard(self._keys.tier(tier))
+            pipe.zrange(self._keys.tier(tier), 0, 0, withscores=True)
+        replies = pipe.execute()
+        depths: dict[str, TierDepth] = {}
+        for i, tier in enumerate(tiers):
+            count, head = replies[2 * i], replies[2 * i + 1]
+            oldest = float(head[0][1]) if head else None
+            depths[tier] = TierDepth(queued=int(count), oldest_order_key=oldest)
+        return depths
+
+    def register_worker(self, worker_id: str, *, slots: int, expires_at: float) -> None:
+        workers, slot_hash = self._keys.worker_keys()
+        pipe = self._client.pipeline(transaction=True)
+        pipe.zadd(workers, {worker_id: _score(expires_at)})
+        pipe.hset(slot_hash, worker_id, int(slots))
+        pipe.execute()
+
+    def unregister_worker(self, worker_id: str) -> None:
+        workers, slot_hash = self._keys.worker_keys()
+        pipe = self._client.pipeline(transaction=True)
+        pipe.zrem(workers, worker_id)
+        pipe.hdel(slot_hash, worker_id)
+        pipe.execute()
+
+    def pool_capacity(self, *, now: float) -> int:
+        return int(self._pool_capacity(keys=self._keys.worker_keys(), args=[_score(now)]))
+
+    def inflight(self) -> int:
+        return int(self._client.zcard(self._keys.leases))
+
+    def tenant_inflight(self, tenant: str) -> int:
+        return int(self._client.zcard(self._keys.tenant_leases(tenant)))
+
+    def tenant_queued(self, tenant: str) -> int:
+        pipe = self._client.pipeline(transaction=True)
+        pipe.zcard(self._keys.tenant_queue(tenant))
+        pipe.hget(self._keys.tenant_delayed, tenant)
+        queued, delayed = pipe.execute()
+        return int(queued) + int(delayed or 0)
+
+    def clear(self) -> None:
+        """Delete every key under the prefix (SCAN + UNLINK in batches: not a hot path)."""
+        batch: list[Any] = []
+        for key in self._client.scan_iter(match=self._keys.glob(), count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                self._client.unlink(*batch)
+                batch = []
+        if batch:
+            self._client.unlink(*batch)
