@@ -12,6 +12,7 @@ import contextlib
 import os
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -79,9 +80,11 @@ def find_postgres() -> PostgresServer:
     url = sa.make_url(os.environ.get("TIERQ_TEST_POSTGRES_URL", DEFAULT_PG))
     if _pg_answers(url):
         return PostgresServer(admin_url=url)
-    import pgserver  # embedded fallback: a private server in a temporary directory
+    with warnings.catch_warnings():  # pgserver's imports warn about this machine's XDG dirs
+        warnings.simplefilter("ignore")
+        import pgserver  # embedded fallback: a private server in a temporary directory
 
-    server = pgserver.get_server(tempfile.mkdtemp(prefix="tierq-pg-"), cleanup_mode="stop")
+        server = pgserver.get_server(tempfile.mkdtemp(prefix="tierq-pg-"), cleanup_mode="stop")
     embedded_url = sa.make_url(
         server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
     )
