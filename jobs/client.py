@@ -1,9 +1,9 @@
-"""A small HTTP client for the tierq API (httpx, synchronous).
+"""A small HTTP client for the tierq API (httpx): ``Client`` and ``AsyncClient``.
 
 Requests are described by pure functions that return a ``Call``, and responses are turned
-into dicts or typed errors by ``parse_response``; the retry decision (``retryable``) and
-its delay (``retry_delay_s``) are pure too. ``Client`` only adds the transport and the
-retry loop, so an async twin would share everything but that loop.
+into dicts or typed errors by ``parse_response``; the retry decision (``retryable``), its
+delay (``retry_delay_s``) and the long-poll decisions (``LongPoll``) are pure too. The two
+clients add only the transport and the loops that sleep or await, so they cannot drift apart.
 
 Retries: a ``capacity`` refusal (429) or ``unavailable`` (503) is retried, honouring
 ``Retry-After`` (capped and jittered), as are connection errors; a ``tenant_limit`` refusal
@@ -14,6 +14,7 @@ can never create a second job.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -26,6 +27,7 @@ from urllib.parse import quote
 
 import httpx
 from tenacity import (
+    AsyncRetrying,
     RetryCallState,
     Retrying,
     retry_if_exception,
@@ -243,7 +245,72 @@ def retry_delay_s(
     return min(policy.max_delay_s, base) * (1.0 + policy.jitter * rand())
 
 
-class Client:
+@dataclass(kw_only=True)
+class LongPoll:
+    """The decisions of ``wait`` without its I/O: how long each poll may be held, when to give
+    up, and when to pause (a server that answers at once, with no news, is not hammered)."""
+
+    job_id: str
+    timeout: float | None
+    poll_s: float
+    started: float
+    last_status: str | None = None
+
+    def hold_s(self, now: float) -> float:
+        """Seconds the next poll may be held; ``TimeoutError`` once ``timeout`` has passed."""
+        if self.timeout is None:
+            return self.poll_s
+        remaining = self.started + self.timeout - now
+        if remaining <= 0:
+            raise TimeoutError(f"job {self.job_id} not finished after {self.timeout:g} s")
+        return min(self.poll_s, remaining)
+
+    def pause_s(self, job: Mapping[str, Any], *, asked_at: float, now: float) -> float | None:
+        """None when ``job`` is terminal (stop); else the seconds to pause before polling."""
+        status = job.get("status")
+        if status in TERMINAL_STATUSES:
+            return None
+        quick = now - asked_at < _MIN_POLL_INTERVAL_S
+        pause = _MIN_POLL_INTERVAL_S if quick and status == self.last_status else 0.0
+        self.last_status = status if isinstance(status, str) else None
+        return pause
+
+
+def _unreachable(exc: httpx.TransportError) -> Unreachable:
+    return Unreachable(0, "unreachable", f"{type(exc).__name__}: {exc}")
+
+
+class _ClientCore:
+    """What both clients share besides the pure functions above: headers, timeouts and the
+    retry schedule. Subclasses add only the transport and the awaiting (or not)."""
+
+    def __init__(self, api_key: str, *, timeout: float, retry: RetryPolicy | None) -> None:
+        self._timeout = timeout
+        self._retry = retry or RetryPolicy()
+        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "tierq-client"}
+
+    def _retrying_args(self) -> dict[str, Any]:
+        policy = self._retry
+        return {
+            "stop": stop_after_attempt(policy.attempts) | stop_before_delay(policy.total_s),
+            "wait": self._wait_s,
+            "retry": retry_if_exception(retryable),
+            "reraise": True,
+        }
+
+    def _wait_s(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        return retry_delay_s(exc, state.attempt_number, self._retry)
+
+    def _request_args(self, call: Call) -> dict[str, Any]:
+        return {
+            "json": call.json,
+            "params": call.params,
+            "timeout": self._timeout + call.hold_s,
+        }
+
+
+class Client(_ClientCore):
     """``with Client(url, key) as c: job = c.submit("echo", {"a": 1}); c.wait(job["id"])``."""
 
     def __init__(
@@ -255,13 +322,9 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
+        super().__init__(api_key, timeout=timeout, retry=retry)
         self._http = httpx.Client(
-            base_url=base_url,
-            headers={"Authorization": f"Bearer {api_key}", "User-Agent": "tierq-client"},
-            timeout=timeout,
-            transport=transport,
+            base_url=base_url, headers=self._headers, timeout=timeout, transport=transport
         )
 
     def __enter__(self) -> Self:
@@ -282,14 +345,9 @@ class Client:
         max_wait_s: float | None = None,
         max_attempts: int | None = None,
     ) -> dict[str, Any]:
-        call = submit_call(
-            kind,
-            payload,
-            idempotency_key=idempotency_key or new_idempotency_key(),
-            max_wait_s=max_wait_s,
-            max_attempts=max_attempts,
-        )
-        return self._send(call)
+        key = idempotency_key or new_idempotency_key()
+        return self._send(submit_call(kind, payload, idempotency_key=key,
+                                      max_wait_s=max_wait_s, max_attempts=max_attempts))
 
     def get(self, job_id: str, *, wait: float | None = None) -> dict[str, Any]:
         return self._send(get_call(job_id, wait=wait))
@@ -314,51 +372,118 @@ class Client:
     ) -> dict[str, Any]:
         """Long-poll until the job is terminal; ``on_update`` sees every answer.
         Raises ``TimeoutError`` when ``timeout`` passes first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last_status: str | None = None
+        poll = LongPoll(job_id=job_id, timeout=timeout, poll_s=poll_s, started=time.monotonic())
         while True:
-            hold = poll_s
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"job {job_id} not finished after {timeout:g} s")
-                hold = min(poll_s, remaining)
+            hold = poll.hold_s(time.monotonic())
             asked_at = time.monotonic()
             job = self.get(job_id, wait=hold)
             if on_update is not None:
                 on_update(job)
-            status = job.get("status")
-            if status in TERMINAL_STATUSES:
+            pause = poll.pause_s(job, asked_at=asked_at, now=time.monotonic())
+            if pause is None:
                 return job
-            quick = time.monotonic() - asked_at < _MIN_POLL_INTERVAL_S
-            if quick and status == last_status:
-                time.sleep(_MIN_POLL_INTERVAL_S)
-            last_status = status if isinstance(status, str) else None
+            time.sleep(pause)
 
     def _send(self, call: Call) -> dict[str, Any]:
-        policy = self._retry
-        retrying = Retrying(
-            stop=stop_after_attempt(policy.attempts) | stop_before_delay(policy.total_s),
-            wait=self._wait_s,
-            retry=retry_if_exception(retryable),
-            reraise=True,
-        )
-        result: dict[str, Any] = retrying(self._send_once, call)
+        result: dict[str, Any] = Retrying(**self._retrying_args())(self._send_once, call)
         return result
-
-    def _wait_s(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        return retry_delay_s(exc, state.attempt_number, self._retry)
 
     def _send_once(self, call: Call) -> dict[str, Any]:
         try:
-            response = self._http.request(
-                call.method,
-                call.path,
-                json=call.json,
-                params=call.params,
-                timeout=self._timeout + call.hold_s,
+            response = self._http.request(call.method, call.path, **self._request_args(call))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        return parse_response(response.status_code, response.headers, response.content)
+
+
+class AsyncClient(_ClientCore):
+    """``Client`` for asyncio: the same methods, awaited, with the same retries.
+
+    ``async with AsyncClient(url, key) as c: job = await c.submit("echo", {})``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        super().__init__(api_key, timeout=timeout, retry=retry)
+        self._http = httpx.AsyncClient(
+            base_url=base_url, headers=self._headers, timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def submit(
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        max_wait_s: float | None = None,
+        max_attempts: int | None = None,
+    ) -> dict[str, Any]:
+        key = idempotency_key or new_idempotency_key()
+        return await self._send(submit_call(kind, payload, idempotency_key=key,
+                                            max_wait_s=max_wait_s, max_attempts=max_attempts))
+
+    async def get(self, job_id: str, *, wait: float | None = None) -> dict[str, Any]:
+        return await self._send(get_call(job_id, wait=wait))
+
+    async def result(self, job_id: str) -> dict[str, Any]:
+        """The result (``status`` succeeded), or the status while it is not finished."""
+        return await self._send(result_call(job_id))
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        return await self._send(cancel_call(job_id))
+
+    async def queues(self) -> dict[str, Any]:
+        return await self._send(queues_call())
+
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        # Not asyncio.timeout: this one also shortens the last poll the server may hold.
+        timeout: float | None = None,  # noqa: ASYNC109
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        poll_s: float = 30.0,
+    ) -> dict[str, Any]:
+        """Long-poll until the job is terminal; ``on_update`` sees every answer.
+        Raises ``TimeoutError`` when ``timeout`` passes first."""
+        poll = LongPoll(job_id=job_id, timeout=timeout, poll_s=poll_s, started=time.monotonic())
+        while True:
+            hold = poll.hold_s(time.monotonic())
+            asked_at = time.monotonic()
+            job = await self.get(job_id, wait=hold)
+            if on_update is not None:
+                on_update(job)
+            pause = poll.pause_s(job, asked_at=asked_at, now=time.monotonic())
+            if pause is None:
+                return job
+            await asyncio.sleep(pause)
+
+    async def _send(self, call: Call) -> dict[str, Any]:
+        retrying = AsyncRetrying(**self._retrying_args())
+        result: dict[str, Any] = await retrying(self._send_once, call)
+        return result
+
+    async def _send_once(self, call: Call) -> dict[str, Any]:
+        try:
+            response = await self._http.request(
+                call.method, call.path, **self._request_args(call)
             )
         except httpx.TransportError as exc:
-            raise Unreachable(0, "unreachable", f"{type(exc).__name__}: {exc}") from exc
+            raise _unreachable(exc) from exc
         return parse_response(response.status_code, response.headers, response.content)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -21,6 +23,7 @@ from starlette.routing import Route
 
 from jobs.client import (
     ApiError,
+    AsyncClient,
     Client,
     NotFound,
     Refused,
@@ -64,6 +67,7 @@ class Seen:
     query: dict[str, str]
     headers: dict[str, str]
     body: Any
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -294,3 +298,139 @@ def test_cli_status_prints_the_job(api: ScriptedApi, base_url: str) -> None:
     result = cli(base_url, "status", JOB_ID)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["queue_position"] == 4
+
+
+# -- AsyncClient: the same contract over asyncio ----------------------------------------------
+
+T = TypeVar("T")
+
+
+def run_async(
+    base_url: str,
+    body: Callable[[AsyncClient], Awaitable[T]],
+    *,
+    policy: RetryPolicy = POLICY,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> T:
+    async def main() -> T:
+        async with AsyncClient(base_url, "tenant-key", retry=policy,
+                               transport=transport) as client:
+            return await body(client)
+
+    return asyncio.run(main())
+
+
+def test_async_submit_retries_capacity_after_retry_after(
+    api: ScriptedApi, base_url: str
+) -> None:
+    api.answer("POST /v1/jobs", refusal("capacity", retry_after=1),
+               refusal("capacity", retry_after=1), JSONResponse(ACCEPTED, status_code=202))
+    accepted = run_async(base_url, lambda c: c.submit("echo", {"a": 1}, max_wait_s=30))
+    assert accepted == ACCEPTED
+    sent = api.requests("POST /v1/jobs")
+    assert len(sent) == 3
+    assert len({s.body["idempotency_key"] for s in sent}) == 1  # one job, however many tries
+    assert sent[0].headers["authorization"] == "Bearer tenant-key"
+    assert sent[0].body["max_wait_s"] == 30
+    gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(sent)]
+    assert min(gaps) >= 1.0  # each retry waited out the server's Retry-After
+
+
+def test_async_capacity_refusals_give_up_after_the_attempts(
+    api: ScriptedApi, base_url: str
+) -> None:
+    policy = RetryPolicy(attempts=3, total_s=60.0, max_delay_s=0.05, jitter=0.0)
+    api.answer("POST /v1/jobs", *(refusal("capacity") for _ in range(5)))
+    with pytest.raises(Refused) as caught:
+        run_async(base_url, lambda c: c.submit("echo", {}), policy=policy)
+    assert caught.value.type == "capacity"
+    assert len(api.requests("POST /v1/jobs")) == 3
+
+
+def test_async_tenant_limit_raises_at_once_with_the_message(
+    api: ScriptedApi, base_url: str
+) -> None:
+    api.answer("POST /v1/jobs", refusal("tenant_limit", retry_after=7, position=9),
+               JSONResponse(ACCEPTED, status_code=202))
+    with pytest.raises(Refused) as caught:
+        run_async(base_url, lambda c: c.submit("echo", {"a": 1}))
+    refused = caught.value
+    assert (refused.status, refused.type, refused.tier) == (429, "tenant_limit", "free")
+    assert (refused.retry_after_s, refused.queue_position) == (7, 9)
+    assert refused.message == "refused: tenant_limit."
+    assert len(api.requests("POST /v1/jobs")) == 1
+
+
+def test_async_unavailable_is_retried(api: ScriptedApi, base_url: str) -> None:
+    api.answer("POST /v1/jobs", error(503, "unavailable", **{"Retry-After": "1"}),
+               JSONResponse(ACCEPTED, status_code=202))
+    assert run_async(base_url, lambda c: c.submit("echo", {}))["id"] == JOB_ID
+    first, second = api.requests("POST /v1/jobs")
+    assert second.at - first.at >= 1.0
+
+
+def test_async_wait_long_polls_until_the_job_is_terminal(
+    api: ScriptedApi, base_url: str
+) -> None:
+    path = f"GET /v1/jobs/{JOB_ID}"
+    api.answer(path, job("queued", queue_position=2), job("running"), job("succeeded"))
+    updates: list[str] = []
+    final = run_async(
+        base_url, lambda c: c.wait(JOB_ID, on_update=lambda j: updates.append(j["status"]))
+    )
+    assert final["status"] == "succeeded"
+    assert updates == ["queued", "running", "succeeded"]
+    assert [s.query for s in api.requests(path)] == [{"wait": "30"}] * 3
+
+
+def test_async_wait_gives_up_at_its_timeout(api: ScriptedApi, base_url: str) -> None:
+    api.answer(f"GET /v1/jobs/{JOB_ID}", *(job("queued") for _ in range(50)))
+    with pytest.raises(TimeoutError):
+        run_async(base_url, lambda c: c.wait(JOB_ID, timeout=0.5))
+    first = api.requests(f"GET /v1/jobs/{JOB_ID}")[0]
+    assert first.query == {"wait": "1"}  # the hold never outlasts the client's own timeout
+
+
+def test_async_result_cancel_and_queues(api: ScriptedApi, base_url: str) -> None:
+    api.answer(f"GET /v1/jobs/{JOB_ID}/result",
+               JSONResponse({"id": JOB_ID, "status": "succeeded", "result": {"a": 1}}))
+    api.answer(f"POST /v1/jobs/{JOB_ID}/cancel",
+               JSONResponse({"id": JOB_ID, "status": "cancelled"}))
+    api.answer("GET /v1/queues", JSONResponse({"tiers": [], "pool": {"capacity": 2}}))
+
+    async def calls(client: AsyncClient) -> tuple[Any, ...]:
+        return ((await client.result(JOB_ID))["result"], (await client.cancel(JOB_ID))["status"],
+                (await client.queues())["pool"])
+
+    assert run_async(base_url, calls) == ({"a": 1}, "cancelled", {"capacity": 2})
+
+
+def test_async_errors_are_typed(api: ScriptedApi, base_url: str) -> None:
+    api.answer(f"GET /v1/jobs/{JOB_ID}", error(404, "not_found"))
+    with pytest.raises(NotFound) as caught:
+        run_async(base_url, lambda c: c.get(JOB_ID), policy=RetryPolicy(attempts=1))
+    assert caught.value.message == "not_found happened."
+
+
+class AsyncCountingTransport(httpx.AsyncHTTPTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent += 1
+        return await super().handle_async_request(request)
+
+
+def test_async_connection_errors_are_retried_then_reported() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    transport = AsyncCountingTransport()
+    try:
+        with pytest.raises(Unreachable):
+            run_async(url, lambda c: c.submit("echo", {}), transport=transport,
+                      policy=RetryPolicy(attempts=3, backoff_s=0.01, jitter=0.0))
+        assert transport.sent == 3
+    finally:
+        sock.close()
