@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, ParamSpec
@@ -19,15 +18,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.config import Settings, load_settings
+from jobs.config import load_settings
 from jobs.errors import ConfigError, InvalidRequest, TierqError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from jobs.capacity import PoolFigures
     from jobs.client import Client
-    from jobs.policy import Policy
 
 P = ParamSpec("P")
 
@@ -327,80 +324,52 @@ def status(
     Console().print_json(json.dumps(job))
 
 
-# --- policy -----------------------------------------------------------------------------
+# --- repair -----------------------------------------------------------------------------
 
 
-def _live_pool(settings: Settings, pol: Policy) -> tuple[PoolFigures | None, int | None, str]:
-    """Figures read from Redis (and its live worker slots), or why there are none."""
+@_friendly
+def repair() -> None:
+    """Rebuild the Redis index from SQL: queued jobs, leases of running jobs, caps.
+
+    Safe while the system runs (it reconciles, it deletes no key wholesale); the leading
+    dispatcher does the same by itself when it finds that Redis lost its data."""
+    import time
+
     import redis
+    import sqlalchemy.exc
 
-    from jobs.capacity import read_pool
-    from jobs.index.redis_index import RedisIndex
-    from jobs.runtime import redis_client
+    from jobs.rebuild import rebuild
+    from jobs.runtime import Runtime
 
-    url = settings.resolved_redis_url()
-    client = redis_client(url)
-    index, now = RedisIndex(client, settings.key_prefix), time.time()
+    runtime = Runtime.from_settings(load_settings())
     try:
-        return read_pool(pol, index, now=now), index.pool_capacity(now=now), ""
-    except (redis.RedisError, OSError):
-        return None, None, f"Redis at {url} is not reachable: configured figures only."
+        stats = rebuild(runtime, time.time())
+    except (redis.RedisError, sqlalchemy.exc.OperationalError) as exc:
+        _fail(f"cannot rebuild the index: {exc}", 1)
     finally:
-        client.close()
+        runtime.close()
+    table = Table("", "jobs", title="index rebuilt from SQL")
+    table.columns[1].justify = "right"
+    table.add_row("queued, indexed with their order keys", str(stats.queued))
+    table.add_row("in flight, holding a lease", str(stats.leased))
+    table.add_row("finished meanwhile, lease released", str(stats.released))
+    table.add_row("stale entries removed", str(stats.removed))
+    table.add_row("not committed yet, kept", str(stats.kept_uncommitted))
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(table)
+    console.print(f"generation {stats.generation}")
 
 
-def _tier_table(pol: Policy, figures: PoolFigures | None) -> Table:
-    from jobs import policy
-
-    best = min(pol.tiers.values(), key=lambda t: t.base_priority)
-    table = Table(title="tiers")
-    for column in ("tier", "priority", "max wait s", "bound", "tenant cap", "tenant quota",
-                   f"ties with {best.name} after"):
-        table.add_column(column, justify="left" if column == "tier" else "right")
-    for name, tier in pol.tiers.items():
-        guarantee = policy.ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)
-        numbers: tuple[str, ...] = ("-", "-", "-")
-        if figures is not None:
-            numbers = tuple(str(f[name]) for f in (figures.bounds, figures.caps, figures.quotas))
-        table.add_row(name, f"{tier.base_priority:g}", f"{tier.max_wait_s:g}", *numbers,
-                      f"{guarantee:g} s")
-    return table
+# --- policy -----------------------------------------------------------------------------
 
 
 @_friendly
 def show_policy() -> None:
-    """Print the numbers that follow from the configuration: μ, bounds, caps, ageing."""
-    from jobs import capacity, policy
+    """Print the numbers that follow from the configuration, next to the live ones:
+    capacity, mean service time, μ, bounds, caps, quotas, the ageing guarantee."""
+    from jobs.cli_policy import print_policy
 
-    settings = load_settings()
-    pol = settings.build_policy()
-    console = Console(highlight=False, soft_wrap=True)
-    live, live_slots, note = _live_pool(settings, pol)
-    figures = live
-    if figures is None and pol.pool_concurrency is not None:
-        figures = capacity.figures(pol, capacity=pol.pool_concurrency, inflight=0)
-    console.print(_tier_table(pol, figures))
-    best = min(pol.tiers.values(), key=lambda t: t.base_priority)
-    for name, tier in pol.tiers.items():
-        if tier is not best:
-            after = policy.ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)
-            console.print(f"A {name} job ties with fresh {best.name} work after {after:g} s.")
-    source = "configured" if pol.pool_concurrency is not None else "live workers"
-    lines = [("pool capacity", f"{'unknown' if figures is None else figures.capacity} ({source})")]
-    if live is not None:
-        lines.append(("live worker slots", f"{live_slots}   in flight {live.inflight}"))
-    if figures is not None:
-        lines.append(("service rate μ", f"{figures.service_rate:.3g} jobs/s"))
-    lines.append(("mean service time", f"{pol.mean_service_s:g} s (configured fallback)"))
-    lines.append(("ageing rate", f"{pol.ageing_rate_s:g} s per priority point"))
-    if pol.client_timeout_s is not None:
-        lines.append(("client timeout", f"{pol.client_timeout_s:g} s (caps every max wait)"))
-    for label, value in lines:
-        console.print(f"{label:<18} {value}")
-    if live is not None and not live_slots and pol.pool_concurrency is None:
-        console.print("No live workers yet: every bound and cap is 1 until one registers.")
-    if note:
-        console.print(note)
+    print_policy(load_settings(), Console(highlight=False, soft_wrap=True))
 
 
 def build_app() -> typer.Typer:
@@ -412,7 +381,7 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_show_locals=False,
     )
-    for command in (up, api, dispatcher, worker, flower, migrate, submit, status):
+    for command in (up, api, dispatcher, worker, flower, migrate, submit, status, repair):
         app.command()(command)
     app.command("policy")(show_policy)
     tenants = typer.Typer(help="Manage tenants (directly in the database).", no_args_is_help=True)

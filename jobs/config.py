@@ -53,8 +53,11 @@ class PolicySettings(BaseModel):
     ageing_rate_s: Positive = 6.0
     pool_concurrency: Annotated[int, Field(ge=1)] | None = None
     mean_service_s: Positive = 6.0
+    service_samples_min: Annotated[int, Field(ge=1)] = 20
     client_timeout_s: Positive | None = None
     lease_ttl_s: Positive = 30.0
+    # The dispatcher leader lock's TTL: a standby takes over this long after the leader dies.
+    leader_ttl_s: Positive = 5.0
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
     retry_backoff_s: NonNegative = 2.0
     retry_backoff_max_s: NonNegative = 300.0

@@ -13,6 +13,13 @@ Each ``run_once(now)`` does, in order:
 
 ``serve`` loops ``run_once`` and sleeps on the doorbell (``jobs.wake``) between rounds, so a
 submit or a released slot is acted on at once, with no polling delay on the hot path.
+
+Several dispatchers may run: one leads (``jobs.leadership``), the others stand by. The
+leader passes its fencing token to the index's dispatch, reap and expire calls, which refuse
+it once another process leads (``NotLeader``: it steps down at once). Before its first
+round, and whenever the index's generation sentinel is gone (Redis flushed or restarted
+empty), the leader rebuilds the index from SQL (``jobs.rebuild``): leases of running jobs
+come back before anything more is dispatched, so no tenant goes over its cap.
 """
 
 from __future__ import annotations
@@ -20,7 +27,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,20 +34,36 @@ import redis
 import sqlalchemy.exc
 from sqlalchemy.orm import Session
 
-from jobs import capacity, wake
+from jobs import capacity, counters, wake
 from jobs.config import Settings
 from jobs.db import repository
 from jobs.domain import Job
-from jobs.index.base import IndexedJob, Lease
+from jobs.index.base import IndexedJob, Lease, NotLeader
+from jobs.leadership import Leadership
+from jobs.rebuild import (
+    IN_FLIGHT,
+    UNCOMMITTED_GRACE_S,
+    RebuildStats,
+    indexed,
+    may_be_uncommitted,
+    rebuild,
+)
 from jobs.runtime import Runtime
+from jobs.service_rate import ServiceRateTracker
 from jobs.states import Status
 
 logger = logging.getLogger("tierq.dispatcher")
 
-# A job indexed by an API process whose SQL commit has not landed yet is retried this long
-# (its id carries its creation time); after that it is a leftover of a failed submit.
-UNCOMMITTED_GRACE_S = 30.0
+__all__ = [
+    "UNCOMMITTED_GRACE_S", "DispatchStats", "Dispatcher", "Publisher", "lead_once", "run_forever",
+    "serve",
+]
+
+# A job indexed by an API process whose SQL commit has not landed yet is retried this often
+# for ``UNCOMMITTED_GRACE_S`` (``jobs.rebuild``); after that it is a failed submit's leftover.
 UNCOMMITTED_RETRY_S = 0.2
+# A job whose publish failed (broker unreachable) is offered again after this long.
+PUBLISH_RETRY_S = 1.0
 # How often per-tenant cap overrides are re-read from SQL.
 OVERRIDES_REFRESH_S = 10.0
 MAINTENANCE_PERIOD_S = 1.0
@@ -60,6 +82,10 @@ class DispatchStats:
     failed: int = 0
     dropped: int = 0
     free_slots: int = 0
+    # Jobs whose publish failed (or that were not tried after a failure): handed back.
+    publish_failed: int = 0
+    # The round rebuilt the index from SQL instead (see ``lead_once``).
+    rebuilt: bool = False
 
     @property
     def saturated(self) -> bool:
@@ -75,16 +101,32 @@ class Dispatcher:
     _caps: tuple[dict[str, int], dict[str, int]] | None = field(default=None, init=False)
     _overrides: dict[str, int] = field(default_factory=dict, init=False)
     _overrides_read_at: float = field(default=float("-inf"), init=False)
+    _service: ServiceRateTracker = field(default_factory=ServiceRateTracker, init=False)
+    # The leader's fencing token, passed to every fenced index call; None: unfenced (a lone
+    # dispatcher driven by hand, as in tests).
+    fence: str | None = field(default=None, init=False)
+    _rebuilt: bool = field(default=False, init=False)
 
     def run_once(self, now: float) -> DispatchStats:
         stats = DispatchStats()
-        figures = capacity.read_pool(self.runtime.policy, self.runtime.index, now=now)
+        figures = capacity.read_pool(self.runtime.policy, self.runtime.index, now=now,
+                                     measured=self._service.refresh(self.runtime, now))
         self._push_caps(figures.caps, now)
         self._reap(now, stats)
         self._expire(now, stats)
         stats.free_slots = max(0, figures.capacity - self.runtime.index.inflight())
         if stats.free_slots:
             self._dispatch(now, stats.free_slots, stats)
+        return stats
+
+    def needs_rebuild(self) -> bool:
+        """Not rebuilt by this process yet, or the index lost its data since."""
+        return not self._rebuilt or self.runtime.index.generation() is None
+
+    def rebuild(self, now: float) -> RebuildStats:
+        stats = rebuild(self.runtime, now)
+        self._rebuilt = True
+        self._caps = None  # pushed again next round, whatever the index held
         return stats
 
     # -- caps ------------------------------------------------------------------------------
@@ -103,25 +145,37 @@ class Dispatcher:
     # -- reap and expire -------------------------------------------------------------------
 
     def _reap(self, now: float, stats: DispatchStats) -> None:
-        leases = self.runtime.index.reap(now=now, limit=self.batch_size)
+        index = self.runtime.index
+        leases = index.reap(now=now, limit=self.batch_size, fence=self.fence)
         if not leases:
             return
+        try:
+            with self.runtime.sessions.begin() as session:
+                jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
+                requeue = [
+                    self._recover(session, lease, jobs.get(lease.job_id), now, stats)
+                    for lease in leases
+                ]
+        except Exception:
+            for lease in leases:  # back as they were (lapsed): the next round reaps them
+                index.restore_lease(_entry(lease), expires_at=lease.expires_at)
+            raise
         stats.reaped += len(leases)
-        with self.runtime.sessions.begin() as session:
-            jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
-            requeue = [
-                self._recover(session, jobs.get(lease.job_id), now, stats) for lease in leases
-            ]
-        for job in requeue:
-            if job is not None:
-                self.runtime.index.requeue(_indexed(job))
+        counters.incr_reclaimed(self.runtime.redis, self.runtime.settings.key_prefix, len(leases))
+        index.requeue_many(entry for entry in requeue if entry is not None)
 
     def _recover(
-        self, session: Session, job: Job | None, now: float, stats: DispatchStats
-    ) -> Job | None:
-        """A lease expired: re-queue its job (same order key, attempt + 1) or fail it."""
-        if job is None or job.status not in (Status.DISPATCHED, Status.RUNNING):
-            return None  # finished (its release was lost) or never committed
+        self, session: Session, lease: Lease, job: Job | None, now: float, stats: DispatchStats
+    ) -> IndexedJob | None:
+        """A lease expired: re-queue its job (same order key, attempt + 1) or fail it. A job
+        still queued was leased by a round that never marked it dispatched: it goes back as
+        it is; one not in SQL yet is retried while its commit may be on its way."""
+        if job is None:
+            return _retry_soon(lease, now) if may_be_uncommitted(lease.job_id, now) else None
+        if job.status is Status.QUEUED:
+            return indexed(job)
+        if job.status not in IN_FLIGHT:
+            return None  # finished (its release was lost)
         log = {"job_id": job.id, "tenant": job.tenant_id, "tier": job.tier, "attempt": job.attempt}
         if job.attempt >= job.max_attempts:
             error = f"lease expired on attempt {job.attempt} of {job.max_attempts}"
@@ -143,31 +197,36 @@ class Dispatcher:
             return None
         stats.requeued += 1
         logger.warning("lease.expired.requeued", extra=log)
-        return job
+        return indexed(job)
 
     def _expire(self, now: float, stats: DispatchStats) -> None:
-        due = self.runtime.index.expire_due(now=now, limit=self.batch_size)
+        due = self.runtime.index.expire_due(now=now, limit=self.batch_size, fence=self.fence)
         if not due:
             return
-        with self.runtime.sessions.begin() as session:
-            jobs = repository.get_jobs(session, (item.job_id for item in due))
-            for job in jobs.values():
-                if job.status is Status.QUEUED and repository.transition(
-                    session,
-                    job.id,
-                    src=Status.QUEUED,
-                    attempt=job.attempt,
-                    dst=Status.EXPIRED,
-                    now=now,
-                ):
-                    stats.expired += 1
-                    logger.info("job.expired", extra={"job_id": job.id, "tier": job.tier})
+        try:
+            with self.runtime.sessions.begin() as session:
+                jobs = repository.get_jobs(session, (item.job_id for item in due))
+                expired = [job for job in jobs.values() if self._expire_one(session, job, now)]
+        except Exception:
+            self.runtime.index.requeue_many(due)  # still due: the next round tries again
+            raise
+        for job in expired:
+            stats.expired += 1
+            logger.info("job.expired", extra={"job_id": job.id, "tier": job.tier})
+
+    @staticmethod
+    def _expire_one(session: Session, job: Job, now: float) -> bool:
+        return job.status is Status.QUEUED and repository.transition(
+            session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED, now=now
+        )
 
     # -- dispatch --------------------------------------------------------------------------
 
     def _dispatch(self, now: float, n: int, stats: DispatchStats) -> None:
         ttl = self.runtime.policy.lease_ttl_s
-        leases = self.runtime.index.dispatch(min(n, self.batch_size), now=now, lease_ttl_s=ttl)
+        leases = self.runtime.index.dispatch(
+            min(n, self.batch_size), now=now, lease_ttl_s=ttl, fence=self.fence
+        )
         if not leases:
             return
         to_publish: list[Job] = []
@@ -178,7 +237,7 @@ class Dispatcher:
             for lease in leases:
                 job = jobs.get(lease.job_id)
                 if job is None:
-                    young = now - _created_at(lease.job_id) < UNCOMMITTED_GRACE_S
+                    young = may_be_uncommitted(lease.job_id, now)
                     (retry_later if young else drop).append(lease.job_id)
                 elif self._claim(session, job, now, stats):
                     to_publish.append(job)
@@ -191,8 +250,11 @@ class Dispatcher:
             if lease.job_id in retry_later:
                 self.runtime.index.release(lease.job_id)
                 self.runtime.index.requeue(_retry_soon(lease, now))
-        for job in to_publish:
-            self._publish(job, stats)
+        for i, job in enumerate(to_publish):
+            if not self._publish(job, stats):
+                # The broker is likely down: hand this job and the rest back at once.
+                self._hand_back(to_publish[i:], now, stats)
+                break
 
     def _claim(self, session: Session, job: Job, now: float, stats: DispatchStats) -> bool:
         """CAS queued → dispatched; a job past its start_by expires instead."""
@@ -208,13 +270,12 @@ class Dispatcher:
             session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.DISPATCHED, now=now
         )
 
-    def _publish(self, job: Job, stats: DispatchStats) -> None:
+    def _publish(self, job: Job, stats: DispatchStats) -> bool:
         try:
             self.publisher.publish(job.id, job.attempt, job.tier)
         except Exception:
-            # The lease is held and will expire: the reaper re-queues the job then.
             logger.exception("job.publish_failed", extra={"job_id": job.id, "tier": job.tier})
-            return
+            return False
         stats.dispatched += 1
         logger.info(
             "job.dispatched",
@@ -225,16 +286,31 @@ class Dispatcher:
                 "attempt": job.attempt,
             },
         )
+        return True
+
+    def _hand_back(self, jobs: list[Job], now: float, stats: DispatchStats) -> None:
+        """Return unpublished jobs to the queue after a short backoff. The attempt moves on
+        (a message may have left after all: the CAS makes it stale) but is not charged to
+        the job: ``max_attempts`` moves with it. If this fails too, the lease expires and
+        the reaper re-queues them."""
+        stats.publish_failed += len(jobs)
+        not_before = now + PUBLISH_RETRY_S
+        with self.runtime.sessions.begin() as session:
+            handed = [
+                job
+                for job in jobs
+                if repository.transition(
+                    session, job.id, src=Status.DISPATCHED, attempt=job.attempt,
+                    dst=Status.QUEUED, now=now, max_attempts=job.max_attempts + 1,
+                    not_before=not_before,
+                )
+            ]
+        self.runtime.index.requeue_many([indexed(job, not_before) for job in handed])
 
 
-def _indexed(job: Job, not_before: float | None = None) -> IndexedJob:
+def _entry(lease: Lease) -> IndexedJob:
     return IndexedJob(
-        job_id=job.id,
-        tenant=job.tenant_id,
-        tier=job.tier,
-        order_key=job.order_key,
-        start_by=job.start_by,
-        not_before=not_before if not_before is not None else job.not_before,
+        job_id=lease.job_id, tenant=lease.tenant, tier=lease.tier, order_key=lease.order_key
     )
 
 
@@ -248,49 +324,76 @@ def _retry_soon(lease: Lease, now: float) -> IndexedJob:
     )
 
 
-def _created_at(job_id: str) -> float:
-    """Seconds since the epoch at which a (UUIDv7) job id was made."""
-    try:
-        return (uuid.UUID(job_id).int >> 80) / 1000
-    except ValueError:
-        return 0.0
-
-
 # -- the loop ------------------------------------------------------------------------------
 
 TRANSIENT = (redis.RedisError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
+MAX_BACKOFF_S = 10.0
 
 
-def run_forever(dispatcher: Dispatcher, stop: threading.Event) -> None:
-    """Loop ``run_once``; sleep on the doorbell between rounds; ride out outages."""
+def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> DispatchStats | None:
+    """One turn of a dispatcher among several: renew or take the lock; while leading, rebuild
+    the index first when due (``Dispatcher.needs_rebuild``), else run a round. None while
+    standing by, or once a fenced call found another process leading."""
+    dispatcher.fence = leadership.tick(now)
+    if dispatcher.fence is None:
+        return None
+    try:
+        if dispatcher.needs_rebuild():
+            dispatcher.rebuild(now)
+            return DispatchStats(rebuilt=True)
+        return dispatcher.run_once(now)
+    except NotLeader:
+        leadership.step_down("a fenced call was refused: another process leads")
+        dispatcher.fence = None
+        return None
+
+
+def run_forever(
+    dispatcher: Dispatcher, stop: threading.Event, leadership: Leadership | None = None
+) -> None:
+    """Loop ``lead_once``: a leader sleeps on the doorbell between rounds, a standby waits to
+    try the lock again; both ride out outages (never longer than a renewal period)."""
     runtime = dispatcher.runtime
-    backoff = 0.5
+    if leadership is None:
+        leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
+    longest = min(MAX_BACKOFF_S, leadership.renew_every_s)
+    backoff = min(0.5, longest)
     while not stop.is_set():
         try:
-            stats = dispatcher.run_once(runtime.clock())
-            backoff = 0.5
-            if stats.saturated:
-                continue
-            wake.wait(runtime.redis, runtime.settings.key_prefix, MAINTENANCE_PERIOD_S)
+            stats = lead_once(dispatcher, leadership, runtime.clock())
+            backoff = min(0.5, longest)
+            if stats is None:
+                stop.wait(leadership.retry_every_s)
+            elif stats.publish_failed:
+                stop.wait(PUBLISH_RETRY_S)  # the broker is down: do not spin on it
+            elif not (stats.saturated or stats.rebuilt):
+                period = min(MAINTENANCE_PERIOD_S, leadership.wait_s)
+                wake.wait(runtime.redis, runtime.settings.key_prefix, period)
         except TRANSIENT as exc:
             logger.warning("dispatcher.unavailable", extra={"error": str(exc), "retry_s": backoff})
             stop.wait(backoff)
-            backoff = min(10.0, backoff * 2)
+            backoff = min(longest, backoff * 2)
 
 
 def serve(settings: Settings) -> None:
-    """Run the dispatcher until SIGTERM or SIGINT."""
+    """Run the dispatcher until SIGTERM or SIGINT; a leader resigns on the way out, so a
+    standby takes over without waiting out the lock's TTL."""
     from workers.publisher import CeleryPublisher  # the publishing adapter: Celery stays there
 
     runtime = Runtime.from_settings(settings)
     publisher = CeleryPublisher(settings)
+    leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    logger.info("dispatcher.started")
+    logger.info("dispatcher.started", extra={"owner": leadership.owner})
     try:
-        run_forever(Dispatcher(runtime, publisher), stop)
+        run_forever(Dispatcher(runtime, publisher), stop, leadership)
     finally:
+        try:
+            leadership.resign(runtime.clock())
+        except redis.RedisError:
+            logger.warning("dispatcher.resign_failed", exc_info=True)
         publisher.close()
         runtime.close()
         logger.info("dispatcher.stopped")

@@ -18,7 +18,8 @@
     │   └── TenantLimitExceeded      tenant_limit: this tenant's quota or rate (theirs)
     ├── Unavailable                  503 unavailable: SQL or Redis cannot be reached
     ├── DuplicateJob                 idempotency key already used by this tenant
-    └── IllegalTransition            a state change not in jobs.states.TRANSITIONS
+    ├── IllegalTransition            a state change not in jobs.states.TRANSITIONS
+    └── NotLeader                    (jobs.index.base) a fenced index call from a deposed leader
 """
 
 from __future__ import annotations

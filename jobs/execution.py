@@ -11,29 +11,33 @@ duplicated or stale message, or a late result after the lease was reaped, change
 - A lease is released only after a state change of *this* attempt succeeded; a stale call
   never touches it (it belongs to the current attempt). Each release rings the doorbell so
   the dispatcher fills the slot at once.
+- SQL that cannot be reached is waited out, not given up on: every read and compare-and-set
+  is retried with backoff while the lease is kept renewed (by hand before the job starts,
+  by the heartbeat after), until SQL answers or the lease is lost. A result in hand is never
+  thrown away because the database blinked; were the lease lost meanwhile, the CAS on
+  ``attempt`` rejects the late write.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-import sqlalchemy.exc
+from sqlalchemy.orm import Session
 
 from jobs import wake
 from jobs.db import repository
 from jobs.domain import Job
 from jobs.index.base import IndexedJob
+from jobs.leases import CANCEL_POLL_S, Heartbeat, LeaseKeeper, SqlUnreachable, retry_sql
 from jobs.policy import retry_backoff_s
 from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.states import NEW_ATTEMPT, Status
 from workers.handlers import (
     HandlerRegistry,
     JobCancelled,
@@ -47,11 +51,10 @@ logger = logging.getLogger("tierq.worker")
 SUCCEEDED, FAILED, CANCELLED, EXPIRED = "succeeded", "failed", "cancelled", "expired"
 REQUEUED, STALE = "requeued", "stale"
 
-# How often a running job's cancel flag is read from SQL, at most.
-CANCEL_POLL_S = 1.0
+__all__ = ["CANCEL_POLL_S", "Heartbeat", "execute"]
+
 # Stored error texts are cut to this length.
 MAX_ERROR_CHARS = 4000
-
 Clock = Callable[[], float]
 
 
@@ -65,8 +68,17 @@ def execute(
     clock: Clock = time.time,
 ) -> str:
     """Run attempt ``attempt`` of job ``job_id``; return the outcome (see module constants)."""
-    with runtime.sessions() as session:
-        job = repository.get_job(session, job_id)
+    keeper = LeaseKeeper(runtime, job_id, clock)
+
+    def read() -> Job | None:
+        with runtime.sessions() as session:
+            return repository.get_job(session, job_id)
+
+    try:
+        job = retry_sql(read, keep_trying=keeper.renew, what="read", job_id=job_id)
+    except SqlUnreachable:
+        _log_unrecorded(job_id, attempt, "read")
+        return STALE
     if job is None or job.status is not Status.DISPATCHED or job.attempt != attempt:
         logger.info(
             "job.stale",
@@ -77,7 +89,13 @@ def execute(
             },
         )
         return STALE
-    return _Attempt(runtime=runtime, job=job, worker_id=worker_id, clock=clock).run(registry)
+    return _Attempt(runtime, job, worker_id=worker_id, clock=clock, keeper=keeper).run(registry)
+
+
+def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
+    """Gave up on SQL: the lease lapses and the reaper runs the job again."""
+    logger.error("job.sql_gave_up", extra={
+        "event": "job.sql_gave_up", "job_id": job_id, "attempt": attempt, "step": step})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,16 +107,28 @@ class _Ending:
     error: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
 class _Attempt:
     """One attempt of one job, dispatched to this worker."""
 
-    runtime: Runtime
-    job: Job
-    worker_id: str
-    clock: Clock
+    def __init__(
+        self, runtime: Runtime, job: Job, *, worker_id: str, clock: Clock, keeper: LeaseKeeper
+    ) -> None:
+        self.runtime = runtime
+        self.job = job
+        self.worker_id = worker_id
+        self.clock = clock
+        # Says whether to keep waiting for SQL: the keeper before the start, the heartbeat
+        # while the job runs and until its outcome is recorded.
+        self._holds_lease: Callable[[], bool] = keeper.renew
 
     def run(self, registry: HandlerRegistry) -> str:
+        try:
+            return self._run(registry)
+        except SqlUnreachable:
+            _log_unrecorded(self.job.id, self.job.attempt, "record")
+            return STALE
+
+    def _run(self, registry: HandlerRegistry) -> str:
         early = self._before_start()
         if early is not None:
             return early
@@ -113,11 +143,14 @@ class _Attempt:
         heartbeat = Heartbeat(self.runtime, ctx, clock=self.clock)
         heartbeat.tick()  # renew now: the message may have waited in the broker
         heartbeat.start()
+        self._holds_lease = heartbeat.holds_lease
         try:
             ending = _call_handler(registry, ctx, self.job) if not ctx.lease_lost() else None
+            # The outcome is this attempt's to record: stop watching the row, keep the lease.
+            heartbeat.renew_only()
+            return self._finish(ending or _Ending(kind="lease_lost"), heartbeat)
         finally:
             heartbeat.stop()
-        return self._finish(ending or _Ending(kind="lease_lost"))
 
     def _before_start(self) -> str | None:
         """Cancelled or expired before it started: end it without computing anything."""
@@ -134,43 +167,46 @@ class _Attempt:
         self._log(logging.INFO, f"job.{dst.value}", before_start=True)
         return dst.value
 
-    def _finish(self, ending: _Ending) -> str:
+    def _finish(self, ending: _Ending, heartbeat: Heartbeat) -> str:
         if ending.kind == "lease_lost":
             self._log(logging.WARNING, "job.stale", reason="lease lost")
             return STALE
         if ending.kind == "retry":
-            return self._retry(ending.error or "RetryableError")
+            return self._retry(ending.error or "RetryableError", heartbeat)
         if ending.kind == SUCCEEDED:
             try:
                 result = json.loads(json.dumps(ending.result, allow_nan=False))
             except (TypeError, ValueError) as exc:
                 error = f"result is not JSON-serialisable: {describe_error(exc)}"
-                return self._end(Status.FAILED, error=_cut(error))
-            return self._end(Status.SUCCEEDED, result=result)
+                return self._end(Status.FAILED, heartbeat, error=_cut(error))
+            return self._end(Status.SUCCEEDED, heartbeat, result=result)
         if ending.kind == FAILED:
-            return self._end(Status.FAILED, error=ending.error)
-        return self._end(Status.CANCELLED)
+            return self._end(Status.FAILED, heartbeat, error=ending.error)
+        return self._end(Status.CANCELLED, heartbeat)
 
-    def _end(self, dst: Status, **fields: Any) -> str:
+    def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
         if not self._transition(Status.RUNNING, dst, **fields):
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
+        heartbeat.stop()  # no renewal may follow the release
         self._release()
         level = logging.WARNING if dst is Status.FAILED else logging.INFO
         self._log(level, f"job.{dst.value}", error=fields.get("error"))
         return dst.value
 
-    def _retry(self, error: str) -> str:
+    def _retry(self, error: str, heartbeat: Heartbeat) -> str:
         job, policy = self.job, self.runtime.policy
         if job.attempt >= job.max_attempts:
             return self._end(
-                Status.FAILED, error=_cut(f"{error} (attempt {job.attempt} of {job.max_attempts})")
+                Status.FAILED, heartbeat,
+                error=_cut(f"{error} (attempt {job.attempt} of {job.max_attempts})"),
             )
         delay = retry_backoff_s(job.attempt, policy.retry_backoff_s, policy.retry_backoff_max_s)
         not_before = self.clock() + delay
         if not self._transition(Status.RUNNING, Status.QUEUED, not_before=not_before):
             self._log(logging.WARNING, "job.stale", reason="late retry rejected")
             return STALE
+        heartbeat.stop()
         indexed = IndexedJob(
             job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
             start_by=job.start_by, not_before=not_before,
@@ -186,11 +222,26 @@ class _Attempt:
         return REQUEUED
 
     def _transition(self, src: Status, dst: Status, **fields: Any) -> bool:
-        with self.runtime.sessions.begin() as session:
-            return repository.transition(
-                session, self.job.id, src=src, attempt=self.job.attempt, dst=dst,
-                now=self.clock(), **fields,
-            )
+        """The CAS, waiting out a database outage while the lease is held. After a retry, a
+        CAS that finds its own change already made (the commit landed, its answer was lost)
+        counts as done."""
+        job, retried = self.job, [False]
+
+        def cas() -> bool:
+            with self.runtime.sessions.begin() as session:
+                if retried[0] and _landed(session, job, src, dst):
+                    return True
+                return repository.transition(
+                    session, job.id, src=src, attempt=job.attempt, dst=dst,
+                    now=self.clock(), **fields,
+                )
+
+        def keep_trying() -> bool:
+            retried[0] = True
+            return self._holds_lease()
+
+        return retry_sql(cas, keep_trying=keep_trying, what=f"{src.value}->{dst.value}",
+                         job_id=job.id)
 
     def _release(self) -> None:
         """Best effort: a lease that cannot be released now expires and is reaped."""
@@ -208,6 +259,15 @@ class _Attempt:
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         _log_job(level, event, self.job, worker_id=self.worker_id, exc_info=exc_info, **fields)
+
+
+def _landed(session: Session, job: Job, src: Status, dst: Status) -> bool:
+    """This attempt's move to ``dst`` is already in the row (a new attempt for a requeue)."""
+    current = repository.get_job(session, job.id)
+    if current is None or current.status is not dst:
+        return False
+    expected = job.attempt + 1 if (src, dst) in NEW_ATTEMPT else job.attempt
+    return current.attempt == expected
 
 
 def _call_handler(registry: HandlerRegistry, ctx: JobContext, job: Job) -> _Ending:
@@ -247,85 +307,3 @@ def _log_job(level: int, event: str, job: Job, *, exc_info: bool = False, **fiel
         "attempt": job.attempt, **fields,
     }
     logger.log(level, event, extra=extra, exc_info=exc_info)
-
-
-class Heartbeat:
-    """Keeps a running job's lease alive and notices a cancel request.
-
-    ``tick`` renews the lease when ``lease_ttl_s / 3`` has passed since the last renewal
-    and reads the job's row; ``start`` runs ticks in a thread every ``min(CANCEL_POLL_S,
-    lease_ttl_s / 3)`` until ``stop``. A lease that cannot be renewed, or a row that is no
-    longer this attempt running, marks the lease lost.
-    """
-
-    def __init__(
-        self, runtime: Runtime, ctx: JobContext, *, clock: Clock, poll_s: float = CANCEL_POLL_S
-    ) -> None:
-        self._runtime = runtime
-        self._ctx = ctx
-        self._clock = clock
-        self._ttl = runtime.policy.lease_ttl_s
-        self._renew_every = self._ttl / 3
-        self._tick_every = min(poll_s, self._renew_every)
-        self._renewed_at = -math.inf
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"heartbeat-{ctx.job_id}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def tick(self) -> None:
-        now = self._clock()
-        if now - self._renewed_at >= self._renew_every:
-            self._renew(now)
-        if not self._ctx.stopped():
-            self._poll()
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self._tick_every):
-            try:
-                self.tick()
-            except Exception:  # the heartbeat must outlive any one failed tick
-                logger.exception(
-                    "job.heartbeat_error",
-                    extra={"event": "job.heartbeat_error", "job_id": self._ctx.job_id},
-                )
-
-    def _renew(self, now: float) -> None:
-        try:
-            renewed = self._runtime.index.renew(self._ctx.job_id, expires_at=now + self._ttl)
-        except redis.RedisError:
-            self._warn("job.renew_failed", exc_info=True)
-            return
-        self._renewed_at = now
-        if not renewed:
-            self._ctx.mark_lease_lost()
-            self._warn("job.lease_lost")
-
-    def _poll(self) -> None:
-        try:
-            with self._runtime.sessions() as session:
-                job = repository.get_job(session, self._ctx.job_id)
-        except sqlalchemy.exc.SQLAlchemyError:
-            self._warn("job.poll_failed", exc_info=True)
-            return
-        if job is None or job.status is not Status.RUNNING or job.attempt != self._ctx.attempt:
-            self._ctx.mark_lease_lost()
-            self._warn("job.lease_lost", status=None if job is None else job.status.value)
-        elif job.cancel_requested and not self._ctx.cancelled():
-            self._ctx.mark_cancelled()
-            logger.info(
-                "job.cancel_seen",
-                extra={"event": "job.cancel_seen", "job_id": job.id, "attempt": job.attempt},
-            )
-
-    def _warn(self, event: str, *, exc_info: bool = False, **fields: Any) -> None:
-        extra = {"event": event, "job_id": self._ctx.job_id, "attempt": self._ctx.attempt}
-        logger.warning(event, extra={**extra, **fields}, exc_info=exc_info)

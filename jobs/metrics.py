@@ -2,8 +2,9 @@
 
 Fleet-wide values (queue depths, oldest ages, pool figures, jobs by state, recent waits) are
 read from Redis and SQL when asked, so every API replica reports the same numbers and none
-keeps state a fleet would need to share. The one per-process instrument is the rejection
-counter; Prometheus sums it over replicas.
+keeps state a fleet would need to share; so are fleet-wide event counts kept in Redis
+(``tierq_leases_reclaimed_total``, see ``jobs.counters``). The one per-process instrument is
+the rejection counter; Prometheus sums it over replicas.
 
 ``tierq_queue_wait_seconds`` is a histogram of the waits of jobs that started in the last
 ``WAIT_WINDOW_S`` seconds, recomputed at each scrape: read it with ``histogram_quantile``
@@ -18,9 +19,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
-from jobs.capacity import PoolFigures, read_pool
+from jobs.capacity import PoolFigures, live_pool
+from jobs.counters import read_reclaimed
 from jobs.db import repository
 from jobs.policy import Policy
 from jobs.runtime import Runtime
@@ -59,7 +66,7 @@ def enqueued_at(policy: Policy, tier: str, order_key: float) -> float:
 
 
 def read_index_view(runtime: Runtime, *, now: float) -> IndexView:
-    pool = read_pool(runtime.policy, runtime.index, now=now)
+    pool = live_pool(runtime, now=now)
     names = tier_names(runtime.policy)
     depths = runtime.index.tier_depths(names)
     tiers = []
@@ -148,6 +155,15 @@ class FleetCollector:
                                 value=pool.utilisation)
         yield GaugeMetricFamily("tierq_pool_service_rate", "Jobs per second the pool completes",
                                 value=pool.service_rate)
+        yield GaugeMetricFamily(
+            "tierq_pool_mean_service_seconds",
+            "Mean service time behind the service rate (measured, or the configured fallback)",
+            value=pool.mean_service_s)
+        yield CounterMetricFamily(
+            "tierq_leases_reclaimed",
+            "Leases the reaper took back unrenewed (worker killed, machine gone, message lost)",
+            value=read_reclaimed(self._runtime.redis, self._runtime.settings.key_prefix),
+        )
 
     def _sql_families(self, now: float) -> Iterable[Metric]:
         with self._runtime.sessions.begin() as session:
@@ -179,14 +195,15 @@ class AppMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.rejections = Counter(
             "tierq_rejections",
-            "Submissions refused with a 429, by tier and cause (capacity, tenant_limit)",
-            ["tier", "cause"],
+            "Submissions refused with a 429, by tier, cause (capacity, tenant_limit) and the "
+            "limit hit (bound, deadline; quota, rate)",
+            ["tier", "cause", "limit"],
             registry=self.registry,
         )
         self.registry.register(FleetCollector(runtime))
 
-    def count_refusal(self, *, tier: str, cause: str) -> None:
-        self.rejections.labels(tier=tier, cause=cause).inc()
+    def count_refusal(self, *, tier: str, cause: str, limit: str = "") -> None:
+        self.rejections.labels(tier=tier, cause=cause, limit=limit).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,6 +10,8 @@ module asks this one for the numbers, so the maths lives in one place (see docs/
 - Bound (Little's law): ``queue_bound = max(1, floor(mu * min(max_wait, client_timeout)))``.
 - Cap: ``tenant_cap = max(1, floor(pool_concurrency * tenant_share))``; never 0, which would
   block a tenant forever.
+- Deadline: a job may wait ``max_wait_s``; ``latest_useful_position`` is the last place in the
+  queue from which it is still expected to start in time.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ class Policy:
     ageing_rate_s: float = 6.0
     pool_concurrency: int | None = None
     mean_service_s: float = 6.0
+    # Completed runs needed before the measured mean service time replaces mean_service_s.
+    service_samples_min: int = 20
     client_timeout_s: float | None = None
     lease_ttl_s: float = 30.0
+    leader_ttl_s: float = 5.0
     max_attempts: int = 3
     retry_backoff_s: float = 2.0
     retry_backoff_max_s: float = 300.0
@@ -63,6 +68,32 @@ def order_key(enqueued_at: float, base_priority: float, ageing_rate_s: float) ->
 def effective_priority(base_priority: float, waited_s: float, ageing_rate_s: float) -> float:
     """Priority after waiting ``waited_s``; lower is served sooner."""
     return base_priority - waited_s / ageing_rate_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class RateLimit:
+    """A tenant's token bucket: ``rate_per_s`` submits/s on average, ``burst`` at once."""
+
+    rate_per_s: float
+    burst: int
+
+
+def default_burst(rate_per_s: float) -> int:
+    """A bucket that holds one second's worth of submits, and at least one."""
+    return max(1, math.ceil(rate_per_s - 1e-9))
+
+
+def rate_limit(
+    tier: Tier, *, rate_per_s: float | None = None, burst: int | None = None
+) -> RateLimit | None:
+    """The bucket of a tenant of ``tier`` with overrides ``rate_per_s``/``burst`` (None: the
+    tier's). A tenant's own rate brings its own default burst; None: no rate limit."""
+    if rate_per_s is not None:
+        return RateLimit(rate_per_s=rate_per_s, burst=burst or default_burst(rate_per_s))
+    if tier.rate_per_s is None:
+        return None
+    size = burst or tier.rate_burst or default_burst(tier.rate_per_s)
+    return RateLimit(rate_per_s=tier.rate_per_s, burst=size)
 
 
 def service_rate(capacity: int, mean_service_s: float) -> float:
@@ -127,3 +158,13 @@ def estimated_wait_s(position: int, free_slots: int, mu: float) -> float:
     if mu <= 0:
         return math.inf
     return behind_free / mu
+
+
+def latest_useful_position(max_wait_s: float, free_slots: int, mu: float) -> int | None:
+    """The last position (jobs ahead) from which a job is expected to start within
+    ``max_wait_s``: the largest ``p`` with ``estimated_wait_s(p, free_slots, mu) <=
+    max_wait_s``. -1 when even the head of the queue would start too late; None when nothing
+    is served (``mu == 0``): there is no estimate to refuse on."""
+    if mu <= 0:
+        return None
+    return max(0, free_slots) - 1 + math.floor(mu * max_wait_s + 1e-9)

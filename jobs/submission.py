@@ -1,7 +1,8 @@
 """The job service behind the API: submit, look up, list and cancel a tenant's jobs.
 
-Submitting is admit-then-persist: the index's admit script checks the tier's bound and the
-tenant's quota and indexes the job in one atomic step, then the row is committed. A refusal
+Submitting is admit-then-persist: the tenant's request rate is checked, then the index's
+admit script checks the tier's bound, the tenant's quota and the job's own deadline and
+indexes the job in one atomic step (``jobs.limits``), then the row is committed. A refusal
 leaves nothing behind; a failed commit takes the job back out of the index (best effort: the
 dispatcher also drops indexed jobs whose row never appears). The tier always comes from the
 tenant's record, never from the request.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,9 +27,8 @@ from typing import Any, Protocol
 import redis
 import sqlalchemy.exc as sa_exc
 
-from jobs import wake
-from jobs.admission import Refusal, refused, tenant_rate
-from jobs.capacity import PoolFigures, read_pool
+from jobs import limits, wake
+from jobs.capacity import PoolFigures, live_pool
 from jobs.db import repository
 from jobs.domain import Job, NewJob, Tenant
 from jobs.errors import (
@@ -40,7 +41,6 @@ from jobs.errors import (
     Unavailable,
 )
 from jobs.ids import new_job_id
-from jobs.index.base import IndexedJob
 from jobs.policy import estimated_wait_s
 from jobs.runtime import Runtime
 from jobs.states import Status
@@ -58,6 +58,8 @@ SQL_OUTAGE: tuple[type[Exception], ...] = (
 )
 # Deepest nesting accepted in a payload: deeper JSON is abuse, and would strain encoders.
 MAX_PAYLOAD_DEPTH = 64
+# Pauses before each read-back of a job whose COMMIT lost its answer.
+_SETTLE_DELAYS_S = (0.25, 1.0)
 # Rounds of "read the job, act on its state" before a cancel gives up on a job that keeps
 # moving under it (each round is one state change elsewhere).
 _CANCEL_ROUNDS = 8
@@ -122,7 +124,6 @@ def submit(
         if existing is not None:
             return Submitted(progress=progress(runtime, existing), created=False)
     now = runtime.clock()
-    figures = read_pool(runtime.policy, runtime.index, now=now)
     new = NewJob(
         id=new_job_id(now),
         tenant_id=tenant.id,
@@ -136,7 +137,9 @@ def submit(
         max_wait_s=submission.max_wait_s,
         idempotency_key=submission.idempotency_key,
     )
-    position = _admit(runtime, tenant, new, figures)
+    limits.check_rate(runtime, tenant, new)
+    figures = live_pool(runtime, now=now)
+    position = limits.admit(runtime, tenant, new, figures)
     job = _persist(runtime, new)
     if job.id != new.id:
         return Submitted(progress=progress(runtime, job), created=False)
@@ -160,48 +163,14 @@ def _tier_of(runtime: Runtime, tenant: Tenant) -> str:
     return tenant.tier
 
 
-def _admit(runtime: Runtime, tenant: Tenant, new: NewJob, figures: PoolFigures) -> int:
-    """Index the job under the tier's bound and the tenant's quota; its queue position."""
-    tier = new.tier
-    quota = tenant.max_queued if tenant.max_queued is not None else figures.quotas[tier]
-    admitted = runtime.index.admit(
-        IndexedJob(
-            job_id=new.id, tenant=tenant.id, tier=tier, order_key=new.order_key,
-            start_by=new.start_by,
-        ),
-        bound=figures.bounds[tier],
-        tenant_quota=quota,
-    )
-    if admitted.accepted:
-        return admitted.position
-    cap = tenant.cap if tenant.cap is not None else figures.caps[tier]
-    reason = admitted.reason or "capacity"
-    logger.info("job.refused", extra={"event": "job.refused", "tenant": tenant.id,
-                                      "tier": tier, "reason": reason})
-    raise refused(
-        Refusal(
-            reason=reason,
-            tier=tier,
-            tenant_name=tenant.name,
-            position=admitted.position,
-            tier_queued=admitted.tier_queued,
-            tenant_queued=admitted.tenant_queued,
-            bound=figures.bounds[tier],
-            quota=quota,
-            service_rate=figures.service_rate,
-            tenant_rate=tenant_rate(
-                cap=cap, capacity=figures.capacity, mean_service_s=figures.mean_service_s
-            ),
-            fallback_s=runtime.policy.tier(tier).max_wait_s,
-        )
-    )
-
-
 def _persist(runtime: Runtime, new: NewJob) -> Job:
     """Commit the job's row; on a lost idempotency race, the job that won."""
+    inserted = False
     try:
         with runtime.sessions.begin() as session:
-            return repository.insert_job(session, new)
+            job = repository.insert_job(session, new)
+            inserted = True  # only the COMMIT is left
+        return job
     except DuplicateJob as duplicate:
         _forget(runtime, new.id)
         with runtime.sessions.begin() as session:
@@ -210,10 +179,36 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
             raise Unavailable("the job with this idempotency key moved; retry") from None
         return existing
     except Exception as exc:
+        if inserted and is_backend_outage(exc):
+            return _settle_commit(runtime, new, exc)
         _forget(runtime, new.id)
         if is_backend_outage(exc):
             raise Unavailable("the database cannot be reached; nothing was accepted") from exc
         raise
+
+
+def _settle_commit(runtime: Runtime, new: NewJob, exc: Exception) -> Job:
+    """The connection died during COMMIT: the row may or may not have landed. Read it back
+    (briefly): there, it is accepted; absent, it is forgotten and the answer is 503. Still
+    unknown, the index entry stays: the dispatcher runs the job if the row shows up and drops
+    the entry if it never does (see ``UNCOMMITTED_GRACE_S`` in ``jobs.dispatcher``)."""
+    for delay in _SETTLE_DELAYS_S:
+        time.sleep(delay)
+        try:
+            with runtime.sessions.begin() as session:
+                job = repository.get_job(session, new.id)
+        except SQL_OUTAGE:
+            continue
+        if job is not None:
+            return job
+        _forget(runtime, new.id)
+        raise Unavailable("the database cannot be reached; nothing was accepted") from exc
+    logger.warning("job.commit_unknown", extra={"event": "job.commit_unknown",
+                                                "job_id": new.id, "tier": new.tier})
+    raise Unavailable(
+        "the database cannot be reached and the job's commit is unconfirmed; retry with an "
+        "idempotency_key so that a job that did land is not made twice"
+    ) from exc
 
 
 def _forget(runtime: Runtime, job_id: str) -> None:
@@ -322,7 +317,7 @@ def progress_many(runtime: Runtime, jobs: Sequence[Job]) -> list[Progress]:
     if not any(job.status is Status.QUEUED for job in jobs):
         return [Progress(job=job) for job in jobs]
     try:
-        figures = read_pool(runtime.policy, runtime.index, now=runtime.clock())
+        figures = live_pool(runtime, now=runtime.clock())
         return [_progress(runtime, job, figures) for job in jobs]
     except REDIS_OUTAGE:
         logger.warning("index.unreachable", extra={"event": "index.unreachable"})

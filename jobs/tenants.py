@@ -8,6 +8,7 @@ deployment does not serve.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
 import re
@@ -104,29 +105,49 @@ def get_tenant(runtime: Runtime, tenant_id: str) -> Tenant:
     return tenant
 
 
+class _Unchanged(enum.Enum):
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = _Unchanged.UNCHANGED
+# The per-tenant overrides of the tier's policy, and the least value each may take.
+OVERRIDES: dict[str, float] = {"cap": 1, "max_queued": 1, "rate_per_s": 1e-6, "rate_burst": 1}
+
+
 def update_tenant(
     runtime: Runtime,
     tenant_id: str,
     *,
     tier: str | None = None,
-    cap: int | None = None,
-    max_queued: int | None = None,
+    cap: int | _Unchanged | None = UNCHANGED,
+    max_queued: int | _Unchanged | None = UNCHANGED,
+    rate_per_s: float | _Unchanged | None = UNCHANGED,
+    rate_burst: int | _Unchanged | None = UNCHANGED,
 ) -> Tenant:
-    """Change a tenant's tier or overrides (None: unchanged). Jobs already submitted keep
-    the tier they were submitted under; later jobs get the new one."""
-    fields: dict[str, str | int] = {}
+    """Change a tenant's tier (None: unchanged) or its overrides of the tier's policy:
+    ``cap`` (running at once), ``max_queued`` (queued quota), ``rate_per_s``/``rate_burst``
+    (its token bucket); ``None`` clears an override, so the tier's value applies again.
+    Jobs already submitted keep the tier they were submitted under."""
+    fields: dict[str, str | int | float | None] = {}
     if tier is not None:
         fields["tier"] = check_tier(runtime.policy, tier)
-    if cap is not None:
-        fields["cap"] = cap
-    if max_queued is not None:
-        fields["max_queued"] = max_queued
+    given = {"cap": cap, "max_queued": max_queued, "rate_per_s": rate_per_s,
+             "rate_burst": rate_burst}
+    for name, value in given.items():
+        if value is UNCHANGED:
+            continue
+        if value is not None and not value >= OVERRIDES[name]:
+            raise InvalidRequest(
+                f"{name} must be at least {OVERRIDES[name]:g}, or null to use the tier's",
+                details=[{"loc": ["body", name], "msg": "out of range"}],
+            )
+        fields[name] = value
     with runtime.sessions.begin() as session:
         tenant = repository.update_tenant(session, parse_tenant_id(tenant_id), **fields)
     if tenant is None:
         raise NotFound("no such tenant", tenant_id=tenant_id)
     logger.info("tenant.updated", extra={"event": "tenant.updated", "tenant": tenant.id,
-                                         "tier": tenant.tier})
+                                         "tier": tenant.tier, "fields": sorted(fields)})
     return tenant
 
 

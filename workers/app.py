@@ -60,6 +60,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
+        # Celery 6's default, set now: only late-acked tasks are affected, and ours are
+        # acked on receipt, so a lost broker connection leaves running jobs running.
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
     }
     if is_redis_broker(broker):
         # Celery's broker keys start with the key prefix too: deployments (and test runs)

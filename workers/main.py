@@ -22,6 +22,7 @@ from workers.tasks import resources_of
 # Keys shown after the message when a log record carries them (``extra=``).
 LOG_KEYS = (
     "event", "job_id", "tenant", "tier", "attempt", "worker_id", "status", "reason", "error",
+    "step",
 )
 
 

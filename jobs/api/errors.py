@@ -72,7 +72,8 @@ def _tierq_error(request: Request, exc: Exception) -> JSONResponse:
         )
         metrics = getattr(request.app.state, "metrics", None)
         if metrics is not None:
-            metrics.count_refusal(tier=exc.tier, cause=exc.type)
+            metrics.count_refusal(tier=exc.tier, cause=exc.type,
+                                  limit=str(exc.details.get("limit", "")))
     elif isinstance(exc, Unavailable):
         headers = {"Retry-After": str(exc.retry_after_s)}
         details["retry_after_seconds"] = exc.retry_after_s

@@ -1,4 +1,5 @@
-"""``/v1/admin/tenants``: create, list, change the tier of, and re-key tenants (admin key)."""
+"""``/v1/admin/tenants``: create, list, change (tier, overrides of the tier's limits) and
+re-key tenants (admin key)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ _COMMON = (401, 403, 503)
 
 def _view(tenant: Tenant) -> TenantResponse:
     return TenantResponse(
-        id=tenant.id, name=tenant.name, tier=tenant.tier, created_at=rfc3339(tenant.created_at)
+        id=tenant.id, name=tenant.name, tier=tenant.tier, created_at=rfc3339(tenant.created_at),
+        cap=tenant.cap, max_queued=tenant.max_queued, rate_per_s=tenant.rate_per_s,
+        rate_burst=tenant.rate_burst,
     )
 
 
@@ -59,13 +62,15 @@ def list_tenants(_: AdminDep, runtime: RuntimeDep) -> TenantListResponse:
 @router.patch(
     "/{tenant_id}",
     response_model=TenantResponse,
-    summary="Change a tenant's tier (applies to jobs submitted afterwards)",
+    summary="Change a tenant's tier or its overrides (cap, max_queued, rate_per_s, "
+            "rate_burst; null clears one); applies to jobs submitted afterwards",
     responses=error_responses(*_COMMON, 400, 404, 422),
 )
 def patch_tenant(
     tenant_id: str, body: TenantPatchRequest, _: AdminDep, runtime: RuntimeDep
 ) -> TenantResponse:
-    return _view(tenants.update_tenant(runtime, tenant_id, tier=body.tier))
+    changes = body.model_dump(exclude_unset=True)
+    return _view(tenants.update_tenant(runtime, tenant_id, **changes))
 
 
 @router.post(

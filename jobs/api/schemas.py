@@ -50,6 +50,11 @@ class ErrorDetail(BaseModel):
     queue_position: int | None = Field(
         default=None, description="429: jobs that would have been ahead of this one"
     )
+    limit: str | None = Field(
+        default=None, examples=["bound"],
+        description="429: the limit hit: bound or deadline (capacity), quota or rate "
+                    "(tenant_limit); its figures follow (bound, quota, rate_per_s, max_wait_s)",
+    )
     job_error: str | None = Field(default=None, description="job_failed: the job's error")
 
 
@@ -210,7 +215,15 @@ class TenantCreateRequest(_Request):
 
 
 class TenantPatchRequest(_Request):
+    """Fields left out stay as they are; ``null`` clears an override (the tier's applies)."""
+
     tier: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    cap: Annotated[int, Field(ge=1, description="jobs running at once")] | None = None
+    max_queued: Annotated[int, Field(ge=1, description="jobs queued at once")] | None = None
+    rate_per_s: Annotated[float, Field(gt=0, le=1e6, description="submits per second")] | None = (
+        None)
+    rate_burst: Annotated[int, Field(ge=1, le=1_000_000, description="submits at once")] | None = (
+        None)
 
 
 class TenantResponse(BaseModel):
@@ -218,6 +231,10 @@ class TenantResponse(BaseModel):
     name: str
     tier: str
     created_at: str | None
+    cap: int | None = Field(default=None, description="override of the tier's tenant cap")
+    max_queued: int | None = Field(default=None, description="override of the tier's quota")
+    rate_per_s: float | None = Field(default=None, description="override of the tier's rate")
+    rate_burst: int | None = Field(default=None, description="override of the tier's burst")
 
 
 class TenantWithKeyResponse(TenantResponse):

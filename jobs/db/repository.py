@@ -36,7 +36,9 @@ from jobs.states import NEW_ATTEMPT, TERMINAL, Status, is_legal
 FRESH: Mapping[str, Any] = {"populate_existing": True}
 
 TENANT_FIELDS = frozenset({"tier", "api_key_hash", "cap", "max_queued", "rate_per_s", "rate_burst"})
-TRANSITION_FIELDS = frozenset({"result", "error", "not_before", "cancel_requested"})
+TRANSITION_FIELDS = frozenset(
+    {"result", "error", "not_before", "cancel_requested", "max_attempts"}
+)
 
 
 def _dt(epoch: float) -> datetime:
@@ -229,9 +231,10 @@ def transition(
 ) -> bool:
     """Compare-and-set ``(status, attempt)``: True iff this call made the move.
 
-    ``fields`` may set ``result``, ``error``, ``not_before`` (epoch seconds) and
-    ``cancel_requested``. False means the job was not in ``(src, attempt)``: a late or
-    duplicated message, which must change nothing.
+    ``fields`` may set ``result``, ``error``, ``not_before`` (epoch seconds),
+    ``cancel_requested`` and ``max_attempts`` (raised for an attempt the job is not to blame
+    for). False means the job was not in ``(src, attempt)``: a late or duplicated message,
+    which must change nothing.
     """
     if not is_legal(src, dst):
         raise IllegalTransition(

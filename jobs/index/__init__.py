@@ -6,7 +6,7 @@ satisfy ``DispatchIndex`` and pass one contract suite.
 
 from __future__ import annotations
 
-from jobs.index.base import Admitted, DispatchIndex, IndexedJob, Lease, TierDepth
+from jobs.index.base import Admitted, DispatchIndex, IndexedJob, Lease, NotLeader, TierDepth
 from jobs.index.memory import MemoryIndex
 from jobs.index.redis_index import RedisIndex
 
@@ -16,6 +16,7 @@ __all__ = [
     "IndexedJob",
     "Lease",
     "MemoryIndex",
+    "NotLeader",
     "RedisIndex",
     "TierDepth",
 ]

@@ -8,13 +8,25 @@ implementation reads a clock.
 Order: queued jobs are dispatched by ``order_key`` ascending, ties broken by job id (byte
 order; job ids are time-ordered, so ties go in arrival order). A tenant at its cap keeps its
 queued jobs and their keys; other tenants move ahead of it until it drops under its cap.
+
+Leadership: several dispatchers may run; one holds the leader lock, whose value is a fencing
+token. ``dispatch``, ``reap`` and ``expire_due`` take the caller's token (``fence``) and,
+in the same atomic step, refuse with ``NotLeader`` unless it is the lock's value: a deposed
+leader that has not noticed yet changes nothing. The lock's TTL runs on Redis's clock in
+``RedisIndex`` and on the ``now`` passed in by the twin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from jobs.errors import TierqError
+
+
+class NotLeader(TierqError):
+    """A fenced call whose token is not the leader lock's: the caller must stop leading."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +53,8 @@ class Admitted:
     # Jobs ahead of this one in dispatch order (when accepted); the position it would have
     # had (when refused).
     position: int
-    # Why it was refused: "capacity" (tier at its bound) or "tenant_limit" (tenant quota).
+    # Why it was refused: "capacity" (tier at its bound), "tenant_limit" (tenant quota) or
+    # "deadline" (more than max_position jobs would be ahead of it).
     reason: str | None = None
     # The job id was already indexed: nothing changed.
     duplicate: bool = False
@@ -66,10 +79,16 @@ class DispatchIndex(Protocol):
     """Queued jobs by order key, tenant caps, and in-flight leases."""
 
     def admit(
-        self, job: IndexedJob, *, bound: int, tenant_quota: int | None = None
+        self,
+        job: IndexedJob,
+        *,
+        bound: int,
+        tenant_quota: int | None = None,
+        max_position: int | None = None,
     ) -> Admitted:
         """Index ``job`` if its tier holds fewer than ``bound`` queued jobs (and its tenant
-        fewer than ``tenant_quota``), as one atomic step; refuse otherwise, leaving nothing."""
+        fewer than ``tenant_quota``, and it would have at most ``max_position`` jobs ahead),
+        as one atomic step; refuse otherwise, leaving nothing."""
         ...
 
     def requeue(self, job: IndexedJob) -> None:
@@ -83,11 +102,18 @@ class DispatchIndex(Protocol):
         replace all earlier overrides). Tenants that are now under their cap become runnable."""
         ...
 
-    def dispatch(self, n: int, *, now: float, lease_ttl_s: float) -> list[Lease]:
+    def requeue_many(self, jobs: Iterable[IndexedJob]) -> int:
+        """``requeue`` each job, in atomic chunks (rebuilds); the number indexed."""
+        ...
+
+    def dispatch(
+        self, n: int, *, now: float, lease_ttl_s: float, fence: str | None = None
+    ) -> list[Lease]:
         """Pop up to ``n`` jobs in order-key order across runnable tenants, skipping tenants
         at their cap (they keep their place), and lease each until ``now + lease_ttl_s``.
         Jobs whose ``not_before`` is later than ``now`` wait; jobs past ``start_by`` are
-        still returned (the caller expires them: the index does not know SQL)."""
+        still returned (the caller expires them: the index does not know SQL). With a
+        ``fence``, raise ``NotLeader`` (changing nothing) unless it is the leader's token."""
         ...
 
     def renew(self, job_id: str, *, expires_at: float) -> bool:
@@ -102,16 +128,37 @@ class DispatchIndex(Protocol):
         """Remove a queued job; False when it is not queued here."""
         ...
 
-    def reap(self, *, now: float, limit: int = 1000) -> list[Lease]:
-        """Remove and return leases that expired at or before ``now`` (oldest first)."""
+    def reap(self, *, now: float, limit: int = 1000, fence: str | None = None) -> list[Lease]:
+        """Remove and return leases that expired at or before ``now`` (oldest first); fenced
+        as ``dispatch``."""
         ...
 
-    def expire_due(self, *, now: float, limit: int = 1000) -> list[IndexedJob]:
-        """Remove and return queued jobs whose ``start_by`` is at or before ``now``."""
+    def expire_due(
+        self, *, now: float, limit: int = 1000, fence: str | None = None
+    ) -> list[IndexedJob]:
+        """Remove and return queued jobs whose ``start_by`` is at or before ``now``; fenced
+        as ``dispatch``."""
+        ...
+
+    def restore_lease(self, job: IndexedJob, *, expires_at: float) -> bool:
+        """Make an in-flight job hold a lease until at least ``expires_at`` (a rebuild from
+        SQL): take one if the index does not know the job (it counts against its tenant's
+        cap), move a lease that ends sooner. A queued or delayed entry of the job is left
+        alone (it was re-queued since SQL was read): False then, True when leased."""
+        ...
+
+    def job_ids(self) -> Iterator[str]:
+        """Every job the index holds, queued, delayed or leased (in batches; an entry that
+        moves during the walk may be seen twice). Maintenance only, never a hot path."""
         ...
 
     def position(self, job_id: str) -> int | None:
         """Queued jobs ahead of this one in order-key order (all tenants, all tiers)."""
+        ...
+
+    def position_at(self, order_key: float) -> int:
+        """Queued jobs a new job with this order key would have ahead of it (ties count as
+        ahead: a new job's id sorts after the ids already there)."""
         ...
 
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
@@ -140,5 +187,33 @@ class DispatchIndex(Protocol):
         ...
 
     def clear(self) -> None:
-        """Delete everything this index holds (before a rebuild from SQL)."""
+        """Delete everything this index holds (tests, a fresh start). A rebuild from SQL
+        does not clear (``jobs.rebuild`` reconciles, so no concurrent submit is lost)."""
+        ...
+
+    # -- leadership and the rebuild sentinel --
+
+    def acquire_leadership(self, owner: str, *, ttl_s: float, now: float) -> str | None:
+        """Take the leader lock for ``ttl_s`` if nobody holds it: the new fencing token
+        (unique, and naming ``owner``), or None when it is held."""
+        ...
+
+    def renew_leadership(self, token: str, *, ttl_s: float, now: float) -> bool:
+        """Extend the lock for ``ttl_s`` while it still holds ``token``; False: deposed."""
+        ...
+
+    def resign_leadership(self, token: str, *, now: float) -> bool:
+        """Release the lock if it holds ``token`` (a standby may take it at once)."""
+        ...
+
+    def leader(self, *, now: float) -> str | None:
+        """The token of the lock's holder, or None."""
+        ...
+
+    def generation(self) -> str | None:
+        """The sentinel a rebuild sets; None means the index lost its data since."""
+        ...
+
+    def mark_generation(self, value: str) -> bool:
+        """Set the sentinel unless it is set; True when this call set it."""
         ...

@@ -23,6 +23,11 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``tenant_tier``      hash tenant -> the tier last seen for it
 - ``tenant_delayed``   hash tenant -> count of its delayed jobs
 - ``workers``          zset worker -> expires_at;  ``worker_slots``: hash worker -> slots
+- ``leader``           string: the leading dispatcher's fencing token, with a TTL
+- ``leader_epoch``     counter: incremented on every acquisition of ``leader``
+- ``generation``       string: set by a rebuild from SQL; gone means Redis lost its data
+- ``rate:<tenant>``    hash tokens, at: the tenant's request-rate token bucket
+- ``service_mean``     hash mean_s, samples, at: the measured mean service time
 """
 
 from __future__ import annotations
@@ -48,12 +53,19 @@ class IndexKeys:
     def tier(self, tier: str) -> str:
         return f"{self.prefix}tier:{tier}"
 
+    def rate_bucket(self, tenant: str) -> str:
+        return f"{self.prefix}rate:{tenant}"
+
     def _fixed(self, name: str) -> str:
         return f"{self.prefix}{name}"
 
     @property
     def queued(self) -> str:
         return self._fixed("queued")
+
+    @property
+    def delayed(self) -> str:
+        return self._fixed("delayed")
 
     @property
     def leases(self) -> str:
@@ -63,6 +75,22 @@ class IndexKeys:
     def tenant_delayed(self) -> str:
         return self._fixed("tenant_delayed")
 
+    @property
+    def service_mean(self) -> str:
+        return self._fixed("service_mean")
+
+    @property
+    def leader(self) -> str:
+        return self._fixed("leader")
+
+    @property
+    def leader_epoch(self) -> str:
+        return self._fixed("leader_epoch")
+
+    @property
+    def generation(self) -> str:
+        return self._fixed("generation")
+
     def fixed(self) -> list[str]:
         """``KEYS[]`` of the index scripts, in the order ``lua/common.lua`` reads them."""
         names = (
@@ -70,6 +98,15 @@ class IndexKeys:
             "meta", "tier_caps", "tenant_caps", "tenant_tier", "tenant_delayed",
         )
         return [self.prefix, *(self._fixed(name) for name in names)]
+
+    def fenced(self) -> list[str]:
+        """``KEYS[]`` of the fenced scripts (dispatch, reap, expire_due): ``fixed()``, then
+        the leader lock whose token they check."""
+        return [*self.fixed(), self.leader]
+
+    def leader_keys(self) -> list[str]:
+        """``KEYS[]`` of the leadership scripts: the lock and its epoch counter."""
+        return [self.leader, self.leader_epoch]
 
     def worker_keys(self) -> list[str]:
         """``KEYS[]`` of the worker scripts: the registrations and their slots."""

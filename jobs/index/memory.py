@@ -1,81 +1,24 @@
 """The in-memory twin of ``RedisIndex``: same behaviour, step for step, for the simulator
-and for model-based tests. It mirrors the Lua scripts' data layout (see ``keys.py``) with a
-small sorted-set type ordered like Redis's: ascending score, ties by member bytes (code
-point order of a ``str`` is the byte order of its UTF-8).
+and for model-based tests. It mirrors the Lua scripts' data layout (see ``keys.py``) with
+the sorted sets of ``zset.py``, ordered like Redis's: ascending score, ties by member bytes
+(code point order of a ``str`` is the byte order of its UTF-8).
 
 The choices the protocol leaves open are the ones ``redis_index.py`` documents: delayed
 jobs are counted but not positioned nor dispatched before their ``not_before``; ``requeue``
 replaces any entry of the same id (a lease included); ``set_caps`` merges tier caps and
 replaces tenant overrides (``None`` clears them); caps below 1 raise ``ValueError``.
+The leader lock expires on the ``now`` passed in (Redis uses its own clock); ``clear``
+forgets it with everything else, as a flushed Redis does.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from sortedcontainers import SortedList
-
-from jobs.index.base import Admitted, IndexedJob, Lease, TierDepth
+from jobs.index.base import Admitted, IndexedJob, Lease, NotLeader, TierDepth
 from jobs.index.keys import PROMOTE_LIMIT
-
-
-class ZSet:
-    """A Redis sorted set: members with float scores, ordered by (score, member)."""
-
-    __slots__ = ("_order", "_scores")
-
-    def __init__(self) -> None:
-        self._scores: dict[str, float] = {}
-        self._order = SortedList()
-
-    def __len__(self) -> int:
-        return len(self._scores)
-
-    def score(self, member: str) -> float | None:
-        return self._scores.get(member)
-
-    def add(self, member: str, score: float) -> None:
-        old = self._scores.get(member)
-        if old is not None:
-            if old == score:
-                return
-            self._order.remove((old, member))
-        self._scores[member] = score
-        self._order.add((score, member))
-
-    def remove(self, member: str) -> bool:
-        old = self._scores.pop(member, None)
-        if old is None:
-            return False
-        self._order.remove((old, member))
-        return True
-
-    def first(self) -> tuple[str, float] | None:
-        if not self._scores:
-            return None
-        score, member = self._order[0]
-        return member, score
-
-    def rank(self, member: str) -> int | None:
-        score = self._scores.get(member)
-        return None if score is None else self.rank_at(score, member)
-
-    def rank_at(self, score: float, member: str) -> int:
-        """Members ordered before (score, member)."""
-        return int(self._order.bisect_left((score, member)))
-
-    def upto(self, score: float, limit: int) -> list[tuple[str, float]]:
-        """Members with scores at or below ``score``, in order, at most ``limit``."""
-        out: list[tuple[str, float]] = []
-        for each_score, member in self._order.islice(0, limit):
-            if each_score > score:
-                break
-            out.append((member, each_score))
-        return out
-
-    def items(self) -> list[tuple[str, float]]:
-        return [(member, score) for score, member in self._order]
+from jobs.index.zset import ZSet
 
 
 def _check(job: IndexedJob) -> None:
@@ -108,6 +51,9 @@ class MemoryIndex:
         self._tenant_tier: dict[str, str] = {}
         self._tenant_delayed: dict[str, int] = {}
         self._workers: dict[str, tuple[float, int]] = {}
+        self._leader: tuple[str, float] | None = None  # token, expires_at
+        self._leader_epoch = 0
+        self._generation: str | None = None
 
     # -- the layout's small steps (the helpers of lua/common.lua) --
 
@@ -217,7 +163,12 @@ class MemoryIndex:
     # -- the protocol --
 
     def admit(
-        self, job: IndexedJob, *, bound: int, tenant_quota: int | None = None
+        self,
+        job: IndexedJob,
+        *,
+        bound: int,
+        tenant_quota: int | None = None,
+        max_position: int | None = None,
     ) -> Admitted:
         _check(job)
         tier_queued = len(self._tiers.get(job.tier, ()))
@@ -235,10 +186,12 @@ class MemoryIndex:
             reason = "capacity"
         elif tenant_quota is not None and queued >= tenant_quota:
             reason = "tenant_limit"
+        ahead = self._queued.rank_at(job.order_key, job.job_id)
+        if reason is None and max_position is not None and ahead > max_position:
+            reason = "deadline"
         if reason is not None:
             return Admitted(accepted=False, tier_queued=tier_queued, tenant_queued=queued,
-                            position=self._queued.rank_at(job.order_key, job.job_id),
-                            reason=reason)
+                            position=ahead, reason=reason)
         self._index(job)
         position = self._queued.rank(job.job_id)
         if position is None:
@@ -276,9 +229,16 @@ class MemoryIndex:
                 self._blocked.remove(job_id)
                 self._runnable.add(job_id, score)
 
-    def dispatch(self, n: int, *, now: float, lease_ttl_s: float) -> list[Lease]:
+    def _check_fence(self, fence: str | None, now: float, what: str) -> None:
+        if fence and self.leader(now=now) != fence:
+            raise NotLeader(f"{what} refused: the fencing token is not the leader's")
+
+    def dispatch(
+        self, n: int, *, now: float, lease_ttl_s: float, fence: str | None = None
+    ) -> list[Lease]:
         if n <= 0:
             return []
+        self._check_fence(fence, now, "dispatch")
         expires_at = now + lease_ttl_s
         for job_id, _ in self._delayed.upto(now, PROMOTE_LIMIT):
             job = self._meta[job_id]
@@ -330,9 +290,10 @@ class MemoryIndex:
         self._unindex(self._meta[job_id])
         return True
 
-    def reap(self, *, now: float, limit: int = 1000) -> list[Lease]:
+    def reap(self, *, now: float, limit: int = 1000, fence: str | None = None) -> list[Lease]:
         if limit <= 0:
             return []
+        self._check_fence(fence, now, "reap")
         out: list[Lease] = []
         for job_id, expires_at in self._leases.upto(now, limit):
             job = self._meta[job_id]
@@ -341,9 +302,12 @@ class MemoryIndex:
                              order_key=job.order_key, expires_at=expires_at))
         return out
 
-    def expire_due(self, *, now: float, limit: int = 1000) -> list[IndexedJob]:
+    def expire_due(
+        self, *, now: float, limit: int = 1000, fence: str | None = None
+    ) -> list[IndexedJob]:
         if limit <= 0:
             return []
+        self._check_fence(fence, now, "expire_due")
         out: list[IndexedJob] = []
         for job_id, _ in self._deadlines.upto(now, limit):
             job = self._meta[job_id]
@@ -351,8 +315,38 @@ class MemoryIndex:
             out.append(job)
         return out
 
+    def restore_lease(self, job: IndexedJob, *, expires_at: float) -> bool:
+        _check(job)
+        job_id = job.job_id
+        if self._queued.score(job_id) is not None or self._delayed.score(job_id) is not None:
+            return False
+        current = self._leases.score(job_id)
+        if current is not None:
+            if current < expires_at:
+                self._leases.add(job_id, expires_at)
+                self._tenant_leases[self._meta[job_id].tenant].add(job_id, expires_at)
+            return True
+        self._meta[job_id] = job
+        self._zadd(self._tenant_leases, job.tenant, job_id, expires_at)
+        self._leases.add(job_id, expires_at)
+        if self._tenant_tier.get(job.tenant) != job.tier:  # its cap may have changed
+            self._tenant_tier[job.tenant] = job.tier
+            head = self._head_of(job.tenant)
+            if head is not None:
+                self._refile(job.tenant, head)
+        return True
+
+    def job_ids(self) -> Iterator[str]:
+        for zset in (self._queued, self._delayed, self._leases):
+            for job_id, _ in zset.items():
+                yield job_id
+
     def position(self, job_id: str) -> int | None:
         return self._queued.rank(job_id)
+
+    def position_at(self, order_key: float) -> int:
+        # Members with a score at or below order_key (ZCOUNT -inf order_key).
+        return self._queued.rank_at(order_key, "\U0010ffff")
 
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
         depths: dict[str, TierDepth] = {}
@@ -383,3 +377,39 @@ class MemoryIndex:
 
     def tenant_queued(self, tenant: str) -> int:
         return len(self._queues.get(tenant, ())) + self._tenant_delayed.get(tenant, 0)
+
+    # -- leadership and the rebuild sentinel --
+
+    def acquire_leadership(self, owner: str, *, ttl_s: float, now: float) -> str | None:
+        if self.leader(now=now) is not None:
+            return None
+        self._leader_epoch += 1
+        token = f"{self._leader_epoch}:{owner}"
+        self._leader = (token, now + ttl_s)
+        return token
+
+    def renew_leadership(self, token: str, *, ttl_s: float, now: float) -> bool:
+        if self.leader(now=now) != token:
+            return False
+        self._leader = (token, now + ttl_s)
+        return True
+
+    def resign_leadership(self, token: str, *, now: float) -> bool:
+        if self.leader(now=now) != token:
+            return False
+        self._leader = None
+        return True
+
+    def leader(self, *, now: float) -> str | None:
+        if self._leader is None or self._leader[1] <= now:
+            return None
+        return self._leader[0]
+
+    def generation(self) -> str | None:
+        return self._generation
+
+    def mark_generation(self, value: str) -> bool:
+        if self._generation is not None:
+            return False
+        self._generation = value
+        return True

@@ -18,25 +18,30 @@ Choices the protocol leaves open (``MemoryIndex`` makes the same ones):
 - ``admit`` of a job already indexed returns ``duplicate=True`` with the counts of the
   given tenant and tier; its position is its rank when queued, the rank it would have when
   delayed, 0 when leased.
+- The leader lock's TTL runs on Redis's clock (``PX``); the ``now`` the leadership methods
+  take is the twin's clock and is not used here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
 import redis
 from redis.commands.core import Script
 
-from jobs.index.base import Admitted, IndexedJob, Lease, TierDepth
+from jobs.index.base import Admitted, IndexedJob, Lease, NotLeader, TierDepth
 from jobs.index.keys import PROMOTE_LIMIT, IndexKeys
 
 _SCRIPTS = (
     "admit", "requeue", "dispatch", "release", "renew", "cancel", "reap", "expire_due",
-    "set_caps",
+    "set_caps", "restore_lease",
 )
+# Scripts that check the caller's fencing token against the leader lock (KEYS[13]).
+_FENCED = frozenset({"dispatch", "reap", "expire_due"})
+_LEADERSHIP = ("lead", "renew_lead", "resign")
 # Jobs per requeue script call when loading many (keeps each call short).
 REQUEUE_CHUNK = 5000
 
@@ -72,6 +77,10 @@ def _job_args(job: IndexedJob) -> list[str]:
     ]
 
 
+def _ttl_ms(ttl_s: float) -> int:
+    return max(1, round(ttl_s * 1000))
+
+
 def _check_caps(caps: Mapping[str, int], what: str) -> None:
     for name, cap in caps.items():
         if cap < 1:
@@ -85,20 +94,35 @@ class RedisIndex:
         self._client = client
         self._keys = IndexKeys(prefix)
         self._fixed = self._keys.fixed()
+        self._fenced = self._keys.fenced()
         common = _lua("common")
         self._scripts: dict[str, Script] = {
             name: client.register_script(f"{common}\n{_lua(name)}") for name in _SCRIPTS
         }
         self._pool_capacity = client.register_script(_lua("pool_capacity"))
+        self._leadership = {name: client.register_script(_lua(name)) for name in _LEADERSHIP}
 
     def _run(self, name: str, args: Sequence[str | int]) -> Any:
-        return self._scripts[name](keys=self._fixed, args=list(args))
+        if name not in _FENCED:
+            return self._scripts[name](keys=self._fixed, args=list(args))
+        try:
+            return self._scripts[name](keys=self._fenced, args=list(args))
+        except redis.ResponseError as exc:
+            if str(exc).startswith("NOTLEADER"):
+                raise NotLeader(f"{name} refused: {exc}") from None
+            raise
 
     def admit(
-        self, job: IndexedJob, *, bound: int, tenant_quota: int | None = None
+        self,
+        job: IndexedJob,
+        *,
+        bound: int,
+        tenant_quota: int | None = None,
+        max_position: int | None = None,
     ) -> Admitted:
         quota = "" if tenant_quota is None else str(tenant_quota)
-        raw = self._run("admit", [*_job_args(job), str(bound), quota])
+        ahead = "" if max_position is None else str(max_position)
+        raw = self._run("admit", [*_job_args(job), str(bound), quota, ahead])
         reason = _text(raw[4])
         return Admitted(
             accepted=bool(raw[0]),
@@ -140,11 +164,15 @@ class RedisIndex:
                 args += [name, int(cap)]
         self._run("set_caps", args)
 
-    def dispatch(self, n: int, *, now: float, lease_ttl_s: float) -> list[Lease]:
+    def dispatch(
+        self, n: int, *, now: float, lease_ttl_s: float, fence: str | None = None
+    ) -> list[Lease]:
         if n <= 0:
             return []
         expires_at = now + lease_ttl_s
-        raw = self._run("dispatch", [n, _score(now), _score(expires_at), PROMOTE_LIMIT])
+        raw = self._run(
+            "dispatch", [n, _score(now), _score(expires_at), PROMOTE_LIMIT, fence or ""]
+        )
         return [
             Lease(
                 job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
@@ -162,10 +190,10 @@ class RedisIndex:
     def cancel(self, job_id: str) -> bool:
         return bool(self._run("cancel", [job_id]))
 
-    def reap(self, *, now: float, limit: int = 1000) -> list[Lease]:
+    def reap(self, *, now: float, limit: int = 1000, fence: str | None = None) -> list[Lease]:
         if limit <= 0:
             return []
-        raw = self._run("reap", [_score(now), limit])
+        raw = self._run("reap", [_score(now), limit, fence or ""])
         return [
             Lease(
                 job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
@@ -174,10 +202,12 @@ class RedisIndex:
             for job, tenant, tier, key, expires_at in raw
         ]
 
-    def expire_due(self, *, now: float, limit: int = 1000) -> list[IndexedJob]:
+    def expire_due(
+        self, *, now: float, limit: int = 1000, fence: str | None = None
+    ) -> list[IndexedJob]:
         if limit <= 0:
             return []
-        raw = self._run("expire_due", [_score(now), limit])
+        raw = self._run("expire_due", [_score(now), limit, fence or ""])
         return [
             IndexedJob(
                 job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
@@ -187,9 +217,21 @@ class RedisIndex:
             for job, tenant, tier, key, start_by, not_before in raw
         ]
 
+    def restore_lease(self, job: IndexedJob, *, expires_at: float) -> bool:
+        return bool(self._run("restore_lease", [*_job_args(job), _score(expires_at)]))
+
+    def job_ids(self) -> Iterator[str]:
+        keys = self._keys
+        for zset in (keys.queued, keys.delayed, keys.leases):
+            for member, _ in self._client.zscan_iter(zset, count=1000):
+                yield _text(member)
+
     def position(self, job_id: str) -> int | None:
         rank: Any = self._client.zrank(self._keys.queued, job_id)
         return None if rank is None else int(rank)
+
+    def position_at(self, order_key: float) -> int:
+        return int(self._client.zcount(self._keys.queued, "-inf", _score(order_key)))
 
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
         pipe = self._client.pipeline(transaction=True)
@@ -235,7 +277,9 @@ class RedisIndex:
         return int(queued) + int(delayed or 0)
 
     def clear(self) -> None:
-        """Delete every key under the prefix (SCAN + UNLINK in batches: not a hot path)."""
+        """Delete every key under the prefix (SCAN + UNLINK in batches: not a hot path).
+        The Celery broker's queues share the prefix (kombu's ``global_keyprefix``) and go
+        too: never call this while the system runs."""
         batch: list[Any] = []
         for key in self._client.scan_iter(match=self._keys.glob(), count=1000):
             batch.append(key)
@@ -244,3 +288,32 @@ class RedisIndex:
                 batch = []
         if batch:
             self._client.unlink(*batch)
+
+    # -- leadership and the rebuild sentinel --
+
+    def acquire_leadership(self, owner: str, *, ttl_s: float, now: float) -> str | None:
+        token = self._leadership["lead"](
+            keys=self._keys.leader_keys(), args=[owner, _ttl_ms(ttl_s)]
+        )
+        return None if not token else _text(token)
+
+    def renew_leadership(self, token: str, *, ttl_s: float, now: float) -> bool:
+        return bool(
+            self._leadership["renew_lead"](
+                keys=self._keys.leader_keys(), args=[token, _ttl_ms(ttl_s)]
+            )
+        )
+
+    def resign_leadership(self, token: str, *, now: float) -> bool:
+        return bool(self._leadership["resign"](keys=self._keys.leader_keys(), args=[token]))
+
+    def leader(self, *, now: float) -> str | None:
+        value = self._client.get(self._keys.leader)
+        return None if value is None else _text(value)
+
+    def generation(self) -> str | None:
+        value = self._client.get(self._keys.generation)
+        return None if value is None else _text(value)
+
+    def mark_generation(self, value: str) -> bool:
+        return bool(self._client.set(self._keys.generation, value, nx=True))

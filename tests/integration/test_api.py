@@ -175,7 +175,7 @@ def test_a_full_tier_refuses_with_429_capacity(
         assert free["queued"] == free["bound"] == 1
         assert api.submit(api.tenant_key("paying", "premium")).status_code == 202
         metrics = api.get("/metrics").text
-        assert 'tierq_rejections_total{cause="capacity",tier="free"} 1.0' in metrics
+        assert 'tierq_rejections_total{cause="capacity",limit="bound",tier="free"} 1.0' in metrics
 
 
 def test_concurrent_submits_never_overshoot_the_bound(
@@ -259,7 +259,7 @@ def test_health_ready_and_metrics(client: ApiClient) -> None:
         'tierq_queue_bound{tier="free"} 40.0',
         'tierq_jobs{status="queued"} 1.0',
         "tierq_pool_capacity 4.0",
-        'tierq_rejections_total{cause="tenant_limit",tier="free"} 1.0',
+        'tierq_rejections_total{cause="tenant_limit",limit="quota",tier="free"} 1.0',
         'tierq_backend_up{backend="redis"} 1.0',
         'tierq_queue_wait_seconds_bucket{le="+Inf",tier="free"} 0.0',
     ):

@@ -244,16 +244,24 @@ def test_an_uncommitted_job_is_retried_then_dropped(
     assert runtime.index.inflight() == 0
 
 
-def test_a_failed_publish_is_recovered_by_the_lease(
+def test_a_failed_publish_hands_the_jobs_back_without_charging_an_attempt(
     runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
 ) -> None:
-    t = tenant(runtime, "acme")
-    job = queue_job(runtime, t, at=T0)
+    t1, t2 = tenant(runtime, "acme"), tenant(runtime, "other")
+    first, second = queue_job(runtime, t1, at=T0), queue_job(runtime, t2, at=T0 + 1)
     publisher.fail = True
-    assert dispatcher.run_once(T0 + 1).dispatched == 0
+
+    stats = dispatcher.run_once(T0 + 2)
+
+    assert stats.dispatched == 0 and stats.publish_failed == 2
+    assert runtime.index.inflight() == 0  # the slots are free again at once
+    for job in (first, second):
+        back = status(runtime, job.id)
+        assert back.status is Status.QUEUED
+        assert back.attempt == 2 and back.max_attempts == 3  # moved on, not charged
+        assert back.order_key == job.order_key
+    assert dispatcher.run_once(T0 + 2.5).dispatched == 0  # backing off: not offered yet
+
     publisher.fail = False
-
-    dispatcher.run_once(T0 + 2 + runtime.policy.lease_ttl_s)
-
-    assert publisher.sent == [(job.id, 2, "standard")]
-    assert status(runtime, job.id).attempt == 2
+    dispatcher.run_once(T0 + 4)
+    assert publisher.sent == [(first.id, 2, "standard"), (second.id, 2, "standard")]

@@ -42,29 +42,45 @@ def app() -> typer.Typer:
     return build_app()
 
 
+def _rows(stdout: str) -> dict[str, list[str]]:
+    """Every table row, by its first cell: the other cells."""
+    return {
+        line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+        for line in stdout.splitlines()
+        if line.startswith("│") and line.split("│")[1].strip()
+    }
+
+
 def test_policy_prints_the_worked_example(app: typer.Typer) -> None:
     env = {**NO_REDIS, "TIERQ_POLICY__POOL_CONCURRENCY": "24"}
     result = CliRunner().invoke(app, ["policy"], env=env)
     assert result.exit_code == 0, result.output
-    rows = {
-        line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
-        for line in result.stdout.splitlines()
-        if line.count("│") >= 8
-    }
-    # tier: base priority, max wait, bound, cap, quota, ageing guarantee
-    assert rows["premium"] == ["0", "5", "20", "6", "5", "0 s"]
-    assert rows["standard"] == ["10", "20", "80", "2", "8", "60 s"]
-    assert rows["free"] == ["20", "60", "240", "1", "9", "120 s"]
+    rows = _rows(result.stdout)
+    # tier: priority, max wait, bound, cap, quota (each configured then live), rate, ageing
+    assert rows["premium"] == ["0", "5", "20", "-", "6", "-", "5", "-", "-", "0 s"]
+    assert rows["standard"] == ["10", "20", "80", "-", "2", "-", "8", "-", "-", "60 s"]
+    assert rows["free"] == ["20", "60", "240", "-", "1", "-", "9", "-", "-", "120 s"]
+    # figure: configured, live
+    assert rows["capacity"] == ["24", "-"]
+    assert rows["mean service time"] == ["6 s", "-"]
+    assert rows["service rate μ"] == ["4 jobs/s", "-"]
     assert "A free job ties with fresh premium work after 120 s." in result.stdout
-    assert "pool capacity      24 (configured)" in result.stdout
-    assert "service rate μ     4 jobs/s" in result.stdout
     assert "not reachable: configured figures only" in result.stdout
+
+
+def test_policy_shows_each_tiers_rate_limit(app: typer.Typer) -> None:
+    env = {**NO_REDIS, "TIERQ_TIERS__FREE__RATE_PER_S": "0.5"}
+    result = CliRunner().invoke(app, ["policy"], env=env)
+    assert result.exit_code == 0, result.output
+    assert _rows(result.stdout)["free"][-2] == "0.5 (burst 1)"
 
 
 def test_policy_without_pool_size_or_redis_says_capacity_is_unknown(app: typer.Typer) -> None:
     result = CliRunner().invoke(app, ["policy"], env=NO_REDIS)
     assert result.exit_code == 0, result.output
-    assert "pool capacity      unknown (live workers)" in result.stdout
+    rows = _rows(result.stdout)
+    assert rows["capacity"] == ["-", "-"]
+    assert rows["free"][2:8] == ["-"] * 6
     assert "A free job ties with fresh premium work after 120 s." in result.stdout
 
 

@@ -4,9 +4,10 @@
 --      [12] tenant_delayed  (the layout of common.lua, which is prepended)
 -- ARGV[1] job  ARGV[2] tenant  ARGV[3] tier  ARGV[4] order_key  ARGV[5] start_by ('' none)
 -- ARGV[6] not_before ('' none)  ARGV[7] bound  ARGV[8] tenant quota ('' none)
+-- ARGV[9] max position ('' none): refuse ('deadline') a job with more jobs ahead of it
 -- Returns {accepted 0/1, tier_queued, tenant_queued, position, reason or '', duplicate 0/1}.
 local job, tenant, tier, order_key = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local bound, quota = tonumber(ARGV[7]), tonumber(ARGV[8])
+local bound, quota, max_position = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 
 -- Queued jobs ahead of (score, job) when the job is not in queued: O(log n), ties included.
 local function rank_at(score)
@@ -31,6 +32,10 @@ if tier_queued >= bound then
 end
 if quota and queued >= quota then
   return {0, tier_queued, queued, rank_at(order_key), 'tenant_limit', 0}
+end
+if max_position then
+  local ahead = rank_at(order_key)
+  if ahead > max_position then return {0, tier_queued, queued, ahead, 'deadline', 0} end
 end
 index_job(job, tenant, tier, order_key, ARGV[5], ARGV[6])
 local position = redis.call('ZRANK', QUEUED, job)

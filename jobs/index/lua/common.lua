@@ -134,3 +134,12 @@ local function unindex(job, m)
   end
   return state
 end
+
+-- The fence of dispatch, reap and expire_due, whose callers pass the leader lock as KEYS[13]:
+-- true when the caller's fencing token (ARGV; '' for an unfenced call) is not the lock's
+-- value, i.e. the caller is not the leader (any more) and must change nothing.
+local NOT_LEADER = 'NOTLEADER the fencing token is not the leader\'s'
+local function fenced_out(token)
+  if token == nil or token == '' then return false end
+  return redis.call('GET', KEYS[13]) ~= token
+end

@@ -2,9 +2,12 @@
 -- runnable tenants; a tenant found at its cap moves to blocked (it does not count toward n).
 -- KEYS[1] prefix  [2] runnable  [3] blocked  [4] queued  [5] delayed  [6] deadlines
 --      [7] leases  [8] meta  [9] tier_caps  [10] tenant_caps  [11] tenant_tier
---      [12] tenant_delayed  (the layout of common.lua, which is prepended)
+--      [12] tenant_delayed  (the layout of common.lua, which is prepended)  [13] leader
 -- ARGV[1] n  ARGV[2] now  ARGV[3] expires_at of the new leases  ARGV[4] promote limit
--- Returns {{job, tenant, tier, order_key}, ...} in dispatch order.
+-- ARGV[5] the caller's fencing token ('' unfenced)
+-- Returns {{job, tenant, tier, order_key}, ...} in dispatch order; fails NOTLEADER, changing
+-- nothing, when the token is not the leader's.
+if fenced_out(ARGV[5]) then return redis.error_reply(NOT_LEADER) end
 local n, now, expires_at = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 
 local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))

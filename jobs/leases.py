@@ -1,0 +1,194 @@
+"""Keeping a job's lease from the worker's side, and waiting out a database outage under it.
+
+A worker holds a job only as long as its lease lives: ``Heartbeat`` renews it while the
+handler runs (and notices a cancel request or a reaped lease); ``LeaseKeeper`` renews it by
+hand while the worker waits for SQL before the job has started. ``retry_sql`` retries a read
+or compare-and-set with backoff while SQL cannot be reached, for as long as the lease is
+held: a result in hand is recorded once the database is back, not thrown away. Once the
+lease is lost, the reaper owns the job, and the CAS on ``attempt`` rejects any late write.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+import sqlalchemy.exc
+import tenacity
+
+from jobs.db import repository
+from jobs.errors import TierqError
+from jobs.runtime import Runtime
+from jobs.states import Status
+from workers.handlers import JobContext
+
+logger = logging.getLogger("tierq.worker")
+
+# How often a running job's cancel flag is read from SQL, at most.
+CANCEL_POLL_S = 1.0
+# Backoff between tries of a read or CAS while SQL cannot be reached.
+SQL_RETRY_MIN_S = 0.1
+SQL_RETRY_MAX_S = 2.0
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+
+
+class SqlUnreachable(TierqError):
+    """SQL stayed unreachable until the lease was lost: the reaper has the job now."""
+
+
+def is_sql_outage(exc: BaseException) -> bool:
+    """Errors that mean the database cannot be reached right now (worth waiting out)."""
+    outage = (
+        sqlalchemy.exc.OperationalError,
+        sqlalchemy.exc.InterfaceError,
+        sqlalchemy.exc.TimeoutError,
+    )
+    if isinstance(exc, outage):
+        return True
+    return isinstance(exc, sqlalchemy.exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def retry_sql(call: Callable[[], T], *, keep_trying: Callable[[], bool], what: str,
+              job_id: str) -> T:
+    """``call()``, tried again with backoff while SQL cannot be reached and
+    ``keep_trying()`` (asked after each failure: it renews or checks the lease) says so;
+    raises ``SqlUnreachable`` once it says no."""
+
+    def log_wait(state: tenacity.RetryCallState) -> None:
+        logger.warning("job.sql_unavailable", extra={
+            "event": "job.sql_unavailable", "job_id": job_id, "step": what,
+            "tries": state.attempt_number,
+        })
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_sql_outage),
+        wait=tenacity.wait_exponential(multiplier=SQL_RETRY_MIN_S, max=SQL_RETRY_MAX_S),
+        stop=lambda _state: not keep_trying(),
+        before_sleep=log_wait,
+        reraise=True,
+    )
+    try:
+        return retrying(call)
+    except Exception as exc:
+        if is_sql_outage(exc):
+            raise SqlUnreachable(f"{what}: the database stayed unreachable") from exc
+        raise
+
+
+class LeaseKeeper:
+    """Renews the lease by hand while the worker waits for SQL, before the heartbeat runs.
+    ``renew`` says whether waiting longer still makes sense: the lease is held."""
+
+    def __init__(self, runtime: Runtime, job_id: str, clock: Clock) -> None:
+        self._runtime = runtime
+        self._job_id = job_id
+        self._clock = clock
+        self._renewed_at: float | None = None
+
+    def renew(self) -> bool:
+        now = self._clock()
+        ttl = self._runtime.policy.lease_ttl_s
+        try:
+            renewed = self._runtime.index.renew(self._job_id, expires_at=now + ttl)
+        except redis.RedisError:  # Redis down too: wait as long as the lease lasts
+            return self._renewed_at is not None and now - self._renewed_at < ttl
+        if renewed:
+            self._renewed_at = now
+        return renewed
+
+
+class Heartbeat:
+    """Keeps a running job's lease alive and notices a cancel request.
+
+    ``tick`` renews the lease when ``lease_ttl_s / 3`` has passed since the last renewal
+    and reads the job's row; ``start`` runs ticks in a thread every ``min(CANCEL_POLL_S,
+    lease_ttl_s / 3)`` until ``stop``. A lease that cannot be renewed, or a row that is no
+    longer this attempt running, marks the lease lost. Once the handler has returned,
+    ``renew_only`` stops the row reads (the worker is about to change the row itself).
+    """
+
+    def __init__(
+        self, runtime: Runtime, ctx: JobContext, *, clock: Clock, poll_s: float = CANCEL_POLL_S
+    ) -> None:
+        self._runtime = runtime
+        self._ctx = ctx
+        self._clock = clock
+        self._ttl = runtime.policy.lease_ttl_s
+        self._renew_every = self._ttl / 3
+        self._tick_every = min(poll_s, self._renew_every)
+        self._renewed_at = -math.inf
+        self._polling = True
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"heartbeat-{ctx.job_id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def renew_only(self) -> None:
+        self._polling = False
+
+    def holds_lease(self) -> bool:
+        """Not lost, and renewed within its TTL: this attempt may still record its outcome."""
+        return not self._ctx.lease_lost() and self._clock() - self._renewed_at < self._ttl
+
+    def tick(self) -> None:
+        now = self._clock()
+        if now - self._renewed_at >= self._renew_every:
+            self._renew(now)
+        if self._polling and not self._ctx.stopped():
+            self._poll()
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self._tick_every):
+            try:
+                self.tick()
+            except Exception:  # the heartbeat must outlive any one failed tick
+                logger.exception(
+                    "job.heartbeat_error",
+                    extra={"event": "job.heartbeat_error", "job_id": self._ctx.job_id},
+                )
+
+    def _renew(self, now: float) -> None:
+        try:
+            renewed = self._runtime.index.renew(self._ctx.job_id, expires_at=now + self._ttl)
+        except redis.RedisError:
+            self._warn("job.renew_failed", exc_info=True)
+            return
+        self._renewed_at = now
+        if not renewed:
+            self._ctx.mark_lease_lost()
+            self._warn("job.lease_lost")
+
+    def _poll(self) -> None:
+        try:
+            with self._runtime.sessions() as session:
+                job = repository.get_job(session, self._ctx.job_id)
+        except sqlalchemy.exc.SQLAlchemyError:
+            self._warn("job.poll_failed", exc_info=True)
+            return
+        if job is None or job.status is not Status.RUNNING or job.attempt != self._ctx.attempt:
+            self._ctx.mark_lease_lost()
+            self._warn("job.lease_lost", status=None if job is None else job.status.value)
+        elif job.cancel_requested and not self._ctx.cancelled():
+            self._ctx.mark_cancelled()
+            logger.info(
+                "job.cancel_seen",
+                extra={"event": "job.cancel_seen", "job_id": job.id, "attempt": job.attempt},
+            )
+
+    def _warn(self, event: str, *, exc_info: bool = False, **fields: Any) -> None:
+        extra = {"event": event, "job_id": self._ctx.job_id, "attempt": self._ctx.attempt}
+        logger.warning(event, extra={**extra, **fields}, exc_info=exc_info)

@@ -1,0 +1,74 @@
+"""A handler that leaves a trace of every run in a file, across worker processes.
+
+``tracked`` appends ``start`` when a run begins and ``done`` when its handler returns (one
+line each, ``O_APPEND``: lines from concurrent processes never interleave), in the file
+named by ``RUN_LOG_ENV``. A test reads the file back to count runs: a job that succeeded
+must have exactly one ``done`` line (a finished result was never thrown away and computed
+again), and its attempt must be the one SQL recorded.
+
+Load it with ``TIERQ_HANDLERS=tests.faults.handlers:HANDLERS``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.handlers import Handler, JobContext
+
+RUN_LOG_ENV = "FAULTS_RUN_LOG"
+
+
+class TrackedHandler:
+    """Sleeps ``payload["seconds"]`` (default 0) through ``ctx.sleep``, writing its trace."""
+
+    kind = "tracked"
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return dict(payload)
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        _write("start", ctx)
+        if not ctx.sleep(float(payload.get("seconds", 0))):
+            ctx.check()  # lease lost or cancelled: stop without a "done"
+        _write("done", ctx)
+        return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+def _write(what: str, ctx: JobContext) -> None:
+    path = os.environ[RUN_LOG_ENV]
+    line = f"{what} {ctx.job_id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    what: str
+    job_id: str
+    attempt: int
+    pid: int
+    at: float
+
+
+def read_runs(path: Path) -> dict[str, list[Run]]:
+    """The trace by job id, in the order it was written."""
+    runs: dict[str, list[Run]] = defaultdict(list)
+    if not path.exists():
+        return runs
+    for line in path.read_text().splitlines():
+        what, job_id, attempt, pid, at = line.split()
+        runs[job_id].append(
+            Run(what=what, job_id=job_id, attempt=int(attempt), pid=int(pid), at=float(at))
+        )
+    return runs
+
+
+HANDLERS: list[Handler] = [TrackedHandler()]

@@ -1,0 +1,152 @@
+"""Two dispatchers: kill -9 the leader under load, and a standby takes over; stop it cleanly,
+and it hands over at once.
+
+Whoever leads, no job attempt is dispatched twice: both dispatchers' ``job.dispatched`` log
+lines and the ``tracked`` handler's trace of started runs name each (job, attempt) once.
+Afterwards every accepted job has finished, once, and no tenant ran more than its cap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from jobs.index.keys import IndexKeys
+from tests.e2e.harness import Process, System, wait_until
+from tests.faults.checks import check_invariants
+from tests.faults.conftest import SystemFactory
+from tests.faults.handlers import read_runs
+from tests.faults.load import SubmitLoad, assert_clean_answers
+from tests.faults.servers import ThrowawayRedis
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
+
+LEADER_TTL_S = 2.0
+# A standby tries the lock every third of its TTL: it leads within 4/3 of the TTL after
+# the lock lapses; the rest is room for a loaded machine.
+TAKEOVER_TIMEOUT_S = 2 * LEADER_TTL_S + 8
+# Two workers of two slots: a standard tenant may run floor(4 × 0.5) = 2 jobs at once.
+CONFIG = """
+[tiers.standard]
+base_priority = 10
+max_wait_s = 300
+tenant_share = 0.5
+"""
+DISPATCHED = re.compile(r"job\.dispatched .*job_id=(\S+).*attempt=(\d+)")
+
+
+def leader_pid(redis_server: ThrowawayRedis, prefix: str) -> int | None:
+    """The pid in the lock holder's token (``<epoch>:<host>/<pid>/<random>``)."""
+    client = redis_server.client()
+    try:
+        value = client.get(IndexKeys(prefix).leader)
+    finally:
+        client.close()
+    if value is None:
+        return None
+    return int(value.decode().split(":", 1)[1].split("/")[1])
+
+
+def start_system(fault_system: SystemFactory, leader_ttl_s: float) -> System:
+    system = fault_system(CONFIG)
+    system.env["TIERQ_POLICY__LEADER_TTL_S"] = str(leader_ttl_s)
+    system.start_api()
+    for n in (1, 2):
+        system.start(f"worker-{n}", "worker", "--concurrency", "2")
+    return system
+
+
+def start_dispatchers(
+    system: System, redis_server: ThrowawayRedis
+) -> tuple[Process, Process]:
+    """Start two dispatchers, the first leading before the second starts."""
+    prefix = system.env["TIERQ_KEY_PREFIX"]
+    first = system.start("dispatcher-1", "dispatcher")
+    wait_until(lambda: leader_pid(redis_server, prefix) == first.popen.pid)
+    second = system.start("dispatcher-2", "dispatcher")
+    wait_until(lambda: "dispatcher.standby" in second.log.read_text(errors="replace"))
+    return first, second
+
+
+def clients(system: System) -> list[httpx.Client]:
+    tenants = [system.tenant(name, "standard") for name in ("acme", "globex")]
+    system.wait_for_capacity(tenants[0], 4)
+    submitters = [httpx.Client(base_url=system.url, headers=t.headers) for t in tenants]
+    system.clients.extend(submitters)
+    return submitters
+
+
+def dispatched_twice(system: System, run_log: Path) -> list[tuple[str, int]]:
+    """(job, attempt) pairs dispatched, or started, more than once."""
+    logged: Counter[tuple[str, int]] = Counter()
+    for process in system.processes.values():
+        if process.name.startswith("dispatcher"):
+            for match in DISPATCHED.finditer(process.log.read_text(errors="replace")):
+                logged[(match[1], int(match[2]))] += 1
+    started: Counter[tuple[str, int]] = Counter(
+        (run.job_id, run.attempt)
+        for runs in read_runs(run_log).values() for run in runs if run.what == "start"
+    )
+    assert logged, "no dispatch was logged"
+    return sorted({key for counts in (logged, started) for key, n in counts.items() if n > 1})
+
+
+def test_a_standby_takes_over_when_the_leader_is_killed(
+    fault_system: SystemFactory, fault_redis: ThrowawayRedis, run_log: Path
+) -> None:
+    system = start_system(fault_system, LEADER_TTL_S)
+    prefix = system.env["TIERQ_KEY_PREFIX"]
+    first, second = start_dispatchers(system, fault_redis)
+    submitters = clients(system)
+
+    with SubmitLoad(clients=submitters, payload={"seconds": 0.2}, period_s=0.05,
+                    max_jobs=200) as load:
+        wait_until(lambda: len(load.accepted) >= 20, timeout=30)
+        first.kill()  # SIGKILL to its process group, mid-flight
+        wait_until(lambda: leader_pid(fault_redis, prefix) == second.popen.pid,
+                   timeout=TAKEOVER_TIMEOUT_S)
+        after = len(load.accepted)
+        wait_until(lambda: len(load.accepted) >= after + 20, timeout=30)
+
+    assert_clean_answers(load.answers)
+    jobs = check_invariants(
+        system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps={"standard": 2},
+        run_log=run_log,
+    )
+    assert {job.status.value for job in jobs.values()} == {"succeeded"}
+    assert dispatched_twice(system, run_log) == []
+    assert "dispatcher.leading" in second.log.read_text(errors="replace")
+
+
+def test_a_leader_stopped_cleanly_hands_over_without_waiting_out_its_lock(
+    fault_system: SystemFactory, fault_redis: ThrowawayRedis, run_log: Path
+) -> None:
+    # A lock far longer than the wait below: only a resign can hand it over in time.
+    long_ttl_s = 120.0
+    system = start_system(fault_system, long_ttl_s)
+    prefix = system.env["TIERQ_KEY_PREFIX"]
+    first, second = start_dispatchers(system, fault_redis)
+    submitters = clients(system)
+
+    with SubmitLoad(clients=submitters, payload={"seconds": 0.2}, period_s=0.05,
+                    max_jobs=200) as load:
+        wait_until(lambda: len(load.accepted) >= 20, timeout=30)
+        first.stop()  # SIGTERM: finish the round, resign, exit
+        assert first.popen.returncode == 0
+        wait_until(lambda: leader_pid(fault_redis, prefix) == second.popen.pid,
+                   timeout=long_ttl_s / 4)
+        after = len(load.accepted)
+        wait_until(lambda: len(load.accepted) >= after + 20, timeout=30)
+
+    assert_clean_answers(load.answers)
+    jobs = check_invariants(
+        system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps={"standard": 2},
+        run_log=run_log,
+    )
+    assert {job.status.value for job in jobs.values()} == {"succeeded"}
+    assert dispatched_twice(system, run_log) == []
+    assert "dispatcher.resigned" in first.log.read_text(errors="replace")

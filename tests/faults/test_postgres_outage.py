@@ -1,0 +1,116 @@
+"""PostgreSQL stops for a few seconds under load: 503s with Retry-After, then it all resumes.
+
+While the database is down the API answers 503 ``unavailable`` (never 500, never a hung
+request) and ``/readyz`` fails; the dispatcher and the worker ride it out and carry on by
+themselves when it is back; every job that got a 202 finishes, once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from jobs.config import load_settings
+from jobs.db import repository
+from jobs.db.migrate import upgrade
+from jobs.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
+from jobs.errors import Unavailable
+from jobs.runtime import Runtime
+from jobs.submission import Submission, submit
+from tests.e2e.harness import wait_until
+from tests.faults.checks import check_invariants
+from tests.faults.conftest import SystemFactory
+from tests.faults.load import SubmitLoad, assert_clean_answers, probe_ready, sleep_until
+from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+from workers.handlers import default_registry
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
+
+OUTAGE_S = 4.0
+# Two worker slots; a standard tenant may hold one.
+CONFIG = """
+[tiers.standard]
+base_priority = 10
+max_wait_s = 300
+tenant_share = 0.5
+"""
+
+
+def test_a_database_outage_under_load_answers_503_and_loses_no_accepted_job(
+    fault_system: SystemFactory, fault_pg: ThrowawayPostgres, run_log: Path
+) -> None:
+    system = fault_system(CONFIG)
+    system.start_api()
+    system.start("dispatcher", "dispatcher")
+    system.start("worker", "worker", "--concurrency", "2")
+    tenants = [system.tenant(name, "standard") for name in ("acme", "globex")]
+    system.wait_for_capacity(tenants[0], 2)
+    clients = [httpx.Client(base_url=system.url, headers=c.headers) for c in tenants]
+    system.clients.extend(clients)
+
+    with SubmitLoad(clients=clients, payload={"seconds": 0.3}, period_s=0.1) as load:
+        wait_until(lambda: len(load.accepted) >= 5)
+        fault_pg.stop("immediate")
+        back_at = time.monotonic() + OUTAGE_S
+        wait_until(lambda: probe_ready(system.url) == 503, timeout=OUTAGE_S)
+        sleep_until(back_at)
+        fault_pg.start()
+        wait_until(lambda: probe_ready(system.url) == 200, timeout=30)
+        after = len(load.accepted)
+        wait_until(lambda: len(load.accepted) >= after + 5, timeout=30)
+
+    assert_clean_answers(load.answers)
+    assert any(a.status == 503 for a in load.answers), "no request met the outage"
+    jobs = check_invariants(
+        system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps={"standard": 1},
+        run_log=run_log,
+    )
+    assert {job.status.value for job in jobs.values()} == {"succeeded"}
+
+
+def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
+    fault_pg: ThrowawayPostgres, fault_redis: ThrowawayRedis
+) -> None:
+    """The database dies during the COMMIT of a job: the answer is 503, and the job either
+    exists and runs or is gone everywhere; never a row the index does not know about."""
+    url = fault_pg.create_database()
+    upgrade(url)
+    runtime = Runtime.from_settings(
+        load_settings(database_url=url, redis_url=fault_redis.url,
+                      policy={"pool_concurrency": 1})
+    )
+    try:
+        with runtime.sessions.begin() as session:
+            tenant = repository.create_tenant(
+                session, name="acme", tier="standard", api_key_hash="h", now=time.time()
+            )
+
+        def stop_before_commit(_conn: sa.Connection) -> None:
+            fault_pg.stop("immediate")  # the COMMIT is about to be sent: it never arrives
+
+        sa.event.listen(runtime.engine, "commit", stop_before_commit)
+        with pytest.raises(Unavailable, match="unconfirmed"):
+            submit(runtime, default_registry(""), tenant, Submission(kind="echo", payload={}))
+        sa.event.remove(runtime.engine, "commit", stop_before_commit)
+        # Unconfirmed, so still indexed: the dispatcher runs it if its row shows up...
+        assert runtime.index.tenant_queued(tenant.id) == 1
+        fault_pg.start()
+        with runtime.sessions() as session:
+            assert repository.list_jobs(
+                session, tenant_id=tenant.id, status=None, limit=10, cursor=None
+            ) == ([], None)
+        # ... and drops it once it is clear that the row never will.
+        Dispatcher(runtime, _NoPublisher()).run_once(time.time() + UNCOMMITTED_GRACE_S + 1)
+        assert runtime.index.tenant_queued(tenant.id) == 0
+        assert runtime.index.inflight() == 0
+    finally:
+        runtime.close()
+
+
+class _NoPublisher:
+    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+        raise AssertionError(f"{job_id} has no row: it must not be published")

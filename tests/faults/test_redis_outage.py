@@ -1,0 +1,79 @@
+"""Redis stops for a few seconds under load, its data kept: 503s, then it all resumes.
+
+This is an outage, not a loss: the server restarts from its append-only file, so the index
+and the broker queues come back as they were (an emptied Redis is rebuilt from SQL, which
+is another test's matter). While Redis is down the API answers 503 ``unavailable`` (never
+500, never a hung request) and ``/readyz`` fails; afterwards the worker reconnects to the
+broker, the dispatcher carries on, and every job that got a 202 finishes, once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.harness import wait_until
+from tests.faults.checks import check_invariants
+from tests.faults.conftest import SystemFactory
+from tests.faults.load import SubmitLoad, assert_clean_answers, probe_ready, sleep_until
+from tests.faults.servers import ThrowawayRedis
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
+
+OUTAGE_S = 4.0
+# Longer than the outage, as a deployment's should be (the default is 30 s): leases and
+# worker registrations outlive it, so no job is taken from a worker that is still running it.
+LEASE_TTL_S = 10.0
+# Two worker slots; a standard tenant may hold one.
+CONFIG = """
+[tiers.standard]
+base_priority = 10
+max_wait_s = 300
+tenant_share = 0.5
+"""
+
+
+@pytest.fixture
+def durable_redis() -> Iterator[ThrowawayRedis]:
+    server = ThrowawayRedis(persistent=True)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+def test_a_redis_outage_under_load_answers_503_and_resumes_by_itself(
+    fault_system: SystemFactory, durable_redis: ThrowawayRedis, run_log: Path
+) -> None:
+    system = fault_system(CONFIG, redis=durable_redis, lease_ttl_s=LEASE_TTL_S)
+    system.start_api()
+    system.start("dispatcher", "dispatcher")
+    system.start("worker", "worker", "--concurrency", "2")
+    tenants = [system.tenant(name, "standard") for name in ("acme", "globex")]
+    system.wait_for_capacity(tenants[0], 2)
+    clients = [httpx.Client(base_url=system.url, headers=c.headers) for c in tenants]
+    system.clients.extend(clients)
+
+    with SubmitLoad(clients=clients, payload={"seconds": 0.3}, period_s=0.1) as load:
+        wait_until(lambda: len(load.accepted) >= 5)
+        durable_redis.stop()
+        back_at = time.monotonic() + OUTAGE_S
+        wait_until(lambda: probe_ready(system.url) == 503, timeout=OUTAGE_S)
+        sleep_until(back_at)
+        durable_redis.start()
+        wait_until(lambda: probe_ready(system.url) == 200, timeout=30)
+        after = len(load.accepted)
+        wait_until(lambda: len(load.accepted) >= after + 5, timeout=30)
+
+    assert_clean_answers(load.answers)
+    assert any(a.status == 503 for a in load.answers), "no request met the outage"
+    jobs = check_invariants(
+        system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps={"standard": 1},
+        run_log=run_log,
+    )
+    assert {job.status.value for job in jobs.values()} == {"succeeded"}

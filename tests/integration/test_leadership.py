@@ -1,0 +1,242 @@
+"""Dispatcher leadership: one leader at a time, fenced out once deposed, handed over on resign.
+
+The lock's TTL runs on Redis's own clock, so the Redis tests use short TTLs and poll with a
+deadline; the in-memory twin runs on the ``now`` passed in, so its tests drive time exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+import redis
+
+from jobs.config import load_settings
+from jobs.db import repository
+from jobs.db.engine import make_engine, make_sessionmaker
+from jobs.dispatcher import Dispatcher, DispatchStats, lead_once
+from jobs.domain import NewJob
+from jobs.ids import new_job_id
+from jobs.index import IndexedJob, MemoryIndex, NotLeader, RedisIndex
+from jobs.index.keys import IndexKeys
+from jobs.leadership import Leadership
+from jobs.runtime import Runtime
+from jobs.states import Status
+from tests.services import delete_prefixed
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+SHORT_TTL_S = 0.3
+
+
+def poll(predicate: Callable[[], T | None], timeout: float = 10.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def index(redis_client: redis.Redis, key_prefix: str) -> RedisIndex:
+    return RedisIndex(redis_client, key_prefix)
+
+
+def contenders(index: Any, n: int, ttl_s: float) -> list[Leadership]:
+    return [Leadership(index, ttl_s=ttl_s, owner=f"d{i}") for i in range(n)]
+
+
+# -- the lock, on Redis --
+
+
+def test_one_leader_among_three_contenders(index: RedisIndex) -> None:
+    now = time.time()
+    dispatchers = contenders(index, 3, ttl_s=60)
+    tokens = [d.tick(now) for d in dispatchers]
+    leaders = [d for d, token in zip(dispatchers, tokens, strict=True) if token]
+    assert len(leaders) == 1
+    assert index.leader(now=now) == leaders[0].token
+    for _ in range(3):  # more turns change nothing
+        assert [bool(d.tick(time.time())) for d in dispatchers] == [bool(t) for t in tokens]
+
+
+def test_renew_extends_only_the_holders_lock(
+    index: RedisIndex, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    leader_key = IndexKeys(key_prefix).leader
+    token = index.acquire_leadership("a", ttl_s=SHORT_TTL_S, now=time.time())
+    assert token is not None
+    assert index.renew_leadership("0:intruder", ttl_s=600, now=time.time()) is False
+    assert int(redis_client.pttl(leader_key)) <= SHORT_TTL_S * 1000
+    assert index.renew_leadership(token, ttl_s=600, now=time.time()) is True
+    assert int(redis_client.pttl(leader_key)) > SHORT_TTL_S * 1000
+
+
+def test_the_leader_renews_in_time_and_keeps_the_lock(index: RedisIndex) -> None:
+    leader, standby = contenders(index, 2, ttl_s=SHORT_TTL_S)
+    assert leader.tick(time.time()) is not None
+    until = time.monotonic() + 4 * SHORT_TTL_S
+    while time.monotonic() < until:  # both take their turns, as their loops would
+        assert leader.tick(time.time()) is not None
+        assert standby.tick(time.time()) is None
+        time.sleep(leader.wait_s)
+
+
+def test_a_standby_takes_over_once_the_leader_stops_renewing(index: RedisIndex) -> None:
+    leader, standby = contenders(index, 2, ttl_s=SHORT_TTL_S)
+    old = leader.tick(time.time())
+    assert old is not None and standby.tick(time.time()) is None
+
+    new = poll(lambda: standby.tick(time.time()))  # the leader is silent: its lock lapses
+
+    assert new != old
+    assert leader.tick(time.time()) is None  # its renewal is refused: it stands by
+    assert leader.token is None
+
+
+def test_resign_hands_over_at_once(index: RedisIndex) -> None:
+    leader, standby = contenders(index, 2, ttl_s=600)
+    assert leader.tick(time.time()) is not None
+    assert standby.tick(time.time()) is None
+    assert leader.resign(time.time()) is True
+    assert standby.tick(time.time()) is not None
+    assert leader.resign(time.time()) is False  # no longer leading: nothing to give up
+
+
+def test_a_deposed_leader_cannot_dispatch(index: RedisIndex) -> None:
+    index.requeue(indexed_job("j1"))
+    leader, standby = contenders(index, 2, ttl_s=SHORT_TTL_S)
+    old = leader.tick(time.time())
+    assert old is not None
+    poll(lambda: standby.tick(time.time()))
+
+    with pytest.raises(NotLeader):
+        index.dispatch(1, now=time.time(), lease_ttl_s=30, fence=old)
+    with pytest.raises(NotLeader):
+        index.reap(now=time.time() + 60, fence=old)
+    assert index.inflight() == 0
+    assert [lease.job_id for lease in
+            index.dispatch(1, now=time.time(), lease_ttl_s=30, fence=standby.token)] == ["j1"]
+
+
+def indexed_job(job_id: str) -> IndexedJob:
+    return IndexedJob(job_id=job_id, tenant="t", tier="standard", order_key=0.0)
+
+
+# -- the lock, on the twin: time driven exactly --
+
+
+def test_twin_renews_every_third_of_the_ttl_and_hands_over_at_expiry() -> None:
+    index = MemoryIndex()
+    leader, standby = contenders(index, 2, ttl_s=3.0)
+    assert leader.tick(0.0) is not None
+    assert leader.tick(0.9) is not None  # not due: no renewal, the lock ends at 3.0
+    assert standby.tick(2.9) is None
+    assert leader.tick(1.0) is not None  # due: renewed until 4.0
+    assert standby.tick(3.5) is None
+    assert standby.tick(4.0) is not None  # the leader fell silent at 1.0
+    assert leader.tick(4.0) is None
+    with pytest.raises(NotLeader):
+        index.dispatch(1, now=4.0, lease_ttl_s=1, fence="1:d0")
+
+
+# -- the dispatcher's turn: rebuild first, fenced afterwards --
+
+
+@dataclass
+class RecordingPublisher:
+    sent: list[tuple[str, int]] = field(default_factory=list)
+
+    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+        self.sent.append((job_id, attempt))
+
+
+@pytest.fixture
+def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
+    settings = load_settings(
+        database_url=db_url, key_prefix=key_prefix,
+        policy={"pool_concurrency": 4, "lease_ttl_s": 30, "leader_ttl_s": SHORT_TTL_S},
+    )
+    engine = make_engine(db_url)
+    yield Runtime(
+        settings=settings, policy=settings.build_policy(), engine=engine,
+        sessions=make_sessionmaker(engine), redis=redis_client,
+        index=RedisIndex(redis_client, key_prefix),
+    )
+    engine.dispose()
+
+
+def queue_jobs(runtime: Runtime, n: int) -> list[str]:
+    """Jobs committed to SQL only: the index knows nothing of them (as after a flush)."""
+    now = time.time()
+    with runtime.sessions.begin() as s:
+        tenants = [
+            repository.create_tenant(s, name=f"t{i}", tier="standard", api_key_hash=f"h{i}",
+                                     now=now)
+            for i in range(n)
+        ]
+        jobs = [
+            repository.insert_job(s, NewJob(
+                id=new_job_id(now - 60), tenant_id=t.id, tier="standard", kind="echo",
+                payload={}, order_key=now + i, enqueued_at=now + i,
+            ))
+            for i, t in enumerate(tenants)
+        ]
+    return [job.id for job in jobs]
+
+
+def test_a_new_leader_rebuilds_before_its_first_round_and_after_a_loss(
+    runtime: Runtime, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    job_ids = queue_jobs(runtime, 2)
+    publisher = RecordingPublisher()
+    dispatcher = Dispatcher(runtime, publisher)
+    leadership = Leadership(runtime.index, ttl_s=60)
+
+    assert lead_once(dispatcher, leadership, time.time()) == DispatchStats(rebuilt=True)
+    assert publisher.sent == []
+    stats = lead_once(dispatcher, leadership, time.time())
+    assert stats is not None and stats.dispatched == 2
+    assert sorted(publisher.sent) == sorted((job_id, 1) for job_id in job_ids)
+
+    delete_prefixed(redis_client, key_prefix)  # Redis lost everything, the lock included
+    assert lead_once(dispatcher, leadership, time.time()) == DispatchStats(rebuilt=True)
+    assert runtime.index.inflight() == 2  # the dispatched jobs hold their leases again
+    assert lead_once(dispatcher, leadership, time.time()) is None  # its lock went too
+    assert lead_once(dispatcher, leadership, time.time()) is not None  # taken again
+    assert len(publisher.sent) == 2  # nothing was dispatched twice
+
+
+def test_a_deposed_dispatcher_dispatches_nothing_and_stands_by(
+    runtime: Runtime, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    queue_jobs(runtime, 1)
+    old_publisher, new_publisher = RecordingPublisher(), RecordingPublisher()
+    old = Dispatcher(runtime, old_publisher)
+    new = Dispatcher(runtime, new_publisher)
+    old_lead, new_lead = contenders(runtime.index, 2, ttl_s=60)
+    assert lead_once(old, old_lead, time.time()) == DispatchStats(rebuilt=True)
+    assert lead_once(new, new_lead, time.time()) is None  # standing by
+    # The old leader's lock is lost (it lapsed during a pause) and the standby takes it; the
+    # old one has not noticed: its next renewal is not due for a while.
+    redis_client.delete(IndexKeys(key_prefix).leader)
+    assert new_lead.tick(time.time()) is not None
+
+    assert lead_once(old, old_lead, time.time()) is None  # fenced out: it steps down
+
+    assert old_lead.token is None
+    assert old_publisher.sent == []
+    assert runtime.index.inflight() == 0
+    assert lead_once(new, new_lead, time.time()) == DispatchStats(rebuilt=True)
+    stats = lead_once(new, new_lead, time.time())
+    assert stats is not None and stats.dispatched == 1
+    with runtime.sessions() as s:
+        assert [j.status for j in repository.jobs_in_status(s, [Status.DISPATCHED])] == [
+            Status.DISPATCHED
+        ]
