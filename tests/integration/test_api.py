@@ -3,7 +3,6 @@ tenants, submission and admission, queues, health and metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,20 +27,6 @@ from tests.integration.api_harness import (
 from tests.services import RedisServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def client(
-    pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock, redis_client: Any
-) -> Iterator[ApiClient]:
-    with running_api(make_settings(pg_url, redis_server.url, key_prefix), clock) as api:
-        yield api
-
 
 # -- tenants ---------------------------------------------------------------------------------
 

@@ -7,8 +7,6 @@ the index and the repository, the way the dispatcher and the workers drive it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -20,29 +18,12 @@ from tests.integration.api_harness import (
     Clock,
     auth,
     dispatch_one,
-    make_settings,
     move,
     queue_of,
     rt,
-    running_api,
 )
-from tests.services import RedisServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def client(
-    pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock, redis_client: Any
-) -> Iterator[ApiClient]:
-    with running_api(make_settings(pg_url, redis_server.url, key_prefix), clock) as api:
-        yield api
-
 
 # -- reading, long-polling, results ----------------------------------------------------------
 

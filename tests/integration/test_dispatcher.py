@@ -20,6 +20,7 @@ from jobs.domain import Job, NewJob
 from jobs.ids import new_job_id
 from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
+from jobs.rebuild import indexed
 from jobs.runtime import Runtime
 from jobs.states import Status
 
@@ -101,16 +102,6 @@ def queue_job(
     admitted = runtime.index.admit(indexed(job), bound=1000)
     assert admitted.accepted
     return job
-
-
-def indexed(job: Job) -> IndexedJob:
-    return IndexedJob(
-        job_id=job.id,
-        tenant=job.tenant_id,
-        tier=job.tier,
-        order_key=job.order_key,
-        start_by=job.start_by,
-    )
 
 
 def status(runtime: Runtime, job_id: str) -> Job:
