@@ -292,11 +292,12 @@ def _stop_signals() -> Iterator[threading.Event]:
 
 def run_up(options: UpOptions, console: Console) -> None:
     """Run everything until SIGINT/SIGTERM, then stop it all (the embedded Redis last)."""
+    # Alembic announces its plugins as it is imported: not news to someone starting tierq.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from jobs.config import load_settings
     from jobs.db.migrate import upgrade
     from jobs.embedded_redis import EmbeddedRedis
 
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     data_dir = options.data_dir.resolve()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings = load_settings(data_dir=data_dir)
