@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,3 +110,31 @@ def probe_ready(url: str) -> int | None:
 
 def sleep_until(deadline: float) -> None:
     time.sleep(max(0.0, deadline - time.monotonic()))
+
+
+def outage_under_load(
+    url: str,
+    clients: list[httpx.Client],
+    *,
+    stop: Callable[[], object],
+    start: Callable[[], object],
+    outage_s: float,
+) -> SubmitLoad:
+    """Submit steadily; take a backend down for ``outage_s`` (``/readyz`` must notice), bring
+    it back, and keep submitting until new jobs are accepted again. Returns the load, whose
+    answers are then checked by ``assert_clean_answers`` and the invariants."""
+    from tests.e2e.harness import wait_until  # the harness imports nothing from here
+
+    with SubmitLoad(clients=clients, payload={"seconds": 0.3}, period_s=0.1) as load:
+        wait_until(lambda: len(load.accepted) >= 5)
+        stop()
+        back_at = time.monotonic() + outage_s
+        wait_until(lambda: probe_ready(url) == 503, timeout=outage_s)
+        sleep_until(back_at)
+        start()
+        wait_until(lambda: probe_ready(url) == 200, timeout=30)
+        after = len(load.accepted)
+        wait_until(lambda: len(load.accepted) >= after + 5, timeout=30)
+    assert_clean_answers(load.answers)
+    assert any(a.status == 503 for a in load.answers), "no request met the outage"
+    return load

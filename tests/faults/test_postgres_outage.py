@@ -21,10 +21,9 @@ from jobs.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
 from jobs.errors import Unavailable
 from jobs.runtime import Runtime
 from jobs.submission import Submission, submit
-from tests.e2e.harness import wait_until
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
-from tests.faults.load import SubmitLoad, assert_clean_answers, probe_ready, sleep_until
+from tests.faults.load import outage_under_load
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
 from workers.handlers import default_registry
 
@@ -52,19 +51,13 @@ def test_a_database_outage_under_load_answers_503_and_loses_no_accepted_job(
     clients = [httpx.Client(base_url=system.url, headers=c.headers) for c in tenants]
     system.clients.extend(clients)
 
-    with SubmitLoad(clients=clients, payload={"seconds": 0.3}, period_s=0.1) as load:
-        wait_until(lambda: len(load.accepted) >= 5)
-        fault_pg.stop("immediate")
-        back_at = time.monotonic() + OUTAGE_S
-        wait_until(lambda: probe_ready(system.url) == 503, timeout=OUTAGE_S)
-        sleep_until(back_at)
-        fault_pg.start()
-        wait_until(lambda: probe_ready(system.url) == 200, timeout=30)
-        after = len(load.accepted)
-        wait_until(lambda: len(load.accepted) >= after + 5, timeout=30)
-
-    assert_clean_answers(load.answers)
-    assert any(a.status == 503 for a in load.answers), "no request met the outage"
+    load = outage_under_load(
+        system.url,
+        clients,
+        stop=lambda: fault_pg.stop("immediate"),
+        start=fault_pg.start,
+        outage_s=OUTAGE_S,
+    )
     jobs = check_invariants(
         system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps={"standard": 1},
         run_log=run_log,

@@ -55,14 +55,14 @@ def refused(answer: Answer) -> bool:
 
 
 def run_through(
-    fault_system: SystemFactory, run_log: Path, lose: Callable[[System], None]
+    fault_system: SystemFactory, run_log: Path, lose: Callable[[System, SubmitLoad], None]
 ) -> SubmitLoad:
     """Submit steadily, ``lose`` Redis's data midway, keep submitting; check the invariants."""
     system, submitters = start(fault_system)
     with SubmitLoad(clients=submitters, payload={"seconds": 0.3}, period_s=0.05,
                     max_jobs=250) as load:
         wait_until(lambda: len(load.accepted) >= 30, timeout=30)
-        lose(system)
+        lose(system, load)
         after = len(load.accepted)
         wait_until(lambda: len(load.accepted) >= after + 30, timeout=60)
 
@@ -83,15 +83,17 @@ def run_through(
 def test_a_flushed_redis_is_rebuilt_and_no_job_is_lost(
     fault_system: SystemFactory, fault_redis: ThrowawayRedis, run_log: Path
 ) -> None:
-    run_through(fault_system, run_log, lambda _system: fault_redis.flushall())
+    run_through(fault_system, run_log, lambda _system, _load: fault_redis.flushall())
 
 
 def test_a_redis_restarted_empty_is_rebuilt_and_no_job_is_lost(
     fault_system: SystemFactory, fault_redis: ThrowawayRedis, run_log: Path
 ) -> None:
-    def restart_empty(system: System) -> None:
+    def restart_empty(system: System, load: SubmitLoad) -> None:
         fault_redis.stop()  # not persistent: it comes back with nothing
         wait_until(lambda: probe_ready(system.url) == 503, timeout=30)
+        # Down until the steady load has met the outage, however fast this machine is.
+        wait_until(lambda: any(a.status == 503 for a in load.answers), timeout=30)
         fault_redis.start()
         wait_until(lambda: probe_ready(system.url) == 200, timeout=30)
 

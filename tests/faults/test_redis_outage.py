@@ -9,17 +9,15 @@ broker, the dispatcher carries on, and every job that got a 202 finishes, once.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.harness import wait_until
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
-from tests.faults.load import SubmitLoad, assert_clean_answers, probe_ready, sleep_until
+from tests.faults.load import outage_under_load
 from tests.faults.servers import ThrowawayRedis
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
@@ -59,19 +57,9 @@ def test_a_redis_outage_under_load_answers_503_and_resumes_by_itself(
     clients = [httpx.Client(base_url=system.url, headers=c.headers) for c in tenants]
     system.clients.extend(clients)
 
-    with SubmitLoad(clients=clients, payload={"seconds": 0.3}, period_s=0.1) as load:
-        wait_until(lambda: len(load.accepted) >= 5)
-        durable_redis.stop()
-        back_at = time.monotonic() + OUTAGE_S
-        wait_until(lambda: probe_ready(system.url) == 503, timeout=OUTAGE_S)
-        sleep_until(back_at)
-        durable_redis.start()
-        wait_until(lambda: probe_ready(system.url) == 200, timeout=30)
-        after = len(load.accepted)
-        wait_until(lambda: len(load.accepted) >= after + 5, timeout=30)
-
-    assert_clean_answers(load.answers)
-    assert any(a.status == 503 for a in load.answers), "no request met the outage"
+    load = outage_under_load(
+        system.url, clients, stop=durable_redis.stop, start=durable_redis.start, outage_s=OUTAGE_S
+    )
     jobs = check_invariants(
         system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps={"standard": 1},
         run_log=run_log,
