@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import redis
 
+from jobs.index.keys import IndexKeys
+
 
 def reclaimed_key(prefix: str) -> str:
-    return f"{prefix}counters:leases_reclaimed"
+    return IndexKeys(prefix).leases_reclaimed
 
 
 def incr_reclaimed(client: redis.Redis, prefix: str, n: int) -> None:

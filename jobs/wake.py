@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import redis
 
+from jobs.index.keys import IndexKeys
+
 # Tokens beyond this are dropped: one pending ring is as good as a thousand.
 _MAX_PENDING = 16
 
 
 def doorbell_key(prefix: str) -> str:
-    return f"{prefix}wake"
+    return IndexKeys(prefix).doorbell
 
 
 def ring(client: redis.Redis, prefix: str) -> None:

@@ -28,6 +28,11 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``generation``       string: set by a rebuild from SQL; gone means Redis lost its data
 - ``rate:<tenant>``    hash tokens, at: the tenant's request-rate token bucket
 - ``service_mean``     hash mean_s, samples, at: the measured mean service time
+- ``wake``             list: the dispatcher's doorbell (a few tokens at most)
+- ``counters:leases_reclaimed``  counter: leases the reaper took back
+
+Celery's broker keys live under the same prefix (kombu's ``global_keyprefix``), so nothing
+may delete every key under it while the system runs.
 """
 
 from __future__ import annotations
@@ -78,6 +83,16 @@ class IndexKeys:
     @property
     def service_mean(self) -> str:
         return self._fixed("service_mean")
+
+    @property
+    def doorbell(self) -> str:
+        """A short list: a token here wakes the dispatcher (``jobs.wake``)."""
+        return self._fixed("wake")
+
+    @property
+    def leases_reclaimed(self) -> str:
+        """Counter of leases the reaper took back (``jobs.counters``)."""
+        return self._fixed("counters:leases_reclaimed")
 
     @property
     def leader(self) -> str:
