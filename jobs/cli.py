@@ -369,7 +369,10 @@ def show_policy() -> None:
     capacity, mean service time, μ, bounds, caps, quotas, the ageing guarantee."""
     from jobs.cli_policy import print_policy
 
-    print_policy(load_settings(), Console(highlight=False, soft_wrap=True))
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:  # piped or captured: room for the whole table
+        console = Console(highlight=False, soft_wrap=True, width=max(console.width, 132))
+    print_policy(load_settings(), console)
 
 
 def build_app() -> typer.Typer:
