@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, cast
 
 import pytest
@@ -15,7 +14,6 @@ from jobs.index import (
     IndexedJob,
     Lease,
     MemoryIndex,
-    NotLeader,
     RedisIndex,
     TierDepth,
     redis_index,
@@ -25,15 +23,6 @@ pytestmark = pytest.mark.integration
 
 BIG = 1_000_000
 TTL = 30.0
-
-
-@pytest.fixture(params=["memory", "redis"])
-def index(request: pytest.FixtureRequest) -> DispatchIndex:
-    if request.param == "memory":
-        return MemoryIndex()
-    client: redis.Redis = request.getfixturevalue("redis_client")
-    prefix: str = request.getfixturevalue("key_prefix")
-    return RedisIndex(client, prefix)
 
 
 def job(job_id: str, tenant: str = "t1", key: float = 0.0, **extra: Any) -> IndexedJob:
@@ -438,145 +427,3 @@ def test_concurrent_admit_never_overshoots_the_bound(
     assert sum(r.accepted for r in results) == 100
     assert {r.reason for r in results if not r.accepted} == {"capacity"}
     assert index.tier_depths(["free"])["free"].queued == 100
-
-
-# -- leadership: the lock and the fence --
-
-
-def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
-    """Poll ``predicate`` (real time: Redis's lock TTL runs on its own clock) until truthy."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-    return value
-
-
-def test_one_contender_takes_the_lock_with_a_growing_token(index: DispatchIndex) -> None:
-    now = time.time()
-    first = index.acquire_leadership("a", ttl_s=60, now=now)
-    assert first is not None and first.endswith(":a")
-    assert index.acquire_leadership("b", ttl_s=60, now=now) is None
-    assert index.acquire_leadership("a", ttl_s=60, now=now) is None  # held, even by itself
-    assert index.leader(now=now) == first
-    assert index.resign_leadership(first, now=now) is True
-    second = index.acquire_leadership("b", ttl_s=60, now=now)
-    assert second is not None and second.endswith(":b")
-    assert int(second.split(":")[0]) > int(first.split(":")[0])
-
-
-def test_renew_and_resign_only_with_the_holders_token(index: DispatchIndex) -> None:
-    now = time.time()
-    token = index.acquire_leadership("a", ttl_s=60, now=now)
-    assert token is not None
-    assert index.renew_leadership("1:b", ttl_s=60, now=now) is False
-    assert index.resign_leadership("1:b", now=now) is False
-    assert index.leader(now=now) == token
-    assert index.renew_leadership(token, ttl_s=60, now=now) is True
-    assert index.resign_leadership(token, now=now) is True
-    assert index.resign_leadership(token, now=now) is False
-    assert index.renew_leadership(token, ttl_s=60, now=now) is False
-    assert index.leader(now=now) is None
-
-
-def test_a_lock_not_renewed_lapses_and_another_takes_it(index: DispatchIndex) -> None:
-    old = index.acquire_leadership("a", ttl_s=0.2, now=time.time())
-    assert old is not None
-    new = wait_for(lambda: index.acquire_leadership("b", ttl_s=60, now=time.time()))
-    assert index.renew_leadership(old, ttl_s=60, now=time.time()) is False
-    assert index.leader(now=time.time()) == new
-
-
-def test_fenced_calls_refuse_a_token_that_is_not_the_leaders(index: DispatchIndex) -> None:
-    fill(index, job("a", "t1", key=1.0, start_by=5.0), job("b", "t2", key=2.0))
-    now = time.time()
-    with pytest.raises(NotLeader):  # nobody leads
-        index.dispatch(10, now=0.0, lease_ttl_s=TTL, fence="1:a")
-    token = index.acquire_leadership("a", ttl_s=60, now=now)
-    assert token is not None
-    for call in (
-        lambda: index.dispatch(10, now=0.0, lease_ttl_s=TTL, fence="9:x"),
-        lambda: index.reap(now=100.0, fence="9:x"),
-        lambda: index.expire_due(now=100.0, fence="9:x"),
-    ):
-        with pytest.raises(NotLeader):
-            call()
-    assert index.tier_depths(["free"])["free"].queued == 2  # nothing changed
-    assert [j.job_id for j in index.expire_due(now=10.0, fence=token)] == ["a"]
-    assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL, fence=token)) == ["b"]
-    assert ids(index.reap(now=100.0, fence=token)) == ["b"]
-    assert index.dispatch(10, now=0.0, lease_ttl_s=TTL) == []  # unfenced: as before
-
-
-def test_a_deposed_leader_gets_no_lease(index: DispatchIndex) -> None:
-    fill(index, job("a"))
-    old = index.acquire_leadership("a", ttl_s=0.2, now=time.time())
-    assert old is not None
-    wait_for(lambda: index.acquire_leadership("b", ttl_s=60, now=time.time()))
-    with pytest.raises(NotLeader):
-        index.dispatch(1, now=time.time(), lease_ttl_s=TTL, fence=old)
-    assert index.inflight() == 0
-    assert index.position("a") == 0
-
-
-# -- rebuilding from SQL: restored leases, the entries, the generation --
-
-
-def test_restore_lease_takes_a_lease_that_counts_against_the_cap(index: DispatchIndex) -> None:
-    fill(index, job("q1", "a", key=1.0))
-    assert index.restore_lease(job("r1", "a", key=0.5), expires_at=50.0) is True
-    assert index.tenant_inflight("a") == 1
-    assert index.dispatch(10, now=0.0, lease_ttl_s=TTL) == []  # the tenant is at its cap of 1
-    assert index.renew("r1", expires_at=60.0) is True
-    assert index.reap(now=59.0) == []
-    assert index.reap(now=60.0) == [
-        Lease(job_id="r1", tenant="a", tier="free", order_key=0.5, expires_at=60.0)
-    ]
-    assert ids(index.dispatch(10, now=60.0, lease_ttl_s=TTL)) == ["q1"]
-
-
-def test_restore_lease_keeps_the_later_expiry_and_leaves_queued_jobs(
-    index: DispatchIndex,
-) -> None:
-    fill(index, job("a", "t1"), job("b", "t2"), job("d", "t3", not_before=99.0))
-    index.dispatch(1, now=0.0, lease_ttl_s=TTL)  # a until 30
-    assert index.restore_lease(job("a", "t1"), expires_at=20.0) is True
-    assert ids(index.reap(now=29.0)) == []
-    assert index.restore_lease(job("a", "t1"), expires_at=40.0) is True
-    assert ids(index.reap(now=39.0)) == []
-    assert index.restore_lease(job("b", "t2"), expires_at=40.0) is False
-    assert index.restore_lease(job("d", "t3"), expires_at=40.0) is False
-    assert index.position("b") == 0
-    assert index.tenant_queued("t3") == 1
-    assert ids(index.reap(now=40.0)) == ["a"]
-    assert index.inflight() == 0
-
-
-def test_restore_lease_for_a_new_tenant_files_it_under_its_tier_cap(
-    index: DispatchIndex,
-) -> None:
-    index.set_caps({"free": 1, "paid": 2})
-    assert index.restore_lease(job("r", "t", tier="paid"), expires_at=50.0) is True
-    index.requeue(job("q", "t", tier="paid"))
-    assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL)) == ["q"]  # cap 2, not 1
-
-
-def test_job_ids_lists_queued_delayed_and_leased(index: DispatchIndex) -> None:
-    assert list(index.job_ids()) == []
-    fill(index, job("a", "t1"), job("b", "t2"), job("d", "t3", not_before=99.0))
-    index.dispatch(1, now=0.0, lease_ttl_s=TTL)
-    index.register_worker("w", slots=1, expires_at=10.0)
-    assert sorted(index.job_ids()) == ["a", "b", "d"]
-
-
-def test_generation_is_set_once_and_cleared_with_the_index(index: DispatchIndex) -> None:
-    assert index.generation() is None
-    assert index.mark_generation("g1") is True
-    assert index.mark_generation("g2") is False
-    assert index.generation() == "g1"
-    token = index.acquire_leadership("a", ttl_s=60, now=time.time())
-    index.clear()
-    assert index.generation() is None
-    assert index.leader(now=time.time()) is None
-    assert token is not None
-    assert index.renew_leadership(token, ttl_s=60, now=time.time()) is False
