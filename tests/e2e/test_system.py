@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,31 +27,34 @@ from tests.services import RedisServer
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
-def make_system(
-    tmp_path: Path, pg_url: str, redis_server: RedisServer, key_prefix: str, config: str = ""
-) -> System:
-    extra = {}
-    if config:
-        path = tmp_path / "tierq.toml"
-        path.write_text(config)
-        extra["TIERQ_CONFIG"] = str(path)
-    env = system_env(
-        database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix, extra=extra
-    )
-    return System(env=env, workdir=tmp_path)
-
-
 @pytest.fixture
-def system(
+def deployment(
     tmp_path: Path,
     pg_url: str,
     redis_server: RedisServer,
     key_prefix: str,
     redis_client: redis.Redis,  # deletes this test's keys (Celery's too) afterwards
-) -> Iterator[System]:
+) -> Callable[[str], System]:
+    """A not yet started System on this test's database and prefix, with a TOML config."""
+
+    def build(config: str) -> System:
+        path = tmp_path / "tierq.toml"
+        path.write_text(config)
+        env = system_env(
+            database_url=pg_url,
+            redis_url=redis_server.url,
+            key_prefix=key_prefix,
+            extra={"TIERQ_CONFIG": str(path)},
+        )
+        return System(env=env, workdir=tmp_path)
+
+    return build
+
+
+@pytest.fixture
+def system(deployment: Callable[[str], System]) -> Iterator[System]:
     # Capacity comes from the live worker's registration (no pool_concurrency configured).
-    config = "[policy]\nmean_service_s = 0.5\n"
-    with running(make_system(tmp_path, pg_url, redis_server, key_prefix, config)) as sys_:
+    with running(deployment("[policy]\nmean_service_s = 0.5\n")) as sys_:
         sys_.start_all(concurrency=2)
         yield sys_
 
@@ -146,14 +149,8 @@ tenant_share = 0.5
 """
 
 
-def test_noisy_neighbour_cannot_take_the_tier(
-    tmp_path: Path,
-    pg_url: str,
-    redis_server: RedisServer,
-    key_prefix: str,
-    redis_client: redis.Redis,
-) -> None:
-    with running(make_system(tmp_path, pg_url, redis_server, key_prefix, NOISY_CONFIG)) as system:
+def test_noisy_neighbour_cannot_take_the_tier(deployment: Callable[[str], System]) -> None:
+    with running(deployment(NOISY_CONFIG)) as system:
         system.start_all(concurrency=4)
         noisy, quiet = system.tenant("noisy", "standard"), system.tenant("quiet", "standard")
         noisy_jobs = [submit(noisy, "sleep", {"seconds": 0.4}) for _ in range(10)]
@@ -191,13 +188,9 @@ queued_share = 1.0
 
 
 def test_ageing_serves_free_work_within_its_bound_under_premium_overload(
-    tmp_path: Path,
-    pg_url: str,
-    redis_server: RedisServer,
-    key_prefix: str,
-    redis_client: redis.Redis,
+    deployment: Callable[[str], System],
 ) -> None:
-    with running(make_system(tmp_path, pg_url, redis_server, key_prefix, AGEING_CONFIG)) as system:
+    with running(deployment(AGEING_CONFIG)) as system:
         system.start_all(concurrency=2)
         premium, free = system.tenant("rich", "premium"), system.tenant("poor", "free")
         premium_ids: list[str] = []
@@ -244,14 +237,10 @@ tenant_share = 1.0
 
 
 def test_the_bound_refuses_with_capacity_and_is_never_exceeded(
-    tmp_path: Path,
-    pg_url: str,
-    redis_server: RedisServer,
-    key_prefix: str,
-    redis_client: redis.Redis,
+    deployment: Callable[[str], System],
 ) -> None:
     # μ = 1 / 10 s; bound = floor(0.1 × 30) = 3 free jobs queued at most.
-    with running(make_system(tmp_path, pg_url, redis_server, key_prefix, BOUND_CONFIG)) as system:
+    with running(deployment(BOUND_CONFIG)) as system:
         system.start_all(concurrency=1)
         client = system.tenant("crowd", "free")
         statuses, depths = [], []

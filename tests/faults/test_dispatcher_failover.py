@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -95,20 +96,23 @@ def dispatched_twice(system: System, run_log: Path) -> list[tuple[str, int]]:
     return sorted({key for counts in (logged, started) for key, n in counts.items() if n > 1})
 
 
-def test_a_standby_takes_over_when_the_leader_is_killed(
-    fault_system: SystemFactory, fault_redis: ThrowawayRedis, run_log: Path
-) -> None:
-    system = start_system(fault_system, LEADER_TTL_S)
+def hand_over_under_load(
+    system: System,
+    fault_redis: ThrowawayRedis,
+    run_log: Path,
+    depose: Callable[[Process], None],
+    takeover_timeout_s: float,
+) -> tuple[Process, Process]:
+    """Two dispatchers under steady load; ``depose`` the leader; the standby must lead within
+    ``takeover_timeout_s`` and no accepted job may be lost or dispatched twice."""
     prefix = system.env["TIERQ_KEY_PREFIX"]
     first, second = start_dispatchers(system, fault_redis)
-    submitters = clients(system)
-
-    with SubmitLoad(clients=submitters, payload={"seconds": 0.2}, period_s=0.05,
+    with SubmitLoad(clients=clients(system), payload={"seconds": 0.2}, period_s=0.05,
                     max_jobs=200) as load:
         wait_until(lambda: len(load.accepted) >= 20, timeout=30)
-        first.kill()  # SIGKILL to its process group, mid-flight
+        depose(first)
         wait_until(lambda: leader_pid(fault_redis, prefix) == second.popen.pid,
-                   timeout=TAKEOVER_TIMEOUT_S)
+                   timeout=takeover_timeout_s)
         after = len(load.accepted)
         wait_until(lambda: len(load.accepted) >= after + 20, timeout=30)
 
@@ -119,6 +123,17 @@ def test_a_standby_takes_over_when_the_leader_is_killed(
     )
     assert {job.status.value for job in jobs.values()} == {"succeeded"}
     assert dispatched_twice(system, run_log) == []
+    return first, second
+
+
+def test_a_standby_takes_over_when_the_leader_is_killed(
+    fault_system: SystemFactory, fault_redis: ThrowawayRedis, run_log: Path
+) -> None:
+    system = start_system(fault_system, LEADER_TTL_S)
+    # SIGKILL to its process group, mid-flight
+    _, second = hand_over_under_load(
+        system, fault_redis, run_log, Process.kill, TAKEOVER_TIMEOUT_S
+    )
     assert "dispatcher.leading" in second.log.read_text(errors="replace")
 
 
@@ -128,25 +143,10 @@ def test_a_leader_stopped_cleanly_hands_over_without_waiting_out_its_lock(
     # A lock far longer than the wait below: only a resign can hand it over in time.
     long_ttl_s = 120.0
     system = start_system(fault_system, long_ttl_s)
-    prefix = system.env["TIERQ_KEY_PREFIX"]
-    first, second = start_dispatchers(system, fault_redis)
-    submitters = clients(system)
 
-    with SubmitLoad(clients=submitters, payload={"seconds": 0.2}, period_s=0.05,
-                    max_jobs=200) as load:
-        wait_until(lambda: len(load.accepted) >= 20, timeout=30)
-        first.stop()  # SIGTERM: finish the round, resign, exit
-        assert first.popen.returncode == 0
-        wait_until(lambda: leader_pid(fault_redis, prefix) == second.popen.pid,
-                   timeout=long_ttl_s / 4)
-        after = len(load.accepted)
-        wait_until(lambda: len(load.accepted) >= after + 20, timeout=30)
+    def stop_cleanly(leader: Process) -> None:
+        leader.stop()  # SIGTERM: finish the round, resign, exit
+        assert leader.popen.returncode == 0
 
-    assert_clean_answers(load.answers)
-    jobs = check_invariants(
-        system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps={"standard": 2},
-        run_log=run_log,
-    )
-    assert {job.status.value for job in jobs.values()} == {"succeeded"}
-    assert dispatched_twice(system, run_log) == []
+    first, _ = hand_over_under_load(system, fault_redis, run_log, stop_cleanly, long_ttl_s / 4)
     assert "dispatcher.resigned" in first.log.read_text(errors="replace")
