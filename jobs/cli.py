@@ -328,22 +328,29 @@ def status(
 
 
 @_friendly
-def repair() -> None:
+def repair(
+    force: Annotated[
+        bool, typer.Option("--force", help="Rebuild even while a dispatcher leads.")
+    ] = False,
+) -> None:
     """Rebuild the Redis index from SQL: queued jobs, leases of running jobs, caps.
 
-    Safe while the system runs (it reconciles, it deletes no key wholesale); the leading
-    dispatcher does the same by itself when it finds that Redis lost its data."""
-    import time
-
+    A leading dispatcher reconciles the index with SQL by itself every few seconds, so this
+    refuses while one leads (--force to run anyway: it never undoes a dispatch or a retry
+    newer than its SQL read, and deletes no key wholesale)."""
     import redis
     import sqlalchemy.exc
 
-    from jobs.rebuild import rebuild
+    from jobs.reconciler import Reconciler
     from jobs.runtime import Runtime
 
     runtime = Runtime.from_settings(load_settings())
     try:
-        stats = rebuild(runtime, time.time())
+        leader = runtime.index.leader(now=runtime.clock())
+        if leader is not None and not force:
+            _fail(f"a dispatcher leads ({leader}) and keeps the index in line with SQL by "
+                  "itself; stop the dispatchers first, or pass --force", 1)
+        stats = Reconciler(runtime).full_pass(runtime.clock())
     except (redis.RedisError, sqlalchemy.exc.OperationalError) as exc:
         _fail(f"cannot rebuild the index: {exc}", 1)
     finally:
@@ -357,7 +364,6 @@ def repair() -> None:
     table.add_row("not committed yet, kept", str(stats.kept_uncommitted))
     console = Console(highlight=False, soft_wrap=True)
     console.print(table)
-    console.print(f"generation {stats.generation}")
 
 
 # --- policy -----------------------------------------------------------------------------

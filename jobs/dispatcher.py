@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,14 +41,9 @@ from jobs.db import repository
 from jobs.domain import Job
 from jobs.index.base import IndexedJob, Lease, NotLeader
 from jobs.leadership import Leadership
-from jobs.rebuild import (
-    IN_FLIGHT,
-    UNCOMMITTED_GRACE_S,
-    RebuildStats,
-    indexed,
-    may_be_uncommitted,
-    rebuild,
-)
+from jobs.rebuild import UNCOMMITTED_GRACE_S, may_be_uncommitted
+from jobs.reconciler import RECONCILE_PERIOD_S, Reconciler, ReconcileStats
+from jobs.recovery import indexed, recover
 from jobs.runtime import Runtime
 from jobs.service_rate import ServiceRateTracker
 from jobs.states import Status
@@ -86,6 +82,8 @@ class DispatchStats:
     publish_failed: int = 0
     # The round rebuilt the index from SQL instead (see ``lead_once``).
     rebuilt: bool = False
+    # The reconciler's round, when one ran.
+    reconciled: ReconcileStats | None = None
 
     @property
     def saturated(self) -> bool:
@@ -102,10 +100,20 @@ class Dispatcher:
     _overrides: dict[str, int] = field(default_factory=dict, init=False)
     _overrides_read_at: float = field(default=float("-inf"), init=False)
     _service: ServiceRateTracker = field(default_factory=ServiceRateTracker, init=False)
-    # The leader's fencing token, passed to every fenced index call; None: unfenced (a lone
-    # dispatcher driven by hand, as in tests).
+    # The leader's fencing token, passed to every index write it makes; None: unfenced (a
+    # lone dispatcher driven by hand, as in tests).
     fence: str | None = field(default=None, init=False)
+    # Renews the leader lock during long work (a full pass); raises NotLeader once deposed.
+    keep_lead: Callable[[], None] | None = field(default=None, init=False)
     _rebuilt: bool = field(default=False, init=False)
+    _reconciler: Reconciler | None = field(default=None, init=False)
+    _reconciled_at: float = field(default=float("-inf"), init=False)
+
+    @property
+    def reconciler(self) -> Reconciler:
+        if self._reconciler is None:
+            self._reconciler = Reconciler(self.runtime)
+        return self._reconciler
 
     def run_once(self, now: float) -> DispatchStats:
         stats = DispatchStats()
@@ -117,17 +125,23 @@ class Dispatcher:
         stats.free_slots = max(0, figures.capacity - self.runtime.index.inflight())
         if stats.free_slots:
             self._dispatch(now, stats.free_slots, stats)
+        if now - self._reconciled_at >= RECONCILE_PERIOD_S:
+            self._reconciled_at = now
+            stats.reconciled = self.reconciler.run_once(
+                now, fence=self.fence, keep_lead=self.keep_lead
+            )
         return stats
 
     def needs_rebuild(self) -> bool:
         """Not rebuilt by this process yet, or the index lost its data since."""
         return not self._rebuilt or self.runtime.index.generation() is None
 
-    def rebuild(self, now: float) -> RebuildStats:
-        stats = rebuild(self.runtime, now)
+    def rebuild(self, now: float) -> None:
+        """The reconciler's full pass (at leadership, or once Redis lost its data)."""
+        self.reconciler.full_pass(now, fence=self.fence, keep_lead=self.keep_lead)
         self._rebuilt = True
+        self._reconciled_at = now
         self._caps = None  # pushed again next round, whatever the index held
-        return stats
 
     # -- caps ------------------------------------------------------------------------------
 
@@ -139,67 +153,59 @@ class Dispatcher:
             self._overrides_read_at = now
         caps = (tier_caps, self._overrides)
         if caps != self._caps:
-            self.runtime.index.set_caps(tier_caps, self._overrides)
+            self.runtime.index.set_caps(tier_caps, self._overrides, fence=self.fence)
             self._caps = (dict(tier_caps), dict(self._overrides))
 
     # -- reap and expire -------------------------------------------------------------------
 
     def _reap(self, now: float, stats: DispatchStats) -> None:
+        """Leases that lapsed: ``jobs.recovery`` decides from each job's row. Commit point:
+        the SQL transaction. Interrupted before it, the leases go back (lapsed: the next
+        round reaps them again); after it, an entry that did not make it into the index is
+        found by the reconciler (a queued row not indexed, or an in-flight one without a
+        lease)."""
         index = self.runtime.index
         leases = index.reap(now=now, limit=self.batch_size, fence=self.fence)
         if not leases:
             return
+        entries: list[IndexedJob] = []
         try:
             with self.runtime.sessions.begin() as session:
                 jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
-                requeue = [
-                    self._recover(session, lease, jobs.get(lease.job_id), now, stats)
-                    for lease in leases
-                ]
+                for lease in leases:
+                    entry = self._recover(session, lease, jobs.get(lease.job_id), now, stats)
+                    if entry is not None:
+                        entries.append(entry)
         except Exception:
             for lease in leases:  # back as they were (lapsed): the next round reaps them
-                index.restore_lease(_entry(lease), expires_at=lease.expires_at)
+                index.restore_lease(_entry(lease), ttl_s=0.0, now=now, fence=self.fence)
             raise
         stats.reaped += len(leases)
-        counters.incr_reclaimed(self.runtime.redis, self.runtime.settings.key_prefix, len(leases))
-        index.requeue_many(entry for entry in requeue if entry is not None)
+        index.requeue_many(entries, fence=self.fence)
+        try:
+            counters.incr_reclaimed(self.runtime.redis, self.runtime.settings.key_prefix,
+                                    len(leases))
+        except redis.RedisError:  # a metric must never strand the jobs it counts
+            logger.warning("counter.failed", extra={"event": "counter.failed"})
 
     def _recover(
         self, session: Session, lease: Lease, job: Job | None, now: float, stats: DispatchStats
     ) -> IndexedJob | None:
-        """A lease expired: re-queue its job (same order key, attempt + 1) or fail it. A job
-        still queued was leased by a round that never marked it dispatched: it goes back as
-        it is; one not in SQL yet is retried while its commit may be on its way."""
+        """A lease lapsed: the job's row decides (``jobs.recovery``). One not in SQL yet is
+        retried while its commit may be on its way."""
         if job is None:
             return _retry_soon(lease, now) if may_be_uncommitted(lease.job_id, now) else None
-        if job.status is Status.QUEUED:
-            return indexed(job)
-        if job.status not in IN_FLIGHT:
-            return None  # finished (its release was lost)
-        log = {"job_id": job.id, "tenant": job.tenant_id, "tier": job.tier, "attempt": job.attempt}
-        if job.attempt >= job.max_attempts:
-            error = f"lease expired on attempt {job.attempt} of {job.max_attempts}"
-            if repository.transition(
-                session,
-                job.id,
-                src=job.status,
-                attempt=job.attempt,
-                dst=Status.FAILED,
-                now=now,
-                error=error,
-            ):
-                stats.failed += 1
-                logger.warning("lease.expired.failed", extra=log)
-            return None
-        if not repository.transition(
-            session, job.id, src=job.status, attempt=job.attempt, dst=Status.QUEUED, now=now
-        ):
-            return None
-        stats.requeued += 1
-        logger.warning("lease.expired.requeued", extra=log)
-        return indexed(job)
+        outcome = recover(session, job, now)
+        stats.requeued += outcome.requeued
+        stats.failed += outcome.failed
+        stats.expired += outcome.expired
+        return outcome.entry
 
     def _expire(self, now: float, stats: DispatchStats) -> None:
+        """Queued jobs past ``start_by``. Commit point: the SQL transaction; the index entry
+        went first, so an interruption leaves a queued row the reconciler indexes again (and
+        the next round expires). An entry whose row is not visible yet is dropped: if the
+        row lands, the reconciler indexes it and it expires then."""
         due = self.runtime.index.expire_due(now=now, limit=self.batch_size, fence=self.fence)
         if not due:
             return
@@ -208,7 +214,8 @@ class Dispatcher:
                 jobs = repository.get_jobs(session, (item.job_id for item in due))
                 expired = [job for job in jobs.values() if self._expire_one(session, job, now)]
         except Exception:
-            self.runtime.index.requeue_many(due)  # still due: the next round tries again
+            # still due: the next round tries again
+            self.runtime.index.requeue_many(due, fence=self.fence)
             raise
         for job in expired:
             stats.expired += 1
@@ -217,39 +224,48 @@ class Dispatcher:
     @staticmethod
     def _expire_one(session: Session, job: Job, now: float) -> bool:
         return job.status is Status.QUEUED and repository.transition(
-            session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED, now=now
+            session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED, now=now,
+            **_expiry_note(job),
         )
 
     # -- dispatch --------------------------------------------------------------------------
 
     def _dispatch(self, now: float, n: int, stats: DispatchStats) -> None:
+        """Lease, claim (SQL, the commit point), publish. Interrupted after the lease and
+        before the claim: the row is queued and the lease lapses; the reaper indexes it
+        again. After the claim and before the publish: the lease lapses while dispatched;
+        the reaper re-queues it, uncharged."""
         ttl = self.runtime.policy.lease_ttl_s
-        leases = self.runtime.index.dispatch(
+        index = self.runtime.index
+        leases = index.dispatch(
             min(n, self.batch_size), now=now, lease_ttl_s=ttl, fence=self.fence
         )
         if not leases:
             return
         to_publish: list[Job] = []
-        retry_later: list[str] = []
-        drop: list[str] = []
+        retry_later: list[Lease] = []
+        drop: list[Lease] = []
         with self.runtime.sessions.begin() as session:
             jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
             for lease in leases:
                 job = jobs.get(lease.job_id)
                 if job is None:
                     young = may_be_uncommitted(lease.job_id, now)
-                    (retry_later if young else drop).append(lease.job_id)
+                    (retry_later if young else drop).append(lease)
                 elif self._claim(session, job, now, stats):
                     to_publish.append(job)
                 elif job.status is not Status.DISPATCHED and job.status is not Status.RUNNING:
-                    drop.append(job.id)
-        for job_id in drop:
-            self.runtime.index.release(job_id)
+                    drop.append(lease)
+        for lease in drop:
+            index.release(lease.job_id, attempt=lease.attempt, fence=self.fence)
             stats.dropped += 1
-        for lease in leases:
-            if lease.job_id in retry_later:
-                self.runtime.index.release(lease.job_id)
-                self.runtime.index.requeue(_retry_soon(lease, now))
+        for lease in retry_later:
+            index.release(lease.job_id, attempt=lease.attempt, fence=self.fence)
+            index.requeue(_retry_soon(lease, now), fence=self.fence)
+        attempts = {lease.job_id: lease.attempt for lease in leases}
+        for job in to_publish:
+            if attempts[job.id] != job.attempt:  # the index held a stale attempt: fix the lease
+                index.restore_lease(indexed(job), ttl_s=ttl, now=now, fence=self.fence)
         for i, job in enumerate(to_publish):
             if not self._publish(job, stats):
                 # The broker is likely down: hand this job and the rest back at once.
@@ -262,7 +278,8 @@ class Dispatcher:
             return False
         if job.start_by is not None and now >= job.start_by:
             if repository.transition(
-                session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED, now=now
+                session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED,
+                now=now, **_expiry_note(job),
             ):
                 stats.expired += 1
             return False
@@ -289,10 +306,9 @@ class Dispatcher:
         return True
 
     def _hand_back(self, jobs: list[Job], now: float, stats: DispatchStats) -> None:
-        """Return unpublished jobs to the queue after a short backoff. The attempt moves on
-        (a message may have left after all: the CAS makes it stale) but is not charged to
-        the job: ``max_attempts`` moves with it. If this fails too, the lease expires and
-        the reaper re-queues them."""
+        """Return unpublished jobs to the queue after a short backoff: a new attempt (a
+        message may have left after all: the CAS makes it stale), not charged (it never
+        started). If this fails too, the lease lapses and the reaper re-queues them."""
         stats.publish_failed += len(jobs)
         not_before = now + PUBLISH_RETRY_S
         with self.runtime.sessions.begin() as session:
@@ -301,16 +317,27 @@ class Dispatcher:
                 for job in jobs
                 if repository.transition(
                     session, job.id, src=Status.DISPATCHED, attempt=job.attempt,
-                    dst=Status.QUEUED, now=now, max_attempts=job.max_attempts + 1,
-                    not_before=not_before,
+                    dst=Status.QUEUED, now=now, not_before=not_before,
                 )
             ]
-        self.runtime.index.requeue_many([indexed(job, not_before) for job in handed])
+        self.runtime.index.requeue_many(
+            [indexed(job, not_before, attempt=job.attempt + 1) for job in handed],
+            fence=self.fence,
+        )
+
+
+def _expiry_note(job: Job) -> dict[str, str]:
+    """A job that ran before and whose retry could not start in time says so."""
+    if job.starts == 0:
+        return {}
+    return {"error": f"start {job.starts} ran; the retry did not start before the job's "
+                     "deadline (max_wait_s)"}
 
 
 def _entry(lease: Lease) -> IndexedJob:
     return IndexedJob(
-        job_id=lease.job_id, tenant=lease.tenant, tier=lease.tier, order_key=lease.order_key
+        job_id=lease.job_id, tenant=lease.tenant, tier=lease.tier, order_key=lease.order_key,
+        attempt=lease.attempt,
     )
 
 
@@ -321,6 +348,7 @@ def _retry_soon(lease: Lease, now: float) -> IndexedJob:
         tier=lease.tier,
         order_key=lease.order_key,
         not_before=now + UNCOMMITTED_RETRY_S,
+        attempt=lease.attempt,
     )
 
 
@@ -337,6 +365,7 @@ def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> Dis
     dispatcher.fence = leadership.tick(now)
     if dispatcher.fence is None:
         return None
+    dispatcher.keep_lead = lambda: _keep_lead(leadership, dispatcher)
     try:
         if dispatcher.needs_rebuild():
             dispatcher.rebuild(now)
@@ -346,6 +375,12 @@ def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> Dis
         leadership.step_down("a fenced call was refused: another process leads")
         dispatcher.fence = None
         return None
+
+
+def _keep_lead(leadership: Leadership, dispatcher: Dispatcher) -> None:
+    """Renew the lock if due, in the middle of long work; NotLeader once it is lost."""
+    if leadership.tick(dispatcher.runtime.clock()) != dispatcher.fence:
+        raise NotLeader("the leader lock was lost during a full pass")
 
 
 def run_forever(

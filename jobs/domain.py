@@ -80,7 +80,12 @@ class NewJob:
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
-    """A job as stored. ``(status, attempt)`` is what every state change compares."""
+    """A job as stored. ``(status, attempt)`` is what every state change compares.
+
+    ``attempt`` numbers the job's trips through the dispatcher (each hand-back moves it on,
+    so a stale message or lease of an earlier one changes nothing); ``starts`` counts the
+    attempts that started (dispatched → running), and is what ``max_attempts`` limits: work
+    handed back before it started is not charged."""
 
     id: str
     tenant_id: str
@@ -103,6 +108,8 @@ class Job:
     error: str | None = None
     idempotency_key: str | None = None
     cancel_requested: bool = False
+    starts: int = 0
+    updated_at: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -132,4 +139,6 @@ class Job:
             error=row.error,
             idempotency_key=row.idempotency_key,
             cancel_requested=row.cancel_requested,
+            starts=row.starts,
+            updated_at=_epoch(row.updated_at),
         )

@@ -4,13 +4,20 @@ Celery-free: the ``tierq.run_job`` task only unpacks ``(job_id, attempt)`` and c
 ``execute``. Every state change is a compare-and-set on ``(status, attempt)``, so a
 duplicated or stale message, or a late result after the lease was reaped, changes nothing.
 
-- At start, work nobody will collect is not computed: a cancel request or a passed
+- At start, the worker first renews this attempt's lease: a lease that is gone (reaped while
+  the message waited in the broker, or lost with Redis) means the job is handed back to the
+  queue by compare-and-set, uncharged, instead of being run by a worker nobody accounts for.
+  The same holds when the lease turns out lost right after the start, before the handler
+  ran. Then work nobody will collect is not computed: a cancel request or a passed
   ``start_by`` ends the job (``cancelled``/``expired``) before the handler runs.
 - While the handler runs, a heartbeat thread renews the lease every ``lease_ttl_s / 3``
   and polls SQL for a cancel request; a failed renewal marks the lease lost.
-- A lease is released only after a state change of *this* attempt succeeded; a stale call
-  never touches it (it belongs to the current attempt). Each release rings the doorbell so
-  the dispatcher fills the slot at once.
+- A lease is released only after a state change of *this* attempt succeeded, and release
+  names the attempt: a stale call never touches the next attempt's lease. Each release rings
+  the doorbell so the dispatcher fills the slot at once.
+- ``max_attempts`` counts starts: a retry after the last allowed start, or one that could
+  only start after ``start_by``, ends the job ``failed`` (``started_at`` kept), never a
+  silent expiry.
 - SQL that cannot be reached is waited out, not given up on: every read and compare-and-set
   is retried with backoff while the lease is kept renewed (by hand before the job starts,
   by the heartbeat after), until SQL answers or the lease is lost. A result in hand is never
@@ -22,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +55,7 @@ from workers.handlers import (
 logger = logging.getLogger("tierq.worker")
 
 SUCCEEDED, FAILED, CANCELLED, EXPIRED = "succeeded", "failed", "cancelled", "expired"
-REQUEUED, STALE = "requeued", "stale"
+REQUEUED, STALE, HANDED_BACK = "requeued", "stale", "handed_back"
 
 __all__ = ["CANCEL_POLL_S", "Heartbeat", "execute"]
 
@@ -65,10 +71,11 @@ def execute(
     attempt: int,
     *,
     worker_id: str,
-    clock: Clock = time.time,
+    clock: Clock | None = None,
 ) -> str:
-    """Run attempt ``attempt`` of job ``job_id``; return the outcome (see module constants)."""
-    keeper = LeaseKeeper(runtime, job_id, clock)
+    """Run attempt ``attempt`` of job ``job_id``; return the outcome (see module constants).
+    ``clock``: a virtual clock for tests (default: the runtime's, Redis's)."""
+    keeper = LeaseKeeper(runtime, job_id, attempt, clock)
 
     def read() -> Job | None:
         with runtime.sessions() as session:
@@ -89,7 +96,9 @@ def execute(
             },
         )
         return STALE
-    return _Attempt(runtime, job, worker_id=worker_id, clock=clock, keeper=keeper).run(registry)
+    return _Attempt(
+        runtime, job, worker_id=worker_id, clock=clock, keeper=keeper
+    ).run(registry)
 
 
 def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
@@ -111,12 +120,20 @@ class _Attempt:
     """One attempt of one job, dispatched to this worker."""
 
     def __init__(
-        self, runtime: Runtime, job: Job, *, worker_id: str, clock: Clock, keeper: LeaseKeeper
+        self,
+        runtime: Runtime,
+        job: Job,
+        *,
+        worker_id: str,
+        clock: Clock | None,
+        keeper: LeaseKeeper,
     ) -> None:
         self.runtime = runtime
         self.job = job
         self.worker_id = worker_id
-        self.clock = clock
+        self.clock: Clock = clock or runtime.clock
+        self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
+        self._keeper = keeper
         # Says whether to keep waiting for SQL: the keeper before the start, the heartbeat
         # while the job runs and until its outcome is recorded.
         self._holds_lease: Callable[[], bool] = keeper.renew
@@ -129,6 +146,8 @@ class _Attempt:
             return STALE
 
     def _run(self, registry: HandlerRegistry) -> str:
+        if self._lease_gone():  # reaped while the message waited, or lost with Redis
+            return self._hand_back(Status.DISPATCHED)
         early = self._before_start()
         if early is not None:
             return early
@@ -140,17 +159,49 @@ class _Attempt:
             job_id=self.job.id, attempt=self.job.attempt, tenant_id=self.job.tenant_id,
             kind=self.job.kind,
         )
-        heartbeat = Heartbeat(self.runtime, ctx, clock=self.clock)
-        heartbeat.tick()  # renew now: the message may have waited in the broker
+        heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock)
+        heartbeat.tick()  # renew now: the lease may have lapsed while SQL was slow
+        if ctx.lease_lost():  # the handler has not run: hand the job back, uncharged
+            return self._hand_back(Status.RUNNING)
         heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
         try:
-            ending = _call_handler(registry, ctx, self.job) if not ctx.lease_lost() else None
+            ending = _call_handler(registry, ctx, self.job)
             # The outcome is this attempt's to record: stop watching the row, keep the lease.
             heartbeat.renew_only()
-            return self._finish(ending or _Ending(kind="lease_lost"), heartbeat)
+            return self._finish(ending, heartbeat)
         finally:
             heartbeat.stop()
+
+    def _lease_gone(self) -> bool:
+        """This attempt's lease is certainly gone (renewal refused). Redis unreachable is
+        not "gone": the heartbeat keeps watching once the job runs."""
+        try:
+            return not self.runtime.index.renew(
+                self.job.id, attempt=self.job.attempt, ttl_s=self.runtime.policy.lease_ttl_s,
+                now=None if self._virtual_clock is None else self._virtual_clock(),
+            )
+        except redis.RedisError:
+            return False
+
+    def _hand_back(self, src: Status) -> str:
+        """Give a job whose lease is gone back to the queue before its handler ran: a new
+        attempt, not charged (a start just made is undone). The CAS decides against the
+        reaper doing the same; whoever moves the row indexes it (else the reconciler will)."""
+        job = self.job
+        uncharge: dict[str, Any] = {}
+        if src is Status.RUNNING:
+            uncharge = {"starts": job.starts, "started_at": job.started_at}
+        if not self._transition(src, Status.QUEUED, **uncharge):
+            self._log(logging.INFO, "job.stale", reason="lease gone, job moved on")
+            return STALE
+        try:
+            self.runtime.index.requeue(_entry(job, attempt=job.attempt + 1))
+        except redis.RedisError:
+            self._log(logging.ERROR, "job.requeue_failed", exc_info=True)
+        self._ring()
+        self._log(logging.WARNING, "job.handed_back", reason="lease gone before the start")
+        return HANDED_BACK
 
     def _before_start(self) -> str | None:
         """Cancelled or expired before it started: end it without computing anything."""
@@ -168,6 +219,7 @@ class _Attempt:
         return dst.value
 
     def _finish(self, ending: _Ending, heartbeat: Heartbeat) -> str:
+        """Record how the handler ended (a lease lost meanwhile: the reaper has the job)."""
         if ending.kind == "lease_lost":
             self._log(logging.WARNING, "job.stale", reason="lease lost")
             return STALE
@@ -196,25 +248,30 @@ class _Attempt:
 
     def _retry(self, error: str, heartbeat: Heartbeat) -> str:
         job, policy = self.job, self.runtime.policy
-        if job.attempt >= job.max_attempts:
+        starts = job.starts + 1  # this attempt's start included
+        if starts >= job.max_attempts:
             return self._end(
                 Status.FAILED, heartbeat,
-                error=_cut(f"{error} (attempt {job.attempt} of {job.max_attempts})"),
+                error=_cut(f"{error} (start {starts} of {job.max_attempts})"),
             )
-        delay = retry_backoff_s(job.attempt, policy.retry_backoff_s, policy.retry_backoff_max_s)
+        delay = retry_backoff_s(starts, policy.retry_backoff_s, policy.retry_backoff_max_s)
         not_before = self.clock() + delay
+        if job.start_by is not None and not_before >= job.start_by:
+            return self._end(
+                Status.FAILED, heartbeat,
+                error=_cut(f"{error} (start {starts}; a retry could not start before the "
+                           "job's deadline, max_wait_s)"),
+            )
         if not self._transition(Status.RUNNING, Status.QUEUED, not_before=not_before):
             self._log(logging.WARNING, "job.stale", reason="late retry rejected")
             return STALE
         heartbeat.stop()
-        indexed = IndexedJob(
-            job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
-            start_by=job.start_by, not_before=not_before,
-        )
         try:
-            # Replaces this attempt's lease atomically: no release afterwards, which could
-            # drop the lease of the next attempt.
-            self.runtime.index.requeue(indexed)
+            # Replaces this attempt's lease atomically (the entry is the next attempt's): no
+            # release afterwards, which could drop the lease of the next attempt.
+            self.runtime.index.requeue(
+                _entry(job, attempt=job.attempt + 1, not_before=not_before)
+            )
         except redis.RedisError:
             self._log(logging.ERROR, "job.requeue_failed", exc_info=True)
         self._ring()
@@ -246,7 +303,7 @@ class _Attempt:
     def _release(self) -> None:
         """Best effort: a lease that cannot be released now expires and is reaped."""
         try:
-            self.runtime.index.release(self.job.id)
+            self.runtime.index.release(self.job.id, attempt=self.job.attempt)
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)
         self._ring()
@@ -259,6 +316,13 @@ class _Attempt:
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         _log_job(level, event, self.job, worker_id=self.worker_id, exc_info=exc_info, **fields)
+
+
+def _entry(job: Job, *, attempt: int, not_before: float | None = None) -> IndexedJob:
+    return IndexedJob(
+        job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
+        start_by=job.start_by, not_before=not_before, attempt=attempt,
+    )
 
 
 def _landed(session: Session, job: Job, src: Status, dst: Status) -> bool:

@@ -6,6 +6,12 @@ hand while the worker waits for SQL before the job has started. ``retry_sql`` re
 or compare-and-set with backoff while SQL cannot be reached, for as long as the lease is
 held: a result in hand is recorded once the database is back, not thrown away. Once the
 lease is lost, the reaper owns the job, and the CAS on ``attempt`` rejects any late write.
+
+A lease belongs to one attempt: every renewal names it, so a zombie of an earlier attempt
+can never keep the next attempt's lease alive, and once lost a lease is never renewed again.
+Expiries are computed by the index on Redis's clock (a ``clock`` given here is a virtual one,
+for tests); the intervals between renewals are measured with ``time.monotonic()``, so a host
+whose wall clock jumps or is skewed changes nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -81,21 +88,30 @@ def retry_sql(call: Callable[[], T], *, keep_trying: Callable[[], bool], what: s
         raise
 
 
+def _virtual_now(clock: Clock | None) -> float | None:
+    return None if clock is None else clock()
+
+
 class LeaseKeeper:
     """Renews the lease by hand while the worker waits for SQL, before the heartbeat runs.
     ``renew`` says whether waiting longer still makes sense: the lease is held."""
 
-    def __init__(self, runtime: Runtime, job_id: str, clock: Clock) -> None:
+    def __init__(
+        self, runtime: Runtime, job_id: str, attempt: int, clock: Clock | None = None
+    ) -> None:
         self._runtime = runtime
         self._job_id = job_id
+        self._attempt = attempt
         self._clock = clock
         self._renewed_at: float | None = None
 
     def renew(self) -> bool:
-        now = self._clock()
+        now = time.monotonic()
         ttl = self._runtime.policy.lease_ttl_s
         try:
-            renewed = self._runtime.index.renew(self._job_id, expires_at=now + ttl)
+            renewed = self._runtime.index.renew(
+                self._job_id, attempt=self._attempt, ttl_s=ttl, now=_virtual_now(self._clock)
+            )
         except redis.RedisError:  # Redis down too: wait as long as the lease lasts
             return self._renewed_at is not None and now - self._renewed_at < ttl
         if renewed:
@@ -109,12 +125,18 @@ class Heartbeat:
     ``tick`` renews the lease when ``lease_ttl_s / 3`` has passed since the last renewal
     and reads the job's row; ``start`` runs ticks in a thread every ``min(CANCEL_POLL_S,
     lease_ttl_s / 3)`` until ``stop``. A lease that cannot be renewed, or a row that is no
-    longer this attempt running, marks the lease lost. Once the handler has returned,
-    ``renew_only`` stops the row reads (the worker is about to change the row itself).
+    longer this attempt running, marks the lease lost, and a lost lease is never renewed
+    again. Once the handler has returned, ``renew_only`` stops the row reads (the worker is
+    about to change the row itself).
     """
 
     def __init__(
-        self, runtime: Runtime, ctx: JobContext, *, clock: Clock, poll_s: float = CANCEL_POLL_S
+        self,
+        runtime: Runtime,
+        ctx: JobContext,
+        *,
+        clock: Clock | None = None,
+        poll_s: float = CANCEL_POLL_S,
     ) -> None:
         self._runtime = runtime
         self._ctx = ctx
@@ -142,11 +164,11 @@ class Heartbeat:
 
     def holds_lease(self) -> bool:
         """Not lost, and renewed within its TTL: this attempt may still record its outcome."""
-        return not self._ctx.lease_lost() and self._clock() - self._renewed_at < self._ttl
+        return not self._ctx.lease_lost() and time.monotonic() - self._renewed_at < self._ttl
 
     def tick(self) -> None:
-        now = self._clock()
-        if now - self._renewed_at >= self._renew_every:
+        now = time.monotonic()
+        if now - self._renewed_at >= self._renew_every and not self._ctx.lease_lost():
             self._renew(now)
         if self._polling and not self._ctx.stopped():
             self._poll()
@@ -163,7 +185,10 @@ class Heartbeat:
 
     def _renew(self, now: float) -> None:
         try:
-            renewed = self._runtime.index.renew(self._ctx.job_id, expires_at=now + self._ttl)
+            renewed = self._runtime.index.renew(
+                self._ctx.job_id, attempt=self._ctx.attempt, ttl_s=self._ttl,
+                now=_virtual_now(self._clock),
+            )
         except redis.RedisError:
             self._warn("job.renew_failed", exc_info=True)
             return

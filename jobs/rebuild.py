@@ -1,44 +1,56 @@
-"""Rebuild the dispatch index from SQL, the source of truth, while the system runs.
+"""The reconciler's full pass: make the dispatch index agree with SQL, the source of truth,
+while the system runs.
 
-Redis holds nothing SQL does not know, so losing it (a flush, a restart without its data)
-loses no job: ``rebuild`` puts the index back. It reconciles instead of clearing, so there
-is no window in which a job that an API admits meanwhile disappears:
+Redis holds nothing SQL does not know, so losing it (a flush, a restart without its data, a
+restore from an older snapshot) loses no job: ``rebuild`` puts the index back. It reconciles
+instead of clearing, so there is no window in which a job that an API admits meanwhile
+disappears, and it walks SQL in bounded batches, checking the caller's lead between them:
 
-1. the generation sentinel is set (if absent): a flush removes it, and the leading
-   dispatcher, seeing it gone, rebuilds again;
-2. leases first, so tenant caps hold before anything more is dispatched: every dispatched or
-   running job holds a lease until at least ``now + lease_ttl_s`` (a live worker keeps
-   renewing it; a dead one's lapses and the reaper re-queues the job); a job that finished
-   while this ran gives its lease back;
-3. every queued job is indexed again with its original order key, ``start_by`` and
-   ``not_before`` (it keeps its place and its ageing);
-4. index entries of jobs that SQL has neither queued nor in flight are removed, except those
+1. leases first, so tenant caps hold before anything more is dispatched: every dispatched or
+   running attempt holds its lease until at least ``now + lease_ttl_s`` (a live worker keeps
+   renewing it; a dead one's lapses and the reaper decides); a job that finished while this
+   ran gives its lease back;
+2. every queued job is indexed again with its original order key, ``start_by``,
+   ``not_before`` and attempt (it keeps its place and its ageing). An entry newer than the
+   SQL read (a later attempt, or a lease taken since) is kept: nothing dispatched after the
+   read is undone;
+3. index entries of jobs that SQL has neither queued nor in flight are removed, except those
    younger than ``UNCOMMITTED_GRACE_S``: an API indexes a job before its SQL commit lands;
-5. tier caps and per-tenant overrides are pushed.
+4. tier caps and per-tenant overrides are pushed.
 
-It never deletes keys wholesale: the Celery broker's queues share the key prefix.
+Every write carries the caller's fencing token (``fence``): a leader deposed mid-pass changes
+nothing more (``NotLeader``). ``keep_lead`` is called between batches: the leader renews its
+lock there, so a long pass never lets it lapse. It never deletes keys wholesale: the Celery
+broker's queues share the key prefix.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from jobs import capacity
 from jobs.db import repository
 from jobs.domain import Job
-from jobs.index.base import DispatchIndex, IndexedJob
+from jobs.index.base import DispatchIndex
+from jobs.recovery import indexed
 from jobs.runtime import Runtime
 from jobs.states import Status
 
 logger = logging.getLogger("tierq.rebuild")
 
 # A job indexed by an API process whose SQL commit has not landed yet is left alone this
-# long (its id carries its creation time); after that it is a leftover of a failed submit.
+# long (its id carries its creation time, on the one clock); after that it is a leftover of
+# a failed submit.
 UNCOMMITTED_GRACE_S = 30.0
 IN_FLIGHT = (Status.DISPATCHED, Status.RUNNING)
+# Rows read, and index entries written, per batch.
+BATCH = 2000
+
+__all__ = ["IN_FLIGHT", "UNCOMMITTED_GRACE_S", "RebuildStats", "indexed", "may_be_uncommitted",
+           "rebuild"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +65,6 @@ class RebuildStats:
     removed: int
     # Entries of jobs not in SQL yet, young enough to be a submit whose commit is on its way.
     kept_uncommitted: int
-    # The generation sentinel in force afterwards.
-    generation: str | None
 
 
 def created_at(job_id: str) -> float:
@@ -70,69 +80,85 @@ def may_be_uncommitted(job_id: str, now: float) -> bool:
     return now - created_at(job_id) < UNCOMMITTED_GRACE_S
 
 
-def indexed(job: Job, not_before: float | None = None) -> IndexedJob:
-    """The index's entry for a queued job (``not_before`` overrides the job's)."""
-    return IndexedJob(
-        job_id=job.id,
-        tenant=job.tenant_id,
-        tier=job.tier,
-        order_key=job.order_key,
-        start_by=job.start_by,
-        not_before=not_before if not_before is not None else job.not_before,
-    )
+def _no_lead_check() -> None:
+    return None
 
 
-def rebuild(runtime: Runtime, now: float) -> RebuildStats:
+def rebuild(
+    runtime: Runtime,
+    now: float,
+    *,
+    fence: str | None = None,
+    keep_lead: Callable[[], None] = _no_lead_check,
+) -> RebuildStats:
     """Reconcile the index with SQL (see the module docstring); safe while the system runs."""
-    index = runtime.index
-    index.mark_generation(f"{now:.3f}-{uuid.uuid4().hex[:12]}")
-    with runtime.sessions() as session:
-        live = repository.jobs_in_status(session, (Status.QUEUED, *IN_FLIGHT))
-    in_flight = [job for job in live if job.status in IN_FLIGHT]
-    expires_at = now + runtime.policy.lease_ttl_s
-    leased = sum(index.restore_lease(indexed(job), expires_at=expires_at) for job in in_flight)
-    released = _release_finished(runtime, (job.id for job in in_flight))
-    queued = index.requeue_many(indexed(job) for job in live if job.status is Status.QUEUED)
-    removed, kept = _remove_strays(index, {job.id for job in live}, now)
-    _push_caps(runtime, now)
+    index, ttl = runtime.index, runtime.policy.lease_ttl_s
+    live: set[str] = set()
+    leased = released = 0
+    for batch in _walk(runtime, IN_FLIGHT):
+        keep_lead()
+        live.update(job.id for job in batch)
+        leased += sum(
+            index.restore_lease(indexed(job), ttl_s=ttl, now=now, fence=fence) for job in batch
+        )
+        released += _release_finished(runtime, [job.id for job in batch], fence)
+    queued = 0
+    for batch in _walk(runtime, (Status.QUEUED,)):
+        keep_lead()
+        live.update(job.id for job in batch)
+        queued += index.requeue_many((indexed(job) for job in batch), fence=fence)
+    keep_lead()
+    removed, kept = _remove_strays(index, live, now, fence)
+    push_caps(runtime, now, fence)
     stats = RebuildStats(
-        queued=queued,
-        leased=leased,
-        released=released,
-        removed=removed,
-        kept_uncommitted=kept,
-        generation=index.generation(),
+        queued=queued, leased=leased, released=released, removed=removed, kept_uncommitted=kept
     )
     logger.info("index.rebuilt", extra={"event": "index.rebuilt", **asdict(stats)})
     return stats
 
 
-def _release_finished(runtime: Runtime, job_ids: Iterable[str]) -> int:
+def _walk(runtime: Runtime, statuses: tuple[Status, ...]) -> Iterator[list[Job]]:
+    """The jobs in these states, in batches of ``BATCH``, each read in a short transaction."""
+    after = ""
+    while True:
+        with runtime.sessions() as session:
+            batch = repository.jobs_after(session, statuses, after=after, limit=BATCH)
+        if batch:
+            yield batch
+        if len(batch) < BATCH:
+            return
+        after = batch[-1].id
+
+
+def _release_finished(runtime: Runtime, job_ids: list[str], fence: str | None) -> int:
     """Give back the leases of jobs that finished after SQL was read (their worker released
     before the lease was restored); a lease left behind would hold a slot for a TTL."""
     with runtime.sessions() as session:
         jobs = repository.get_jobs(session, job_ids)
-    finished = [job.id for job in jobs.values() if job.terminal]
-    for job_id in finished:
-        runtime.index.release(job_id)
+    finished = [job for job in jobs.values() if job.terminal]
+    for job in finished:
+        runtime.index.release(job.id, attempt=job.attempt, fence=fence)
     return len(finished)
 
 
-def _remove_strays(index: DispatchIndex, live: set[str], now: float) -> tuple[int, int]:
+def _remove_strays(
+    index: DispatchIndex, live: set[str], now: float, fence: str | None
+) -> tuple[int, int]:
     """Remove entries of jobs SQL has neither queued nor in flight (finished, or a failed
     submit's leftover); keep young ones whose commit may be on its way. Jobs only leave
     those states for terminal ones, so an entry absent from ``live`` stays stale."""
     strays = {job_id for job_id in index.job_ids() if job_id not in live}
     kept = {job_id for job_id in strays if may_be_uncommitted(job_id, now)}
     for job_id in strays - kept:
-        if not index.cancel(job_id):
-            index.release(job_id)
+        if not index.cancel(job_id, fence=fence):
+            index.release(job_id, fence=fence)
     return len(strays) - len(kept), len(kept)
 
 
-def _push_caps(runtime: Runtime, now: float) -> None:
+def push_caps(runtime: Runtime, now: float, fence: str | None = None) -> None:
+    """Push the tier caps (from the live pool) and per-tenant overrides (from SQL)."""
     figures = capacity.read_pool(runtime.policy, runtime.index, now=now)
     with runtime.sessions() as session:
         tenants = repository.list_tenants(session)
     overrides = {tenant.id: tenant.cap for tenant in tenants if tenant.cap is not None}
-    runtime.index.set_caps(figures.caps, overrides)
+    runtime.index.set_caps(figures.caps, overrides, fence=fence)

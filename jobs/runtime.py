@@ -1,8 +1,8 @@
 """The connections a tierq process holds, built once from settings and passed explicitly.
 
 ``Runtime`` is what the API, the dispatcher and the workers share: the policy, the SQL
-engine and session factory, the Redis client and the dispatch index on it. Nothing here
-is created at import time.
+engine and session factory, the Redis client and the dispatch index on it, and the clock
+(Redis's, see ``jobs.clock``; tests inject their own). Nothing here is created at import time.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.clock import ServerClock
 from jobs.config import Settings
 from jobs.db.engine import make_engine, make_sessionmaker
 from jobs.index.base import DispatchIndex
@@ -36,13 +37,15 @@ class Runtime:
     def from_settings(cls, settings: Settings) -> Runtime:
         engine = make_engine(settings.resolved_database_url())
         client = redis_client(settings.resolved_redis_url())
+        index = RedisIndex(client, settings.key_prefix)
         return cls(
             settings=settings,
             policy=settings.build_policy(),
             engine=engine,
             sessions=make_sessionmaker(engine),
             redis=client,
-            index=RedisIndex(client, settings.key_prefix),
+            index=index,
+            clock=ServerClock(index.now),
         )
 
     def close(self) -> None:

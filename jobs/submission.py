@@ -341,9 +341,11 @@ def finished_result(job: Job) -> Any:
     if job.status is Status.CANCELLED:
         raise JobGone("the job was cancelled", type="job_cancelled", job_id=job.id)
     if job.status is Status.EXPIRED:
-        raise JobGone(
-            "the job expired before it started", type="job_expired", job_id=job.id
-        )
+        message = "the job expired before it started"
+        if job.starts:
+            message = ("the job ran but did not finish, and its retry did not start before "
+                       "its deadline (max_wait_s)")
+        raise JobGone(message, type="job_expired", job_id=job.id)
     return job.result
 
 
@@ -370,7 +372,8 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
             return None
         _log_cancel(job, "job.cancel_requested")
         return CancelOutcome(job=dataclasses.replace(job, cancel_requested=True), pending=True)
-    removed = runtime.index.cancel(job.id) if job.status is Status.QUEUED else False
+    # SQL first (the commit point): an interruption after it leaves an index entry of a
+    # cancelled job, which the dispatcher drops when it pops it and the reconciler removes.
     with runtime.sessions.begin() as session:
         moved = repository.transition(
             session, job.id, src=job.status, attempt=job.attempt, dst=Status.CANCELLED,
@@ -378,10 +381,15 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
         )
     if not moved:
         return None
-    if not removed:
-        # Dispatched, or popped by a dispatcher that has not recorded it yet: free its slot.
-        runtime.index.release(job.id)
-        _ring(runtime)
+    try:
+        removed = runtime.index.cancel(job.id) if job.status is Status.QUEUED else False
+        if not removed:
+            # Dispatched, or popped by a dispatcher that has not recorded it yet: free its slot.
+            runtime.index.release(job.id, attempt=job.attempt)
+            _ring(runtime)
+    except REDIS_OUTAGE:
+        logger.warning("job.unindex_failed", extra={"event": "job.unindex_failed",
+                                                    "job_id": job.id})
     _log_cancel(job, "job.cancelled")
     return CancelOutcome(job=dataclasses.replace(job, status=Status.CANCELLED), pending=False)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 import redis
@@ -38,7 +37,7 @@ class WorkerRegistration:
         slots: int,
         ttl_s: float,
         on_register: Callable[[], None] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.slots = slots
@@ -54,9 +53,9 @@ class WorkerRegistration:
         )
 
     def register_once(self) -> None:
-        self._index.register_worker(
-            self.worker_id, slots=self.slots, expires_at=self._clock() + self._ttl_s
-        )
+        """Register until the index's clock + TTL (``clock``: a virtual one, in tests)."""
+        now = None if self._clock is None else self._clock()
+        self._index.register_worker(self.worker_id, slots=self.slots, ttl_s=self._ttl_s, now=now)
 
     def start(self) -> None:
         """Register now (new capacity: ring the dispatcher), then keep renewing."""

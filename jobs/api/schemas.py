@@ -112,6 +112,8 @@ class JobResponse(BaseModel):
     status: Status
     attempt: int
     max_attempts: int
+    # Attempts that started (what max_attempts limits; a hand-back before the start is free).
+    starts: int = 0
     queue_position: int | None
     estimated_wait_s: float | None
     created_at: str | None
@@ -133,6 +135,7 @@ class JobResponse(BaseModel):
             status=job.status,
             attempt=job.attempt,
             max_attempts=job.max_attempts,
+            starts=job.starts,
             queue_position=progress.queue_position,
             estimated_wait_s=progress.estimated_wait_s,
             created_at=rfc3339(job.created_at),

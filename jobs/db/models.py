@@ -97,6 +97,8 @@ class JobRow(Base):
         sa.Index("ix_jobs_tenant_id_status_id", "tenant_id", "status", "id"),
         # Rebuilding the dispatch index: queued and in-flight jobs in dispatch order.
         sa.Index("ix_jobs_status_order_key", "status", "order_key"),
+        # The reconciler: queued and in-flight jobs by their last change.
+        sa.Index("ix_jobs_status_updated_at", "status", "updated_at"),
         # Metrics: recent service times and recent waits per tier.
         sa.Index("ix_jobs_finished_at", "finished_at"),
         sa.Index("ix_jobs_tier_started_at", "tier", "started_at"),
@@ -123,3 +125,17 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(sa.Text())
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(255))
     cancel_requested: Mapped[bool] = mapped_column(sa.Boolean())
+    # Attempts that started (dispatched -> running): what max_attempts limits.
+    starts: Mapped[int] = mapped_column(sa.Integer(), server_default="0")
+    # The last change of the row (insert or transition), on the one clock (Redis's).
+    updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class IndexStateRow(Base):
+    """One row: the epoch the reconciler keeps equal in SQL and in the Redis index. An index
+    whose epoch differs lost its data or came back from an older snapshot."""
+
+    __tablename__ = "index_state"
+
+    id: Mapped[int] = mapped_column(sa.Integer(), primary_key=True)
+    epoch: Mapped[int] = mapped_column(sa.BigInteger())

@@ -27,7 +27,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from jobs.db.models import JobRow, TenantRow
+from jobs.db.models import IndexStateRow, JobRow, TenantRow
 from jobs.domain import Job, NewJob, Tenant
 from jobs.errors import DuplicateJob, IllegalTransition, InvalidRequest
 from jobs.states import NEW_ATTEMPT, TERMINAL, Status, is_legal
@@ -37,8 +37,9 @@ FRESH: Mapping[str, Any] = {"populate_existing": True}
 
 TENANT_FIELDS = frozenset({"tier", "api_key_hash", "cap", "max_queued", "rate_per_s", "rate_burst"})
 TRANSITION_FIELDS = frozenset(
-    {"result", "error", "not_before", "cancel_requested", "max_attempts"}
+    {"result", "error", "not_before", "cancel_requested", "max_attempts", "starts", "started_at"}
 )
+TIME_FIELDS = frozenset({"not_before", "started_at"})
 
 
 def _dt(epoch: float) -> datetime:
@@ -150,6 +151,8 @@ def _new_row(new: NewJob) -> JobRow:
         start_by=_dt_or_none(new.start_by),
         idempotency_key=new.idempotency_key,
         cancel_requested=False,
+        starts=0,
+        updated_at=_dt(created_at),
     )
 
 
@@ -231,10 +234,14 @@ def transition(
 ) -> bool:
     """Compare-and-set ``(status, attempt)``: True iff this call made the move.
 
+    Moving to ``running`` counts a start (``starts + 1``); a move back to ``queued`` starts a
+    new attempt (``attempt + 1``) and keeps ``started_at``. Every move stamps ``updated_at``.
+
     ``fields`` may set ``result``, ``error``, ``not_before`` (epoch seconds),
-    ``cancel_requested`` and ``max_attempts`` (raised for an attempt the job is not to blame
-    for). False means the job was not in ``(src, attempt)``: a late or duplicated message,
-    which must change nothing.
+    ``cancel_requested``, ``max_attempts``, and ``starts`` and ``started_at`` (a hand-back
+    of a start whose handler never ran puts back the values from before it). False means
+    the job was not in ``(src, attempt)``: a late or duplicated message, which must change
+    nothing.
     """
     if not is_legal(src, dst):
         raise IllegalTransition(
@@ -254,17 +261,18 @@ def transition(
 def _transition_values(
     src: Status, attempt: int, dst: Status, now: float, fields: dict[str, Any]
 ) -> dict[str, Any]:
-    values: dict[str, Any] = {"status": dst.value}
+    values: dict[str, Any] = {"status": dst.value, "updated_at": _dt(now)}
     if dst is Status.DISPATCHED:
         values["dispatched_at"] = _dt(now)
     elif dst is Status.RUNNING:
-        values["started_at"] = _dt(now)
+        values.update(started_at=_dt(now), starts=JobRow.starts + 1)
     elif dst.terminal:
         values["finished_at"] = _dt(now)
     if (src, dst) in NEW_ATTEMPT:
-        values.update(attempt=attempt + 1, dispatched_at=None, started_at=None)
+        # started_at stays: the client can tell a job that ran from one that never did.
+        values.update(attempt=attempt + 1, dispatched_at=None)
     for name, value in fields.items():
-        values[name] = _dt_or_none(value) if name == "not_before" else value
+        values[name] = _dt_or_none(value) if name in TIME_FIELDS else value
     return values
 
 
@@ -328,3 +336,60 @@ def recent_waits(session: Session, *, tier: str, since: float) -> list[float]:
         for enqueued, started in session.execute(stmt)
         if started is not None
     ]
+
+
+# -- the reconciler's reads and the index epoch -----------------------------------------------
+
+
+def settled_queued(
+    session: Session, *, after: tuple[float, str] | None, until: float, limit: int
+) -> list[Job]:
+    """Queued jobs whose last change is at or before ``until``, in ``(updated_at, id)`` order
+    after the cursor ``after`` (None: from the start): one bounded step of a walk."""
+    stmt = sa.select(JobRow).where(
+        JobRow.status == Status.QUEUED.value, JobRow.updated_at <= _dt(until)
+    )
+    if after is not None:
+        at, job_id = _dt(after[0]), after[1]
+        stmt = stmt.where(
+            sa.or_(JobRow.updated_at > at, sa.and_(JobRow.updated_at == at, JobRow.id > job_id))
+        )
+    stmt = stmt.order_by(JobRow.updated_at, JobRow.id).limit(limit)
+    return [Job.from_row(row) for row in session.scalars(stmt, execution_options=FRESH)]
+
+
+def jobs_after(
+    session: Session, statuses: Iterable[Status], *, after: str, limit: int
+) -> list[Job]:
+    """Jobs in these states with ids after ``after`` ('' from the start), by id: one bounded
+    step of a walk (the status index serves it)."""
+    stmt = (
+        sa.select(JobRow)
+        .where(JobRow.status.in_([status.value for status in statuses]), JobRow.id > after)
+        .order_by(JobRow.id)
+        .limit(limit)
+    )
+    return [Job.from_row(row) for row in session.scalars(stmt, execution_options=FRESH)]
+
+
+def index_epoch(session: Session) -> int | None:
+    """The epoch SQL holds for the index (None before the first reconciler round)."""
+    row = session.get(IndexStateRow, 1, populate_existing=True)
+    return None if row is None else row.epoch
+
+
+def advance_epoch(session: Session, *, expected: int | None, epoch: int) -> bool:
+    """Compare-and-set the index epoch from ``expected`` to ``epoch``; True iff it moved."""
+    if expected is None:
+        try:
+            with session.begin_nested():
+                session.add(IndexStateRow(id=1, epoch=epoch))
+        except IntegrityError:
+            return False
+        return True
+    stmt = (
+        sa.update(IndexStateRow)
+        .where(IndexStateRow.id == 1, IndexStateRow.epoch == expected)
+        .values(epoch=epoch)
+    )
+    return _rowcount(session, stmt) == 1

@@ -3,7 +3,14 @@
 Two implementations share one contract test suite (tests/integration/test_index_contract.py):
 ``RedisIndex`` (Lua scripts, the real thing) and ``MemoryIndex`` (an in-memory twin for the
 simulator and model-based tests). Time is always passed in (``now``, epoch seconds); neither
-implementation reads a clock.
+implementation reads a host's clock: a ``now`` left out (None) is the index's own clock, Redis's
+``TIME`` read inside the script (``RedisIndex``) or the twin's injected ``clock``, so that every
+lease expiry, deadline and registration is decided on one clock whatever the callers' hosts
+say. Tests and the simulator pass ``now`` to drive a virtual clock.
+
+Leases belong to an attempt: every entry (queued job or lease) records the attempt it was
+indexed with; ``renew`` and ``release`` name the attempt and touch nothing of another one,
+and an entry of a later attempt is never replaced by an earlier one's ``requeue``.
 
 Order: queued jobs are dispatched by ``order_key`` ascending, ties broken by job id (byte
 order; job ids are time-ordered, so ties go in arrival order). A tenant at its cap keeps its
@@ -41,6 +48,8 @@ class IndexedJob:
     start_by: float | None = None
     # Retry backoff: not dispatched before this time (None: at once).
     not_before: float | None = None
+    # The attempt this entry (and the lease it becomes) belongs to.
+    attempt: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +76,16 @@ class Lease:
     tier: str
     order_key: float
     expires_at: float
+    attempt: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """What the index holds for one job (the reconciler's walk)."""
+
+    job_id: str
+    attempt: int
+    leased: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,23 +110,31 @@ class DispatchIndex(Protocol):
         as one atomic step; refuse otherwise, leaving nothing."""
         ...
 
-    def requeue(self, job: IndexedJob) -> None:
-        """Index an already accepted job again (reaped, retried, rebuilt): no bound check."""
+    def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:
+        """Index an already accepted job again (reaped, retried, rebuilt): no bound check.
+        Replaces an entry of an earlier attempt, or a queued entry of the same one; keeps a
+        later attempt's entry and a lease of the same attempt (newer than the caller's read).
+        Fenced as ``dispatch`` when a leader calls it."""
         ...
 
     def set_caps(
-        self, tier_caps: Mapping[str, int], tenant_caps: Mapping[str, int] | None = None
+        self,
+        tier_caps: Mapping[str, int],
+        tenant_caps: Mapping[str, int] | None = None,
+        *,
+        fence: str | None = None,
     ) -> None:
         """Set the concurrency cap of each tier's tenants (and per-tenant overrides, which
-        replace all earlier overrides). Tenants that are now under their cap become runnable."""
+        replace all earlier overrides). Tenants that are now under their cap become runnable.
+        Fenced as ``dispatch``."""
         ...
 
-    def requeue_many(self, jobs: Iterable[IndexedJob]) -> int:
+    def requeue_many(self, jobs: Iterable[IndexedJob], *, fence: str | None = None) -> int:
         """``requeue`` each job, in atomic chunks (rebuilds); the number indexed."""
         ...
 
     def dispatch(
-        self, n: int, *, now: float, lease_ttl_s: float, fence: str | None = None
+        self, n: int, *, lease_ttl_s: float, now: float | None = None, fence: str | None = None
     ) -> list[Lease]:
         """Pop up to ``n`` jobs in order-key order across runnable tenants, skipping tenants
         at their cap (they keep their place), and lease each until ``now + lease_ttl_s``.
@@ -116,40 +143,70 @@ class DispatchIndex(Protocol):
         ``fence``, raise ``NotLeader`` (changing nothing) unless it is the leader's token."""
         ...
 
-    def renew(self, job_id: str, *, expires_at: float) -> bool:
-        """Extend a lease; False when the lease is gone (reaped): the holder must stop."""
+    def renew(
+        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+    ) -> bool:
+        """Extend this attempt's lease to ``now + ttl_s`` (never shortening it); False when
+        the lease is gone (reaped) or belongs to another attempt: the holder must stop."""
         ...
 
-    def release(self, job_id: str) -> bool:
-        """Drop a lease. True when its tenant became runnable again (wake the dispatcher)."""
+    def release(
+        self, job_id: str, *, attempt: int | None = None, fence: str | None = None
+    ) -> bool:
+        """Drop a lease of ``attempt`` (None: whichever attempt holds it: maintenance of a
+        finished job). True when its tenant became runnable again (wake the dispatcher)."""
         ...
 
-    def cancel(self, job_id: str) -> bool:
+    def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
         """Remove a queued job; False when it is not queued here."""
         ...
 
-    def reap(self, *, now: float, limit: int = 1000, fence: str | None = None) -> list[Lease]:
+    def reap(
+        self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
+    ) -> list[Lease]:
         """Remove and return leases that expired at or before ``now`` (oldest first); fenced
         as ``dispatch``."""
         ...
 
     def expire_due(
-        self, *, now: float, limit: int = 1000, fence: str | None = None
+        self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
     ) -> list[IndexedJob]:
         """Remove and return queued jobs whose ``start_by`` is at or before ``now``; fenced
         as ``dispatch``."""
         ...
 
-    def restore_lease(self, job: IndexedJob, *, expires_at: float) -> bool:
-        """Make an in-flight job hold a lease until at least ``expires_at`` (a rebuild from
-        SQL): take one if the index does not know the job (it counts against its tenant's
-        cap), move a lease that ends sooner. A queued or delayed entry of the job is left
-        alone (it was re-queued since SQL was read): False then, True when leased."""
+    def restore_lease(
+        self,
+        job: IndexedJob,
+        *,
+        ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+    ) -> bool:
+        """Make an in-flight attempt (``job.attempt``, from SQL) hold a lease until at least
+        ``now + ttl_s`` (a rebuild or a reconciler round): take one if the index does not
+        know the job (it counts against its tenant's cap) or holds a stale entry of it (an
+        earlier attempt, or a queued entry of this one); extend this attempt's lease if it
+        ends sooner. An entry of a later attempt is newer than the caller's read: left
+        alone, False. Fenced as ``dispatch``."""
         ...
 
     def job_ids(self) -> Iterator[str]:
         """Every job the index holds, queued, delayed or leased (in batches; an entry that
         moves during the walk may be seen twice). Maintenance only, never a hot path."""
+        ...
+
+    def scan_entries(self, cursor: int, count: int) -> tuple[int, list[Entry]]:
+        """One bounded step of a walk over every entry: the entries and the cursor of the
+        next step (0 when the walk is complete). An entry may be seen twice."""
+        ...
+
+    def entries_of(self, job_ids: Sequence[str]) -> dict[str, Entry]:
+        """What the index holds for each of ``job_ids`` it knows (queued, delayed or leased)."""
+        ...
+
+    def now(self) -> float:
+        """The index's clock (Redis ``TIME``), seconds since the epoch."""
         ...
 
     def position(self, job_id: str) -> int | None:
@@ -165,14 +222,16 @@ class DispatchIndex(Protocol):
         """Each tier's queued count and oldest order key."""
         ...
 
-    def register_worker(self, worker_id: str, *, slots: int, expires_at: float) -> None:
-        """Record a live worker's slots until ``expires_at`` (its heartbeat renews it)."""
+    def register_worker(
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+    ) -> None:
+        """Record a live worker's slots until ``now + ttl_s`` (its heartbeat renews it)."""
         ...
 
     def unregister_worker(self, worker_id: str) -> None:
         ...
 
-    def pool_capacity(self, *, now: float) -> int:
+    def pool_capacity(self, *, now: float | None = None) -> int:
         """Sum of the slots of workers whose registration has not expired at ``now``."""
         ...
 
@@ -211,9 +270,14 @@ class DispatchIndex(Protocol):
         ...
 
     def generation(self) -> str | None:
-        """The sentinel a rebuild sets; None means the index lost its data since."""
+        """The epoch (a sentinel the reconciler writes to SQL and here); None means the index
+        lost its data since; an older value than SQL's, that it was restored from a snapshot."""
         ...
 
     def mark_generation(self, value: str) -> bool:
         """Set the sentinel unless it is set; True when this call set it."""
+        ...
+
+    def set_generation(self, value: str, *, fence: str | None = None) -> None:
+        """Set the sentinel (the reconciler's epoch); fenced as ``dispatch``."""
         ...

@@ -18,14 +18,16 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``delayed``          zset job -> not_before: jobs waiting out a retry backoff
 - ``deadlines``        zset job -> start_by: queued and delayed jobs that can expire
 - ``leases``           zset job -> expires_at: every lease (the reaper's view)
-- ``meta``             hash job -> JSON [tenant, tier, order_key, start_by, not_before]
+- ``meta``             hash job -> JSON [tenant, tier, order_key, start_by, not_before,
+                       attempt, indexed_at]: the attempt its entry or lease belongs to
 - ``tier_caps``        hash tier -> cap;  ``tenant_caps``: hash tenant -> cap override
 - ``tenant_tier``      hash tenant -> the tier last seen for it
 - ``tenant_delayed``   hash tenant -> count of its delayed jobs
 - ``workers``          zset worker -> expires_at;  ``worker_slots``: hash worker -> slots
 - ``leader``           string: the leading dispatcher's fencing token, with a TTL
 - ``leader_epoch``     counter: incremented on every acquisition of ``leader``
-- ``generation``       string: set by a rebuild from SQL; gone means Redis lost its data
+- ``generation``       string: the epoch the reconciler keeps equal to SQL's; gone, Redis
+                       lost its data; older than SQL's, Redis came back from a snapshot
 - ``rate:<tenant>``    hash tokens, at: the tenant's request-rate token bucket
 - ``service_mean``     hash mean_s, samples, at: the measured mean service time
 - ``wake``             list: the dispatcher's doorbell (a few tokens at most)
@@ -67,6 +69,10 @@ class IndexKeys:
     @property
     def queued(self) -> str:
         return self._fixed("queued")
+
+    @property
+    def meta(self) -> str:
+        return self._fixed("meta")
 
     @property
     def delayed(self) -> str:
@@ -115,8 +121,8 @@ class IndexKeys:
         return [self.prefix, *(self._fixed(name) for name in names)]
 
     def fenced(self) -> list[str]:
-        """``KEYS[]`` of the fenced scripts (dispatch, reap, expire_due): ``fixed()``, then
-        the leader lock whose token they check."""
+        """``KEYS[]`` of the index scripts: ``fixed()``, then the leader lock whose token a
+        fenced call checks."""
         return [*self.fixed(), self.leader]
 
     def leader_keys(self) -> list[str]:

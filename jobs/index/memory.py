@@ -8,15 +8,18 @@ jobs are counted but not positioned nor dispatched before their ``not_before``; 
 replaces any entry of the same id (a lease included); ``set_caps`` merges tier caps and
 replaces tenant overrides (``None`` clears them); caps below 1 raise ``ValueError``.
 The leader lock expires on the ``now`` passed in (Redis uses its own clock); ``clear``
-forgets it with everything else, as a flushed Redis does.
+forgets it with everything else, as a flushed Redis does. A ``now`` left out is the twin's
+``clock`` (Redis's ``TIME`` in the real index), injected so the simulator runs on virtual time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from jobs.index.base import Admitted, IndexedJob, Lease, NotLeader, TierDepth
+from jobs.index.base import Admitted, Entry, IndexedJob, Lease, NotLeader, TierDepth
 from jobs.index.keys import PROMOTE_LIMIT
 from jobs.index.zset import ZSet
 
@@ -36,8 +39,15 @@ def _check_caps(caps: Mapping[str, int], what: str) -> None:
 class MemoryIndex:
     """``DispatchIndex`` in process memory (not thread-safe; one owner at a time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.clear()
+
+    def _at(self, now: float | None) -> float:
+        return self.clock() if now is None else now
+
+    def now(self) -> float:
+        return self.clock()
 
     def clear(self) -> None:
         self._queues: dict[str, ZSet] = {}
@@ -192,33 +202,44 @@ class MemoryIndex:
         if reason is not None:
             return Admitted(accepted=False, tier_queued=tier_queued, tenant_queued=queued,
                             position=ahead, reason=reason)
-        self._index(job)
+        self._index(dataclasses.replace(job, attempt=1))
         position = self._queued.rank(job.job_id)
         if position is None:
             position = self._queued.rank_at(job.order_key, job.job_id)
         return Admitted(accepted=True, tier_queued=tier_queued + 1, tenant_queued=queued + 1,
                         position=position)
 
-    def requeue(self, job: IndexedJob) -> None:
-        _check(job)
-        known = self._meta.get(job.job_id)
-        if known is not None:
-            self._unindex(known)
-        self._index(job)
+    def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:
+        self.requeue_many([job], fence=fence)
 
-    def requeue_many(self, jobs: Iterable[IndexedJob]) -> int:
+    def requeue_many(self, jobs: Iterable[IndexedJob], *, fence: str | None = None) -> int:
+        self._check_fence(fence, None, "requeue")
         count = 0
         for job in jobs:
-            self.requeue(job)
+            _check(job)
+            known = self._meta.get(job.job_id)
+            if known is not None:
+                newer = known.attempt > job.attempt or (
+                    known.attempt == job.attempt and self._leases.score(job.job_id) is not None
+                )
+                if newer:
+                    continue
+                self._unindex(known)
+            self._index(job)
             count += 1
         return count
 
     def set_caps(
-        self, tier_caps: Mapping[str, int], tenant_caps: Mapping[str, int] | None = None
+        self,
+        tier_caps: Mapping[str, int],
+        tenant_caps: Mapping[str, int] | None = None,
+        *,
+        fence: str | None = None,
     ) -> None:
         """Merge ``tier_caps`` into the tier caps; replace all tenant overrides with
         ``tenant_caps`` (``None``: clear them). Blocked tenants now under their cap become
         runnable; runnable tenants over a lowered cap are blocked by the next dispatch."""
+        self._check_fence(fence, None, "set_caps")
         overrides = dict(tenant_caps or {})
         _check_caps(tier_caps, "tier")
         _check_caps(overrides, "tenant")
@@ -229,15 +250,16 @@ class MemoryIndex:
                 self._blocked.remove(job_id)
                 self._runnable.add(job_id, score)
 
-    def _check_fence(self, fence: str | None, now: float, what: str) -> None:
-        if fence and self.leader(now=now) != fence:
+    def _check_fence(self, fence: str | None, now: float | None, what: str) -> None:
+        if fence and self.leader(now=self._at(now)) != fence:
             raise NotLeader(f"{what} refused: the fencing token is not the leader's")
 
     def dispatch(
-        self, n: int, *, now: float, lease_ttl_s: float, fence: str | None = None
+        self, n: int, *, lease_ttl_s: float, now: float | None = None, fence: str | None = None
     ) -> list[Lease]:
         if n <= 0:
             return []
+        now = self._at(now)
         self._check_fence(fence, now, "dispatch")
         expires_at = now + lease_ttl_s
         for job_id, _ in self._delayed.upto(now, PROMOTE_LIMIT):
@@ -265,18 +287,29 @@ class MemoryIndex:
             if head is not None:
                 (self._blocked if inflight + 1 >= cap else self._runnable).add(*head)
             out.append(Lease(job_id=job.job_id, tenant=job.tenant, tier=job.tier,
-                             order_key=job.order_key, expires_at=expires_at))
+                             order_key=job.order_key, expires_at=expires_at,
+                             attempt=job.attempt))
         return out
 
-    def renew(self, job_id: str, *, expires_at: float) -> bool:
-        if self._leases.score(job_id) is None:
+    def renew(
+        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+    ) -> bool:
+        current = self._leases.score(job_id)
+        if current is None or self._meta[job_id].attempt != attempt:
             return False
-        self._leases.add(job_id, expires_at)
-        self._tenant_leases[self._meta[job_id].tenant].add(job_id, expires_at)
+        expires_at = self._at(now) + ttl_s
+        if expires_at > current:
+            self._leases.add(job_id, expires_at)
+            self._tenant_leases[self._meta[job_id].tenant].add(job_id, expires_at)
         return True
 
-    def release(self, job_id: str) -> bool:
+    def release(
+        self, job_id: str, *, attempt: int | None = None, fence: str | None = None
+    ) -> bool:
+        self._check_fence(fence, None, "release")
         if self._leases.score(job_id) is None:
+            return False
+        if attempt is not None and self._meta[job_id].attempt != attempt:
             return False
         tenant = self._meta.pop(job_id).tenant
         self._leases.remove(job_id)
@@ -284,29 +317,35 @@ class MemoryIndex:
         head = self._head_of(tenant)
         return head is not None and self._refile(tenant, head)
 
-    def cancel(self, job_id: str) -> bool:
+    def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
+        self._check_fence(fence, None, "cancel")
         if self._queued.score(job_id) is None and self._delayed.score(job_id) is None:
             return False
         self._unindex(self._meta[job_id])
         return True
 
-    def reap(self, *, now: float, limit: int = 1000, fence: str | None = None) -> list[Lease]:
+    def reap(
+        self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
+    ) -> list[Lease]:
         if limit <= 0:
             return []
+        now = self._at(now)
         self._check_fence(fence, now, "reap")
         out: list[Lease] = []
         for job_id, expires_at in self._leases.upto(now, limit):
             job = self._meta[job_id]
             self._unindex(job)
             out.append(Lease(job_id=job_id, tenant=job.tenant, tier=job.tier,
-                             order_key=job.order_key, expires_at=expires_at))
+                             order_key=job.order_key, expires_at=expires_at,
+                             attempt=job.attempt))
         return out
 
     def expire_due(
-        self, *, now: float, limit: int = 1000, fence: str | None = None
+        self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
     ) -> list[IndexedJob]:
         if limit <= 0:
             return []
+        now = self._at(now)
         self._check_fence(fence, now, "expire_due")
         out: list[IndexedJob] = []
         for job_id, _ in self._deadlines.upto(now, limit):
@@ -315,31 +354,60 @@ class MemoryIndex:
             out.append(job)
         return out
 
-    def restore_lease(self, job: IndexedJob, *, expires_at: float) -> bool:
+    def restore_lease(
+        self,
+        job: IndexedJob,
+        *,
+        ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+    ) -> bool:
         _check(job)
-        job_id = job.job_id
-        if self._queued.score(job_id) is not None or self._delayed.score(job_id) is not None:
-            return False
-        current = self._leases.score(job_id)
-        if current is not None:
-            if current < expires_at:
-                self._leases.add(job_id, expires_at)
-                self._tenant_leases[self._meta[job_id].tenant].add(job_id, expires_at)
-            return True
+        now = self._at(now)
+        self._check_fence(fence, now, "restore_lease")
+        job_id, expires_at = job.job_id, now + ttl_s
+        known = self._meta.get(job_id)
+        if known is not None:
+            if known.attempt > job.attempt:
+                return False
+            current = self._leases.score(job_id)
+            if known.attempt == job.attempt and current is not None:
+                if current < expires_at:
+                    self._leases.add(job_id, expires_at)
+                    self._tenant_leases[known.tenant].add(job_id, expires_at)
+                return True
+            self._unindex(known)
         self._meta[job_id] = job
         self._zadd(self._tenant_leases, job.tenant, job_id, expires_at)
         self._leases.add(job_id, expires_at)
-        if self._tenant_tier.get(job.tenant) != job.tier:  # its cap may have changed
-            self._tenant_tier[job.tenant] = job.tier
-            head = self._head_of(job.tenant)
-            if head is not None:
-                self._refile(job.tenant, head)
+        self._tenant_tier[job.tenant] = job.tier
+        head = self._head_of(job.tenant)
+        if head is not None:
+            self._refile(job.tenant, head)
         return True
 
     def job_ids(self) -> Iterator[str]:
         for zset in (self._queued, self._delayed, self._leases):
             for job_id, _ in zset.items():
                 yield job_id
+
+    def scan_entries(self, cursor: int, count: int) -> tuple[int, list[Entry]]:
+        ids = sorted(self._meta)[cursor:cursor + count]
+        entries = [
+            Entry(job_id=job_id, attempt=self._meta[job_id].attempt,
+                  leased=self._leases.score(job_id) is not None)
+            for job_id in ids
+        ]
+        following = cursor + count
+        return (following if following < len(self._meta) else 0), entries
+
+    def entries_of(self, job_ids: Sequence[str]) -> dict[str, Entry]:
+        return {
+            job_id: Entry(job_id=job_id, attempt=self._meta[job_id].attempt,
+                          leased=self._leases.score(job_id) is not None)
+            for job_id in job_ids
+            if job_id in self._meta
+        }
 
     def position(self, job_id: str) -> int | None:
         return self._queued.rank(job_id)
@@ -359,13 +427,17 @@ class MemoryIndex:
             )
         return depths
 
-    def register_worker(self, worker_id: str, *, slots: int, expires_at: float) -> None:
+    def register_worker(
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+    ) -> None:
+        expires_at = self._at(now) + ttl_s
         self._workers[worker_id] = (expires_at, int(slots))
 
     def unregister_worker(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
 
-    def pool_capacity(self, *, now: float) -> int:
+    def pool_capacity(self, *, now: float | None = None) -> int:
+        now = self._at(now)
         self._workers = {w: entry for w, entry in self._workers.items() if entry[0] > now}
         return sum(slots for _, slots in self._workers.values())
 
@@ -413,3 +485,7 @@ class MemoryIndex:
             return False
         self._generation = value
         return True
+
+    def set_generation(self, value: str, *, fence: str | None = None) -> None:
+        self._check_fence(fence, None, "set_generation")
+        self._generation = value

@@ -19,11 +19,13 @@ Choices the protocol leaves open (``MemoryIndex`` makes the same ones):
   given tenant and tier; its position is its rank when queued, the rank it would have when
   delayed, 0 when leased.
 - The leader lock's TTL runs on Redis's clock (``PX``); the ``now`` the leadership methods
-  take is the twin's clock and is not used here.
+  take is the twin's clock and is not used here. Every other ``now`` left out is Redis's
+  ``TIME``, read inside the script that decides.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import resources
@@ -32,15 +34,13 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from jobs.index.base import Admitted, IndexedJob, Lease, NotLeader, TierDepth
+from jobs.index.base import Admitted, Entry, IndexedJob, Lease, NotLeader, TierDepth
 from jobs.index.keys import PROMOTE_LIMIT, IndexKeys
 
 _SCRIPTS = (
     "admit", "requeue", "dispatch", "release", "renew", "cancel", "reap", "expire_due",
     "set_caps", "restore_lease",
 )
-# Scripts that check the caller's fencing token against the leader lock (KEYS[13]).
-_FENCED = frozenset({"dispatch", "reap", "expire_due"})
 _LEADERSHIP = ("lead", "renew_lead", "resign")
 # Jobs per requeue script call when loading many (keeps each call short).
 REQUEUE_CHUNK = 5000
@@ -65,6 +65,11 @@ def _opt_score(value: float | None) -> str:
     return "" if value is None else _score(value)
 
 
+def _now(value: float | None) -> str:
+    """A ``now`` for a script: '' lets the script read Redis's clock."""
+    return "" if value is None else _score(value)
+
+
 def _opt_float(value: Any) -> float | None:
     text = _text(value)
     return None if text == "" else float(text)
@@ -73,8 +78,13 @@ def _opt_float(value: Any) -> float | None:
 def _job_args(job: IndexedJob) -> list[str]:
     return [
         job.job_id, job.tenant, job.tier, _score(job.order_key),
-        _opt_score(job.start_by), _opt_score(job.not_before),
+        _opt_score(job.start_by), _opt_score(job.not_before), str(int(job.attempt)),
     ]
+
+
+def _meta_attempt(meta: list[Any]) -> int:
+    """The attempt of a ``meta`` entry (entries written before attempts were kept: 1)."""
+    return int(meta[5]) if len(meta) > 5 else 1
 
 
 def _ttl_ms(ttl_s: float) -> int:
@@ -93,18 +103,19 @@ class RedisIndex:
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self._client = client
         self._keys = IndexKeys(prefix)
-        self._fixed = self._keys.fixed()
         self._fenced = self._keys.fenced()
         common = _lua("common")
         self._scripts: dict[str, Script] = {
             name: client.register_script(f"{common}\n{_lua(name)}") for name in _SCRIPTS
         }
         self._pool_capacity = client.register_script(_lua("pool_capacity"))
+        self._register_worker = client.register_script(_lua("register_worker"))
+        self._set_generation = client.register_script(_lua("set_generation"))
         self._leadership = {name: client.register_script(_lua(name)) for name in _LEADERSHIP}
 
     def _run(self, name: str, args: Sequence[str | int]) -> Any:
-        if name not in _FENCED:
-            return self._scripts[name](keys=self._fixed, args=list(args))
+        """Run one index script; every one gets the leader lock as KEYS[13], so any may be
+        fenced by a token in its ARGV."""
         try:
             return self._scripts[name](keys=self._fenced, args=list(args))
         except redis.ResponseError as exc:
@@ -122,7 +133,7 @@ class RedisIndex:
     ) -> Admitted:
         quota = "" if tenant_quota is None else str(tenant_quota)
         ahead = "" if max_position is None else str(max_position)
-        raw = self._run("admit", [*_job_args(job), str(bound), quota, ahead])
+        raw = self._run("admit", [*_job_args(job)[:6], str(bound), quota, ahead])
         reason = _text(raw[4])
         return Admitted(
             accepted=bool(raw[0]),
@@ -133,24 +144,29 @@ class RedisIndex:
             duplicate=bool(raw[5]),
         )
 
-    def requeue(self, job: IndexedJob) -> None:
-        self._run("requeue", _job_args(job))
+    def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:
+        self._run("requeue", [fence or "", *_job_args(job)])
 
-    def requeue_many(self, jobs: Iterable[IndexedJob]) -> int:
+    def requeue_many(self, jobs: Iterable[IndexedJob], *, fence: str | None = None) -> int:
         """``requeue`` each job, in chunks of ``REQUEUE_CHUNK`` per script call (rebuilds,
-        bulk loads). Each chunk is atomic; the whole is not. Returns the number indexed."""
+        bulk loads). Each chunk is atomic and fenced; the whole is not. Returns the number
+        indexed."""
         count, chunk = 0, []
         for job in jobs:
             chunk.extend(_job_args(job))
-            if len(chunk) >= 6 * REQUEUE_CHUNK:
-                count += int(self._run("requeue", chunk))
+            if len(chunk) >= 7 * REQUEUE_CHUNK:
+                count += int(self._run("requeue", [fence or "", *chunk]))
                 chunk = []
         if chunk:
-            count += int(self._run("requeue", chunk))
+            count += int(self._run("requeue", [fence or "", *chunk]))
         return count
 
     def set_caps(
-        self, tier_caps: Mapping[str, int], tenant_caps: Mapping[str, int] | None = None
+        self,
+        tier_caps: Mapping[str, int],
+        tenant_caps: Mapping[str, int] | None = None,
+        *,
+        fence: str | None = None,
     ) -> None:
         """Merge ``tier_caps`` into the tier caps; replace all tenant overrides with
         ``tenant_caps`` (``None``: clear them). Blocked tenants now under their cap become
@@ -158,73 +174,123 @@ class RedisIndex:
         overrides = tenant_caps or {}
         _check_caps(tier_caps, "tier")
         _check_caps(overrides, "tenant")
-        args: list[str | int] = [len(tier_caps)]
+        args: list[str | int] = [fence or "", len(tier_caps)]
         for caps in (tier_caps, overrides):
             for name, cap in caps.items():
                 args += [name, int(cap)]
         self._run("set_caps", args)
 
     def dispatch(
-        self, n: int, *, now: float, lease_ttl_s: float, fence: str | None = None
+        self, n: int, *, lease_ttl_s: float, now: float | None = None, fence: str | None = None
     ) -> list[Lease]:
         if n <= 0:
             return []
-        expires_at = now + lease_ttl_s
         raw = self._run(
-            "dispatch", [n, _score(now), _score(expires_at), PROMOTE_LIMIT, fence or ""]
+            "dispatch", [n, _now(now), _score(lease_ttl_s), PROMOTE_LIMIT, fence or ""]
         )
         return [
             Lease(
                 job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
-                order_key=float(_text(key)), expires_at=expires_at,
+                order_key=float(_text(key)), attempt=int(attempt),
+                expires_at=float(_text(expires_at)),
             )
-            for job, tenant, tier, key in raw
+            for job, tenant, tier, key, attempt, expires_at in raw
         ]
 
-    def renew(self, job_id: str, *, expires_at: float) -> bool:
-        return bool(self._run("renew", [job_id, _score(expires_at)]))
+    def renew(
+        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+    ) -> bool:
+        return bool(self._run("renew", [job_id, int(attempt), _score(ttl_s), _now(now)]))
 
-    def release(self, job_id: str) -> bool:
-        return bool(self._run("release", [job_id]))
+    def release(
+        self, job_id: str, *, attempt: int | None = None, fence: str | None = None
+    ) -> bool:
+        which = "" if attempt is None else str(int(attempt))
+        return bool(self._run("release", [job_id, which, fence or ""]))
 
-    def cancel(self, job_id: str) -> bool:
-        return bool(self._run("cancel", [job_id]))
+    def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
+        return bool(self._run("cancel", [job_id, fence or ""]))
 
-    def reap(self, *, now: float, limit: int = 1000, fence: str | None = None) -> list[Lease]:
+    def reap(
+        self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
+    ) -> list[Lease]:
         if limit <= 0:
             return []
-        raw = self._run("reap", [_score(now), limit, fence or ""])
+        raw = self._run("reap", [_now(now), limit, fence or ""])
         return [
             Lease(
                 job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
                 order_key=float(_text(key)), expires_at=float(_text(expires_at)),
+                attempt=int(attempt),
             )
-            for job, tenant, tier, key, expires_at in raw
+            for job, tenant, tier, key, expires_at, attempt in raw
         ]
 
     def expire_due(
-        self, *, now: float, limit: int = 1000, fence: str | None = None
+        self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
     ) -> list[IndexedJob]:
         if limit <= 0:
             return []
-        raw = self._run("expire_due", [_score(now), limit, fence or ""])
+        raw = self._run("expire_due", [_now(now), limit, fence or ""])
         return [
             IndexedJob(
                 job_id=_text(job), tenant=_text(tenant), tier=_text(tier),
                 order_key=float(_text(key)), start_by=_opt_float(start_by),
-                not_before=_opt_float(not_before),
+                not_before=_opt_float(not_before), attempt=int(attempt),
             )
-            for job, tenant, tier, key, start_by, not_before in raw
+            for job, tenant, tier, key, start_by, not_before, attempt in raw
         ]
 
-    def restore_lease(self, job: IndexedJob, *, expires_at: float) -> bool:
-        return bool(self._run("restore_lease", [*_job_args(job), _score(expires_at)]))
+    def restore_lease(
+        self,
+        job: IndexedJob,
+        *,
+        ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+    ) -> bool:
+        args = [*_job_args(job), _score(ttl_s), _now(now), fence or ""]
+        return bool(self._run("restore_lease", args))
 
     def job_ids(self) -> Iterator[str]:
         keys = self._keys
         for zset in (keys.queued, keys.delayed, keys.leases):
             for member, _ in self._client.zscan_iter(zset, count=1000):
                 yield _text(member)
+
+    def scan_entries(self, cursor: int, count: int) -> tuple[int, list[Entry]]:
+        next_cursor, found = self._client.hscan(self._keys.meta, cursor, count=count)
+        pairs: dict[Any, Any] = dict(found) if isinstance(found, dict) else {}
+        metas = [(_text(job), json.loads(_text(raw))) for job, raw in pairs.items()]
+        pipe = self._client.pipeline(transaction=False)
+        for job_id, _ in metas:
+            pipe.zscore(self._keys.leases, job_id)
+        leased = pipe.execute() if metas else []
+        entries = [
+            Entry(job_id=job_id, attempt=_meta_attempt(meta), leased=lease is not None)
+            for (job_id, meta), lease in zip(metas, leased, strict=True)
+        ]
+        return int(next_cursor), entries
+
+    def entries_of(self, job_ids: Sequence[str]) -> dict[str, Entry]:
+        if not job_ids:
+            return {}
+        pipe = self._client.pipeline(transaction=True)
+        for job_id in job_ids:
+            pipe.zscore(self._keys.leases, job_id)
+            pipe.hget(self._keys.meta, job_id)
+        replies = pipe.execute()
+        found: dict[str, Entry] = {}
+        for i, job_id in enumerate(job_ids):
+            lease, meta = replies[2 * i], replies[2 * i + 1]
+            if meta is not None:
+                attempt = _meta_attempt(json.loads(_text(meta)))
+                found[job_id] = Entry(job_id=job_id, attempt=attempt, leased=lease is not None)
+        return found
+
+    def now(self) -> float:
+        seconds, micros = self._client.time()
+        return int(seconds) + int(micros) / 1_000_000
 
     def position(self, job_id: str) -> int | None:
         rank: Any = self._client.zrank(self._keys.queued, job_id)
@@ -246,12 +312,13 @@ class RedisIndex:
             depths[tier] = TierDepth(queued=int(count), oldest_order_key=oldest)
         return depths
 
-    def register_worker(self, worker_id: str, *, slots: int, expires_at: float) -> None:
-        workers, slot_hash = self._keys.worker_keys()
-        pipe = self._client.pipeline(transaction=True)
-        pipe.zadd(workers, {worker_id: _score(expires_at)})
-        pipe.hset(slot_hash, worker_id, int(slots))
-        pipe.execute()
+    def register_worker(
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+    ) -> None:
+        self._register_worker(
+            keys=self._keys.worker_keys(),
+            args=[worker_id, int(slots), _score(ttl_s), _now(now)],
+        )
 
     def unregister_worker(self, worker_id: str) -> None:
         workers, slot_hash = self._keys.worker_keys()
@@ -260,8 +327,8 @@ class RedisIndex:
         pipe.hdel(slot_hash, worker_id)
         pipe.execute()
 
-    def pool_capacity(self, *, now: float) -> int:
-        return int(self._pool_capacity(keys=self._keys.worker_keys(), args=[_score(now)]))
+    def pool_capacity(self, *, now: float | None = None) -> int:
+        return int(self._pool_capacity(keys=self._keys.worker_keys(), args=[_now(now)]))
 
     def inflight(self) -> int:
         return int(self._client.zcard(self._keys.leases))
@@ -317,3 +384,8 @@ class RedisIndex:
 
     def mark_generation(self, value: str) -> bool:
         return bool(self._client.set(self._keys.generation, value, nx=True))
+
+    def set_generation(self, value: str, *, fence: str | None = None) -> None:
+        keys = [self._keys.generation, self._keys.leader]
+        if not self._set_generation(keys=keys, args=[value, fence or ""]):
+            raise NotLeader("set_generation refused: the fencing token is not the leader's")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import threading
 from typing import Any, cast
 
@@ -224,13 +226,38 @@ def test_many_tenants_half_blocked(index: DispatchIndex) -> None:
 
 def test_renew_true_while_leased_false_after(index: DispatchIndex) -> None:
     fill(index, job("a"))
-    assert index.renew("a", expires_at=50.0) is False  # queued, not leased
+    assert index.renew("a", attempt=1, ttl_s=50.0, now=0.0) is False  # queued, not leased
     index.dispatch(1, now=0.0, lease_ttl_s=TTL)
-    assert index.renew("a", expires_at=50.0) is True
+    assert index.renew("a", attempt=1, ttl_s=50.0, now=0.0) is True
     assert index.reap(now=40.0) == []
     assert ids(index.reap(now=50.0)) == ["a"]
-    assert index.renew("a", expires_at=90.0) is False
-    assert index.renew("nope", expires_at=90.0) is False
+    assert index.renew("a", attempt=1, ttl_s=90.0, now=0.0) is False
+    assert index.renew("nope", attempt=1, ttl_s=90.0, now=0.0) is False
+
+
+def test_a_lease_belongs_to_its_attempt(index: DispatchIndex) -> None:
+    index.requeue(replace(job("a"), attempt=2))
+    (lease,) = index.dispatch(1, now=0.0, lease_ttl_s=TTL)
+    assert lease.attempt == 2 and lease.expires_at == TTL
+    assert index.renew("a", attempt=1, ttl_s=100.0, now=0.0) is False  # a zombie attempt 1
+    assert index.release("a", attempt=1) is False
+    assert index.inflight() == 1
+    assert index.renew("a", attempt=2, ttl_s=5.0, now=0.0) is True  # never moves back
+    assert index.reap(now=TTL - 0.01) == []
+    index.requeue(job("a"))  # an earlier attempt's late requeue: the lease is newer
+    index.requeue(replace(job("a"), attempt=2))  # nor a requeue read before the dispatch
+    assert index.inflight() == 1 and index.position("a") is None
+    index.release("a", attempt=2)
+    assert index.inflight() == 0
+
+
+def test_now_left_out_is_the_index_clock(index: DispatchIndex) -> None:
+    fill(index, job("a"))
+    before = index.now()
+    (lease,) = index.dispatch(1, lease_ttl_s=TTL)
+    assert before + TTL <= lease.expires_at <= index.now() + TTL
+    assert index.reap() == []
+    assert index.renew("a", attempt=1, ttl_s=TTL) is True
 
 
 def test_release_return_value(index: DispatchIndex) -> None:
@@ -318,7 +345,7 @@ def test_requeue_replaces_without_duplicates(index: DispatchIndex) -> None:
     assert index.position("a") == 0
     leases = index.dispatch(10, now=0.0, lease_ttl_s=TTL)
     assert ids(leases) == ["a", "b"]
-    index.requeue(job("a", key=1.0, not_before=10.0))  # a retry: the lease goes
+    index.requeue(replace(job("a", key=1.0, not_before=10.0), attempt=2))  # a retry: lease goes
     assert index.tenant_inflight("t1") == 0
     assert index.release("a") is False
     assert ids(index.dispatch(10, now=10.0, lease_ttl_s=TTL)) == ["a"]
@@ -369,11 +396,11 @@ def test_tier_depths(index: DispatchIndex) -> None:
 
 def test_pool_capacity_with_expiry(index: DispatchIndex) -> None:
     assert index.pool_capacity(now=0.0) == 0
-    index.register_worker("w1", slots=2, expires_at=10.0)
-    index.register_worker("w2", slots=3, expires_at=20.0)
+    index.register_worker("w1", slots=2, ttl_s=10.0, now=0.0)
+    index.register_worker("w2", slots=3, ttl_s=20.0, now=0.0)
     assert index.pool_capacity(now=5.0) == 5
     assert index.pool_capacity(now=10.0) == 3
-    index.register_worker("w2", slots=4, expires_at=30.0)
+    index.register_worker("w2", slots=4, ttl_s=30.0, now=0.0)
     assert index.pool_capacity(now=10.0) == 4
     index.unregister_worker("w2")
     index.unregister_worker("never")
@@ -395,7 +422,7 @@ def test_names_and_scores_round_trip(index: DispatchIndex) -> None:
 def test_clear_forgets_everything(index: DispatchIndex) -> None:
     fill(index, job("a"), job("b", "t2"))
     index.dispatch(1, now=0.0, lease_ttl_s=TTL)
-    index.register_worker("w", slots=1, expires_at=10.0)
+    index.register_worker("w", slots=1, ttl_s=10.0, now=0.0)
     index.clear()
     assert index.inflight() == 0
     assert index.tier_depths(["free"])["free"].queued == 0

@@ -3,6 +3,8 @@ from SQL needs. Both implementations pass it (fixtures in test_index_contract.py
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import time
 from typing import Any
 
@@ -102,10 +104,10 @@ def test_a_deposed_leader_gets_no_lease(index: DispatchIndex) -> None:
 
 def test_restore_lease_takes_a_lease_that_counts_against_the_cap(index: DispatchIndex) -> None:
     fill(index, job("q1", "a", key=1.0))
-    assert index.restore_lease(job("r1", "a", key=0.5), expires_at=50.0) is True
+    assert index.restore_lease(job("r1", "a", key=0.5), ttl_s=50.0, now=0.0) is True
     assert index.tenant_inflight("a") == 1
     assert index.dispatch(10, now=0.0, lease_ttl_s=TTL) == []  # the tenant is at its cap of 1
-    assert index.renew("r1", expires_at=60.0) is True
+    assert index.renew("r1", attempt=1, ttl_s=60.0, now=0.0) is True
     assert index.reap(now=59.0) == []
     assert index.reap(now=60.0) == [
         Lease(job_id="r1", tenant="a", tier="free", order_key=0.5, expires_at=60.0)
@@ -113,28 +115,44 @@ def test_restore_lease_takes_a_lease_that_counts_against_the_cap(index: Dispatch
     assert ids(index.dispatch(10, now=60.0, lease_ttl_s=TTL)) == ["q1"]
 
 
-def test_restore_lease_keeps_the_later_expiry_and_leaves_queued_jobs(
+def test_restore_lease_keeps_the_later_expiry_and_leaves_later_attempts(
     index: DispatchIndex,
 ) -> None:
-    fill(index, job("a", "t1"), job("b", "t2"), job("d", "t3", not_before=99.0))
+    later = {"attempt": 2}
+    fill(index, job("a", "t1"))
+    index.requeue_many([replace(job("b", "t2"), **later),
+                        replace(job("d", "t3", not_before=99.0), **later)])
     index.dispatch(1, now=0.0, lease_ttl_s=TTL)  # a until 30
-    assert index.restore_lease(job("a", "t1"), expires_at=20.0) is True
+    assert index.restore_lease(job("a", "t1"), ttl_s=20.0, now=0.0) is True
     assert ids(index.reap(now=29.0)) == []
-    assert index.restore_lease(job("a", "t1"), expires_at=40.0) is True
+    assert index.restore_lease(job("a", "t1"), ttl_s=40.0, now=0.0) is True
     assert ids(index.reap(now=39.0)) == []
-    assert index.restore_lease(job("b", "t2"), expires_at=40.0) is False
-    assert index.restore_lease(job("d", "t3"), expires_at=40.0) is False
+    assert index.restore_lease(job("b", "t2"), ttl_s=40.0, now=0.0) is False
+    assert index.restore_lease(job("d", "t3"), ttl_s=40.0, now=0.0) is False
     assert index.position("b") == 0
     assert index.tenant_queued("t3") == 1
     assert ids(index.reap(now=40.0)) == ["a"]
     assert index.inflight() == 0
 
 
+def test_restore_lease_replaces_an_earlier_attempt_or_a_stale_queued_entry(
+    index: DispatchIndex,
+) -> None:
+    fill(index, job("a", "t1"), job("b", "t2"))
+    assert index.restore_lease(job("a", "t1"), ttl_s=10.0, now=0.0) is True  # SQL: in flight
+    assert index.position("a") is None and index.tenant_inflight("t1") == 1
+    index.dispatch(5, now=0.0, lease_ttl_s=TTL)  # b, attempt 1, until 30
+    assert index.restore_lease(replace(job("b", "t2"), attempt=2), ttl_s=5.0, now=0.0) is True
+    assert index.renew("b", attempt=1, ttl_s=TTL, now=1.0) is False  # attempt 1 lost it
+    assert index.renew("b", attempt=2, ttl_s=TTL, now=1.0) is True
+    assert [lease.attempt for lease in index.reap(now=100.0)] == [1, 2]
+
+
 def test_restore_lease_for_a_new_tenant_files_it_under_its_tier_cap(
     index: DispatchIndex,
 ) -> None:
     index.set_caps({"free": 1, "paid": 2})
-    assert index.restore_lease(job("r", "t", tier="paid"), expires_at=50.0) is True
+    assert index.restore_lease(job("r", "t", tier="paid"), ttl_s=50.0, now=0.0) is True
     index.requeue(job("q", "t", tier="paid"))
     assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL)) == ["q"]  # cap 2, not 1
 
@@ -143,7 +161,7 @@ def test_job_ids_lists_queued_delayed_and_leased(index: DispatchIndex) -> None:
     assert list(index.job_ids()) == []
     fill(index, job("a", "t1"), job("b", "t2"), job("d", "t3", not_before=99.0))
     index.dispatch(1, now=0.0, lease_ttl_s=TTL)
-    index.register_worker("w", slots=1, expires_at=10.0)
+    index.register_worker("w", slots=1, ttl_s=10.0, now=0.0)
     assert sorted(index.job_ids()) == ["a", "b", "d"]
 
 

@@ -120,7 +120,7 @@ class IndexPair(RuleBasedStateMachine):
             self.both(lambda index: index.release(job_id))
         else:
             until = self.now + renew_for
-            self.both(lambda index: index.renew(job_id, expires_at=until))
+            self.both(lambda index: index.renew(job_id, attempt=1, ttl_s=until, now=0.0))
 
     @rule(job_id=st.sampled_from(JOB_IDS))
     def cancel(self, job_id: str) -> None:
@@ -154,7 +154,7 @@ class IndexPair(RuleBasedStateMachine):
             self.both(lambda index: index.unregister_worker(worker))
         else:
             until = self.now + ttl
-            self.both(lambda index: index.register_worker(worker, slots=slots, expires_at=until))
+            self.both(lambda index: index.register_worker(worker, slots=slots, ttl_s=until, now=0.0))
 
     @invariant()
     def same_view(self) -> None:
@@ -211,7 +211,7 @@ def random_step(pair: IndexPair, rng: random.Random) -> None:
         if op == "release":
             pair.both(lambda index: index.release(job_id))
         elif op == "renew":
-            pair.both(lambda index: index.renew(job_id, expires_at=until))
+            pair.both(lambda index: index.renew(job_id, attempt=1, ttl_s=until, now=0.0))
         else:
             pair.both(lambda index: index.cancel(job_id))
     elif op == "tick":

@@ -1,11 +1,10 @@
 -- admit.lua: index a job if its tier and tenant are under their bounds, atomically.
--- KEYS[1] prefix  [2] runnable  [3] blocked  [4] queued  [5] delayed  [6] deadlines
---      [7] leases  [8] meta  [9] tier_caps  [10] tenant_caps  [11] tenant_tier
---      [12] tenant_delayed  (the layout of common.lua, which is prepended)
+-- KEYS: the layout of common.lua, which is prepended.
 -- ARGV[1] job  ARGV[2] tenant  ARGV[3] tier  ARGV[4] order_key  ARGV[5] start_by ('' none)
 -- ARGV[6] not_before ('' none)  ARGV[7] bound  ARGV[8] tenant quota ('' none)
 -- ARGV[9] max position ('' none): refuse ('deadline') a job with more jobs ahead of it
 -- Returns {accepted 0/1, tier_queued, tenant_queued, position, reason or '', duplicate 0/1}.
+-- A new job is attempt 1.
 local job, tenant, tier, order_key = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local bound, quota, max_position = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 
@@ -37,7 +36,7 @@ if max_position then
   local ahead = rank_at(order_key)
   if ahead > max_position then return {0, tier_queued, queued, ahead, 'deadline', 0} end
 end
-index_job(job, tenant, tier, order_key, ARGV[5], ARGV[6])
+index_job(job, tenant, tier, order_key, ARGV[5], ARGV[6], 1)
 local position = redis.call('ZRANK', QUEUED, job)
 if not position then position = rank_at(order_key) end
 return {1, tier_queued + 1, queued + 1, position, '', 0}

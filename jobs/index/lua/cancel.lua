@@ -1,9 +1,9 @@
 -- cancel.lua: remove a queued or delayed job; re-file its tenant.
--- KEYS[1] prefix  [2] runnable  [3] blocked  [4] queued  [5] delayed  [6] deadlines
---      [7] leases  [8] meta  [9] tier_caps  [10] tenant_caps  [11] tenant_tier
---      [12] tenant_delayed  (the layout of common.lua, which is prepended)
--- ARGV[1] job
--- Returns 1 when removed, 0 when the job is not queued or delayed (leased, unknown).
+-- KEYS: the layout of common.lua, which is prepended.
+-- ARGV[1] job  ARGV[2] the caller's fencing token ('' unfenced: the API)
+-- Returns 1 when removed, 0 when the job is not queued or delayed (leased, unknown); fails
+-- NOTLEADER, changing nothing, when the token is not the leader's.
+if fenced_out(ARGV[2]) then return redis.error_reply(NOT_LEADER) end
 local job = ARGV[1]
 if not (redis.call('ZSCORE', QUEUED, job) or redis.call('ZSCORE', DELAYED, job)) then
   return 0

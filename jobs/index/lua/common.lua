@@ -2,8 +2,10 @@
 -- KEYS[1] prefix (one hash tag; a tenant's and a tier's keys are derived from it)
 -- KEYS[2] runnable  KEYS[3] blocked  KEYS[4] queued  KEYS[5] delayed  KEYS[6] deadlines
 -- KEYS[7] leases  KEYS[8] meta  KEYS[9] tier_caps  KEYS[10] tenant_caps
--- KEYS[11] tenant_tier  KEYS[12] tenant_delayed
+-- KEYS[11] tenant_tier  KEYS[12] tenant_delayed  KEYS[13] leader (the fence of leader writes)
 -- Scores travel as strings (Python's repr of a float) so they round-trip exactly.
+-- Time: every script that needs "now" reads Redis's own clock (TIME) unless the caller passes
+-- one explicitly (tests and the simulator drive a virtual clock); hosts' clocks never decide.
 local PREFIX, RUNNABLE, BLOCKED, QUEUED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local DELAYED, DEADLINES, LEASES, META = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local TIER_CAPS, TENANT_CAPS, TENANT_TIER, TENANT_DELAYED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
@@ -11,6 +13,18 @@ local TIER_CAPS, TENANT_CAPS, TENANT_TIER, TENANT_DELAYED = KEYS[9], KEYS[10], K
 local function qkey(tenant) return PREFIX .. 'q:' .. tenant end
 local function lkey(tenant) return PREFIX .. 'lease:' .. tenant end
 local function tkey(tier) return PREFIX .. 'tier:' .. tier end
+
+-- Redis's clock, in seconds since the epoch (frozen for the duration of the script).
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- The time a caller passed ('' or nil: Redis's clock).
+local function now_or_server(arg)
+  if arg == nil or arg == '' then return server_now() end
+  return tonumber(arg)
+end
 
 local CAPS, TIER_CAP = {}, {}  -- caps looked up during this call (tenant, tier)
 
@@ -37,11 +51,18 @@ local function at_cap(tenant)
   return redis.call('ZCARD', lkey(tenant)) >= cap_of(tenant)
 end
 
--- {tenant, tier, order_key, start_by, not_before} ('' for none), or nil when unknown.
+-- {tenant, tier, order_key, start_by, not_before, attempt} ('' for none), or nil when unknown.
+-- The attempt is the one the entry (queued job or lease) belongs to.
 local function meta_of(job)
   local raw = redis.call('HGET', META, job)
   if not raw then return nil end
   return cjson.decode(raw)
+end
+
+local function attempt_of(m) return tonumber(m[6]) or 1 end
+
+local function encode_meta(tenant, tier, order_key, start_by, not_before, attempt)
+  return cjson.encode({tenant, tier, order_key, start_by, not_before, tonumber(attempt)})
 end
 
 local function head_of(tenant)
@@ -90,8 +111,9 @@ local function tenant_queued(tenant)
 end
 
 -- Index a job: queued, or delayed when it has a not_before ('' for none).
-local function index_job(job, tenant, tier, order_key, start_by, not_before)
-  redis.call('HSET', META, job, cjson.encode({tenant, tier, order_key, start_by, not_before}))
+local function index_job(job, tenant, tier, order_key, start_by, not_before, attempt)
+  redis.call('HSET', META, job, encode_meta(tenant, tier, order_key, start_by, not_before,
+                                            attempt))
   local retiered = redis.call('HGET', TENANT_TIER, tenant) ~= tier
   if retiered then  -- a new tenant, or one that changed tier: its cap may have changed
     redis.call('HSET', TENANT_TIER, tenant, tier)
@@ -135,8 +157,8 @@ local function unindex(job, m)
   return state
 end
 
--- The fence of dispatch, reap and expire_due, whose callers pass the leader lock as KEYS[13]:
--- true when the caller's fencing token (ARGV; '' for an unfenced call) is not the lock's
+-- The fence of every write a leader makes (dispatch, reap, expire_due, caps, requeue and
+-- release of a rebuild or a reconciler round): true when the caller's fencing token (ARGV; '' for an unfenced call) is not the lock's
 -- value, i.e. the caller is not the leader (any more) and must change nothing.
 local NOT_LEADER = 'NOTLEADER the fencing token is not the leader\'s'
 local function fenced_out(token)

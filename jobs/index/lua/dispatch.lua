@@ -1,14 +1,14 @@
 -- dispatch.lua: promote due delayed jobs, then lease up to n jobs in order-key order across
 -- runnable tenants; a tenant found at its cap moves to blocked (it does not count toward n).
--- KEYS[1] prefix  [2] runnable  [3] blocked  [4] queued  [5] delayed  [6] deadlines
---      [7] leases  [8] meta  [9] tier_caps  [10] tenant_caps  [11] tenant_tier
---      [12] tenant_delayed  (the layout of common.lua, which is prepended)  [13] leader
--- ARGV[1] n  ARGV[2] now  ARGV[3] expires_at of the new leases  ARGV[4] promote limit
--- ARGV[5] the caller's fencing token ('' unfenced)
--- Returns {{job, tenant, tier, order_key}, ...} in dispatch order; fails NOTLEADER, changing
+-- KEYS: the layout of common.lua, which is prepended (KEYS[13] the leader lock).
+-- ARGV[1] n  ARGV[2] now ('' Redis's clock)  ARGV[3] lease ttl in seconds
+-- ARGV[4] promote limit  ARGV[5] the caller's fencing token ('' unfenced)
+-- Returns {{job, tenant, tier, order_key, attempt, expires_at}, ...} in dispatch order; a
+-- lease belongs to the attempt its entry was indexed with. Fails NOTLEADER, changing
 -- nothing, when the token is not the leader's.
 if fenced_out(ARGV[5]) then return redis.error_reply(NOT_LEADER) end
-local n, now, expires_at = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local n, now = tonumber(ARGV[1]), now_or_server(ARGV[2])
+local expires_at = now + tonumber(ARGV[3])
 
 local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 for _, job in ipairs(due) do
@@ -42,7 +42,7 @@ while #out < n do
     if head[1] then
       redis.call('ZADD', inflight + 1 >= cap and BLOCKED or RUNNABLE, head[2], head[1])
     end
-    out[#out + 1] = {job, tenant, m[2], m[3]}
+    out[#out + 1] = {job, tenant, m[2], m[3], attempt_of(m), string.format('%.17g', expires_at)}
   end
 end
 return out

@@ -1,12 +1,15 @@
--- release.lua: drop a lease; re-file its tenant.
--- KEYS[1] prefix  [2] runnable  [3] blocked  [4] queued  [5] delayed  [6] deadlines
---      [7] leases  [8] meta  [9] tier_caps  [10] tenant_caps  [11] tenant_tier
---      [12] tenant_delayed  (the layout of common.lua, which is prepended)
--- ARGV[1] job
--- Returns 1 when the tenant moved from blocked to runnable, else 0 (also: no such lease).
+-- release.lua: drop a lease of one attempt; re-file its tenant.
+-- KEYS: the layout of common.lua, which is prepended (KEYS[13] the leader lock).
+-- ARGV[1] job  ARGV[2] attempt ('' any: maintenance of a finished job)
+-- ARGV[3] the caller's fencing token ('' unfenced: a worker or the API)
+-- Returns 1 when the tenant moved from blocked to runnable, else 0 (also: no such lease, or
+-- the lease belongs to another attempt, which is left alone).
+if fenced_out(ARGV[3]) then return redis.error_reply(NOT_LEADER) end
 local job = ARGV[1]
 if not redis.call('ZSCORE', LEASES, job) then return 0 end
-local tenant = meta_of(job)[1]
+local m = meta_of(job)
+if ARGV[2] ~= '' and attempt_of(m) ~= tonumber(ARGV[2]) then return 0 end
+local tenant = m[1]
 redis.call('ZREM', LEASES, job)
 redis.call('ZREM', lkey(tenant), job)
 redis.call('HDEL', META, job)

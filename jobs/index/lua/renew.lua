@@ -1,11 +1,16 @@
--- renew.lua: move a lease's expiry, only while the lease exists.
--- KEYS[1] prefix  [2] runnable  [3] blocked  [4] queued  [5] delayed  [6] deadlines
---      [7] leases  [8] meta  [9] tier_caps  [10] tenant_caps  [11] tenant_tier
---      [12] tenant_delayed  (the layout of common.lua, which is prepended)
--- ARGV[1] job  ARGV[2] expires_at
--- Returns 1 when renewed, 0 when the lease is gone.
-local job, expires_at = ARGV[1], ARGV[2]
-if not redis.call('ZSCORE', LEASES, job) then return 0 end
-redis.call('ZADD', LEASES, 'XX', expires_at, job)
-redis.call('ZADD', lkey(meta_of(job)[1]), 'XX', expires_at, job)
+-- renew.lua: extend the lease of one attempt to Redis's now + ttl; never moves it back.
+-- KEYS: the layout of common.lua, which is prepended.
+-- ARGV[1] job  ARGV[2] attempt  ARGV[3] ttl in seconds  ARGV[4] now ('' Redis's clock)
+-- Returns 1 when the attempt holds the lease (renewed), 0 when it is gone or belongs to
+-- another attempt: the caller has lost it and must stop.
+local job, attempt = ARGV[1], tonumber(ARGV[2])
+local current = redis.call('ZSCORE', LEASES, job)
+if not current then return 0 end
+local m = meta_of(job)
+if attempt_of(m) ~= attempt then return 0 end
+local expires_at = now_or_server(ARGV[4]) + tonumber(ARGV[3])
+if expires_at > tonumber(current) then
+  redis.call('ZADD', LEASES, 'XX', expires_at, job)
+  redis.call('ZADD', lkey(m[1]), 'XX', expires_at, job)
+end
 return 1

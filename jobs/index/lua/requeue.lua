@@ -1,15 +1,23 @@
--- requeue.lua: index jobs again without bound checks, replacing any entry of the same id.
--- KEYS[1] prefix  [2] runnable  [3] blocked  [4] queued  [5] delayed  [6] deadlines
---      [7] leases  [8] meta  [9] tier_caps  [10] tenant_caps  [11] tenant_tier
---      [12] tenant_delayed  (the layout of common.lua, which is prepended)
--- ARGV: groups of six, one per job: job, tenant, tier, order_key, start_by ('' none),
---       not_before ('' none). Returns the number of jobs indexed.
+-- requeue.lua: index jobs again without bound checks, replacing any entry of the same id
+-- that belongs to an earlier attempt, or a queued entry of the same attempt. A later
+-- attempt's entry, or a lease of the same attempt (dispatched after the caller read SQL; the
+-- reaper takes it back if it is stale), is newer and kept.
+-- KEYS: the layout of common.lua, which is prepended (KEYS[13] the leader lock).
+-- ARGV[1] the caller's fencing token ('' unfenced: a worker's retry)
+-- ARGV[2..]: groups of seven, one per job: job, tenant, tier, order_key, start_by ('' none),
+--       not_before ('' none), attempt. Returns the number of jobs indexed. Fails NOTLEADER,
+--       changing nothing, when the token is not the leader's.
+if fenced_out(ARGV[1]) then return redis.error_reply(NOT_LEADER) end
 local count = 0
-for i = 1, #ARGV, 6 do
-  local job = ARGV[i]
+for i = 2, #ARGV, 7 do
+  local job, attempt = ARGV[i], tonumber(ARGV[i + 6])
   local m = meta_of(job)
-  if m then unindex(job, m) end
-  index_job(job, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5])
-  count = count + 1
+  local known = m and attempt_of(m)
+  if not m or known < attempt
+      or (known == attempt and not redis.call('ZSCORE', LEASES, job)) then
+    if m then unindex(job, m) end
+    index_job(job, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], attempt)
+    count = count + 1
+  end
 end
 return count

@@ -1,28 +1,37 @@
--- restore_lease.lua: make sure an in-flight job holds a lease until at least expires_at
--- (a rebuild from SQL: the job is dispatched or running). A lease that ends later is kept;
--- a queued or delayed entry of the job is left alone (it was re-queued since SQL was read).
--- KEYS[1] prefix  [2] runnable  [3] blocked  [4] queued  [5] delayed  [6] deadlines
---      [7] leases  [8] meta  [9] tier_caps  [10] tenant_caps  [11] tenant_tier
---      [12] tenant_delayed  (the layout of common.lua, which is prepended)
+-- restore_lease.lua: make an in-flight attempt (SQL says dispatched or running) hold its
+-- lease until at least now + ttl: a rebuild or a reconciler round. An entry of a later
+-- attempt is newer than the SQL read and is left alone; an entry of an earlier attempt, or a
+-- queued entry of this one (SQL has it in flight), is stale and replaced; this attempt's
+-- lease is extended, never shortened.
+-- KEYS: the layout of common.lua, which is prepended (KEYS[13] the leader lock).
 -- ARGV[1] job  ARGV[2] tenant  ARGV[3] tier  ARGV[4] order_key  ARGV[5] start_by ('' none)
--- ARGV[6] not_before ('' none)  ARGV[7] expires_at
--- Returns 1 when the job holds a lease now, 0 when it is queued or delayed.
-local job, tenant, tier, expires_at = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
-if redis.call('ZSCORE', QUEUED, job) or redis.call('ZSCORE', DELAYED, job) then return 0 end
-local current = redis.call('ZSCORE', LEASES, job)
-if current then
-  if tonumber(current) < tonumber(expires_at) then
-    redis.call('ZADD', LEASES, 'XX', expires_at, job)
-    redis.call('ZADD', lkey(meta_of(job)[1]), 'XX', expires_at, job)
+-- ARGV[6] not_before ('' none)  ARGV[7] attempt  ARGV[8] ttl in seconds
+-- ARGV[9] now ('' Redis's clock)  ARGV[10] the caller's fencing token ('' unfenced)
+-- Returns 1 when the attempt holds a lease now, 0 when a newer entry was kept.
+if fenced_out(ARGV[10]) then return redis.error_reply(NOT_LEADER) end
+local job, tenant, tier, attempt = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[7])
+local now = now_or_server(ARGV[9])
+local expires_at = now + tonumber(ARGV[8])
+local m = meta_of(job)
+if m then
+  local known = attempt_of(m)
+  if known > attempt then return 0 end
+  local current = redis.call('ZSCORE', LEASES, job)
+  if known == attempt and current then
+    if tonumber(current) < expires_at then
+      redis.call('ZADD', LEASES, 'XX', expires_at, job)
+      redis.call('ZADD', lkey(m[1]), 'XX', expires_at, job)
+    end
+    return 1
   end
-  return 1
+  unindex(job, m)  -- an earlier attempt's entry, or a stale queued entry of this one
 end
-redis.call('HSET', META, job, cjson.encode({tenant, tier, ARGV[4], ARGV[5], ARGV[6]}))
+redis.call('HSET', META, job, encode_meta(tenant, tier, ARGV[4], ARGV[5], ARGV[6], attempt))
 redis.call('ZADD', lkey(tenant), expires_at, job)
 redis.call('ZADD', LEASES, expires_at, job)
 if redis.call('HGET', TENANT_TIER, tenant) ~= tier then  -- its cap may have changed
   redis.call('HSET', TENANT_TIER, tenant, tier)
-  local head = head_of(tenant)
-  if head then refile(tenant, head) end
 end
+local head = head_of(tenant)
+if head then refile(tenant, head) end
 return 1

@@ -1,0 +1,74 @@
+"""One clock for the whole fleet: Redis's.
+
+Hosts' clocks disagree (an API or worker minutes behind is common enough), and a scheduler
+that compares times written by different hosts reaps live leases early or ages jobs wrong.
+So every time tierq writes or compares — order keys, ``start_by``, retry ``not_before``, the
+rows' timestamps, rate buckets — is Redis's ``TIME``: inside the Lua scripts where a lease or
+a deadline is decided, and through ``ServerClock`` everywhere else.
+
+``ServerClock`` reads ``TIME`` once every ``resync_s`` and extrapolates with
+``time.monotonic()`` in between, so a read costs no round trip and never follows the host's
+wall clock (an NTP step, a skewed host). Until Redis has answered once it falls back to the
+host's clock, the only one there is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+# How often the offset to Redis's clock is measured again.
+RESYNC_S = 10.0
+# After a failed read, wait this long before trying again (Redis down: do not hammer it).
+RETRY_S = 1.0
+
+
+class ServerClock:
+    """A callable clock: Redis's time, in seconds since the epoch."""
+
+    def __init__(
+        self,
+        read_server: Callable[[], float],
+        *,
+        resync_s: float = RESYNC_S,
+        monotonic: Callable[[], float] = time.monotonic,
+        fallback: Callable[[], float] = time.time,
+    ) -> None:
+        self._read_server = read_server
+        self._resync_s = resync_s
+        self._monotonic = monotonic
+        self._fallback = fallback
+        self._offset: float | None = None
+        self._next_sync = -float("inf")
+        self._lock = threading.Lock()
+
+    @property
+    def synced(self) -> bool:
+        """Redis has answered at least once: the time is Redis's, not the host's."""
+        return self._offset is not None
+
+    def __call__(self) -> float:
+        if self._monotonic() >= self._next_sync:
+            self._sync()
+        offset = self._offset
+        if offset is None:
+            return self._fallback()
+        return self._monotonic() + offset
+
+    def _sync(self) -> None:
+        with self._lock:
+            if self._monotonic() < self._next_sync:
+                return  # another thread synced meanwhile
+            before = self._monotonic()
+            try:
+                server = self._read_server()
+            except (redis.RedisError, OSError):
+                self._next_sync = before + RETRY_S
+                return
+            after = self._monotonic()
+            # The server read its clock somewhere in [before, after]: take the middle.
+            self._offset = server - (before + after) / 2
+            self._next_sync = after + self._resync_s

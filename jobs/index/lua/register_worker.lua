@@ -1,0 +1,11 @@
+-- register_worker.lua: record a live worker's slots until Redis's clock + ttl.
+-- KEYS[1] workers (zset worker -> expires_at)  KEYS[2] worker_slots (hash worker -> slots)
+-- ARGV[1] worker  ARGV[2] slots  ARGV[3] ttl in seconds  ARGV[4] now ('' Redis's clock)
+local now = ARGV[4]
+if now == nil or now == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+redis.call('ZADD', KEYS[1], string.format('%.17g', now + tonumber(ARGV[3])), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
