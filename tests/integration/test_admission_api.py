@@ -322,7 +322,7 @@ def test_policy_command_shows_the_live_figures_next_to_the_configured(
     _, redis_url, prefix = urls
     with api(urls, clock) as served:
         runtime = rt(served)
-        runtime.index.register_worker("w1", slots=8, expires_at=clock.now + 3600)
+        runtime.index.register_worker("w1", slots=8, ttl_s=3600, now=clock.now)
         publish(redis_client, prefix, MeasuredMean(mean_s=3.0, samples=25), now=clock.now)
         env = {"TIERQ_REDIS_URL": redis_url, "TIERQ_KEY_PREFIX": prefix,
                "COLUMNS": "200"}

@@ -202,18 +202,22 @@ def test_an_expired_lease_requeues_with_the_next_attempt_and_the_same_key(
 def test_a_job_whose_attempts_are_spent_fails_when_its_lease_expires(
     runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
 ) -> None:
+    """Its worker dies after each start (max_attempts = 2 counts starts)."""
     t = tenant(runtime, "acme")
     job = queue_job(runtime, t, at=T0)
     now = T0
-    for _ in range(2):  # max_attempts = 2
+    for attempt in (1, 2):
         now += 1
         dispatcher.run_once(now)
+        with runtime.sessions.begin() as s:  # the worker starts it, then dies
+            assert repository.transition(s, job.id, src=Status.DISPATCHED, attempt=attempt,
+                                         dst=Status.RUNNING, now=now)
         now += runtime.policy.lease_ttl_s + 1
-    stats = dispatcher.run_once(now)
+        stats = dispatcher.run_once(now)
 
     final = status(runtime, job.id)
-    assert final.status is Status.FAILED
-    assert "lease expired" in (final.error or "")
+    assert final.status is Status.FAILED and final.starts == 2
+    assert "stopped renewing its lease (start 2 of 2)" in (final.error or "")
     assert stats.failed == 1
     assert runtime.index.inflight() == 0
 
@@ -249,7 +253,8 @@ def test_a_failed_publish_hands_the_jobs_back_without_charging_an_attempt(
     for job in (first, second):
         back = status(runtime, job.id)
         assert back.status is Status.QUEUED
-        assert back.attempt == 2 and back.max_attempts == 3  # moved on, not charged
+        assert back.attempt == 2 and back.starts == 0  # moved on, not charged
+        assert back.max_attempts == 2
         assert back.order_key == job.order_key
     assert dispatcher.run_once(T0 + 2.5).dispatched == 0  # backing off: not offered yet
 

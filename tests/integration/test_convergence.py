@@ -1,0 +1,343 @@
+"""Interrupted two-step changes converge: each test leaves SQL and the Redis index in a state
+an interruption between two steps leaves (a reaped lease, a lost index entry, a Redis from an
+older snapshot, a zombie attempt) and checks that the worker, the reaper or the reconciler
+brings the job back to a state that finishes. Real PostgreSQL and Redis; time is virtual
+where the dispatcher is driven by hand (``run_once``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+import redis
+
+from jobs.config import load_settings
+from jobs.db import repository
+from jobs.db.engine import make_engine, make_sessionmaker
+from jobs.dispatcher import Dispatcher
+from jobs.domain import Job, NewJob
+from jobs.execution import execute
+from jobs.ids import new_job_id
+from jobs.index.base import NotLeader
+from jobs.index.redis_index import RedisIndex
+from jobs.leases import Heartbeat
+from jobs.rebuild import rebuild
+from jobs.reconciler import QUEUED_GRACE_S, Reconciler
+from jobs.recovery import indexed
+from jobs.runtime import Runtime
+from jobs.states import Status
+from workers.handlers import JobContext, RetryableError, default_registry
+
+pytestmark = pytest.mark.integration
+
+TTL = 10.0
+
+
+@dataclass
+class RecordingPublisher:
+    sent: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+        self.sent.append((job_id, attempt, tier))
+
+
+@pytest.fixture
+def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
+    settings = load_settings(
+        database_url=db_url, key_prefix=key_prefix,
+        policy={"pool_concurrency": 4, "lease_ttl_s": TTL, "max_attempts": 2,
+                "retry_backoff_s": 5.0},
+    )
+    engine = make_engine(db_url)
+    rt = Runtime(
+        settings=settings, policy=settings.build_policy(), engine=engine,
+        sessions=make_sessionmaker(engine), redis=redis_client,
+        index=RedisIndex(redis_client, key_prefix),
+    )
+    yield rt
+    engine.dispose()
+
+
+@pytest.fixture
+def dispatcher(runtime: Runtime) -> Dispatcher:
+    return Dispatcher(runtime, RecordingPublisher())
+
+
+@pytest.fixture
+def tenant_id(runtime: Runtime) -> str:
+    with runtime.sessions.begin() as s:
+        return repository.create_tenant(
+            s, name="acme", tier="standard", api_key_hash="acme", now=time.time()
+        ).id
+
+
+def queue_job(
+    runtime: Runtime, tenant_id: str, *, at: float, index: bool = True, **kw: Any
+) -> Job:
+    new = NewJob(
+        id=new_job_id(at), tenant_id=tenant_id, tier="standard", kind="echo", payload={},
+        order_key=runtime.policy.order_key("standard", at), enqueued_at=at, **kw,
+    )
+    with runtime.sessions.begin() as s:
+        job = repository.insert_job(s, new)
+    if index:
+        assert runtime.index.admit(indexed(job), bound=1000).accepted
+    return job
+
+
+def load(runtime: Runtime, job_id: str) -> Job:
+    with runtime.sessions() as s:
+        job = repository.get_job(s, job_id)
+    assert job is not None
+    return job
+
+
+def move(runtime: Runtime, job: Job, dst: Status, now: float) -> Job:
+    with runtime.sessions.begin() as s:
+        assert repository.transition(
+            s, job.id, src=job.status, attempt=job.attempt, dst=dst, now=now
+        )
+    return load(runtime, job.id)
+
+
+def run(runtime: Runtime, job: Job, **kw: Any) -> str:
+    registry = default_registry("")
+    return execute(runtime, registry, job.id, job.attempt, worker_id="w@test", **kw)
+
+
+# -- a worker that finds its lease gone hands the job back --------------------------------------
+
+
+def test_a_start_after_the_lease_was_reaped_hands_the_job_back_uncharged(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """The message waited in the broker past the lease: reap.lua took the lease, and the
+    worker's start must not leave the row running with nobody accounting for it."""
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    assert dispatcher.run_once(now).dispatched == 1
+    runtime.index.reap(now=now + TTL + 1)  # the reaper's first step; its SQL step not yet
+
+    assert run(runtime, load(runtime, job.id)) == "handed_back"
+
+    back = load(runtime, job.id)
+    assert (back.status, back.attempt, back.starts, back.started_at) == (
+        Status.QUEUED, 2, 0, None)
+    assert runtime.index.entries_of([job.id])[job.id].attempt == 2
+    assert runtime.index.position(job.id) is not None
+    dispatcher.run_once(now + 0.5)
+    assert run(runtime, load(runtime, job.id)) == "succeeded"
+    assert load(runtime, job.id).starts == 1
+
+
+def test_a_running_row_whose_lease_is_gone_is_recovered_by_the_reconciler(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """The worker's dispatched → running landed between reap.lua and the reaper's SQL
+    update; the reaper's compare-and-set failed, and the worker died: nobody holds it."""
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    dispatcher.run_once(now)
+    runtime.index.reap(now=now + TTL + 1)
+    move(runtime, load(runtime, job.id), Status.RUNNING, now + 1)
+
+    stats = Reconciler(runtime).run_once(now + 2)
+    if stats.full:  # the first round of a fresh epoch is a full pass: it restores the lease
+        runtime.index.reap(now=now + 3 * TTL)
+        stats = Reconciler(runtime).run_once(now + 3 * TTL)
+    assert stats.orphans_recovered == 1
+
+    back = load(runtime, job.id)
+    assert (back.status, back.attempt, back.starts) == (Status.QUEUED, 2, 1)
+    assert back.started_at is not None  # it ran: the client can tell
+    assert runtime.index.position(job.id) is not None
+
+
+# -- the index converges to SQL ---------------------------------------------------------------
+
+
+def converge(runtime: Runtime, now: float) -> Reconciler:
+    """A reconciler past its first (full) pass, so later rounds are incremental."""
+    reconciler = Reconciler(runtime)
+    assert reconciler.run_once(now).full
+    assert not reconciler.run_once(now).full
+    return reconciler
+
+
+def test_a_queued_row_missing_from_the_index_is_indexed_again(
+    runtime: Runtime, tenant_id: str
+) -> None:
+    """SQL committed, the Redis step after it failed (a requeue whose counter raised, an
+    entry expire_due dropped before its row was visible, a retry's requeue)."""
+    now = time.time()
+    reconciler = converge(runtime, now)
+    job = queue_job(runtime, tenant_id, at=now, index=False)
+
+    assert reconciler.run_once(now + 1).reindexed == 0  # within the grace: its writer may
+    stats = reconciler.run_once(now + QUEUED_GRACE_S + 1)
+
+    assert stats.reindexed == 1 and not stats.full
+    assert runtime.index.position(job.id) == 0
+
+
+def test_an_entry_of_a_finished_or_unknown_job_is_removed(
+    runtime: Runtime, tenant_id: str
+) -> None:
+    """A cancel whose SQL committed and whose index step did not; a failed submit's entry."""
+    now = time.time()
+    reconciler = converge(runtime, now)
+    job = queue_job(runtime, tenant_id, at=now)
+    move(runtime, job, Status.CANCELLED, now)
+    ghost = replace(indexed(job), job_id=new_job_id(now - 3600))
+    runtime.index.requeue(ghost)
+
+    stats = reconciler.run_once(now + 1)
+
+    assert stats.removed == 2
+    assert list(runtime.index.job_ids()) == []
+
+
+def test_an_index_restored_from_an_older_snapshot_is_rebuilt(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """Redis came back from an older RDB/AOF (or a lagging replica): its epoch is SQL's of
+    some rounds ago, so the next round passes in full and puts back what the snapshot lacks."""
+    now = time.time()
+    reconciler = converge(runtime, now)
+    old_epoch = runtime.index.generation()
+    job = queue_job(runtime, tenant_id, at=now)
+    reconciler.run_once(now + 1)
+    dispatcher.run_once(now + 1)  # dispatched after the snapshot
+    # The snapshot: the old epoch, without the lease taken since.
+    runtime.index.set_generation(str(old_epoch))
+    runtime.index.release(job.id)
+    assert runtime.index.inflight() == 0
+
+    assert reconciler.run_once(now + 2).full
+
+    assert runtime.index.entries_of([job.id])[job.id].leased
+    assert runtime.index.tenant_inflight(tenant_id) == 1
+    assert not reconciler.run_once(now + 3).full
+
+
+# -- leases belong to an attempt ----------------------------------------------------------------
+
+
+def test_a_zombie_attempt_cannot_keep_the_next_attempts_lease_alive(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    dispatcher.run_once(now)
+    first = move(runtime, load(runtime, job.id), Status.RUNNING, now)
+    ctx = JobContext(job_id=job.id, attempt=1, tenant_id=tenant_id, kind="echo")
+    zombie = Heartbeat(runtime, ctx, clock=lambda: now + 100)
+    # Attempt 1 was reaped and re-queued; attempt 2 is dispatched with a fresh lease.
+    dispatcher.run_once(now + TTL + 1)
+    assert load(runtime, job.id).attempt == 2
+    dispatcher.run_once(now + TTL + 2)
+    assert runtime.index.entries_of([job.id])[job.id].attempt == 2
+
+    zombie.tick()
+
+    assert ctx.lease_lost()
+    assert [lease.job_id for lease in runtime.index.reap(now=now + 2 * TTL + 2)] == [job.id]
+    assert first.attempt == 1
+
+
+# -- attempts count starts; deadlines do not eat retries ---------------------------------------
+
+
+def test_a_lease_that_lapses_before_the_start_is_not_charged(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """No worker claimed it (or the broker lost the message), again and again."""
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now, max_attempts=1)
+    for round_ in range(3):
+        at = now + round_ * (TTL + 1)
+        dispatcher.run_once(at)
+        assert load(runtime, job.id).status is Status.DISPATCHED
+    after = load(runtime, job.id)
+    assert (after.attempt, after.starts, after.max_attempts) == (3, 0, 1)
+    assert run(runtime, after) == "succeeded"
+
+
+def test_a_retry_due_after_start_by_fails_and_keeps_started_at(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now, max_wait_s=3.0, max_attempts=3)
+    registry = default_registry("")
+
+    class Flaky:
+        kind = "echo"
+
+        def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+            return payload
+
+        def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+            raise RetryableError("try later")
+
+    registry.register(Flaky(), replace=True)
+    dispatcher.run_once(now)
+    outcome = execute(runtime, registry, job.id, 1, worker_id="w@test", clock=lambda: now + 1)
+
+    done = load(runtime, job.id)
+    assert outcome == "failed" and done.status is Status.FAILED
+    assert done.started_at is not None and done.starts == 1
+    assert done.error is not None and "deadline" in done.error
+
+
+def test_a_reaped_running_job_past_its_start_by_fails_it_does_not_expire(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now, max_wait_s=5.0)
+    dispatcher.run_once(now)
+    move(runtime, load(runtime, job.id), Status.RUNNING, now + 1)
+
+    stats = dispatcher.run_once(now + TTL + 2)  # the worker died; start_by has passed
+
+    done = load(runtime, job.id)
+    assert stats.failed == 1 and done.status is Status.FAILED
+    assert done.started_at is not None
+    assert done.error is not None and "deadline" in done.error
+
+
+# -- fencing ----------------------------------------------------------------------------------
+
+
+def test_a_deposed_leader_changes_no_caps_and_rebuilds_nothing(
+    runtime: Runtime, tenant_id: str
+) -> None:
+    now = time.time()
+    index = runtime.index
+    old = index.acquire_leadership("old", ttl_s=60, now=now)
+    assert old is not None and index.resign_leadership(old, now=now)
+    assert index.acquire_leadership("new", ttl_s=60, now=now) is not None
+    job = queue_job(runtime, tenant_id, at=now, index=False)
+
+    with pytest.raises(NotLeader):
+        index.set_caps({"standard": 99}, fence=old)
+    with pytest.raises(NotLeader):
+        rebuild(runtime, now, fence=old)
+    assert index.position(job.id) is None
+
+
+def test_a_long_full_pass_renews_the_lead_between_batches(
+    runtime: Runtime, tenant_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("jobs.rebuild.BATCH", 2)
+    now = time.time()
+    for i in range(5):
+        queue_job(runtime, tenant_id, at=now + i, index=False)
+    calls = []
+
+    rebuild(runtime, now, keep_lead=lambda: calls.append(1))
+
+    assert len(calls) >= 3  # a check per batch of 2 queued rows, and before the strays
+    assert runtime.index.tenant_queued(tenant_id) == 5
