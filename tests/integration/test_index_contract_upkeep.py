@@ -3,9 +3,8 @@ from SQL needs. Both implementations pass it (fixtures in test_index_contract.py
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest

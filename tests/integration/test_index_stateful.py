@@ -154,7 +154,9 @@ class IndexPair(RuleBasedStateMachine):
             self.both(lambda index: index.unregister_worker(worker))
         else:
             until = self.now + ttl
-            self.both(lambda index: index.register_worker(worker, slots=slots, ttl_s=until, now=0.0))
+            self.both(
+                lambda index: index.register_worker(worker, slots=slots, ttl_s=until, now=0.0)
+            )
 
     @invariant()
     def same_view(self) -> None:
