@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, ParamSpec
@@ -150,16 +151,27 @@ def worker(
 
 @_friendly
 def flower(
-    port: Annotated[int, typer.Option(help="Port of the Flower web UI.")] = 5555,
-    address: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[
+        int, typer.Option(envvar="FLOWER_PORT", help="Port of the Flower web UI.")
+    ] = 5555,
+    address: Annotated[str, typer.Option(
+        envvar="FLOWER_ADDRESS",
+        help="Address to listen on; 0.0.0.0 for every interface (set up authentication first).",
+    )] = "127.0.0.1",
 ) -> None:
-    """Run Flower (Celery's monitor) against the broker."""
-    from workers.app import make_celery
+    """Run Flower (Celery's monitor) against the broker, on 127.0.0.1 unless --address.
 
-    argv = ["flower", f"--port={port}"]
-    if address is not None:
-        argv.append(f"--address={address}")
-    make_celery(load_settings()).start(argv)
+    Flower shows every task with its arguments and can control workers. Before it listens
+    beyond this machine, protect it: FLOWER_BASIC_AUTH=user:password in the environment
+    (several pairs comma-separated), or Flower's OAuth (FLOWER_AUTH, FLOWER_OAUTH2_*).
+    """
+    from workers.flower import auth_warning, run_flower
+
+    settings = load_settings()
+    warning = auth_warning(address, os.environ)
+    if warning is not None:
+        Console(stderr=True, soft_wrap=True, highlight=False).print(warning, style="yellow")
+    run_flower(settings, port=port, address=address)
 
 
 @_friendly

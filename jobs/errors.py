@@ -19,7 +19,8 @@
     ├── Unavailable                  503 unavailable: SQL or Redis cannot be reached
     ├── DuplicateJob                 idempotency key already used by this tenant
     ├── IllegalTransition            a state change not in jobs.states.TRANSITIONS
-    └── NotLeader                    (jobs.index.base) a fenced index call from a deposed leader
+    ├── NotLeader                    (jobs.index.base) a fenced index call from a deposed leader
+    └── JobFailedError               (workers.tasks) ends a failed job's Celery task in FAILURE
 """
 
 from __future__ import annotations

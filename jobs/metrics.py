@@ -87,7 +87,7 @@ def read_index_view(runtime: Runtime, *, now: float) -> IndexView:
 def recent_waits(runtime: Runtime, *, now: float) -> dict[str, list[float]]:
     """Each tier's queue waits of jobs started in the last ``WAIT_WINDOW_S`` seconds."""
     since = now - WAIT_WINDOW_S
-    with runtime.sessions.begin() as session:
+    with runtime.sessions() as session:
         return {
             name: repository.recent_waits(session, tier=name, since=since)
             for name in tier_names(runtime.policy)
@@ -166,7 +166,7 @@ class FleetCollector:
         )
 
     def _sql_families(self, now: float) -> Iterable[Metric]:
-        with self._runtime.sessions.begin() as session:
+        with self._runtime.sessions() as session:
             counts = repository.count_by_status(session)
         jobs = GaugeMetricFamily("tierq_jobs", "Jobs by state", labels=["status"])
         for status, count in counts.items():

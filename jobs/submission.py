@@ -173,7 +173,7 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
         return job
     except DuplicateJob as duplicate:
         _forget(runtime, new.id)
-        with runtime.sessions.begin() as session:
+        with runtime.sessions() as session:
             existing = repository.get_job(session, duplicate.job_id)
         if existing is None:  # the winner's row vanished (pruned): nothing sensible to show
             raise Unavailable("the job with this idempotency key moved; retry") from None
@@ -195,7 +195,7 @@ def _settle_commit(runtime: Runtime, new: NewJob, exc: Exception) -> Job:
     for delay in _SETTLE_DELAYS_S:
         time.sleep(delay)
         try:
-            with runtime.sessions.begin() as session:
+            with runtime.sessions() as session:
                 job = repository.get_job(session, new.id)
         except SQL_OUTAGE:
             continue
@@ -229,7 +229,7 @@ def _ring(runtime: Runtime) -> None:
 
 
 def _by_idempotency_key(runtime: Runtime, tenant_id: str, key: str) -> Job | None:
-    with runtime.sessions.begin() as session:
+    with runtime.sessions() as session:
         return repository.job_by_idempotency_key(session, tenant_id, key)
 
 
@@ -290,7 +290,7 @@ def parse_job_id(job_id: str) -> str:
 def load_job(runtime: Runtime, tenant: Tenant, job_id: str) -> Job:
     """The tenant's job; another tenant's job is "not found" too, never "forbidden"."""
     canonical = parse_job_id(job_id)
-    with runtime.sessions.begin() as session:
+    with runtime.sessions() as session:
         job = repository.get_job(session, canonical, tenant_id=tenant.id)
     if job is None:
         raise NotFound("no such job", job_id=job_id)
@@ -300,7 +300,7 @@ def load_job(runtime: Runtime, tenant: Tenant, job_id: str) -> Job:
 def list_jobs(
     runtime: Runtime, tenant: Tenant, *, status: Status | None, limit: int, cursor: str | None
 ) -> tuple[list[Progress], str | None]:
-    with runtime.sessions.begin() as session:
+    with runtime.sessions() as session:
         jobs, next_cursor = repository.list_jobs(
             session, tenant_id=tenant.id, status=status, limit=limit, cursor=cursor
         )

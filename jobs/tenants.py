@@ -93,12 +93,12 @@ def rotate_key(runtime: Runtime, tenant_id: str) -> tuple[Tenant, str]:
 
 
 def list_tenants(runtime: Runtime) -> list[Tenant]:
-    with runtime.sessions.begin() as session:
+    with runtime.sessions() as session:
         return repository.list_tenants(session)
 
 
 def get_tenant(runtime: Runtime, tenant_id: str) -> Tenant:
-    with runtime.sessions.begin() as session:
+    with runtime.sessions() as session:
         tenant = repository.get_tenant(session, parse_tenant_id(tenant_id))
     if tenant is None:
         raise NotFound("no such tenant", tenant_id=tenant_id)
@@ -153,5 +153,5 @@ def update_tenant(
 
 def tenant_for_key(runtime: Runtime, key: str) -> Tenant | None:
     """The tenant holding this key, or None."""
-    with runtime.sessions.begin() as session:
+    with runtime.sessions() as session:
         return repository.tenant_by_key_hash(session, hash_key(key))

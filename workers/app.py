@@ -2,7 +2,8 @@
 
 Celery only carries "start job X, attempt N"; leases, not the broker, recover lost work, so
 messages are acked on receipt (``task_acks_late=False``) and Celery's redelivery never
-re-runs a long job. Results live in SQL: no result backend. Task events stay on for Flower.
+re-runs a long job. Results live in SQL: no result backend. Task events stay on for Flower,
+where a failed job's task shows FAILURE (``workers.tasks``).
 
 ``make_celery(settings)`` builds a worker app (task + worker hooks); ``base_app(settings)``
 the same configuration without them, for processes that only publish.
@@ -50,6 +51,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend": None,
         "task_ignore_result": True,
         "task_acks_late": False,
+        # Consulted only for late acks; set so that a task ending FAILURE (a failed job) or a
+        # lost worker can never hand its message back, whatever acks_late becomes.
+        "task_acks_on_failure_or_timeout": True,
+        "task_reject_on_worker_lost": False,
         "task_queues": queues,
         "task_default_queue": queues[0].name,
         "task_default_exchange": EXCHANGE,

@@ -2,6 +2,15 @@
 
 The message carries ids, never objects; running it twice is harmless (the compare-and-set
 on ``(status, attempt)`` turns every copy but the first into a no-op).
+
+How the task ends is what Flower shows. A job recorded ``failed`` raises ``JobFailedError``
+after SQL has it, so the task ends FAILURE. The exception is declared in ``throws``: Celery
+logs it in one INFO line, without a traceback (the handler's own traceback is logged once, as
+``job.handler_error``). Nothing runs the job again: the message was acked on receipt, and the
+task has no autoretry. Every other outcome ends SUCCESS with the outcome as its result:
+``succeeded``; ``cancelled`` and ``expired``, which are what was asked for (a client's cancel,
+a deadline nobody could meet), not faults of the work; ``requeued``, a retryable error whose
+next attempt is a new message; ``stale``, a copy of a message with nothing left to do.
 """
 
 from __future__ import annotations
@@ -10,12 +19,30 @@ import os
 import threading
 from typing import Any
 
+import sqlalchemy.exc
+
 from jobs.config import Settings
-from jobs.execution import execute
+from jobs.db import repository
+from jobs.errors import TierqError
+from jobs.execution import FAILED, execute
 from jobs.runtime import Runtime
 from workers.handlers import HandlerRegistry, default_registry
 
 TASK_NAME = "tierq.run_job"
+
+
+class JobFailedError(TierqError):
+    """Ends the Celery task of a job recorded ``failed`` in state FAILURE."""
+
+    def __init__(self, job_id: str, error: str | None) -> None:
+        super().__init__(f"job {job_id} failed: {error or 'no error recorded'}",
+                         job_id=job_id, job_error=error)
+        self.job_id = job_id
+        self.error = error
+
+    def __reduce__(self) -> tuple[type[JobFailedError], tuple[str, str | None]]:
+        # Pickled by the prefork pool: rebuild from the fields, not from ``args``.
+        return (type(self), (self.job_id, self.error))
 
 
 class WorkerResources:
@@ -58,17 +85,35 @@ def resources_of(app: Any) -> WorkerResources:
 
 
 def run_job(task: Any, job_id: str, attempt: int) -> str:
+    """Run the attempt; its outcome is the task's result, or ``JobFailedError`` (FAILURE)."""
     resources = resources_of(task.app)
-    return execute(
-        resources.runtime(),
+    runtime = resources.runtime()
+    outcome = execute(
+        runtime,
         resources.registry(),
         str(job_id),
         int(attempt),
         worker_id=str(task.request.hostname or f"pid-{os.getpid()}"),
     )
+    if outcome == FAILED:
+        raise JobFailedError(str(job_id), _recorded_error(runtime, str(job_id)))
+    return outcome
+
+
+def _recorded_error(runtime: Runtime, job_id: str) -> str | None:
+    """The error the job was failed with: it is in SQL already (best effort, failures only)."""
+    try:
+        with runtime.sessions() as session:
+            job = repository.get_job(session, job_id)
+    except sqlalchemy.exc.SQLAlchemyError:
+        return None
+    return None if job is None else job.error
 
 
 def register_tasks(app: Any, resources: WorkerResources) -> None:
     """Attach ``resources`` to ``app`` and register ``tierq.run_job`` on it."""
     app.tierq_resources = resources
-    app.task(name=TASK_NAME, bind=True, ignore_result=True, acks_late=False)(run_job)
+    app.task(
+        name=TASK_NAME, bind=True, ignore_result=True, acks_late=False,
+        throws=(JobFailedError,), max_retries=0,
+    )(run_job)

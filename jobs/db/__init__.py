@@ -2,5 +2,6 @@
 and the repository (``repository``), which holds every SQL statement tierq runs.
 
 Repository functions take a ``Session`` first and never commit: the caller owns the
-transaction (``with session.begin():``).
+transaction. Writes run in ``with sessions.begin() as session:`` (on SQLite a ``BEGIN
+IMMEDIATE``, see ``engine``); reads in ``with sessions() as session:``, never committed.
 """

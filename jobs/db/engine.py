@@ -1,9 +1,31 @@
 """Engines and sessions, configured per backend.
 
-SQLite (the embedded default): WAL journal so readers never block the writer, a 5 s busy
-timeout so concurrent writers wait instead of failing, foreign keys on, and explicit ``BEGIN``
-emitted by SQLAlchemy instead of the sqlite3 module's implicit one, so that transactions and
-SAVEPOINTs behave as they do on PostgreSQL. The file's directory is created when missing.
+SQLite (the embedded default): WAL journal so readers never block the writer, foreign keys
+on, and explicit ``BEGIN`` emitted by SQLAlchemy instead of the sqlite3 module's implicit one,
+so that transactions and SAVEPOINTs behave as they do on PostgreSQL. The file's directory is
+created when missing.
+
+SQLite transactions come in two kinds, told apart by how the session began:
+
+- ``with sessions.begin() as session:`` is a write transaction: ``BEGIN IMMEDIATE``, the
+  write lock taken at once. Waiting for it honours the busy timeout. A plain (deferred)
+  ``BEGIN`` that has read cannot wait: its upgrade to the write lock fails with "database is
+  locked" at once while another connection writes, because waiting could deadlock and its
+  snapshot would be stale anyway. Every read-then-update (a dispatch round's claim, a
+  worker's CAS, a cancel) would then lose its round under concurrent submits.
+- ``with sessions() as session:`` (autobegin, never committed) is a read: a deferred
+  ``BEGIN`` on a WAL snapshot, which never takes the write lock, so status reads, heartbeat
+  polls and rebuilds neither wait for writers nor hold them up. Write only inside
+  ``sessions.begin()``.
+
+Rejected: ``BEGIN IMMEDIATE`` for every transaction. Simpler, but every read (each API
+request authenticates through SQL; long-polls re-read every few hundred ms) would then take
+the single write lock, serialising readers with each other and with writers and turning read
+load into busy-timeout failures of writes.
+
+The busy timeout (5 s) bounds the wait for the write lock. Write transactions hold it for
+milliseconds (no I/O but SQL inside them), so reaching it means the database is stuck, and
+the caller should get its error (an API 503, a worker's retry) rather than wait longer.
 
 PostgreSQL: ``psycopg`` (version 3), connections checked before use, a 3 s connect timeout.
 """
@@ -15,9 +37,11 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
+# Connection execution option naming how the SQLite transaction begins (see _sqlite_on_begin).
+SQLITE_BEGIN = "tierq_sqlite_begin"
 PG_CONNECT_TIMEOUT_S = 3
 
 
@@ -44,7 +68,21 @@ def make_engine(url: str | URL) -> Engine:
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(bind=engine, expire_on_commit=False)
+    """Sessions whose ``sessions.begin()`` is a write transaction (``BEGIN IMMEDIATE`` on
+    SQLite, see the module docstring); autobegun ones read."""
+    session_class = SqliteSession if engine.dialect.name == "sqlite" else Session
+    return sessionmaker(bind=engine, class_=session_class, expire_on_commit=False)
+
+
+class SqliteSession(Session):
+    """An explicit ``begin()`` procures the connection at once, marked to ``BEGIN
+    IMMEDIATE``; autobegin (reads) still begins deferred, on the first statement."""
+
+    def begin(self, nested: bool = False) -> SessionTransaction:
+        transaction = super().begin(nested=nested)
+        if not nested:
+            self.connection(execution_options={SQLITE_BEGIN: "IMMEDIATE"})
+        return transaction
 
 
 def _sqlite_engine(url: URL) -> Engine:
@@ -70,4 +108,5 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_on_begin(connection: sa.Connection) -> None:
-    connection.exec_driver_sql("BEGIN")
+    immediate = connection.get_execution_options().get(SQLITE_BEGIN) == "IMMEDIATE"
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

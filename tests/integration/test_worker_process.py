@@ -2,16 +2,19 @@
 
 The test does the dispatcher's part by hand (admit, dispatch, CAS queued → dispatched) and
 publishes through ``CeleryPublisher``; the worker runs the job and records the outcome in
-SQL. The worker registers its slots while it lives and unregisters on SIGTERM.
+SQL. The worker registers its slots while it lives and unregisters on SIGTERM. Celery's task
+events, read the way Flower reads them, show how each task ended.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,10 +31,10 @@ from jobs.index.base import IndexedJob
 from jobs.runtime import Runtime
 from jobs.states import Status
 from tests.services import RedisServer
-from workers.app import make_celery
+from workers.app import base_app, make_celery
 from workers.publisher import CeleryPublisher
 from workers.registration import MIN_TTL_S, WorkerRegistration, registration_ttl_s
-from workers.tasks import TASK_NAME
+from workers.tasks import TASK_NAME, JobFailedError
 
 pytestmark = pytest.mark.integration
 
@@ -180,7 +183,8 @@ def run_to_end(
 
 
 def test_the_celery_configuration() -> None:
-    """Prefetch off, acked on receipt, no results, one queue per tier, prefixed broker keys."""
+    """Prefetch off, acked on receipt, no results, one queue per tier, prefixed broker keys;
+    a failed job's task raises an expected error that nothing retries."""
     settings = load_settings(redis_url="redis://127.0.0.1:6379/0", key_prefix="{acme}:")
     conf = make_celery(settings).conf
     assert conf.worker_prefetch_multiplier == 1
@@ -192,7 +196,13 @@ def test_the_celery_configuration() -> None:
     assert [q.name for q in conf.task_queues] == [f"tier.{name}" for name in settings.tiers]
     assert conf.task_default_queue == f"tier.{next(iter(settings.tiers))}"
     assert conf.broker_transport_options == {"global_keyprefix": "{acme}:"}
-    assert TASK_NAME in make_celery(settings).tasks
+    assert conf.task_acks_on_failure_or_timeout and not conf.task_reject_on_worker_lost
+    task = make_celery(settings).tasks[TASK_NAME]
+    assert task.throws == (JobFailedError,) and not task.acks_late and task.max_retries == 0
+    # The prefork pool pickles a task's exception to its parent.
+    error = pickle.loads(pickle.dumps(JobFailedError("j1", "RuntimeError: boom")))
+    assert (error.job_id, error.error) == ("j1", "RuntimeError: boom")
+    assert str(error) == "job j1 failed: RuntimeError: boom"
 
     amqp = load_settings(broker_url="amqp://guest@127.0.0.1:5672//")
     amqp_conf = make_celery(amqp).conf
@@ -271,3 +281,81 @@ def test_stale_and_duplicate_messages_leave_jobs_untouched(
     assert load(runtime, finished.id) == finished
     assert load(runtime, job.id) == second
     assert runtime.index.tenant_inflight(tenant.id) == 1  # attempt 2's lease is untouched
+
+
+class TaskEvents:
+    """Celery's task events as Flower sees them: a receiver on the broker feeding a State."""
+
+    def __init__(self, settings: Any) -> None:
+        self.app = base_app(settings, name="tierq-events")
+        self.state = self.app.events.State()
+        self.kinds: list[tuple[str, str]] = []  # (event type, task uuid)
+        self.heard = threading.Event()
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._capture, daemon=True)
+
+    def _capture(self) -> None:
+        with self.app.connection_for_read() as conn:
+            self._receiver = self.app.events.Receiver(conn, handlers={"*": self._on_event})
+            self._receiver.capture(limit=None, timeout=None, wakeup=True)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        self.state.event(event)
+        if event["type"].startswith("task-"):
+            self.kinds.append((event["type"], event["uuid"]))
+        self.heard.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(10)
+        self.app.close()
+
+    def task_of(self, job_id: str) -> Any:
+        tasks = [task for _, task in self.state.tasks_by_time() if job_id in (task.args or "")]
+        assert len(tasks) == 1, tasks
+        return tasks[0]
+
+    def count(self, kind: str, uuid: str) -> int:
+        return self.kinds.count((kind, uuid))
+
+
+@pytest.fixture
+def task_events(runtime: Runtime) -> Iterator[TaskEvents]:
+    events = TaskEvents(runtime.settings)
+    events.start()
+    yield events
+    events.stop()
+
+
+def test_a_failed_job_ends_its_celery_task_in_failure_and_runs_once(
+    runtime: Runtime, publisher: CeleryPublisher, start_worker: Callable[[int], Worker],
+    tenant: Tenant, task_events: TaskEvents,
+) -> None:
+    """What Flower shows: FAILURE for a job that failed, SUCCESS with the outcome otherwise;
+    the failed task is neither retried nor redelivered, and the worker logs it in one line."""
+    worker = start_worker(1)
+    wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker)
+    wait_for(task_events.heard.is_set, worker)  # the receiver is listening (worker heartbeat)
+
+    failed = run_to_end(runtime, publisher, worker, tenant, "sleep", {"seconds": 0, "fail": True})
+    # One slot, one queue: a later job's end means any redelivery of the first would have run.
+    done = run_to_end(runtime, publisher, worker, tenant, "echo", {"n": 1})
+    wait_for(lambda: task_events.task_of(done.id).state == "SUCCESS", worker, timeout=20)
+
+    assert failed.status is Status.FAILED and failed.attempt == 1
+    assert failed.error is not None and failed.error.startswith("RuntimeError: ")
+    task = task_events.task_of(failed.id)
+    assert task.state == "FAILURE"
+    assert "JobFailedError" in task.exception and failed.id in task.exception
+    assert failed.error in task.exception
+    assert task_events.count("task-received", task.uuid) == 1
+    assert task_events.count("task-started", task.uuid) == 1
+    assert task_events.count("task-retried", task.uuid) == 0
+    assert task_events.task_of(done.id).result == repr("succeeded")
+    log = worker.output()
+    assert "raised unexpected" not in log
+    assert "raised expected: JobFailedError" in log

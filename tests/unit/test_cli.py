@@ -115,3 +115,51 @@ def test_every_command_has_help(app: typer.Typer, command: list[str]) -> None:
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "Usage: tierq " + " ".join(command) in result.stdout
+
+
+@pytest.fixture
+def flower_runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """``tierq flower`` with Flower itself replaced: the arguments it would have run with."""
+    import workers.flower
+
+    for name in list(os.environ):
+        if name.startswith("FLOWER_"):
+            monkeypatch.delenv(name)
+    runs: list[dict[str, object]] = []
+    monkeypatch.setattr(workers.flower, "run_flower", lambda _settings, **kw: runs.append(kw))
+    return runs
+
+
+def test_flower_listens_on_localhost_unless_told(
+    app: typer.Typer, flower_runs: list[dict[str, object]]
+) -> None:
+    from workers.flower import flower_argv
+
+    result = CliRunner().invoke(app, ["flower"])
+    assert result.exit_code == 0, result.output
+    assert flower_runs == [{"port": 5555, "address": "127.0.0.1"}]
+    assert "warning" not in result.output
+    # Flower's own default address ('') is every interface: always pass one.
+    assert flower_argv(port=5555, address="127.0.0.1") == [
+        "flower", "--port=5555", "--address=127.0.0.1",
+    ]
+
+
+def test_flower_warns_when_it_listens_further_without_auth(
+    app: typer.Typer, flower_runs: list[dict[str, object]]
+) -> None:
+    bare = CliRunner().invoke(app, ["flower", "--address", "0.0.0.0"], env={"COLUMNS": "200"})
+    assert bare.exit_code == 0, bare.output
+    assert "no authentication" in bare.stderr and "FLOWER_BASIC_AUTH" in bare.stderr
+    protected = CliRunner().invoke(
+        app, ["flower", "--address", "0.0.0.0"], env={"FLOWER_BASIC_AUTH": "admin:secret"}
+    )
+    assert protected.exit_code == 0, protected.output
+    assert "warning" not in protected.output
+    assert [run["address"] for run in flower_runs] == ["0.0.0.0", "0.0.0.0"]
+
+
+def test_flower_help_says_how_to_protect_it(app: typer.Typer) -> None:
+    result = CliRunner().invoke(app, ["flower", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "127.0.0.1" in result.stdout and "FLOWER_BASIC_AUTH=user:password" in result.stdout
