@@ -12,9 +12,11 @@ at least 1, never a constant:
 - ``tenant_limit``/quota: the tenant's own queue drains at its concurrency cap over the
   mean service time, so one place frees after ``mean / cap``.
 - ``tenant_limit``/rate: the time until its token bucket holds the next token.
-- ``capacity``/deadline: the job would start after its own ``max_wait_s``; it would start in
-  time once the queue ahead of it has shrunk to the latest useful position, i.e. after
-  ``(position - max_position) / mu``.
+- ``capacity``/deadline: the job would start after its own ``max_wait_s``, by the estimate of
+  ``policy.expected_wait_s``. It would start in time once the queue ahead of it has shrunk to
+  the latest useful position, after ``(position - max_position) / mu``, and once enough of
+  the tenant's own jobs have finished to free a slot under its cap in time, after
+  ``(excess - max_excess) / tenant_rate``: the later of the two that bind.
 
 With nothing being served (``mu == 0``: no live workers) there is no drain time to give.
 The message says so, and ``Retry-After`` is the worker registration period
@@ -28,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from jobs.errors import CapacityExceeded, Refused, TenantLimitExceeded
-from jobs.policy import estimated_wait_s
+from jobs.policy import TenantLoad, estimated_wait_s, latest_useful_excess, tenant_wait_s
 
 # Longest Retry-After we ever advise: beyond this a client should look at /v1/queues.
 MAX_RETRY_AFTER_S = 3600
@@ -55,6 +57,8 @@ class Refusal:
     max_wait_s: float | None = None  # the job's own (deadline)
     max_position: int | None = None  # the latest useful position for it (deadline)
     free_slots: int = 0
+    # The tenant's cap, jobs in flight and own jobs ahead (deadline; None: not known).
+    tenant_load: TenantLoad | None = None
 
 
 def idle_retry_s(lease_ttl_s: float) -> float:
@@ -94,11 +98,12 @@ def deadline_retry_after_s(*, position: int, max_position: int, service_rate: fl
     return whole_seconds(max(1, position - max_position) / service_rate)
 
 
-def tenant_rate(*, cap: int, capacity: int, mean_service_s: float) -> float:
-    """Jobs/s one tenant can finish: its cap (never more than the pool) over the mean time."""
-    if capacity <= 0 or mean_service_s <= 0:
-        return 0.0
-    return min(cap, capacity) / mean_service_s
+def tenant_deadline_retry_after_s(*, excess: int, max_excess: int, tenant_rate: float) -> int:
+    """Seconds until a tenant ``excess`` jobs over its cap is at ``max_excess``: its own jobs
+    finish at ``tenant_rate``."""
+    if tenant_rate <= 0:
+        return MAX_RETRY_AFTER_S
+    return whole_seconds(max(1, excess - max_excess) / tenant_rate)
 
 
 def refused(refusal: Refusal) -> Refused:
@@ -147,21 +152,48 @@ def _quota(r: Refusal) -> TenantLimitExceeded:
 
 
 def _deadline(r: Refusal) -> CapacityExceeded:
-    if r.max_wait_s is None or r.max_position is None:
-        raise ValueError("a deadline refusal needs max_wait_s and max_position")
-    estimate = estimated_wait_s(r.position, r.free_slots, r.service_rate)
+    if r.max_wait_s is None:
+        raise ValueError("a deadline refusal needs max_wait_s")
+    pool_wait = estimated_wait_s(r.position, r.free_slots, r.service_rate)
+    load = r.tenant_load
+    own_wait = 0.0 if load is None else tenant_wait_s(load, r.tenant_rate)
+    estimate = max(pool_wait, own_wait)
+    details: dict[str, float | int] = {}
+    if load is not None and own_wait > pool_wait:
+        message = (f"tenant {r.tenant_name!r} has {load.inflight} running and {load.ahead} "
+                   f"queued jobs at its cap of {load.cap}: this job would start in about "
+                   f"{whole_seconds(estimate)} s, later than its max_wait_s of "
+                   f"{r.max_wait_s:g} s")
+        details = {"tenant_cap": load.cap, "tenant_inflight": load.inflight,
+                   "tenant_queued_ahead": load.ahead}
+    else:
+        message = (f"tier {r.tier!r} would start this job in about {whole_seconds(estimate)} s, "
+                   f"later than its max_wait_s of {r.max_wait_s:g} s")
     return CapacityExceeded(
-        f"tier {r.tier!r} would start this job in about {whole_seconds(estimate)} s, "
-        f"later than its max_wait_s of {r.max_wait_s:g} s",
+        message,
         tier=r.tier,
         queue_position=r.position,
-        retry_after_s=deadline_retry_after_s(
-            position=r.position, max_position=r.max_position, service_rate=r.service_rate
-        ),
+        retry_after_s=_deadline_retry_after_s(r, r.max_wait_s),
         limit="deadline",
         estimated_wait_s=round(estimate, 3),
         max_wait_s=r.max_wait_s,
+        **details,
     )
+
+
+def _deadline_retry_after_s(r: Refusal, max_wait_s: float) -> int:
+    """The later of the pool's and the tenant's times to fit ``max_wait_s``, of those that
+    bind; at least 1 s."""
+    waits = [1]
+    if r.max_position is not None and r.position > r.max_position:
+        waits.append(deadline_retry_after_s(
+            position=r.position, max_position=r.max_position, service_rate=r.service_rate))
+    max_excess = latest_useful_excess(max_wait_s, r.tenant_rate)
+    load = r.tenant_load
+    if load is not None and max_excess is not None and load.excess > max_excess:
+        waits.append(tenant_deadline_retry_after_s(
+            excess=load.excess, max_excess=max_excess, tenant_rate=r.tenant_rate))
+    return max(waits)
 
 
 def rate_refused(

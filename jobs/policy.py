@@ -12,6 +12,8 @@ module asks this one for the numbers, so the maths lives in one place (see docs/
   block a tenant forever.
 - Deadline: a job may wait ``max_wait_s``; ``latest_useful_position`` is the last place in the
   queue from which it is still expected to start in time.
+- Estimate: the later of the pool's start (``estimated_wait_s``) and the tenant's own (its
+  cap, its jobs in flight and queued ahead: ``tenant_wait_s``), see ``expected_wait_s``.
 """
 
 from __future__ import annotations
@@ -168,3 +170,69 @@ def latest_useful_position(max_wait_s: float, free_slots: int, mu: float) -> int
     if mu <= 0:
         return None
     return max(0, free_slots) - 1 + math.floor(mu * max_wait_s + 1e-9)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantLoad:
+    """A tenant's side of a job's wait: its concurrency cap, its jobs in flight now, and its
+    own queued jobs ahead of the job (which take its slots first)."""
+
+    cap: int
+    inflight: int
+    ahead: int
+
+    @property
+    def excess(self) -> int:
+        """Own jobs that must finish before the job has a slot under the cap (0: it has one)."""
+        return max(0, self.inflight + self.ahead - max(1, self.cap) + 1)
+
+
+def tenant_rate(cap: int, capacity: int, mean_service_s: float) -> float:
+    """Jobs/s one tenant can finish: its cap (never more than the pool) over the mean service
+    time; 0 when nothing is served."""
+    if capacity <= 0 or mean_service_s <= 0:
+        return 0.0
+    return min(max(1, cap), capacity) / mean_service_s
+
+
+def tenant_wait_s(load: TenantLoad, tenant_rate: float) -> float:
+    """Expected wait for a slot under the tenant's own cap: its ``excess`` jobs finish at its
+    ``tenant_rate``. 0 while it is under its cap; infinite when nothing is served."""
+    if load.excess == 0:
+        return 0.0
+    if tenant_rate <= 0:
+        return math.inf
+    return load.excess / tenant_rate
+
+
+def expected_wait_s(
+    position: int,
+    free_slots: int,
+    mu: float,
+    *,
+    tenant: TenantLoad,
+    capacity: int,
+    mean_service_s: float,
+) -> float:
+    """Expected wait of a queued job: it starts once the pool has a slot for it AND its tenant
+    has one under its cap, so the later of the two.
+
+    - The pool: ``position`` jobs ahead, ``free_slots`` free, draining at ``mu`` jobs/s
+      (``estimated_wait_s``). It counts every job ahead, even those of tenants at their cap
+      that will not start first: an overestimate there, never an underestimate.
+    - The tenant: with ``r`` jobs in flight, ``q`` of its own queued ahead and cap ``c``, it
+      adds nothing while ``r + q < c``; otherwise ``r + q - c + 1`` of its own jobs must
+      finish first, at its rate ``min(c, capacity) / mean_service_s`` (``tenant_wait_s``).
+      A running job counts as a whole service time: the model keeps no ages.
+    """
+    rate = tenant_rate(tenant.cap, capacity, mean_service_s)
+    return max(estimated_wait_s(position, free_slots, mu), tenant_wait_s(tenant, rate))
+
+
+def latest_useful_excess(max_wait_s: float, tenant_rate: float) -> int | None:
+    """The tenant-side twin of ``latest_useful_position``: the most own jobs that may still
+    have to finish before a job's slot frees for it to start within ``max_wait_s`` (the
+    largest ``k`` with ``k / tenant_rate <= max_wait_s``). None when nothing is served."""
+    if tenant_rate <= 0:
+        return None
+    return math.floor(tenant_rate * max_wait_s + 1e-9)

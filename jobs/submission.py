@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import redis
 import sqlalchemy.exc as sa_exc
 
-from jobs import limits, wake
-from jobs.capacity import PoolFigures, live_pool
+from jobs import estimates, limits, wake
+from jobs.capacity import live_pool
 from jobs.db import repository
 from jobs.domain import Job, NewJob, Tenant
 from jobs.errors import (
@@ -41,7 +41,6 @@ from jobs.errors import (
     Unavailable,
 )
 from jobs.ids import new_job_id
-from jobs.policy import estimated_wait_s
 from jobs.runtime import Runtime
 from jobs.states import Status
 
@@ -122,7 +121,7 @@ def submit(
         check_text(submission.idempotency_key, ("idempotency_key",))
         existing = _by_idempotency_key(runtime, tenant.id, submission.idempotency_key)
         if existing is not None:
-            return Submitted(progress=progress(runtime, existing), created=False)
+            return Submitted(progress=progress(runtime, tenant, existing), created=False)
     now = runtime.clock()
     new = NewJob(
         id=new_job_id(now),
@@ -139,16 +138,16 @@ def submit(
     )
     limits.check_rate(runtime, tenant, new)
     figures = live_pool(runtime, now=now)
-    position = limits.admit(runtime, tenant, new, figures)
+    place = limits.admit(runtime, tenant, new, figures)
     job = _persist(runtime, new)
     if job.id != new.id:
-        return Submitted(progress=progress(runtime, job), created=False)
+        return Submitted(progress=progress(runtime, tenant, job), created=False)
     _ring(runtime)
     logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
                                         "tenant": tenant.id, "tier": tier, "attempt": 1})
-    estimate = _finite(estimated_wait_s(position, figures.free_slots, figures.service_rate))
     return Submitted(
-        progress=Progress(job=job, queue_position=position, estimated_wait_s=estimate),
+        progress=Progress(job=job, queue_position=place.position,
+                          estimated_wait_s=place.estimated_wait_s),
         created=True,
     )
 
@@ -233,10 +232,6 @@ def _by_idempotency_key(runtime: Runtime, tenant_id: str, key: str) -> Job | Non
         return repository.job_by_idempotency_key(session, tenant_id, key)
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def check_json(payload: dict[str, Any]) -> dict[str, Any]:
     """Refuse what JSON parsers accept but the stores cannot keep: NUL characters and lone
     surrogates in text (PostgreSQL refuses both), non-finite numbers (not JSON), and nesting
@@ -304,34 +299,33 @@ def list_jobs(
         jobs, next_cursor = repository.list_jobs(
             session, tenant_id=tenant.id, status=status, limit=limit, cursor=cursor
         )
-    return progress_many(runtime, jobs), next_cursor
+    return progress_many(runtime, tenant, jobs), next_cursor
 
 
-def progress(runtime: Runtime, job: Job) -> Progress:
-    return progress_many(runtime, [job])[0]
+def progress(runtime: Runtime, tenant: Tenant, job: Job) -> Progress:
+    return progress_many(runtime, tenant, [job])[0]
 
 
-def progress_many(runtime: Runtime, jobs: Sequence[Job]) -> list[Progress]:
-    """Live queue positions of the queued jobs among ``jobs``. Status reads keep working
-    while Redis is down: the positions are then unknown (None), not an error."""
+def progress_many(runtime: Runtime, tenant: Tenant, jobs: Sequence[Job]) -> list[Progress]:
+    """Live queue positions and estimates of the tenant's queued jobs among ``jobs``
+    (``jobs.estimates``). Status reads keep working while Redis is down: the positions are
+    then unknown (None), not an error."""
     if not any(job.status is Status.QUEUED for job in jobs):
         return [Progress(job=job) for job in jobs]
     try:
         figures = live_pool(runtime, now=runtime.clock())
-        return [_progress(runtime, job, figures) for job in jobs]
+        places = estimates.placements(runtime, tenant, jobs, figures)
     except REDIS_OUTAGE:
         logger.warning("index.unreachable", extra={"event": "index.unreachable"})
         return [Progress(job=job) for job in jobs]
+    return [_progress(job, places.get(job.id)) for job in jobs]
 
 
-def _progress(runtime: Runtime, job: Job, figures: PoolFigures) -> Progress:
-    if job.status is not Status.QUEUED:
+def _progress(job: Job, place: estimates.Placement | None) -> Progress:
+    if place is None:
         return Progress(job=job)
-    position = runtime.index.position(job.id)
-    if position is None:  # waiting out a retry backoff, or not indexed (yet)
-        return Progress(job=job)
-    estimate = estimated_wait_s(position, figures.free_slots, figures.service_rate)
-    return Progress(job=job, queue_position=position, estimated_wait_s=_finite(estimate))
+    return Progress(job=job, queue_position=place.position,
+                    estimated_wait_s=place.estimated_wait_s)
 
 
 def finished_result(job: Job) -> Any:

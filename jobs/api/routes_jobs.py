@@ -117,7 +117,7 @@ async def get_job(
     job = await run_in_threadpool(submission.load_job, runtime, tenant, job_id)
     if wait:
         job = await _wait_for_change(runtime, tenant, job, wait, request)
-    progress = await run_in_threadpool(submission.progress, runtime, job)
+    progress = await run_in_threadpool(submission.progress, runtime, tenant, job)
     return JobResponse.of(progress)
 
 
@@ -154,7 +154,7 @@ def get_result(
     job = submission.load_job(runtime, tenant, job_id)
     if job.terminal:
         return ResultResponse(id=job.id, status=job.status, result=submission.finished_result(job))
-    progress = submission.progress(runtime, job)
+    progress = submission.progress(runtime, tenant, job)
     retry_after = result_retry_after_s(
         running=job.status is not Status.QUEUED,
         estimated_wait_s=progress.estimated_wait_s,

@@ -53,7 +53,9 @@ class ErrorDetail(BaseModel):
     limit: str | None = Field(
         default=None, examples=["bound"],
         description="429: the limit hit: bound or deadline (capacity), quota or rate "
-                    "(tenant_limit); its figures follow (bound, quota, rate_per_s, max_wait_s)",
+                    "(tenant_limit); its figures follow (bound, quota, rate_per_s, max_wait_s; "
+                    "a deadline the tenant's own cap causes adds tenant_cap, tenant_inflight "
+                    "and tenant_queued_ahead)",
     )
     job_error: str | None = Field(default=None, description="job_failed: the job's error")
 
@@ -63,6 +65,10 @@ class ErrorResponse(BaseModel):
 
 
 # -- jobs ------------------------------------------------------------------------------------
+
+POSITION = "queued jobs ahead of this one in dispatch order, all tenants; null unless queued"
+ESTIMATE = ("seconds until it is expected to start: the later of the pool's start and a slot "
+            "under the tenant's own cap; null unless queued, or when it cannot be estimated")
 
 
 class SubmitRequest(_Request):
@@ -88,8 +94,8 @@ class SubmitResponse(BaseModel):
     id: str
     status: Status
     tier: str
-    queue_position: int | None
-    estimated_wait_s: float | None = Field(description="null when it cannot be estimated")
+    queue_position: int | None = Field(description=POSITION)
+    estimated_wait_s: float | None = Field(description=ESTIMATE)
     links: JobLinks
 
     @classmethod
@@ -112,10 +118,12 @@ class JobResponse(BaseModel):
     status: Status
     attempt: int
     max_attempts: int
-    # Attempts that started (what max_attempts limits; a hand-back before the start is free).
-    starts: int = 0
-    queue_position: int | None
-    estimated_wait_s: float | None
+    starts: int = Field(
+        default=0, description="Attempts that started: what max_attempts limits (a job "
+        "handed back before it started is not charged)."
+    )
+    queue_position: int | None = Field(description=POSITION)
+    estimated_wait_s: float | None = Field(description=ESTIMATE)
     created_at: str | None
     enqueued_at: str | None
     dispatched_at: str | None

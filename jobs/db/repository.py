@@ -203,6 +203,16 @@ def list_jobs(
     return page, next_cursor
 
 
+def queued_order(session: Session, tenant_id: str) -> list[tuple[float, str]]:
+    """The tenant's queued jobs as ``(order_key, id)``, in dispatch order: how many of its own
+    jobs are ahead of one of them (its estimate). Sorted here, not by SQL, so ids compare as
+    bytes as in the index, whatever the database's collation."""
+    stmt = sa.select(JobRow.order_key, JobRow.id).where(
+        JobRow.tenant_id == tenant_id, JobRow.status == Status.QUEUED.value
+    )
+    return sorted((order_key, job_id) for order_key, job_id in session.execute(stmt))
+
+
 def _encode_cursor(job_id: str) -> str:
     return base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
 

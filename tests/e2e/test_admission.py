@@ -77,13 +77,14 @@ def test_every_answer_carries_its_numbers(system: System) -> None:
     for client, job_id in running_jobs:
         wait_status(client, job_id, "running")
 
-    # Next in line, no free slot: it starts when one job has been served, 1 s at μ = 1/s.
+    # Next in line, no free slot: the pool serves one job in 1 s at μ = 1/s, but acme's own
+    # slot (cap 1) frees only when its job finishes, about one service time, 2 s.
     queued = submit(acme)
     assert queued.status_code == 202
-    assert (queued.json()["queue_position"], queued.json()["estimated_wait_s"]) == (0, 1.0)
+    assert (queued.json()["queue_position"], queued.json()["estimated_wait_s"]) == (0, 2.0)
     seen = acme.get(f"/v1/jobs/{queued.json()['id']}").json()
     assert (seen["status"], seen["queue_position"], seen["estimated_wait_s"]) == (
-        "queued", 0, 1.0)
+        "queued", 0, 2.0)
 
     # Its own deadline: one job ahead and no free slot, it would start in about 2 s.
     hurried = system.tenant("hurried", "free")

@@ -50,14 +50,14 @@ def test_nothing_served_waits_one_worker_registration_period() -> None:
 
 
 def test_tenant_limit_waits_for_its_own_queue_to_move_by_one() -> None:
-    rate = admission.tenant_rate(cap=6, capacity=24, mean_service_s=6.0)
+    rate = policy.tenant_rate(cap=6, capacity=24, mean_service_s=6.0)
     assert rate == 1.0
     assert admission.tenant_retry_after_s(tenant_rate=rate, idle_retry_s=30) == 1
-    slow = admission.tenant_rate(cap=1, capacity=24, mean_service_s=6.0)
+    slow = policy.tenant_rate(cap=1, capacity=24, mean_service_s=6.0)
     assert admission.tenant_retry_after_s(tenant_rate=slow, idle_retry_s=30) == 6
     # A cap over the whole pool cannot run faster than the pool.
-    assert admission.tenant_rate(cap=50, capacity=2, mean_service_s=1.0) == 2.0
-    assert admission.tenant_rate(cap=1, capacity=0, mean_service_s=6.0) == 0.0
+    assert policy.tenant_rate(cap=50, capacity=2, mean_service_s=1.0) == 2.0
+    assert policy.tenant_rate(cap=1, capacity=0, mean_service_s=6.0) == 0.0
 
 
 def test_a_late_job_waits_for_the_queue_ahead_to_shrink_to_its_latest_position() -> None:
@@ -84,6 +84,8 @@ def test_retry_after_is_always_whole_seconds_of_at_least_one(
         admission.deadline_retry_after_s(
             position=position, max_position=max_position, service_rate=mu),
         admission.whole_seconds(next_token),
+        admission.tenant_deadline_retry_after_s(
+            excess=position, max_excess=max_position, tenant_rate=mu),
     ]
     for value in values:
         assert isinstance(value, int) and 1 <= value <= admission.MAX_RETRY_AFTER_S
@@ -157,6 +159,42 @@ def test_deadline_refusal_gives_the_estimate_and_the_jobs_max_wait() -> None:
                              "max_wait_s of 30 s")
     assert error.retry_after_s == 31  # (250 - 129) / 4 = 30.25 s
     assert error.details == {"limit": "deadline", "estimated_wait_s": 60.25, "max_wait_s": 30.0}
+
+
+def test_deadline_refusal_names_the_tenants_cap_when_its_own_jobs_hold_the_job_back() -> None:
+    # 4 slots at 10 s: the pool would start it at once (3 free), but the tenant's one slot
+    # (cap 1) is busy: about 10 s, and one own job must finish before it fits 2 s.
+    load = policy.TenantLoad(cap=1, inflight=1, ahead=0)
+    error = admission.refused(_refusal(
+        reason="deadline", tier="standard", position=0, free_slots=3, service_rate=0.4,
+        tenant_rate=0.1, max_wait_s=2.0, max_position=2, tenant_load=load))
+    assert isinstance(error, CapacityExceeded)
+    assert error.message == ("tenant 'acme' has 1 running and 0 queued jobs at its cap of 1: "
+                             "this job would start in about 10 s, later than its max_wait_s "
+                             "of 2 s")
+    assert error.retry_after_s == 10
+    assert error.details == {"limit": "deadline", "estimated_wait_s": 10.0, "max_wait_s": 2.0,
+                             "tenant_cap": 1, "tenant_inflight": 1, "tenant_queued_ahead": 0}
+
+
+def test_deadline_retry_after_waits_for_the_later_of_the_limits_that_bind() -> None:
+    # The pool: 250 ahead, 129 at most, 4 jobs/s: 31 s. The tenant: 1 running and 5 queued at
+    # cap 1 (6 to finish), 30 s allows 5 at 1/6 per second: one more, 6 s.
+    load = policy.TenantLoad(cap=1, inflight=1, ahead=5)
+    both = admission.refused(_refusal(reason="deadline", max_wait_s=30.0, max_position=129,
+                                      free_slots=10, tenant_load=load))
+    assert both.retry_after_s == 31
+    assert both.details["estimated_wait_s"] == 60.25  # the pool's, the later
+    # Alone the tenant binds: 6 s; with 100 own jobs queued, 96 more to finish: 576 s.
+    alone = admission.refused(_refusal(reason="deadline", position=0, max_wait_s=30.0,
+                                       max_position=129, tenant_load=load))
+    assert (alone.retry_after_s, alone.details["estimated_wait_s"]) == (6, 36.0)
+    long = admission.refused(_refusal(
+        reason="deadline", position=0, max_wait_s=30.0, max_position=129,
+        tenant_load=policy.TenantLoad(cap=1, inflight=1, ahead=100)))
+    assert long.retry_after_s == 576
+    assert admission.tenant_deadline_retry_after_s(
+        excess=1, max_excess=0, tenant_rate=0.0) == admission.MAX_RETRY_AFTER_S
 
 
 def test_rate_refusal_names_the_rate_and_waits_for_the_next_token() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -129,3 +130,99 @@ def test_bounds_and_caps_are_never_below_one(
     assert bound <= max(1, math.floor(mu * wait) + 1)
     assert policy.tenant_cap(tier, capacity) >= 1
     assert policy.tenant_quota(tier, bound) >= 1
+
+
+# -- the estimated wait: the pool's and the tenant's ----------------------------------------
+
+
+def wait(position: int = 0, free: int = 0, mu: float = 0.4, *, cap: int = 1, inflight: int = 0,
+         ahead: int = 0, capacity: int = 4, mean: float = 10.0) -> float:
+    load = policy.TenantLoad(cap=cap, inflight=inflight, ahead=ahead)
+    return policy.expected_wait_s(position, free, mu, tenant=load, capacity=capacity,
+                                  mean_service_s=mean)
+
+
+def test_a_tenant_under_its_cap_adds_nothing_to_the_pools_estimate() -> None:
+    # 4 slots at 10 s (μ = 0.4/s), 3 free, cap 2: one running and none ahead leaves a slot.
+    assert wait(5, 3, cap=2, inflight=1) == policy.estimated_wait_s(5, 3, 0.4) == 7.5
+    assert wait(0, 3, cap=2, inflight=1) == 0.0
+
+
+def test_a_tenant_at_its_cap_waits_for_its_own_jobs_to_finish() -> None:
+    # The worked example of docs/policy.md: cap 1, a 10 s job running, the pool idle.
+    assert policy.estimated_wait_s(0, 3, 0.4) == 0.0  # what the pool alone would say
+    assert wait(0, 3, cap=1, inflight=1) == 10.0  # one own job must finish, at 0.1/s
+    assert wait(1, 3, cap=1, inflight=1, ahead=1) == 20.0
+    # Cap 2, both slots busy and one own job ahead: 2 must finish at 2 / 10 s.
+    assert wait(1, 3, cap=2, inflight=2, ahead=1) == 10.0
+    # The later of the two: the pool's own queue is longer here.
+    assert wait(40, 0, cap=1, inflight=1) == 102.5
+
+
+def test_a_cap_over_the_pool_finishes_no_faster_than_the_pool() -> None:
+    assert policy.tenant_rate(8, 2, 6.0) == 2 / 6
+    # Cap 8 on a 2-slot pool: 3 own jobs must finish first, 2 at a time every 6 s.
+    load = policy.TenantLoad(cap=8, inflight=2, ahead=8)
+    assert policy.tenant_wait_s(load, policy.tenant_rate(8, 2, 6.0)) == pytest.approx(9.0)
+
+
+def test_with_nothing_served_a_tenant_at_its_cap_has_no_estimate() -> None:
+    assert policy.tenant_rate(1, 0, 6.0) == 0.0
+    assert wait(0, 0, 0.0, cap=1, inflight=1, capacity=0) == math.inf
+    assert wait(0, 1, 0.0, cap=1, inflight=0, capacity=0) == 0.0
+
+
+def test_the_latest_useful_excess_is_the_tenant_twin_of_the_latest_position() -> None:
+    assert policy.latest_useful_excess(2.0, 0.1) == 0  # not even one own job may be first
+    assert policy.latest_useful_excess(30.0, 0.1) == 3
+    assert policy.latest_useful_excess(30.0, 0.0) is None  # nothing served: no estimate
+
+
+wait_args = st.fixed_dictionaries({
+    "position": st.integers(0, 1000), "free": st.integers(0, 100),
+    "mu": st.floats(0, 100), "cap": st.integers(1, 50), "inflight": st.integers(0, 60),
+    "ahead": st.integers(0, 1000), "capacity": st.integers(0, 100),
+    "mean": st.floats(0.01, 3600),
+})
+# Raising these never shortens the wait; raising the others never lengthens it.
+LENGTHEN = ("position", "inflight", "ahead", "mean")
+SHORTEN = ("free", "mu", "cap", "capacity")
+
+
+@given(args=wait_args, name=st.sampled_from(LENGTHEN + SHORTEN), step=st.integers(1, 100))
+def test_the_estimate_is_monotone_in_each_argument(
+    args: dict[str, Any], name: str, step: int
+) -> None:
+    more = dict(args)
+    more[name] = args[name] * (1 + step / 10) if isinstance(args[name], float) else (
+        args[name] + step)
+    before, after = wait(**args), wait(**more)
+    if name in LENGTHEN:
+        assert after >= before
+    else:
+        assert after <= before
+
+
+@given(args=wait_args)
+def test_the_estimate_is_the_pools_when_far_under_the_cap_and_never_below_it(
+    args: dict[str, Any],
+) -> None:
+    pool = policy.estimated_wait_s(args["position"], args["free"], args["mu"])
+    assert wait(**args) >= pool
+    if args["inflight"] + args["ahead"] < args["cap"]:
+        assert wait(**args) == pool
+
+
+@given(max_wait=st.floats(0.001, 1e5), rate=st.floats(0.001, 1e4),
+       inflight=st.integers(0, 1000), ahead=st.integers(0, 1000), cap=st.integers(1, 100))
+def test_a_tenant_is_in_time_exactly_when_its_own_wait_fits(
+    max_wait: float, rate: float, inflight: int, ahead: int, cap: int
+) -> None:
+    load = policy.TenantLoad(cap=cap, inflight=inflight, ahead=ahead)
+    latest = policy.latest_useful_excess(max_wait, rate)
+    assert latest is not None
+    own = policy.tenant_wait_s(load, rate)
+    if load.excess <= latest:
+        assert own <= max_wait * (1 + 1e-9) + 1e-9
+    else:
+        assert own > max_wait * (1 - 1e-9)

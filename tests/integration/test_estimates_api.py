@@ -1,0 +1,130 @@
+"""Truthful estimates over real HTTP, on real PostgreSQL and Redis: a tenant's own cap and the
+jobs it has in flight count in the wait it is told (the 202, GET, the list) and in the
+refusal of a job that could not start within its own ``max_wait_s``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.integration.api_harness import (
+    ADMIN_KEY,
+    ApiClient,
+    Clock,
+    auth,
+    dispatch_one,
+    make_settings,
+    queue_of,
+    rt,
+    running_api,
+)
+from tests.services import RedisServer
+
+pytestmark = pytest.mark.integration
+
+HURRIED = {"kind": "sleep", "payload": {"seconds": 1}, "max_wait_s": 2}
+
+
+@pytest.fixture
+def served(
+    pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock,
+    redis_client: redis.Redis,
+) -> Iterator[ApiClient]:
+    # 4 slots at 10 s: μ = 0.4/s; a standard tenant's cap is max(1, floor(4 × 0.10)) = 1, so
+    # one of its jobs finishes every 10 s however idle the rest of the pool is.
+    settings = make_settings(pg_url, redis_server.url, key_prefix, pool_concurrency=4,
+                             mean_service_s=10)
+    with running_api(settings, clock) as api:
+        yield api
+
+
+def deadline_refusal(answer: httpx.Response) -> dict[str, Any]:
+    """A 429 of type ``capacity`` for the ``deadline`` limit, with its headers (API.md)."""
+    assert answer.status_code == 429, answer.text
+    error: dict[str, Any] = answer.json()["error"]
+    assert (error["type"], error["limit"], error["tier"]) == ("capacity", "deadline", "standard")
+    assert answer.headers["X-Tier"] == "standard"
+    assert error["retry_after_seconds"] == int(answer.headers["Retry-After"]) >= 1
+    assert error["queue_position"] == int(answer.headers["X-Queue-Position"])
+    return error
+
+
+def seen(client: ApiClient, key: str, job_id: str) -> tuple[Any, Any]:
+    body = client.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()
+    return body["queue_position"], body["estimated_wait_s"]
+
+
+def test_a_tenant_at_its_cap_is_told_the_wait_for_its_own_slot(
+    served: ApiClient, clock: Clock
+) -> None:
+    acme = served.create_tenant("acme", "standard")
+    key = acme["api_key"]
+    quota = served.patch(f"/v1/admin/tenants/{acme['id']}", json={"max_queued": 10},
+                         headers=auth(ADMIN_KEY))
+    assert quota.status_code == 200  # the tier's quota is 1 queued job: floor(8 × 0.10)
+    first = served.submit(key).json()
+    assert first["estimated_wait_s"] == 0.0  # a free slot and a free place under its cap
+    dispatch_one(served, first["id"])  # its one slot is taken by a 10 s job
+    clock.now += 0.01
+
+    # Three pool slots are free and nothing is queued, but acme must wait for its own job.
+    refused = served.submit(key, HURRIED)
+    error = deadline_refusal(refused)
+    assert error["message"] == ("tenant 'acme' has 1 running and 0 queued jobs at its cap of "
+                                "1: this job would start in about 10 s, later than its "
+                                "max_wait_s of 2 s")
+    assert (error["estimated_wait_s"], error["max_wait_s"]) == (10.0, 2.0)
+    assert (error["tenant_cap"], error["tenant_inflight"], error["tenant_queued_ahead"]) == (
+        1, 1, 0)
+    assert refused.headers["Retry-After"] == "10"  # its running job done: one service
+    assert refused.headers["X-Queue-Position"] == "0"
+    assert rt(served).index.tenant_queued(acme["id"]) == 0  # it left nothing behind
+    assert queue_of(served, key, "standard")["queued"] == 0
+
+    # Without a max_wait_s it is accepted, and told the truth.
+    second = served.submit(key).json()
+    clock.now += 0.01
+    third = served.submit(key).json()
+    assert (second["queue_position"], second["estimated_wait_s"]) == (0, 10.0)
+    assert (third["queue_position"], third["estimated_wait_s"]) == (1, 20.0)
+    assert seen(served, key, second["id"]) == (0, 10.0)
+    assert seen(served, key, third["id"]) == (1, 20.0)
+    listed = served.get("/v1/jobs", params={"status": "queued"}, headers=auth(key)).json()
+    assert [(j["queue_position"], j["estimated_wait_s"]) for j in listed["jobs"]] == [
+        (1, 20.0), (0, 10.0)]
+
+    # Two own jobs queued: 3 must finish for a slot, 30 s; 15 s allows 1, so 20 s to wait.
+    clock.now += 0.01
+    late = served.submit(key, {**HURRIED, "max_wait_s": 15})
+    error = deadline_refusal(late)
+    assert (error["estimated_wait_s"], late.headers["Retry-After"]) == (30.0, "20")
+    fits = served.submit(key, {**HURRIED, "max_wait_s": 30})
+    assert (fits.status_code, fits.json()["estimated_wait_s"]) == (202, 30.0)
+
+    # Another tenant is not held back by acme's cap: 3 ahead, 3 free slots, 2.5 s each.
+    other = served.tenant_key("other", "standard")
+    clock.now += 0.01
+    assert served.submit(other).json()["estimated_wait_s"] == 2.5
+    clock.now += 0.01
+    # Its own queued job comes first for its one slot: 10 s, later than the pool's 5 s.
+    error = deadline_refusal(served.submit(other, HURRIED))
+    assert (error["estimated_wait_s"], error["retry_after_seconds"]) == (10.0, 10)
+
+
+def test_a_tenant_under_its_cap_is_told_the_pools_estimate(
+    served: ApiClient, clock: Clock
+) -> None:
+    roomy = served.create_tenant("roomy", "standard")
+    key = roomy["api_key"]
+    patched = served.patch(f"/v1/admin/tenants/{roomy['id']}", json={"cap": 4},
+                           headers=auth(ADMIN_KEY))
+    assert patched.status_code == 200
+    first = served.submit(key).json()
+    dispatch_one(served, first["id"])
+    clock.now += 0.01
+    accepted = served.submit(key, HURRIED)
+    assert (accepted.status_code, accepted.json()["estimated_wait_s"]) == (202, 0.0)
