@@ -1,0 +1,71 @@
+"""``ServerClock``: Redis's time, read once per resync and extrapolated with a monotonic
+clock, so the host's wall clock (skewed, stepped) never decides."""
+
+from __future__ import annotations
+
+import redis
+
+from jobs.clock import RETRY_S, ServerClock
+
+
+class Clocks:
+    """A monotonic clock and a server clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.mono = 100.0
+        self.server = 1_800_000_000.0
+        self.reads = 0
+        self.down = False
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def read_server(self) -> float:
+        if self.down:
+            raise redis.ConnectionError("down")
+        self.reads += 1
+        return self.server
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.server += seconds
+
+
+def test_reads_the_server_once_per_resync_and_extrapolates() -> None:
+    c = Clocks()
+    clock = ServerClock(c.read_server, resync_s=10, monotonic=c.monotonic, fallback=lambda: 0.0)
+    assert clock() == c.server and clock.synced
+    c.advance(4.5)
+    assert clock() == c.server  # extrapolated: no second read
+    assert c.reads == 1
+    c.advance(6)
+    assert clock() == c.server and c.reads == 2
+
+
+def test_the_hosts_wall_clock_never_enters() -> None:
+    c = Clocks()
+    skewed_host = 1_800_000_000.0 - 600  # ten minutes behind
+    clock = ServerClock(c.read_server, monotonic=c.monotonic, fallback=lambda: skewed_host)
+    assert clock() == c.server
+
+
+def test_falls_back_to_the_host_until_redis_answers_and_does_not_hammer_it() -> None:
+    c = Clocks()
+    c.down = True
+    host = 1_700_000_000.0
+    clock = ServerClock(c.read_server, monotonic=c.monotonic, fallback=lambda: host)
+    assert clock() == host and not clock.synced
+    c.down = False
+    c.advance(RETRY_S / 2)
+    assert clock() == host  # not retried yet
+    c.advance(RETRY_S)
+    assert clock() == c.server and c.reads == 1
+
+
+def test_keeps_the_last_offset_while_redis_is_down() -> None:
+    c = Clocks()
+    clock = ServerClock(c.read_server, resync_s=1, monotonic=c.monotonic, fallback=lambda: 0.0)
+    clock()
+    c.down = True
+    c.advance(30)
+    assert clock() == c.server
