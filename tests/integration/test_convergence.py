@@ -341,3 +341,80 @@ def test_a_long_full_pass_renews_the_lead_between_batches(
 
     assert len(calls) >= 3  # a check per batch of 2 queued rows, and before the strays
     assert runtime.index.tenant_queued(tenant_id) == 5
+
+
+# -- every two-step change is safe to interrupt ----------------------------------------------
+
+
+def test_a_failing_reclaim_counter_strands_no_reaped_job(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    dispatcher.run_once(now)
+
+    def broken(*_: Any) -> None:
+        raise redis.ConnectionError("the metric's Redis call failed")
+
+    monkeypatch.setattr("jobs.counters.incr_reclaimed", broken)
+    stats = dispatcher.run_once(now + TTL + 1)
+
+    assert stats.requeued == 1
+    back = load(runtime, job.id)
+    assert (back.status, back.attempt) == (Status.DISPATCHED, 2)  # and dispatched again
+    assert runtime.index.entries_of([job.id])[job.id].leased
+
+
+def test_a_cancel_whose_sql_fails_leaves_the_job_queued_and_indexed(
+    runtime: Runtime, tenant_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlalchemy.exc
+
+    from jobs import submission
+
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    with runtime.sessions() as s:
+        tenant = repository.get_tenant(s, tenant_id)
+    assert tenant is not None
+
+    def unreachable(*_: Any, **__: Any) -> bool:
+        raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed"))
+
+    monkeypatch.setattr("jobs.db.repository.transition", unreachable)
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        submission.cancel(runtime, tenant, job.id)
+
+    assert load(runtime, job.id).status is Status.QUEUED
+    assert runtime.index.position(job.id) == 0  # still indexed: no orphan
+
+
+def test_an_entry_expired_before_its_row_was_visible_is_found_and_expired(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """A submit whose commit is slower than its max_wait_s: expire_due drops the entry
+    before the row can be read; the row then commits queued, and must still end."""
+    now = time.time()
+    dispatcher.run_once(now)  # the reconciler's first, full pass
+    new = NewJob(
+        id=new_job_id(now), tenant_id=tenant_id, tier="standard", kind="echo", payload={},
+        order_key=runtime.policy.order_key("standard", now), enqueued_at=now, max_wait_s=1.0,
+    )
+    row = indexed(_as_job(runtime, new))
+    assert runtime.index.admit(row, bound=1000).accepted
+    dispatcher.run_once(now + 2)  # due: dropped, no row yet (the pool is free, too)
+    assert runtime.index.position(new.id) is None
+    with runtime.sessions.begin() as s:  # the slow commit lands
+        repository.insert_job(s, new)
+
+    dispatcher.run_once(now + 2 + QUEUED_GRACE_S + 1)  # reconciled: indexed again
+    dispatcher.run_once(now + 2 + QUEUED_GRACE_S + 2)
+
+    assert load(runtime, new.id).status is Status.EXPIRED
+
+
+def _as_job(runtime: Runtime, new: NewJob) -> Job:
+    """The job ``new`` will be once inserted (for its index entry), without inserting it."""
+    from jobs.db.repository import _new_row
+
+    return Job.from_row(_new_row(new))

@@ -255,3 +255,28 @@ def test_tierq_repair_rebuilds_and_prints_what_it_did(
     assert "index rebuilt from SQL" in result.output
     assert runtime.index.tenant_inflight(scene.capped_tenant) == 2
     assert runtime.index.position(scene.capped_waiting.id) == 0
+
+
+def test_tierq_repair_refuses_while_a_dispatcher_leads_unless_forced(
+    runtime: Runtime, redis_server: RedisServer, key_prefix: str
+) -> None:
+    scene = build_scene(runtime)
+    token = runtime.index.acquire_leadership("live-dispatcher", ttl_s=60, now=NOW)
+    assert token is not None
+    env = {
+        "TIERQ_DATABASE_URL": runtime.settings.resolved_database_url(),
+        "TIERQ_REDIS_URL": redis_server.url,
+        "TIERQ_KEY_PREFIX": key_prefix,
+    }
+
+    refused = CliRunner().invoke(build_app(), ["repair"], env=env)
+
+    assert refused.exit_code == 1
+    assert "live-dispatcher" in refused.output and "--force" in refused.output
+    assert runtime.index.position(scene.leftover.job_id) is not None  # nothing was touched
+
+    forced = CliRunner().invoke(build_app(), ["repair", "--force"], env=env)
+
+    assert forced.exit_code == 0, forced.output
+    assert runtime.index.position(scene.leftover.job_id) is None
+    assert runtime.index.leader(now=NOW) == token  # the leader keeps its lock
