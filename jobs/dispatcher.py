@@ -4,22 +4,28 @@ Each ``run_once(now)`` does, in order:
 
 1. caps: recompute tier caps from the pool's capacity and push them to the index when they
    change (a tenant under its new cap becomes runnable);
-2. reap: leases that expired (worker died, message lost) put their job back in the queue
-   with ``attempt + 1`` and its original order key, or fail it when its attempts are spent;
+2. reap: leases that lapsed (worker died, message lost) are decided from each job's row
+   (``jobs.recovery``): back in the queue as a new attempt with its original order key,
+   uncharged when it never started, or failed when its starts are spent or its deadline
+   passed;
 3. expire: queued jobs past ``start_by`` end ``expired`` and are never computed, even while
    the pool is full;
 4. dispatch: pop as many jobs as there are free slots (never more), mark each ``dispatched``
-   by compare-and-set and publish it to its tier's broker queue.
+   by compare-and-set and publish it to its tier's broker queue;
+5. reconcile, every ``RECONCILE_PERIOD_S``: one bounded round of ``jobs.reconciler``, which
+   makes the index converge to SQL whatever two-step change was interrupted.
 
 ``serve`` loops ``run_once`` and sleeps on the doorbell (``jobs.wake``) between rounds, so a
 submit or a released slot is acted on at once, with no polling delay on the hot path.
 
 Several dispatchers may run: one leads (``jobs.leadership``), the others stand by. The
-leader passes its fencing token to the index's dispatch, reap and expire calls, which refuse
-it once another process leads (``NotLeader``: it steps down at once). Before its first
-round, and whenever the index's generation sentinel is gone (Redis flushed or restarted
-empty), the leader rebuilds the index from SQL (``jobs.rebuild``): leases of running jobs
-come back before anything more is dispatched, so no tenant goes over its cap.
+leader passes its fencing token to every index write it makes (dispatch, reap, expire, caps,
+requeue, release, rebuild), which refuse it once another process leads (``NotLeader``: it
+steps down at once). Before its first round, and whenever the index's epoch is gone (Redis
+flushed or restarted empty), the leader makes a full pass (``jobs.rebuild``), renewing its
+lock between batches: leases of in-flight jobs come back before anything more is
+dispatched, so no tenant goes over its cap. An index restored from an older snapshot is
+caught by the reconciler's epoch check within a round.
 """
 
 from __future__ import annotations
