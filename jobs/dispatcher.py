@@ -49,7 +49,7 @@ from jobs.index.base import IndexedJob, Lease, NotLeader
 from jobs.leadership import Leadership
 from jobs.rebuild import UNCOMMITTED_GRACE_S, may_be_uncommitted
 from jobs.reconciler import RECONCILE_PERIOD_S, Reconciler, ReconcileStats
-from jobs.recovery import indexed, recover
+from jobs.recovery import expiry_note, indexed, recover
 from jobs.runtime import Runtime
 from jobs.service_rate import ServiceRateTracker
 from jobs.states import Status
@@ -231,7 +231,7 @@ class Dispatcher:
     def _expire_one(session: Session, job: Job, now: float) -> bool:
         return job.status is Status.QUEUED and repository.transition(
             session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED, now=now,
-            **_expiry_note(job),
+            **expiry_note(job),
         )
 
     # -- dispatch --------------------------------------------------------------------------
@@ -285,7 +285,7 @@ class Dispatcher:
         if job.start_by is not None and now >= job.start_by:
             if repository.transition(
                 session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED,
-                now=now, **_expiry_note(job),
+                now=now, **expiry_note(job),
             ):
                 stats.expired += 1
             return False
@@ -330,14 +330,6 @@ class Dispatcher:
             [indexed(job, not_before, attempt=job.attempt + 1) for job in handed],
             fence=self.fence,
         )
-
-
-def _expiry_note(job: Job) -> dict[str, str]:
-    """A job that ran before and whose retry could not start in time says so."""
-    if job.starts == 0:
-        return {}
-    return {"error": f"start {job.starts} ran; the retry did not start before the job's "
-                     "deadline (max_wait_s)"}
 
 
 def _entry(lease: Lease) -> IndexedJob:

@@ -103,7 +103,9 @@ class Reconciler:
         else:
             stats = rebuild(self.runtime, now, fence=fence, keep_lead=keep_lead)
         self._advance(before, fence)
-        self._queued_cursor, self._sweep_started = None, now
+        # The pass indexed every row it read; the walk resumes where a row could have
+        # changed after its read.
+        self._queued_cursor, self._sweep_started = (now - QUEUED_GRACE_S, ""), now
         return stats
 
     # -- 1. the epoch --------------------------------------------------------------------

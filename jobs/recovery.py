@@ -78,7 +78,8 @@ def _recover_once(session: Session, job: Job, now: float) -> Recovered | None:
         return Recovered(entry=indexed(job))
     if job.status is Status.DISPATCHED:
         if job.start_by is not None and now >= job.start_by:
-            return _move(session, job, Status.EXPIRED, now, Recovered(expired=True))
+            return _move(session, job, Status.EXPIRED, now, Recovered(expired=True),
+                         **expiry_note(job))
         return _move(session, job, Status.QUEUED, now,
                      Recovered(requeued=True, entry=indexed(job, attempt=job.attempt + 1)))
     if job.status is not Status.RUNNING:
@@ -99,6 +100,15 @@ def _recover_once(session: Session, job: Job, now: float) -> Recovered | None:
     if outcome is not None:
         logger.warning("lease.expired.requeued", extra={"event": "lease.expired.requeued", **log})
     return outcome
+
+
+def expiry_note(job: Job) -> dict[str, str]:
+    """The error an expiring job keeps when an earlier start of it ran: its client can tell
+    "never computed" from "ran, and its retry came too late"."""
+    if job.starts == 0:
+        return {}
+    return {"error": f"start {job.starts} ran; the retry did not start before the job's "
+                     "deadline (max_wait_s)"}
 
 
 def _move(

@@ -41,10 +41,16 @@ class MemoryIndex:
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        # The last ``now`` a caller passed: the time of a fence check in a call that takes
+        # none (the leader lock expires on the callers' virtual time, see the docstring).
+        self._seen_now: float | None = None
         self.clear()
 
     def _at(self, now: float | None) -> float:
-        return self.clock() if now is None else now
+        if now is None:
+            return self.clock()
+        self._seen_now = now
+        return now
 
     def now(self) -> float:
         return self.clock()
@@ -251,7 +257,9 @@ class MemoryIndex:
                 self._runnable.add(job_id, score)
 
     def _check_fence(self, fence: str | None, now: float | None, what: str) -> None:
-        if fence and self.leader(now=self._at(now)) != fence:
+        if now is None:
+            now = self._seen_now if self._seen_now is not None else self.clock()
+        if fence and self.leader(now=now) != fence:
             raise NotLeader(f"{what} refused: the fencing token is not the leader's")
 
     def dispatch(
@@ -473,6 +481,7 @@ class MemoryIndex:
         return True
 
     def leader(self, *, now: float) -> str | None:
+        self._seen_now = now
         if self._leader is None or self._leader[1] <= now:
             return None
         return self._leader[0]
