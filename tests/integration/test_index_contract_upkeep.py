@@ -87,6 +87,32 @@ def test_fenced_calls_refuse_a_token_that_is_not_the_leaders(index: DispatchInde
     assert index.dispatch(10, now=0.0, lease_ttl_s=TTL) == []  # unfenced: as before
 
 
+def test_every_leader_write_is_fenced(index: DispatchIndex) -> None:
+    """Caps, requeues, releases, cancels, restored leases and the epoch: a deposed leader's
+    late writes (a stale snapshot, a long rebuild) change nothing."""
+    fill(index, job("q", "t1", key=1.0), job("l", "t2", key=2.0))
+    now = time.time()
+    token = index.acquire_leadership("a", ttl_s=60, now=now)
+    assert token is not None
+    index.dispatch(1, now=0.0, lease_ttl_s=TTL, fence=token)  # "q" leased
+    stale = "9:old-leader"
+    for call in (
+        lambda: index.set_caps({"free": 5}, fence=stale),
+        lambda: index.requeue(replace(job("q", "t1"), attempt=2), fence=stale),
+        lambda: index.requeue_many([job("new", "t3")], fence=stale),
+        lambda: index.release("q", fence=stale),
+        lambda: index.cancel("l", fence=stale),
+        lambda: index.restore_lease(job("x", "t4"), ttl_s=TTL, now=0.0, fence=stale),
+        lambda: index.set_generation("42", fence=stale),
+    ):
+        with pytest.raises(NotLeader):
+            call()
+    assert index.tenant_inflight("t1") == 1 and index.position("l") == 0
+    assert set(index.job_ids()) == {"q", "l"} and index.generation() != "42"
+    index.set_generation("42", fence=token)
+    assert index.generation() == "42"
+
+
 def test_a_deposed_leader_gets_no_lease(index: DispatchIndex) -> None:
     fill(index, job("a"))
     old = index.acquire_leadership("a", ttl_s=0.2, now=time.time())
