@@ -9,7 +9,6 @@ or the live workers' slots) and the mean service time the dispatcher measured, o
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -40,8 +39,9 @@ def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, 
 
     url = settings.resolved_redis_url()
     client = redis_client(url)
-    index, now = RedisIndex(client, settings.key_prefix), time.time()
+    index = RedisIndex(client, settings.key_prefix)
     try:
+        now = index.now()  # Redis's clock: this host's may be off
         measured = read_measured(client, settings.key_prefix)
         figures = capacity.read_pool(pol, index, now=now, measured=measured)
         view = LiveView(figures=figures, worker_slots=index.pool_capacity(now=now),

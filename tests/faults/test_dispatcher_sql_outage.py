@@ -123,14 +123,18 @@ def test_a_job_due_to_expire_in_a_failed_round_still_expires(
     tenant = make_tenant(runtime)
     now = time.time()
     # The tenant's one slot (cap 1 on a pool of 2) is taken: the job can only wait, and expire.
+    # Its max_wait_s leaves room for the slot's told wait (one mean service time), so it is
+    # accepted; the running job never finishes here.
     submit(runtime, default_registry(""), tenant, Submission(kind="echo", payload={}))
     assert dispatcher.run_once(now).dispatched == 1
+    max_wait_s = 2 * runtime.policy.mean_service_s
     job = submit(
         runtime, default_registry(""), tenant,
-        Submission(kind="echo", payload={}, max_wait_s=1.0),
+        Submission(kind="echo", payload={}, max_wait_s=max_wait_s),
     )
-    cut_short(dispatcher, fault_pg, now + 2)  # taken off the due list; SQL fails
+    due = now + max_wait_s + 2
+    cut_short(dispatcher, fault_pg, due)  # taken off the due list; SQL fails
 
-    rounds_after(dispatcher, now + 2)
+    rounds_after(dispatcher, due)
 
     assert load(runtime, job.progress.job.id).status is Status.EXPIRED
