@@ -76,12 +76,13 @@ class System:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, name: str, *args: str) -> Process:
+    def start(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> Process:
+        """Start ``tierq <args>`` as ``name``; ``env`` adds to (or overrides) the system's."""
         log = self.workdir / f"{name}.log"
         with log.open("ab") as out:  # the child keeps its own copy of the descriptor
             popen = subprocess.Popen(
                 [sys.executable, "-m", "jobs.cli", *args],
-                env=self.env,
+                env={**self.env, **(env or {})},
                 cwd=self.workdir,
                 stdout=out,
                 stderr=subprocess.STDOUT,

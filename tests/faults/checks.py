@@ -1,58 +1,49 @@
 """What must hold after every fault: nothing lost, nothing run twice, no cap overshot.
 
-``check_invariants`` reads the SQL store directly (the source of truth), after waiting for
-the accepted jobs to finish:
+``check_invariants`` is the one check every fault test ends with. It reads the SQL store
+directly (the source of truth), waits (bounded) for the jobs to finish, collects every
+violation, and fails once with a report of them all (``tests.faults.report``):
 
-- every job answered 202 exists and is in one terminal state, with its attempt within
-  ``1..max_attempts`` and its finish time recorded;
-- no job succeeded twice: the ``tracked`` handler's trace (``tests.faults.handlers``) shows
-  exactly one completed run for each succeeded job, of the attempt SQL recorded, and none
-  for a job that did not succeed (a finished result was never thrown away);
-- per tenant, the most jobs that ran at once (their ``[started_at, finished_at]``) stays
-  within the tenant's cap.
+- every job answered 202 exists, and every job in the database, accepted or not (a submit
+  answered 503 whose commit landed after all), ends in a terminal state, with its attempt
+  within ``1..max_attempts`` and its finish time recorded;
+- with the ``tracked`` handler's trace (``tests.faults.handlers``): each succeeded job
+  completed exactly once, in the attempt SQL recorded, and no other job completed (a
+  finished result was never thrown away), a ``done`` lost with its SIGKILLed worker aside;
+- no attempt was charged without a start: with ``Job.starts`` (DISPATCHED → RUNNING moves),
+  ``0 <= starts <= max_attempts``, ``started_at`` is set iff ``starts > 0``, a job failed
+  for its spent attempts started each of them, and the trace shows no more started attempts
+  than ``starts``; without it, a failed ``tracked`` job started as many attempts as its
+  client asked for (``asked_attempts``);
+- per tenant, the most jobs running at one instant stays within the tenant's cap (its
+  override, else its tier's): from the trace's runs for ``tracked`` jobs, else from SQL's
+  ``[started_at, finished_at]``.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.db import repository
 from jobs.db.engine import make_engine, make_sessionmaker
+from jobs.db.models import JobRow
 from jobs.domain import Job
 from jobs.states import Status
-from tests.e2e.harness import max_overlap
-from tests.faults.handlers import read_runs
+from tests.faults.handlers import Run, read_runs
+from tests.faults.report import Violation, clock_text, render
 
 FINISH_TIMEOUT_S = 90.0
-
-
-def load_jobs(database_url: str, job_ids: Iterable[str]) -> dict[str, Job]:
-    engine = make_engine(database_url)
-    try:
-        with make_sessionmaker(engine)() as session:
-            return repository.get_jobs(session, job_ids)
-    finally:
-        engine.dispose()
-
-
-def wait_all_terminal(
-    database_url: str, job_ids: Iterable[str], *, timeout: float = FINISH_TIMEOUT_S
-) -> dict[str, Job]:
-    """The jobs once every one is terminal; fails naming the stragglers after ``timeout``."""
-    ids = list(job_ids)
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs = load_jobs(database_url, ids)
-        waiting = {i: jobs[i].status.value if i in jobs else "missing" for i in ids
-                   if i not in jobs or not jobs[i].terminal}
-        if not waiting:
-            return jobs
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not terminal after {timeout:g} s: {waiting}")
-        time.sleep(0.2)
+# A failure that names spent attempts (the reaper's and the retry path's wording).
+SPENT = re.compile(r"\b(attempts?|starts?)\b", re.IGNORECASE)
 
 
 def check_invariants(
@@ -62,49 +53,279 @@ def check_invariants(
     tier_caps: Mapping[str, int],
     run_log: Path | None = None,
     timeout: float = FINISH_TIMEOUT_S,
+    killed: Mapping[int, float] | None = None,
+    asked_attempts: Mapping[str, int] | None = None,
+    found: Iterable[Violation] = (),
+    context: str = "",
 ) -> dict[str, Job]:
-    """Wait for the accepted jobs to finish, then assert the invariants; the jobs by id."""
+    """Wait up to ``timeout`` for every job to finish, then check the invariants; the jobs
+    by id. ``killed``: pid → when the test SIGKILLed that process (its runs end then);
+    ``found``: violations the caller saw itself, reported with these."""
     ids = list(accepted)
-    assert len(set(ids)) == len(ids), "a job id was answered 202 twice"
-    jobs = wait_all_terminal(database_url, ids, timeout=timeout)
-    for job in jobs.values():
-        assert 1 <= job.attempt <= job.max_attempts, job
-        assert job.finished_at is not None, job
-        if job.status is Status.SUCCEEDED:
-            assert job.started_at is not None and job.started_at <= job.finished_at, job
+    violations = list(found)
+    if len(set(ids)) != len(ids):
+        violations.append(Violation(invariant="accepted once", detail="an id was answered twice"))
+    engine = make_engine(database_url)
+    try:
+        sessions = make_sessionmaker(engine)
+        jobs = _wait_terminal(sessions, ids, timeout)
+        with sessions() as session:
+            tenants = {job.tenant_id: repository.get_tenant(session, job.tenant_id)
+                       for job in jobs.values()}
+    finally:
+        engine.dispose()
+    runs = read_runs(run_log) if run_log is not None else {}
+    violations += check_rows(ids, jobs, timeout)
     if run_log is not None:
-        check_runs(jobs, run_log)
-    check_caps(database_url, jobs.values(), tier_caps)
+        violations += check_runs(jobs, runs, killed or {})
+    violations += check_starts(jobs, runs if run_log is not None else None, asked_attempts or {})
+    caps = {t.id: t.cap if t.cap is not None else tier_caps.get(t.tier)
+            for t in tenants.values() if t is not None}
+    names = {t.id: f"{t.name} ({t.tier}, cap {caps[t.id]})"
+             for t in tenants.values() if t is not None}
+    spans = run_spans(jobs, runs, killed or {}, traced=run_log is not None)
+    violations += check_caps(spans, caps, names)
+    if violations:
+        raise AssertionError(
+            render(violations, jobs=jobs, tenants=names, runs=runs, context=context)
+        )
     return jobs
 
 
-def check_runs(jobs: Mapping[str, Job], run_log: Path) -> None:
-    """Exactly one completed run per succeeded ``tracked`` job, of its recorded attempt."""
-    runs = read_runs(run_log)
+def _wait_terminal(
+    sessions: sessionmaker[Session], ids: Sequence[str], timeout: float
+) -> dict[str, Job]:
+    """The accepted jobs and every other row, once all are terminal or ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with sessions() as session:
+            every = set(ids) | set(session.scalars(sa.select(JobRow.id)))
+            jobs = repository.get_jobs(session, every)
+        if all(job.terminal for job in jobs.values()) or time.monotonic() > deadline:
+            return jobs
+        time.sleep(0.25)
+
+
+def check_rows(ids: Sequence[str], jobs: Mapping[str, Job], timeout: float) -> list[Violation]:
+    found = [Violation(invariant="accepted job exists", detail=f"{i}: answered 202, no row",
+                       job_ids=(i,)) for i in ids if i not in jobs]
+    accepted = set(ids)
     for job in jobs.values():
-        if job.kind != "tracked":
+        if not job.terminal:
+            whose = "accepted" if job.id in accepted else "not answered 202, yet committed"
+            found.append(Violation(
+                invariant="terminal", job_ids=(job.id,),
+                detail=f"{job.id} ({whose}): {job.status.value} after {timeout:g} s",
+            ))
             continue
-        done = [run for run in runs.get(job.id, []) if run.what == "done"]
+        problems = []
+        if not 1 <= job.attempt <= job.max_attempts:
+            problems.append(f"attempt {job.attempt} outside 1..{job.max_attempts}")
+        if job.finished_at is None:
+            problems.append("no finished_at")
+        elif job.status is Status.SUCCEEDED and (
+            job.started_at is None or job.started_at > job.finished_at
+        ):
+            problems.append("succeeded without a start before its finish")
+        found += [Violation(invariant="terminal row", detail=f"{job.id}: {p}", job_ids=(job.id,))
+                  for p in problems]
+    return found
+
+
+def check_runs(
+    jobs: Mapping[str, Job], runs: Mapping[str, Sequence[Run]], killed: Mapping[int, float]
+) -> list[Violation]:
+    """One completed run per succeeded ``tracked`` job, of its recorded attempt; none for
+    the others (one is allowed for a job cancelled as its handler returned)."""
+    found = []
+    for job in jobs.values():
+        if job.kind != "tracked" or not job.terminal:
+            continue
+        done = [r for r in runs.get(job.id, []) if r.what == "done"
+                and not _lost_with_worker(r, job, killed)]
+        attempts = [r.attempt for r in done]
         if job.status is Status.SUCCEEDED:
-            assert [run.attempt for run in done] == [job.attempt], (job, runs.get(job.id))
+            if attempts != [job.attempt]:
+                found.append(Violation(
+                    invariant="completed exactly once", job_ids=(job.id,),
+                    detail=f"{job.id}: succeeded in attempt {job.attempt}, completed runs "
+                           f"{attempts or 'none'}",
+                ))
+        elif done and not (job.status is Status.CANCELLED and job.cancel_requested
+                           and len(done) == 1):
+            found.append(Violation(
+                invariant="no result thrown away", job_ids=(job.id,),
+                detail=f"{job.id}: {job.status.value}, yet completed runs {attempts}",
+            ))
+    return found
+
+
+def _lost_with_worker(run: Run, job: Job, killed: Mapping[int, float]) -> bool:
+    """A ``done`` whose process was SIGKILLed before recording it (not this attempt's
+    outcome): the result died with the worker, nothing was thrown away."""
+    death = killed.get(run.pid)
+    recorded = job.status is Status.SUCCEEDED and run.attempt == job.attempt
+    return death is not None and death >= run.at and not recorded
+
+
+def check_starts(
+    jobs: Mapping[str, Job], runs: Mapping[str, Sequence[Run]] | None,
+    asked_attempts: Mapping[str, int],
+) -> list[Violation]:
+    found = []
+    for job in jobs.values():
+        starts: int | None = getattr(job, "starts", None)
+        traced = None
+        if runs is not None and job.kind == "tracked":
+            traced = len({r.attempt for r in runs.get(job.id, []) if r.what == "start"})
+        spent = job.status is Status.FAILED and bool(SPENT.search(job.error or ""))
+        problems = []
+        if starts is not None:
+            if not 0 <= starts <= job.max_attempts:
+                problems.append(f"starts={starts} outside 0..{job.max_attempts}")
+            if (job.started_at is None) != (starts == 0):
+                problems.append(f"starts={starts} but started_at={clock_text(job.started_at)}")
+            if spent and starts != job.max_attempts:
+                problems.append(f"failed ({job.error}) after {starts} of {job.max_attempts} "
+                                "starts")
+            if traced is not None and traced > starts:
+                problems.append(f"{traced} attempts started in the trace, starts={starts}")
+        elif spent and traced is not None and job.id in asked_attempts:
+            if traced < asked_attempts[job.id]:
+                problems.append(f"failed ({job.error}) after {traced} started attempts of the "
+                                f"{asked_attempts[job.id]} asked for")
+        found += [Violation(invariant="charged only for a start", detail=f"{job.id}: {p}",
+                            job_ids=(job.id,)) for p in problems]
+    return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Span:
+    """A run of a job: from the trace (``tracked``) or from SQL's row."""
+
+    job_id: str
+    tenant_id: str
+    attempt: int
+    pid: int | None
+    start: float
+    end: float
+    how: str  # how its end is known: done, stop, killed, next start, finished, running
+
+    def __str__(self) -> str:
+        who = f" pid {self.pid}" if self.pid is not None else " (SQL)"
+        return (f"{self.job_id} attempt {self.attempt}{who} {clock_text(self.start)}"
+                f"–{clock_text(self.end)} ({self.how})")
+
+
+def run_spans(
+    jobs: Mapping[str, Job], runs: Mapping[str, Sequence[Run]], killed: Mapping[int, float],
+    *, traced: bool,
+) -> list[Span]:
+    """Every run's span. A traced run without an end line ended when its process was
+    killed; failing that (a kill the test did not make), by the next start of its job (its
+    lease had lapsed by then), by its job's finish, or, its process alive, it still runs."""
+    spans = []
+    for job in jobs.values():
+        if traced and job.kind == "tracked":
+            spans += _traced_spans(job, runs.get(job.id, []), killed)
+        elif job.started_at is not None and job.finished_at is not None:
+            spans.append(Span(job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
+                              pid=None, start=job.started_at, end=job.finished_at, how="SQL"))
+    return spans
+
+
+def _traced_spans(job: Job, lines: Sequence[Run], killed: Mapping[int, float]) -> list[Span]:
+    ordered = sorted(lines, key=lambda r: r.at)
+    open_runs: dict[tuple[int, int], list[Run]] = defaultdict(list)
+    spans = []
+
+    def span(start: Run, end: float, how: str) -> Span:
+        return Span(job_id=job.id, tenant_id=job.tenant_id, attempt=start.attempt,
+                    pid=start.pid, start=start.at, end=max(start.at, end), how=how)
+
+    for line in ordered:
+        key = (line.attempt, line.pid)
+        if line.what == "start":
+            open_runs[key].append(line)
+        elif open_runs[key]:
+            spans.append(span(open_runs[key].pop(0), line.at, line.what))
+    for start in (s for pending in open_runs.values() for s in pending):
+        later = [r.at for r in ordered if r.what == "start" and r.at > start.at]
+        death = killed.get(start.pid)
+        if death is not None and death >= start.at:
+            spans.append(span(start, death, "killed"))
+        elif _alive(start.pid):
+            spans.append(span(start, time.time(), "running"))
+        elif later:
+            spans.append(span(start, later[0], "next start"))
         else:
-            assert done == [], (job, runs.get(job.id))
+            spans.append(span(start, job.finished_at or time.time(), "finished"))
+    return spans
 
 
-def check_caps(database_url: str, jobs: Iterable[Job], tier_caps: Mapping[str, int]) -> None:
-    """No tenant ran more jobs at once than its cap (its override, else its tier's)."""
-    intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for job in jobs:
-        if job.started_at is not None and job.finished_at is not None:
-            intervals[job.tenant_id].append((job.started_at, job.finished_at))
-    engine = make_engine(database_url)
+def _alive(pid: int) -> bool:
     try:
-        with make_sessionmaker(engine)() as session:
-            for tenant_id, spans in intervals.items():
-                tenant = repository.get_tenant(session, tenant_id)
-                assert tenant is not None, tenant_id
-                cap = tenant.cap if tenant.cap is not None else tier_caps[tenant.tier]
-                peak = max_overlap(spans)
-                assert peak <= cap, f"tenant {tenant.name} ran {peak} jobs at once (cap {cap})"
-    finally:
-        engine.dispose()
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_caps(
+    spans: Sequence[Span], caps: Mapping[str, int | None], names: Mapping[str, str]
+) -> list[Violation]:
+    by_tenant: dict[str, list[Span]] = defaultdict(list)
+    for span in spans:
+        by_tenant[span.tenant_id].append(span)
+    found = []
+    for tenant_id, tenant_spans in by_tenant.items():
+        cap = caps.get(tenant_id)
+        if cap is None:
+            continue
+        episodes = overshoots(tenant_spans, cap)
+        if not episodes:
+            continue
+        worst = max(episodes, key=lambda e: len(e.spans))
+        found.append(Violation(
+            invariant="tenant cap", job_ids=tuple(dict.fromkeys(s.job_id for s in worst.spans)),
+            detail=f"{names.get(tenant_id, tenant_id)} went over its cap {len(episodes)} "
+                   f"time(s), first at {clock_text(episodes[0].began)}; the most at once, "
+                   f"{len(worst.spans)}, at {clock_text(worst.peak_at)}:\n    "
+                   + "\n    ".join(str(s) for s in worst.spans),
+        ))
+    return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Episode:
+    """A stretch of time with more spans open than the cap: when it began, and its peak."""
+
+    began: float
+    peak_at: float
+    spans: list[Span]
+
+
+def overshoots(spans: Sequence[Span], cap: int) -> list[Episode]:
+    """Each stretch in which more than ``cap`` spans are open at once (an end at the same
+    instant as a start comes first), with the spans open at its peak."""
+    events = sorted(
+        [(s.start, 1, i) for i, s in enumerate(spans)]
+        + [(s.end, -1, i) for i, s in enumerate(spans)],
+        key=lambda e: (e[0], e[1]),
+    )
+    running: dict[int, Span] = {}
+    found: list[Episode] = []
+    over = False
+    for at, delta, i in events:
+        if delta > 0:
+            running[i] = spans[i]
+        else:
+            running.pop(i, None)
+        if len(running) > cap and (not over or len(running) > len(found[-1].spans)):
+            began = found.pop().began if over else at
+            open_now = sorted(running.values(), key=lambda s: s.start)
+            found.append(Episode(began=began, peak_at=at, spans=open_now))
+        over = len(running) > cap
+    return found

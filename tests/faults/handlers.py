@@ -1,10 +1,16 @@
 """A handler that leaves a trace of every run in a file, across worker processes.
 
-``tracked`` appends ``start`` when a run begins and ``done`` when its handler returns (one
-line each, ``O_APPEND``: lines from concurrent processes never interleave), in the file
-named by ``RUN_LOG_ENV``. A test reads the file back to count runs: a job that succeeded
-must have exactly one ``done`` line (a finished result was never thrown away and computed
-again), and its attempt must be the one SQL recorded.
+``tracked`` appends ``start`` when a run begins, ``done`` when its handler returns, and
+``stop`` when it ends any other way (lease lost, cancelled): one line each, ``O_APPEND``, so
+lines from concurrent processes never interleave, in the file named by ``RUN_LOG_ENV``. A
+run with a ``start`` and no end line was killed with its process. A test reads the file back
+to count runs: a job that succeeded must have exactly one ``done`` line (a finished result
+was never thrown away and computed again), and its attempt must be the one SQL recorded;
+per tenant, the runs open at once show whether a cap was overshot.
+
+Each line carries the true time (``CLOCK_REALTIME``, which a clock-skewed test process does
+not shift: see ``tests/faults/skew``) and the process's own view of it (``time.time()``),
+so runs of processes with skewed clocks still line up, and the skew shows.
 
 Load it with ``TIERQ_HANDLERS=tests.faults.handlers:HANDLERS``.
 """
@@ -33,15 +39,27 @@ class TrackedHandler:
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         _write("start", ctx)
-        if not ctx.sleep(float(payload.get("seconds", 0))):
-            ctx.check()  # lease lost or cancelled: stop without a "done"
+        try:
+            if not ctx.sleep(float(payload.get("seconds", 0))):
+                ctx.check()  # lease lost or cancelled: stop without a "done"
+        except BaseException:
+            _write("stop", ctx)
+            raise
         _write("done", ctx)
         return {"attempt": ctx.attempt, "pid": os.getpid()}
 
 
+def true_time() -> float:
+    """The wall clock, unshifted even in a clock-skewed test process."""
+    return time.clock_gettime(time.CLOCK_REALTIME)
+
+
 def _write(what: str, ctx: JobContext) -> None:
     path = os.environ[RUN_LOG_ENV]
-    line = f"{what} {ctx.job_id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n"
+    line = (
+        f"{what} {ctx.job_id} {ctx.attempt} {os.getpid()} {true_time():.6f} "
+        f"{time.time():.6f}\n"
+    )
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -51,11 +69,16 @@ def _write(what: str, ctx: JobContext) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Run:
-    what: str
+    what: str  # start, done or stop
     job_id: str
     attempt: int
     pid: int
-    at: float
+    at: float  # true time
+    seen: float  # the process's time.time() at that moment
+
+    @property
+    def skew_s(self) -> float:
+        return self.seen - self.at
 
 
 def read_runs(path: Path) -> dict[str, list[Run]]:
@@ -64,10 +87,11 @@ def read_runs(path: Path) -> dict[str, list[Run]]:
     if not path.exists():
         return runs
     for line in path.read_text().splitlines():
-        what, job_id, attempt, pid, at = line.split()
-        runs[job_id].append(
-            Run(what=what, job_id=job_id, attempt=int(attempt), pid=int(pid), at=float(at))
-        )
+        what, job_id, attempt, pid, at, seen = line.split()
+        runs[job_id].append(Run(
+            what=what, job_id=job_id, attempt=int(attempt), pid=int(pid), at=float(at),
+            seen=float(seen),
+        ))
     return runs
 
 

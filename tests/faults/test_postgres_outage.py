@@ -100,6 +100,7 @@ def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
         Dispatcher(runtime, _NoPublisher()).run_once(time.time() + UNCOMMITTED_GRACE_S + 1)
         assert runtime.index.tenant_queued(tenant.id) == 0
         assert runtime.index.inflight() == 0
+        check_invariants(url, [], tier_caps={"standard": 1})  # no job was accepted, or left
     finally:
         runtime.close()
 

@@ -1,0 +1,260 @@
+"""The chaos soak's fault driver: the faults, the fleet they hit, and a timeline of both.
+
+``Fleet`` owns the soak's processes (the API, two dispatchers, the workers) and starts the
+replacements; every SIGKILL it sends is recorded (pid → when), because a run of a killed
+worker ends then. ``FaultDriver`` picks faults with a seeded generator, each bounded in time,
+and writes every step to the ``Timeline`` (printed as it goes, and in the failure report).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from jobs.index.keys import IndexKeys
+from tests.e2e.harness import Process, System
+from tests.faults.clock_skew import skew_env
+from tests.faults.report import clock_text
+from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+
+SKEW_S = 120.0
+WORKER_SLOTS = 2
+# A worker stopped with SIGTERM finishes its running jobs (1.5 s at most) within this.
+STOP_GRACE_S = 10.0
+# A snapshot is restored only once the system has moved on from it.
+SNAPSHOT_AGE_S = 5.0
+SNAPSHOT_EVERY_S = 12.0
+
+
+@dataclass
+class Timeline:
+    """Timestamped lines: what the driver did and when, on the processes' log clock."""
+
+    t0: float = field(default_factory=time.time)
+    lines: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def log(self, text: str) -> None:
+        now = time.time()
+        line = f"t+{now - self.t0:6.1f}s {clock_text(now)} {text}"
+        with self._lock:
+            self.lines.append(line)
+        sys.stderr.write(f"[chaos] {line}\n")
+
+    def render(self) -> str:
+        with self._lock:
+            return "fault timeline:\n" + "\n".join(f"  {line}" for line in self.lines)
+
+
+@dataclass
+class Fleet:
+    system: System
+    timeline: Timeline
+    workers: list[Process] = field(default_factory=list)
+    dispatchers: list[Process] = field(default_factory=list)
+    skews: dict[int, float] = field(default_factory=dict)  # pid → skew of skewed workers
+    killed: dict[int, float] = field(default_factory=dict)  # pid → when it was SIGKILLed
+    stopped: set[int] = field(default_factory=set)  # pids stopped with SIGTERM
+    _started: int = 0
+
+    def start_worker(self, skew_s: float = 0.0) -> Process:
+        self._started += 1
+        name = f"worker-{self._started}"
+        env = skew_env(skew_s) if skew_s else None
+        process = self.system.start(name, "worker", "--concurrency", str(WORKER_SLOTS), env=env)
+        self.workers.append(process)
+        if skew_s:
+            self.skews[process.popen.pid] = skew_s
+        clock = f", clock {skew_s:+.0f} s" if skew_s else ""
+        self.timeline.log(f"start {name} (pid {process.popen.pid}{clock})")
+        return process
+
+    def start_dispatcher(self) -> Process:
+        self._started += 1
+        process = self.system.start(f"dispatcher-{self._started}", "dispatcher")
+        self.dispatchers.append(process)
+        self.timeline.log(f"start {process.name} (pid {process.popen.pid})")
+        return process
+
+    def kill(self, process: Process) -> None:
+        """SIGKILL the process's group and record when it was dead for sure."""
+        process.kill()
+        self.killed[process.popen.pid] = time.time()
+        self.timeline.log(f"SIGKILL {process.name} (pid {process.popen.pid})")
+
+    def stop(self, process: Process) -> None:
+        """SIGTERM, as a deployment stops a worker; killed after ``STOP_GRACE_S``."""
+        self.stopped.add(process.popen.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.popen.pid, signal.SIGTERM)
+        try:
+            process.popen.wait(STOP_GRACE_S)
+            self.timeline.log(f"SIGTERM {process.name} (pid {process.popen.pid}): exited "
+                              f"{process.popen.returncode}")
+        except subprocess.TimeoutExpired:
+            self.timeline.log(f"{process.name} did not stop in {STOP_GRACE_S:g} s")
+            self.kill(process)
+
+    def alive(self, processes: list[Process]) -> list[Process]:
+        return [p for p in processes if p.popen.poll() is None]
+
+    def died_unasked(self) -> list[str]:
+        """Processes that exited though the driver neither killed nor stopped them."""
+        ours = set(self.killed) | self.stopped
+        every = [*self.workers, *self.dispatchers, self.system.processes["api"]]
+        return [f"{p.name} (pid {p.popen.pid}) exited {p.popen.returncode}" for p in every
+                if p.popen.poll() is not None and p.popen.pid not in ours]
+
+    def heal(self, *, workers: int, dispatchers: int) -> None:
+        """Bring the fleet back to size (replacing processes that died by themselves)."""
+        for _ in range(dispatchers - len(self.alive(self.dispatchers))):
+            self.start_dispatcher()
+        for _ in range(workers - len(self.alive(self.workers))):
+            self.start_worker()
+
+
+@dataclass
+class FaultDriver:
+    """Runs one fault at a time, at random intervals, until ``run`` has lasted its time."""
+
+    fleet: Fleet
+    redis_server: ThrowawayRedis
+    pg: ThrowawayPostgres
+    rng: random.Random
+    snapshots: list[tuple[float, Path]] = field(default_factory=list)
+    log: Callable[[str], None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.fleet.timeline.log
+
+    def faults(self) -> dict[str, tuple[int, Callable[[], None]]]:
+        """Each fault by name, with its weight once each has run once."""
+        return {
+            "kill worker": (3, self.kill_worker),
+            "kill dispatcher": (2, self.kill_dispatcher),
+            "pause postgres": (2, self.pause_postgres),
+            "flush redis": (1, self.flush_redis),
+            "restart redis empty": (1, self.restart_redis_empty),
+            "restore old redis snapshot": (1, self.restore_snapshot),
+            "skew a worker's clock": (1, self.skew_worker),
+        }
+
+    def run(self, seconds: float) -> None:
+        """Every fault once in a random order, then random ones, until ``seconds`` pass."""
+        faults = self.faults()
+        order = list(faults)
+        self.rng.shuffle(order)
+        end = time.monotonic() + seconds
+        self.take_snapshot()
+        while time.monotonic() < end:
+            time.sleep(self.rng.uniform(2.0, 5.0))
+            if self.snapshots[-1][0] < time.time() - SNAPSHOT_EVERY_S:
+                self.take_snapshot()
+            name = order.pop(0) if order else self.rng.choices(
+                list(faults), weights=[w for w, _ in faults.values()])[0]
+            self.log(f"fault: {name}")
+            faults[name][1]()
+
+    # -- the faults ----------------------------------------------------------------------
+
+    def kill_worker(self) -> None:
+        alive = self.fleet.alive(self.fleet.workers)
+        if not alive:
+            self.log("no worker alive to kill")
+            self.fleet.start_worker()
+            return
+        victim = self.rng.choice(alive)
+        self.fleet.kill(victim)
+        time.sleep(self.rng.uniform(0, 2))
+        self.fleet.start_worker(skew_s=self.fleet.skews.get(victim.popen.pid, 0.0))
+
+    def kill_dispatcher(self) -> None:
+        alive = self.fleet.alive(self.fleet.dispatchers)
+        leader = self.leader_pid()
+        victim = next((p for p in alive if p.popen.pid == leader), None)
+        if not alive:
+            self.log("no dispatcher alive to kill")
+            self.fleet.start_dispatcher()
+            return
+        if victim is None:
+            victim = self.rng.choice(alive)
+            self.log(f"leader unknown (lock holder pid {leader}): a dispatcher at random")
+        self.fleet.kill(victim)
+        time.sleep(self.rng.uniform(0.5, 3))
+        self.fleet.start_dispatcher()
+
+    def pause_postgres(self) -> None:
+        seconds = self.rng.uniform(2, 5)
+        self.pg.pause()
+        self.log(f"postgres paused (SIGSTOP) for {seconds:.1f} s")
+        try:
+            time.sleep(seconds)
+        finally:
+            self.pg.resume()
+            self.log("postgres resumed (SIGCONT)")
+
+    def flush_redis(self) -> None:
+        # FLUSHALL, not the index's keys alone: the throwaway server is this test's, and a
+        # real loss of Redis loses the broker's queues (same server, same prefix) with it.
+        self.redis_server.flushall()
+        self.log("redis: FLUSHALL (index, leases, lock, broker queues)")
+
+    def restart_redis_empty(self) -> None:
+        self.redis_server.kill()
+        down = self.rng.uniform(1, 3)
+        self.log(f"redis killed; restarting empty in {down:.1f} s")
+        time.sleep(down)
+        self.redis_server.start()
+        self.log("redis up, empty")
+
+    def restore_snapshot(self) -> None:
+        old = [(at, path) for at, path in self.snapshots if at < time.time() - SNAPSHOT_AGE_S]
+        if not old:
+            self.log("no snapshot old enough: flush instead")
+            self.flush_redis()
+            return
+        at, path = self.rng.choice(old)
+        self.redis_server.restore(path)
+        self.log(f"redis restarted from the snapshot of {clock_text(at)} ({path.name})")
+
+    def skew_worker(self) -> None:
+        """Replace a worker with one whose clock is ``SKEW_S`` off (one skewed at a time)."""
+        alive = self.fleet.alive(self.fleet.workers)
+        skewed = [p for p in alive if p.popen.pid in self.fleet.skews]
+        sign = -self.fleet.skews[skewed[0].popen.pid] / SKEW_S if skewed else \
+            self.rng.choice((1, -1))
+        self.fleet.start_worker(skew_s=sign * SKEW_S)
+        if skewed or alive:
+            self.fleet.stop(skewed[0] if skewed else self.rng.choice(alive))
+
+    def take_snapshot(self) -> None:
+        path = self.redis_server.snapshot()
+        self.snapshots.append((time.time(), path))
+        self.log(f"redis SAVE → {path.name}")
+
+    def leader_pid(self) -> int | None:
+        """The pid in the leader lock's token (``<epoch>:<host>/<pid>/<random>``)."""
+        client = self.redis_server.client()
+        try:
+            value = client.get(IndexKeys(self.fleet.system.env["TIERQ_KEY_PREFIX"]).leader)
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
+        if not isinstance(value, bytes):
+            return None
+        try:
+            return int(value.decode().split(":", 1)[1].split("/")[1])
+        except (IndexError, ValueError):
+            return None

@@ -1,0 +1,195 @@
+"""A bounded chaos soak: mixed load from every tier while processes and servers fail at random.
+
+Six tenants (two per tier) submit ``tracked`` jobs of 0–1.5 s, some with a deadline, some
+cancelled by their client, while the driver (``tests.faults.chaos_faults``) SIGKILLs workers
+and the leading dispatcher, pauses PostgreSQL, flushes Redis, restarts it empty or from an
+older snapshot, and swaps in a worker whose clock is two minutes off. Then the faults stop,
+the system is left to settle (bounded), and ``check_invariants`` must hold: every accepted
+job terminal, each succeeded job completed exactly once, no attempt charged without a start,
+no tenant above its cap at any instant; and the clients saw only the answers an outage
+allows, each job submitted once.
+
+The seed is printed first; ``TIERQ_CHAOS_SEED=<seed>`` replays the same schedule of faults
+and load (the timing of a loaded machine still varies). A failure prints the seed, the fault
+timeline, and the offending jobs' SQL rows and trace lines.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from jobs.db.models import JobRow, TenantRow
+from jobs.domain import Job
+from tests.e2e.harness import System, wait_until
+from tests.faults.chaos_faults import WORKER_SLOTS, FaultDriver, Fleet, Timeline
+from tests.faults.chaos_load import ChaosLoad, Submission, TenantLoad
+from tests.faults.checks import check_invariants
+from tests.faults.conftest import SystemFactory
+from tests.faults.handlers import read_runs
+from tests.faults.load import probe_ready
+from tests.faults.report import Violation
+from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+
+pytestmark = [pytest.mark.faults, pytest.mark.chaos, pytest.mark.timeout(420)]
+
+SEED_ENV = "TIERQ_CHAOS_SEED"
+FAULT_PHASE_S = 100.0
+SETTLE_S = 45.0
+WORKERS, DISPATCHERS = 3, 2
+POOL = WORKERS * WORKER_SLOTS
+# With a pool of 6 slots: caps floor(6 × share) = 3, 2 and 1.
+CONFIG = """
+[tiers.premium]
+base_priority = 0
+max_wait_s = 60
+tenant_share = 0.5
+
+[tiers.standard]
+base_priority = 10
+max_wait_s = 120
+tenant_share = 0.34
+
+[tiers.free]
+base_priority = 20
+max_wait_s = 300
+tenant_share = 0.17
+"""
+TIER_CAPS = {"premium": 3, "standard": 2, "free": 1}
+# name, tier, mean seconds between bursts (1–5 jobs each): about 4 jobs/s in all.
+TENANTS = [
+    ("gold-a", "premium", 2.5), ("gold-b", "premium", 2.5),
+    ("silver-a", "standard", 3.5), ("silver-b", "standard", 3.5),
+    ("free-a", "free", 5.0), ("free-b", "free", 5.0),
+]
+SHARED_PORTS = (5432, 6379)
+
+
+def chaos_seed() -> int:
+    given = os.environ.get(SEED_ENV)
+    return int(given) if given else random.SystemRandom().randrange(2**31)
+
+
+def test_chaos_soak(
+    fault_system: SystemFactory,
+    fault_pg: ThrowawayPostgres,
+    fault_redis: ThrowawayRedis,
+    run_log: Path,
+) -> None:
+    seed = chaos_seed()
+    sys.stderr.write(f"\n[chaos] seed {seed} (replay: {SEED_ENV}={seed})\n")
+    assert fault_pg.port not in SHARED_PORTS and fault_redis.port not in SHARED_PORTS
+    timeline = Timeline()
+    system = fault_system(CONFIG)
+    system.env.update(TIERQ_POLICY__POOL_CONCURRENCY=str(POOL), TIERQ_POLICY__LEADER_TTL_S="2")
+    fleet = Fleet(system=system, timeline=timeline)
+    load = ChaosLoad(url=system.url, tenants=start_fleet(fleet), seed=seed)
+    driver = FaultDriver(fleet=fleet, redis_server=fault_redis, pg=fault_pg,
+                         rng=random.Random(seed))
+    try:
+        load.start()
+        try:
+            driver.run(FAULT_PHASE_S)
+        finally:
+            fault_pg.resume()
+            load.stop()
+        timeline.log(f"faults over; {load.summary()}")
+        fleet.heal(workers=WORKERS, dispatchers=DISPATCHERS)
+        found = client_violations(system, fleet, load, run_log)
+    except BaseException:
+        sys.stderr.write(f"[chaos] seed {seed}\n{timeline.render()}\n")
+        raise
+    jobs = check_invariants(
+        system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps=TIER_CAPS, run_log=run_log,
+        timeout=SETTLE_S, killed=fleet.killed, asked_attempts=load.asked_attempts(),
+        found=found, context=f"seed {seed} ({SEED_ENV}={seed})\n{load.summary()}\n"
+                             f"{timeline.render()}",
+    )
+    timeline.log(f"settled: {summarise(jobs.values())}")
+
+
+def start_fleet(fleet: Fleet) -> list[TenantLoad]:
+    """The API, two dispatchers, the workers (registered), and the tenants' keys."""
+    system = fleet.system
+    system.start_api()
+    for _ in range(DISPATCHERS):
+        fleet.start_dispatcher()
+    for _ in range(WORKERS):
+        fleet.start_worker()
+    wait_until(lambda: all("worker.registered" in w.log.read_text(errors="replace")
+                           for w in fleet.workers), timeout=60)
+    tenants = []
+    for name, tier, gap in TENANTS:
+        client = system.tenant(name, tier)
+        key = client.headers["Authorization"].removeprefix("Bearer ")
+        tenants.append(TenantLoad(name=name, tier=tier, api_key=key, mean_gap_s=gap))
+    return tenants
+
+
+def client_violations(
+    system: System, fleet: Fleet, load: ChaosLoad, run_log: Path
+) -> list[Violation]:
+    """What the clients and the driver saw: answers an outage does not allow, processes
+    that died by themselves, a job made twice or despite a 429, a clock skew not in effect."""
+    found = [Violation(invariant="API answers 2xx, 429 or 503", detail=a)
+             for a in load.anomalies]
+    found += [Violation(invariant="processes survive", detail=d) for d in fleet.died_unasked()]
+    try:
+        wait_until(lambda: probe_ready(system.url) == 200, timeout=30)
+    except TimeoutError:
+        found.append(Violation(invariant="processes survive", detail="/readyz not 200 at end"))
+    found += submitted_once(system.env["TIERQ_DATABASE_URL"], load.submissions)
+    found += skew_in_effect(fleet, run_log)
+    return found
+
+
+def submitted_once(database_url: str, submissions: list[Submission]) -> list[Violation]:
+    """Each row is one submission's: the job its client was answered with, never one that
+    was refused (429) without doubt, never one no client sent."""
+    by_key = {s.key: s for s in submissions}
+    engine = sa.create_engine(database_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(JobRow.id, JobRow.idempotency_key, TenantRow.name)
+                                .join(TenantRow, JobRow.tenant_id == TenantRow.id)).all()
+    finally:
+        engine.dispose()
+    found = []
+    for job_id, key, tenant in rows:
+        sent = by_key.get(key or "")
+        if sent is None or sent.tenant != tenant:
+            detail, invariant = f"{job_id}: key {key!r} of {tenant}", "jobs come from clients"
+        elif sent.job_id is not None and sent.job_id != job_id:
+            detail, invariant = f"{key}: answered {sent.job_id}, row {job_id}", "submitted once"
+        elif sent.refused and not sent.unsure:
+            detail, invariant = f"{key}: answered {sent.answers}, row {job_id}", "429 is refusal"
+        else:
+            continue
+        found.append(Violation(invariant=invariant, detail=detail, job_ids=(job_id,)))
+    return found
+
+
+def skew_in_effect(fleet: Fleet, run_log: Path) -> list[Violation]:
+    """The skewed workers' runs saw their skew (the test's own set-up took effect)."""
+    seen: dict[int, set[int]] = {}
+    for runs in read_runs(run_log).values():
+        for run in runs:
+            if run.pid in fleet.skews:
+                seen.setdefault(run.pid, set()).add(round(run.skew_s))
+    for pid, skews in seen.items():
+        fleet.timeline.log(f"skewed worker pid {pid} ran with clock skew {sorted(skews)} s")
+    return [Violation(invariant="clock skew in effect",
+                      detail=f"pid {pid}: asked {fleet.skews[pid]:+.0f} s, saw {sorted(s)}")
+            for pid, s in seen.items() if any(abs(x - fleet.skews[pid]) > 5 for x in s)]
+
+
+def summarise(jobs: Iterable[Job]) -> str:
+    counts = Counter(job.status.value for job in jobs)
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
