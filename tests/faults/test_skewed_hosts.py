@@ -19,14 +19,13 @@ import pytest
 from jobs.config import load_settings
 from tests.e2e.harness import System, wait_terminal
 from tests.faults.checks import check_invariants
-from tests.faults.conftest import ROOT, SystemFactory
+from tests.faults.clock_skew import skew_env
+from tests.faults.conftest import SystemFactory
 from tests.faults.handlers import read_runs
 from tests.faults.servers import ThrowawayRedis
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 
-SKEW_ENV = "TIERQ_TEST_CLOCK_SKEW_S"
-SKEW_DIR = ROOT / "tests" / "faults" / "skew"
 WORKER_SKEW_S = -120.0
 API_SKEW_S = 180.0
 
@@ -35,8 +34,7 @@ API_SKEW_S = 180.0
 def skewed(system: System, skew_s: float) -> Iterator[None]:
     """Processes started inside see their wall clock shifted by ``skew_s``."""
     saved = dict(system.env)
-    system.env[SKEW_ENV] = str(skew_s)
-    system.env["PYTHONPATH"] = f"{SKEW_DIR}:{saved.get('PYTHONPATH', '')}"
+    system.env.update(skew_env(skew_s))
     try:
         yield
     finally:
