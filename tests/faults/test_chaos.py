@@ -10,8 +10,10 @@ no tenant above its cap at any instant; and the clients saw only the answers an 
 allows, each job submitted once.
 
 The seed is printed first; ``TIERQ_CHAOS_SEED=<seed>`` replays the same schedule of faults
-and load (the timing of a loaded machine still varies). A failure prints the seed, the fault
-timeline, and the offending jobs' SQL rows and trace lines.
+and load (the timing of a loaded machine still varies), and ``TIERQ_CHAOS_FAULTS`` (names
+from ``FaultDriver.faults``, comma-separated) keeps only some faults, to corner a failure. A
+failure prints the seed, the fault timeline, and the offending jobs' SQL rows and trace
+lines.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
 pytestmark = [pytest.mark.faults, pytest.mark.chaos, pytest.mark.timeout(420)]
 
 SEED_ENV = "TIERQ_CHAOS_SEED"
+FAULTS_ENV = "TIERQ_CHAOS_FAULTS"
 FAULT_PHASE_S = 100.0
 SETTLE_S = 45.0
 WORKERS, DISPATCHERS = 3, 2
@@ -72,6 +75,12 @@ TENANTS = [
 SHARED_PORTS = (5432, 6379)
 
 
+def chosen_faults() -> set[str] | None:
+    """``TIERQ_CHAOS_FAULTS=kill-worker,pause-postgres``: only those (to corner a failure)."""
+    given = os.environ.get(FAULTS_ENV, "")
+    return {name.strip() for name in given.split(",") if name.strip()} or None
+
+
 def chaos_seed() -> int:
     given = os.environ.get(SEED_ENV)
     return int(given) if given else random.SystemRandom().randrange(2**31)
@@ -92,7 +101,8 @@ def test_chaos_soak(
     fleet = Fleet(system=system, timeline=timeline)
     load = ChaosLoad(url=system.url, tenants=start_fleet(fleet), seed=seed)
     driver = FaultDriver(fleet=fleet, redis_server=fault_redis, pg=fault_pg,
-                         rng=random.Random(seed))
+                         rng=random.Random(seed), only=chosen_faults())
+    driver.faults()  # an unknown name in TIERQ_CHAOS_FAULTS fails here, before any load
     try:
         load.start()
         try:
