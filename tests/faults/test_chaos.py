@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import tomllib
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,6 +31,7 @@ import sqlalchemy as sa
 
 from jobs.db.models import JobRow, TenantRow
 from jobs.domain import Job
+from jobs.policy import Tier, tenant_cap
 from tests.e2e.harness import System, wait_until
 from tests.faults.chaos_faults import WORKER_SLOTS, FaultDriver, Fleet, Timeline
 from tests.faults.chaos_load import ChaosLoad, Submission, TenantLoad
@@ -65,7 +67,8 @@ base_priority = 20
 max_wait_s = 300
 tenant_share = 0.17
 """
-TIER_CAPS = {"premium": 3, "standard": 2, "free": 1}
+TIER_CAPS = {name: tenant_cap(Tier(name=name, **tier), POOL)
+             for name, tier in tomllib.loads(CONFIG)["tiers"].items()}
 # name, tier, mean seconds between bursts (1–5 jobs each): about 4 jobs/s in all.
 TENANTS = [
     ("gold-a", "premium", 2.5), ("gold-b", "premium", 2.5),
