@@ -29,6 +29,7 @@ from tests.faults.report import clock_text
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
 
 SKEW_S = 120.0
+SKEW_FAULT = "skew-worker-clock"
 WORKER_SLOTS = 2
 # A worker stopped with SIGTERM finishes its running jobs (1.5 s at most) within this.
 STOP_GRACE_S = 10.0
@@ -132,6 +133,7 @@ class FaultDriver:
     redis_server: ThrowawayRedis
     pg: ThrowawayPostgres
     rng: random.Random
+    only: set[str] | None = None  # the faults to choose from (None: all)
     snapshots: list[tuple[float, Path]] = field(default_factory=list)
     log: Callable[[str], None] = field(init=False)
 
@@ -139,21 +141,27 @@ class FaultDriver:
         self.log = self.fleet.timeline.log
 
     def faults(self) -> dict[str, tuple[int, Callable[[], None]]]:
-        """Each fault by name, with its weight once each has run once."""
-        return {
-            "kill worker": (3, self.kill_worker),
-            "kill dispatcher": (2, self.kill_dispatcher),
-            "pause postgres": (2, self.pause_postgres),
-            "flush redis": (1, self.flush_redis),
-            "restart redis empty": (1, self.restart_redis_empty),
-            "restore old redis snapshot": (1, self.restore_snapshot),
-            "skew a worker's clock": (1, self.skew_worker),
+        """Each fault by name, with its weight once each has run once; ``only`` keeps some."""
+        every = {
+            "kill-worker": (3, self.kill_worker),
+            "kill-dispatcher": (2, self.kill_dispatcher),
+            "pause-postgres": (2, self.pause_postgres),
+            "flush-redis": (1, self.flush_redis),
+            "restart-redis-empty": (1, self.restart_redis_empty),
+            "restore-redis-snapshot": (1, self.restore_snapshot),
+            SKEW_FAULT: (1, self.skew_worker),
         }
+        unknown = (self.only or set()) - set(every)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(every)}")
+        return {name: f for name, f in every.items() if self.only is None or name in self.only}
 
     def run(self, seconds: float) -> None:
-        """Every fault once in a random order, then random ones, until ``seconds`` pass."""
+        """Every fault once in a random order (the clock skew twice: the second swaps a
+        skewed worker for one skewed the other way, so both directions are met), then random
+        ones, until ``seconds`` pass."""
         faults = self.faults()
-        order = list(faults)
+        order = [*faults, *([SKEW_FAULT] if SKEW_FAULT in faults else [])]
         self.rng.shuffle(order)
         end = time.monotonic() + seconds
         self.take_snapshot()

@@ -10,8 +10,10 @@ no tenant above its cap at any instant; and the clients saw only the answers an 
 allows, each job submitted once.
 
 The seed is printed first; ``TIERQ_CHAOS_SEED=<seed>`` replays the same schedule of faults
-and load (the timing of a loaded machine still varies). A failure prints the seed, the fault
-timeline, and the offending jobs' SQL rows and trace lines.
+and load (the timing of a loaded machine still varies), and ``TIERQ_CHAOS_FAULTS`` (names
+from ``FaultDriver.faults``, comma-separated) keeps only some faults, to corner a failure. A
+failure prints the seed, the fault timeline, and the offending jobs' SQL rows and trace
+lines.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import tomllib
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,6 +31,7 @@ import sqlalchemy as sa
 
 from jobs.db.models import JobRow, TenantRow
 from jobs.domain import Job
+from jobs.policy import Tier, tenant_cap
 from tests.e2e.harness import System, wait_until
 from tests.faults.chaos_faults import WORKER_SLOTS, FaultDriver, Fleet, Timeline
 from tests.faults.chaos_load import ChaosLoad, Submission, TenantLoad
@@ -41,6 +45,7 @@ from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
 pytestmark = [pytest.mark.faults, pytest.mark.chaos, pytest.mark.timeout(420)]
 
 SEED_ENV = "TIERQ_CHAOS_SEED"
+FAULTS_ENV = "TIERQ_CHAOS_FAULTS"
 FAULT_PHASE_S = 100.0
 SETTLE_S = 45.0
 WORKERS, DISPATCHERS = 3, 2
@@ -62,7 +67,8 @@ base_priority = 20
 max_wait_s = 300
 tenant_share = 0.17
 """
-TIER_CAPS = {"premium": 3, "standard": 2, "free": 1}
+TIER_CAPS = {name: tenant_cap(Tier(name=name, **tier), POOL)
+             for name, tier in tomllib.loads(CONFIG)["tiers"].items()}
 # name, tier, mean seconds between bursts (1–5 jobs each): about 4 jobs/s in all.
 TENANTS = [
     ("gold-a", "premium", 2.5), ("gold-b", "premium", 2.5),
@@ -70,6 +76,12 @@ TENANTS = [
     ("free-a", "free", 5.0), ("free-b", "free", 5.0),
 ]
 SHARED_PORTS = (5432, 6379)
+
+
+def chosen_faults() -> set[str] | None:
+    """``TIERQ_CHAOS_FAULTS=kill-worker,pause-postgres``: only those (to corner a failure)."""
+    given = os.environ.get(FAULTS_ENV, "")
+    return {name.strip() for name in given.split(",") if name.strip()} or None
 
 
 def chaos_seed() -> int:
@@ -92,7 +104,8 @@ def test_chaos_soak(
     fleet = Fleet(system=system, timeline=timeline)
     load = ChaosLoad(url=system.url, tenants=start_fleet(fleet), seed=seed)
     driver = FaultDriver(fleet=fleet, redis_server=fault_redis, pg=fault_pg,
-                         rng=random.Random(seed))
+                         rng=random.Random(seed), only=chosen_faults())
+    driver.faults()  # an unknown name in TIERQ_CHAOS_FAULTS fails here, before any load
     try:
         load.start()
         try:
