@@ -123,11 +123,13 @@ class Heartbeat:
     """Keeps a running job's lease alive and notices a cancel request.
 
     ``tick`` renews the lease when ``lease_ttl_s / 3`` has passed since the last renewal
-    and reads the job's row; ``start`` runs ticks in a thread every ``min(CANCEL_POLL_S,
-    lease_ttl_s / 3)`` until ``stop``. A lease that cannot be renewed, or a row that is no
-    longer this attempt running, marks the lease lost, and a lost lease is never renewed
-    again. Once the handler has returned, ``renew_only`` stops the row reads (the worker is
-    about to change the row itself).
+    and reads the job's row. ``start`` runs the two in threads of their own until ``stop``:
+    renewals (Redis only) every ``lease_ttl_s / 3``, reads (SQL only) every
+    ``min(CANCEL_POLL_S, lease_ttl_s / 3)``, so a database that hangs (a paused server, a
+    dead connection awaiting its timeout) never holds up a renewal and costs the job its
+    lease. A lease that cannot be renewed, or a row that is no longer this attempt running,
+    marks the lease lost, and a lost lease is never renewed again. Once the handler has
+    returned, ``renew_only`` stops the row reads (the worker is about to change the row).
     """
 
     def __init__(
@@ -147,17 +149,28 @@ class Heartbeat:
         self._renewed_at = -math.inf
         self._polling = True
         self._stopping = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"heartbeat-{ctx.job_id}", daemon=True
+        self._renewer = threading.Thread(
+            # Woken twice per renewal period, so a renewal is never a whole period late.
+            target=self._loop, args=(self._renew_due, self._renew_every / 2),
+            name=f"lease-{ctx.job_id}", daemon=True,
+        )
+        self._poller = threading.Thread(
+            target=self._loop, args=(self._poll_due, self._tick_every),
+            name=f"poll-{ctx.job_id}", daemon=True,
         )
 
     def start(self) -> None:
-        self._thread.start()
+        self._renewer.start()
+        self._poller.start()
 
     def stop(self) -> None:
+        """Stop both; the renewer is joined (no renewal may follow a release), the poller
+        only briefly: it may be waiting on a hung database, and reads change nothing."""
         self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        if self._renewer.is_alive():
+            self._renewer.join()
+        if self._poller.is_alive():
+            self._poller.join(timeout=self._tick_every)
 
     def renew_only(self) -> None:
         self._polling = False
@@ -167,17 +180,23 @@ class Heartbeat:
         return not self._ctx.lease_lost() and time.monotonic() - self._renewed_at < self._ttl
 
     def tick(self) -> None:
+        self._renew_due()
+        self._poll_due()
+
+    def _renew_due(self) -> None:
         now = time.monotonic()
         if now - self._renewed_at >= self._renew_every and not self._ctx.lease_lost():
             self._renew(now)
+
+    def _poll_due(self) -> None:
         if self._polling and not self._ctx.stopped():
             self._poll()
 
-    def _loop(self) -> None:
-        while not self._stopping.wait(self._tick_every):
+    def _loop(self, step: Callable[[], None], every: float) -> None:
+        while not self._stopping.wait(every):
             try:
-                self.tick()
-            except Exception:  # the heartbeat must outlive any one failed tick
+                step()
+            except Exception:  # the heartbeat must outlive any one failed step
                 logger.exception(
                     "job.heartbeat_error",
                     extra={"event": "job.heartbeat_error", "job_id": self._ctx.job_id},

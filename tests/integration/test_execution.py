@@ -449,3 +449,34 @@ def test_the_heartbeat_marks_a_reaped_lease_lost(runtime: Runtime, tenant: Tenan
 
     assert ctx.lease_lost() and not ctx.cancelled()
     assert not ctx.sleep(3600)
+
+
+def test_the_lease_is_renewed_while_the_database_hangs(
+    runtime: Runtime, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused PostgreSQL hangs the heartbeat's row read; renewals go on regardless, so
+    the running job keeps its lease (and is not run a second time elsewhere)."""
+    job = dispatch(runtime, submit(runtime, tenant, "echo", {}))
+    with runtime.sessions.begin() as session:
+        assert repository.transition(
+            session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.RUNNING, now=time.time()
+        )
+    hung, release = threading.Event(), threading.Event()
+
+    def hanging_read(*_: Any, **__: Any) -> None:
+        hung.set()
+        release.wait(30)
+
+    monkeypatch.setattr("jobs.leases.repository.get_job", hanging_read)
+    ctx = JobContext(job_id=job.id, attempt=1, tenant_id=tenant.id, kind="echo")
+    heartbeat = Heartbeat(runtime, ctx)
+    heartbeat.start()
+    try:
+        assert hung.wait(10)
+        time.sleep(2 * LEASE_TTL_S)  # two TTLs with the read stuck
+
+        assert runtime.index.reap() == []  # on Redis's clock: still held
+        assert heartbeat.holds_lease() and not ctx.lease_lost()
+    finally:
+        release.set()
+        heartbeat.stop()
