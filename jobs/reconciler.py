@@ -114,7 +114,14 @@ class Reconciler:
         """True when the index's epoch is not SQL's; else advance both by one."""
         with self.runtime.sessions.begin() as session:
             epoch = repository.index_epoch(session)
-        if epoch is None or self.runtime.index.generation() != str(epoch):
+        found = self.runtime.index.generation()
+        if epoch is None or found != str(epoch):
+            # None in SQL: the first round ever. None in Redis: it lost its data. Another
+            # value: it came back from an older snapshot (or a replica that lagged).
+            event = ("index.epoch_new" if epoch is None else
+                     "index.lost" if found is None else "index.from_old_snapshot")
+            logger.warning(event, extra={"event": event, "sql_epoch": epoch,
+                                         "index_epoch": found})
             return True
         self._advance(epoch, None)
         return False
