@@ -85,10 +85,6 @@ class ChaosLoad:
     def accepted(self) -> list[str]:
         return [s.job_id for s in self.submissions if s.job_id is not None]
 
-    def asked_attempts(self) -> dict[str, int]:
-        return {s.job_id: int(s.body["max_attempts"]) for s in self.submissions
-                if s.job_id is not None}
-
     def summary(self) -> str:
         subs = self.submissions
         return (

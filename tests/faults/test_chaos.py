@@ -121,7 +121,7 @@ def test_chaos_soak(
         raise
     jobs = check_invariants(
         system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps=TIER_CAPS, run_log=run_log,
-        timeout=SETTLE_S, killed=fleet.killed, asked_attempts=load.asked_attempts(),
+        timeout=SETTLE_S, killed=fleet.killed,
         found=found, context=f"seed {seed} ({SEED_ENV}={seed})\n{load.summary()}\n"
                              f"{timeline.render()}",
     )
