@@ -261,6 +261,7 @@ def test_tierq_repair_refuses_while_a_dispatcher_leads_unless_forced(
     runtime: Runtime, redis_server: RedisServer, key_prefix: str
 ) -> None:
     scene = build_scene(runtime)
+    runtime.index.release(scene.running[0].id)  # a lease lost: repair would restore it
     token = runtime.index.acquire_leadership("live-dispatcher", ttl_s=60, now=NOW)
     assert token is not None
     env = {
@@ -273,10 +274,10 @@ def test_tierq_repair_refuses_while_a_dispatcher_leads_unless_forced(
 
     assert refused.exit_code == 1
     assert "live-dispatcher" in refused.output and "--force" in refused.output
-    assert runtime.index.position(scene.leftover.job_id) is not None  # nothing was touched
+    assert runtime.index.tenant_inflight(scene.capped_tenant) == 1  # nothing was touched
 
     forced = CliRunner().invoke(build_app(), ["repair", "--force"], env=env)
 
     assert forced.exit_code == 0, forced.output
-    assert runtime.index.position(scene.leftover.job_id) is None
+    assert runtime.index.tenant_inflight(scene.capped_tenant) == 2
     assert runtime.index.leader(now=NOW) == token  # the leader keeps its lock
