@@ -8,8 +8,10 @@ a deadline is decided, and through ``ServerClock`` everywhere else.
 
 ``ServerClock`` reads ``TIME`` once every ``resync_s`` and extrapolates with
 ``time.monotonic()`` in between, so a read costs no round trip and never follows the host's
-wall clock (an NTP step, a skewed host). Until Redis has answered once it falls back to the
-host's clock, the only one there is.
+wall clock (an NTP step, a skewed host). One caller at a time measures; the others read the
+last offset meanwhile and never wait on Redis (an outage must not stall every thread that
+asks the time). Until Redis has answered once it falls back to the host's clock, the only
+one there is.
 """
 
 from __future__ import annotations
@@ -59,16 +61,20 @@ class ServerClock:
         return self._monotonic() + offset
 
     def _sync(self) -> None:
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            return  # another thread is measuring: use the last offset
+        try:
             if self._monotonic() < self._next_sync:
                 return  # another thread synced meanwhile
             before = self._monotonic()
             try:
                 server = self._read_server()
             except (redis.RedisError, OSError):
-                self._next_sync = before + RETRY_S
+                self._next_sync = self._monotonic() + RETRY_S
                 return
             after = self._monotonic()
             # The server read its clock somewhere in [before, after]: take the middle.
             self._offset = server - (before + after) / 2
             self._next_sync = after + self._resync_s
+        finally:
+            self._lock.release()

@@ -3,6 +3,8 @@ clock, so the host's wall clock (skewed, stepped) never decides."""
 
 from __future__ import annotations
 
+import threading
+
 import redis
 
 from jobs.clock import RETRY_S, ServerClock
@@ -68,4 +70,23 @@ def test_keeps_the_last_offset_while_redis_is_down() -> None:
     clock()
     c.down = True
     c.advance(30)
+    assert clock() == c.server
+
+
+def test_while_one_caller_measures_the_others_do_not_wait() -> None:
+    c = Clocks()
+    started, release = threading.Event(), threading.Event()
+
+    def slow_read() -> float:
+        started.set()
+        release.wait(5)
+        return c.read_server()
+
+    clock = ServerClock(slow_read, monotonic=c.monotonic, fallback=lambda: 42.0)
+    measuring = threading.Thread(target=clock)
+    measuring.start()
+    assert started.wait(5)
+    assert clock() == 42.0  # at once, from the fallback (no offset yet)
+    release.set()
+    measuring.join(5)
     assert clock() == c.server
