@@ -160,7 +160,7 @@ class _Attempt:
             kind=self.job.kind,
         )
         heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock)
-        heartbeat.tick()  # renew now: the lease may have lapsed while SQL was slow
+        heartbeat.renew_now()  # the lease may have lapsed while SQL was slow
         if ctx.lease_lost():  # the handler has not run: hand the job back, uncharged
             return self._hand_back(Status.RUNNING)
         heartbeat.start()

@@ -183,6 +183,12 @@ class Heartbeat:
         self._renew_due()
         self._poll_due()
 
+    def renew_now(self) -> None:
+        """Renew at once (no row read): right after the start, whose row this worker just
+        wrote, only the lease needs checking."""
+        if not self._ctx.lease_lost():
+            self._renew(time.monotonic())
+
     def _renew_due(self) -> None:
         now = time.monotonic()
         if now - self._renewed_at >= self._renew_every and not self._ctx.lease_lost():
