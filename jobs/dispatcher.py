@@ -1,6 +1,7 @@
 """The dispatcher: fills free pool slots with the best runnable jobs, and keeps the index honest.
 
-Each ``run_once(now)`` does, in order:
+Each ``run_once(now)`` does, in order (1-3 and 5 are maintenance, which ``serve`` runs every
+``MAINTENANCE_PERIOD_S``; a doorbell's round between them only dispatches):
 
 1. caps: recompute tier caps from the pool's capacity and push them to the index when they
    change (a tenant under its new cap becomes runnable);
@@ -10,8 +11,8 @@ Each ``run_once(now)`` does, in order:
    passed;
 3. expire: queued jobs past ``start_by`` end ``expired`` and are never computed, even while
    the pool is full;
-4. dispatch: pop as many jobs as there are free slots (never more), mark each ``dispatched``
-   by compare-and-set and publish it to its tier's broker queue;
+4. dispatch: pop as many jobs as there are free slots (never more), mark them ``dispatched``
+   in one statement and publish each to its tier's broker queue;
 5. reconcile, every ``RECONCILE_PERIOD_S``: one bounded round of ``jobs.reconciler``, which
    makes the index converge to SQL whatever two-step change was interrupted.
 
@@ -44,12 +45,13 @@ from sqlalchemy.orm import Session
 from jobs import capacity, counters, wake
 from jobs.config import Settings
 from jobs.db import repository
+from jobs.db.repository import Claimed
 from jobs.domain import Job
 from jobs.index.base import IndexedJob, Lease, NotLeader
 from jobs.leadership import Leadership
 from jobs.rebuild import UNCOMMITTED_GRACE_S, may_be_uncommitted
 from jobs.reconciler import RECONCILE_PERIOD_S, Reconciler, ReconcileStats
-from jobs.recovery import expiry_note, indexed, recover
+from jobs.recovery import expiry_note, recover
 from jobs.runtime import Runtime
 from jobs.service_rate import ServiceRateTracker
 from jobs.states import Status
@@ -114,6 +116,9 @@ class Dispatcher:
     _rebuilt: bool = field(default=False, init=False)
     _reconciler: Reconciler | None = field(default=None, init=False)
     _reconciled_at: float = field(default=float("-inf"), init=False)
+    # The pool's capacity as of the last maintenance (None: none yet).
+    _capacity: int | None = field(default=None, init=False)
+    _maintained_at: float = field(default=float("-inf"), init=False)
 
     @property
     def reconciler(self) -> Reconciler:
@@ -121,22 +126,35 @@ class Dispatcher:
             self._reconciler = Reconciler(self.runtime)
         return self._reconciler
 
-    def run_once(self, now: float) -> DispatchStats:
+    def run_once(self, now: float, *, maintain: bool = True) -> DispatchStats:
+        """One round. ``maintain=False`` (a doorbell's round) only dispatches, with the
+        capacity of the last maintenance: caps, reaping, expiry and the reconciler run on
+        their own period, not once per ring."""
         stats = DispatchStats()
-        figures = capacity.read_pool(self.runtime.policy, self.runtime.index, now=now,
-                                     measured=self._service.refresh(self.runtime, now))
-        self._push_caps(figures.caps, now)
-        self._reap(now, stats)
-        self._expire(now, stats)
-        stats.free_slots = max(0, figures.capacity - self.runtime.index.inflight())
+        if maintain or self._capacity is None:
+            self._maintain(now, stats)
+        assert self._capacity is not None
+        stats.free_slots = max(0, self._capacity - self.runtime.index.inflight())
         if stats.free_slots:
             self._dispatch(now, stats.free_slots, stats)
-        if now - self._reconciled_at >= RECONCILE_PERIOD_S:
+        if maintain and now - self._reconciled_at >= RECONCILE_PERIOD_S:
             self._reconciled_at = now
             stats.reconciled = self.reconciler.run_once(
                 now, fence=self.fence, keep_lead=self.keep_lead
             )
         return stats
+
+    def maintenance_due(self, now: float) -> bool:
+        return self._capacity is None or now - self._maintained_at >= MAINTENANCE_PERIOD_S
+
+    def _maintain(self, now: float, stats: DispatchStats) -> None:
+        figures = capacity.read_pool(self.runtime.policy, self.runtime.index, now=now,
+                                     measured=self._service.refresh(self.runtime, now))
+        self._capacity = figures.capacity
+        self._push_caps(figures.caps, now)
+        self._reap(now, stats)
+        self._expire(now, stats)
+        self._maintained_at = now
 
     def needs_rebuild(self) -> bool:
         """Not rebuilt by this process yet, or the index lost its data since."""
@@ -237,10 +255,10 @@ class Dispatcher:
     # -- dispatch --------------------------------------------------------------------------
 
     def _dispatch(self, now: float, n: int, stats: DispatchStats) -> None:
-        """Lease, claim (SQL, the commit point), publish. Interrupted after the lease and
-        before the claim: the row is queued and the lease lapses; the reaper indexes it
-        again. After the claim and before the publish: the lease lapses while dispatched;
-        the reaper re-queues it, uncharged."""
+        """Lease, claim (SQL, the commit point: one statement for the whole batch), publish.
+        Interrupted after the lease and before the claim: the row is queued and the lease
+        lapses; the reaper indexes it again. After the claim and before the publish: the
+        lease lapses while dispatched; the reaper re-queues it, uncharged."""
         ttl = self.runtime.policy.lease_ttl_s
         index = self.runtime.index
         leases = index.dispatch(
@@ -248,18 +266,19 @@ class Dispatcher:
         )
         if not leases:
             return
-        to_publish: list[Job] = []
         retry_later: list[Lease] = []
         drop: list[Lease] = []
         with self.runtime.sessions.begin() as session:
-            jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
-            for lease in leases:
+            claimed = repository.claim(session, [lease.job_id for lease in leases], now=now)
+            rest = [lease for lease in leases if lease.job_id not in claimed]
+            jobs = repository.get_jobs(session, (lease.job_id for lease in rest))
+            for lease in rest:  # not queued, past its deadline, or not committed yet
                 job = jobs.get(lease.job_id)
                 if job is None:
                     young = may_be_uncommitted(lease.job_id, now)
                     (retry_later if young else drop).append(lease)
-                elif self._claim(session, job, now, stats):
-                    to_publish.append(job)
+                elif self._expire_late(session, job, now, stats):
+                    drop.append(lease)
                 elif job.status is not Status.DISPATCHED and job.status is not Status.RUNNING:
                     drop.append(lease)
         for lease in drop:
@@ -268,50 +287,42 @@ class Dispatcher:
         for lease in retry_later:
             index.release(lease.job_id, attempt=lease.attempt, fence=self.fence)
             index.requeue(_retry_soon(lease, now), fence=self.fence)
-        attempts = {lease.job_id: lease.attempt for lease in leases}
-        for job in to_publish:
-            if attempts[job.id] != job.attempt:  # the index held a stale attempt: fix the lease
-                index.restore_lease(indexed(job), ttl_s=ttl, now=now, fence=self.fence)
-        for i, job in enumerate(to_publish):
-            if not self._publish(job, stats):
+        to_publish = [claimed[lease.job_id] for lease in leases if lease.job_id in claimed]
+        for lease in leases:
+            won = claimed.get(lease.job_id)
+            if won is not None and won.attempt != lease.attempt:
+                # the index held a stale attempt: the lease is the row's attempt's now
+                index.restore_lease(_claimed_entry(won), ttl_s=ttl, now=now, fence=self.fence)
+        for i, item in enumerate(to_publish):
+            if not self._publish(item, stats):
                 # The broker is likely down: hand this job and the rest back at once.
                 self._hand_back(to_publish[i:], now, stats)
                 break
+        if stats.dispatched:
+            logger.debug("jobs.dispatched", extra={"count": stats.dispatched})
 
-    def _claim(self, session: Session, job: Job, now: float, stats: DispatchStats) -> bool:
-        """CAS queued → dispatched; a job past its start_by expires instead."""
-        if job.status is not Status.QUEUED:
+    @staticmethod
+    def _expire_late(session: Session, job: Job, now: float, stats: DispatchStats) -> bool:
+        """A queued job popped past its ``start_by`` expires instead of running."""
+        if job.status is not Status.QUEUED or job.start_by is None or now < job.start_by:
             return False
-        if job.start_by is not None and now >= job.start_by:
-            if repository.transition(
-                session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED,
-                now=now, **expiry_note(job),
-            ):
-                stats.expired += 1
-            return False
-        return repository.transition(
-            session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.DISPATCHED, now=now
-        )
+        if repository.transition(
+            session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED,
+            now=now, **expiry_note(job),
+        ):
+            stats.expired += 1
+        return True
 
-    def _publish(self, job: Job, stats: DispatchStats) -> bool:
+    def _publish(self, job: Claimed, stats: DispatchStats) -> bool:
         try:
             self.publisher.publish(job.id, job.attempt, job.tier)
         except Exception:
             logger.exception("job.publish_failed", extra={"job_id": job.id, "tier": job.tier})
             return False
         stats.dispatched += 1
-        logger.info(
-            "job.dispatched",
-            extra={
-                "job_id": job.id,
-                "tenant": job.tenant_id,
-                "tier": job.tier,
-                "attempt": job.attempt,
-            },
-        )
         return True
 
-    def _hand_back(self, jobs: list[Job], now: float, stats: DispatchStats) -> None:
+    def _hand_back(self, jobs: list[Claimed], now: float, stats: DispatchStats) -> None:
         """Return unpublished jobs to the queue after a short backoff: a new attempt (a
         message may have left after all: the CAS makes it stale), not charged (it never
         started). If this fails too, the lease lapses and the reaper re-queues them."""
@@ -327,7 +338,7 @@ class Dispatcher:
                 )
             ]
         self.runtime.index.requeue_many(
-            [indexed(job, not_before, attempt=job.attempt + 1) for job in handed],
+            [_claimed_entry(job, not_before, attempt=job.attempt + 1) for job in handed],
             fence=self.fence,
         )
 
@@ -336,6 +347,16 @@ def _entry(lease: Lease) -> IndexedJob:
     return IndexedJob(
         job_id=lease.job_id, tenant=lease.tenant, tier=lease.tier, order_key=lease.order_key,
         attempt=lease.attempt,
+    )
+
+
+def _claimed_entry(
+    job: Claimed, not_before: float | None = None, *, attempt: int | None = None
+) -> IndexedJob:
+    return IndexedJob(
+        job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
+        start_by=job.start_by, not_before=not_before,
+        attempt=job.attempt if attempt is None else attempt,
     )
 
 
@@ -358,8 +379,9 @@ MAX_BACKOFF_S = 10.0
 
 def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> DispatchStats | None:
     """One turn of a dispatcher among several: renew or take the lock; while leading, rebuild
-    the index first when due (``Dispatcher.needs_rebuild``), else run a round. None while
-    standing by, or once a fenced call found another process leading."""
+    the index first when due (``Dispatcher.needs_rebuild``), else run a round, with its
+    maintenance when that is due. None while standing by, or once a fenced call found
+    another process leading."""
     dispatcher.fence = leadership.tick(now)
     if dispatcher.fence is None:
         return None
@@ -368,7 +390,7 @@ def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> Dis
         if dispatcher.needs_rebuild():
             dispatcher.rebuild(now)
             return DispatchStats(rebuilt=True)
-        return dispatcher.run_once(now)
+        return dispatcher.run_once(now, maintain=dispatcher.maintenance_due(now))
     except NotLeader:
         leadership.step_down("a fenced call was refused: another process leads")
         dispatcher.fence = None

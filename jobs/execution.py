@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -75,30 +76,7 @@ def execute(
 ) -> str:
     """Run attempt ``attempt`` of job ``job_id``; return the outcome (see module constants).
     ``clock``: a virtual clock for tests (default: the runtime's, Redis's)."""
-    keeper = LeaseKeeper(runtime, job_id, attempt, clock)
-
-    def read() -> Job | None:
-        with runtime.sessions() as session:
-            return repository.get_job(session, job_id)
-
-    try:
-        job = retry_sql(read, keep_trying=keeper.renew, what="read", job_id=job_id)
-    except SqlUnreachable:
-        _log_unrecorded(job_id, attempt, "read")
-        return STALE
-    if job is None or job.status is not Status.DISPATCHED or job.attempt != attempt:
-        logger.info(
-            "job.stale",
-            extra={
-                "event": "job.stale", "job_id": job_id, "attempt": attempt,
-                "worker_id": worker_id, "status": None if job is None else job.status.value,
-                "current_attempt": None if job is None else job.attempt,
-            },
-        )
-        return STALE
-    return _Attempt(
-        runtime, job, worker_id=worker_id, clock=clock, keeper=keeper
-    ).run(registry)
+    return _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock).run(registry)
 
 
 def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
@@ -122,63 +100,120 @@ class _Attempt:
     def __init__(
         self,
         runtime: Runtime,
-        job: Job,
+        job_id: str,
+        attempt: int,
         *,
         worker_id: str,
         clock: Clock | None,
-        keeper: LeaseKeeper,
     ) -> None:
         self.runtime = runtime
-        self.job = job
+        self.job_id = job_id
+        self.attempt = attempt
+        self.job: Job | None = None  # the row, once read or started
         self.worker_id = worker_id
         self.clock: Clock = clock or runtime.clock
         self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
-        self._keeper = keeper
+        self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)
         # Says whether to keep waiting for SQL: the keeper before the start, the heartbeat
         # while the job runs and until its outcome is recorded.
-        self._holds_lease: Callable[[], bool] = keeper.renew
+        self._holds_lease: Callable[[], bool] = self._keeper.renew
 
     def run(self, registry: HandlerRegistry) -> str:
         try:
             return self._run(registry)
         except SqlUnreachable:
-            _log_unrecorded(self.job.id, self.job.attempt, "record")
+            _log_unrecorded(self.job_id, self.attempt, "record")
             return STALE
 
     def _run(self, registry: HandlerRegistry) -> str:
+        checked_at = time.monotonic()
         if self._lease_gone():  # reaped while the message waited, or lost with Redis
-            return self._hand_back(Status.DISPATCHED)
-        early = self._before_start()
-        if early is not None:
-            return early
-        if not self._transition(Status.DISPATCHED, Status.RUNNING):
-            self._log(logging.INFO, "job.stale", reason="not dispatched any more")
-            return STALE
-        self._log(logging.INFO, "job.started", kind=self.job.kind)
+            return self._lease_gone_before_start()
+        job = self._start()
+        if job is None:
+            return self._not_started()
+        self.job = job
+        self._log(logging.DEBUG, "job.started", kind=job.kind)
         ctx = JobContext(
-            job_id=self.job.id, attempt=self.job.attempt, tenant_id=self.job.tenant_id,
-            kind=self.job.kind,
+            job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
         )
         heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock)
-        heartbeat.renew_now()  # the lease may have lapsed while SQL was slow
-        if ctx.lease_lost():  # the handler has not run: hand the job back, uncharged
-            return self._hand_back(Status.RUNNING)
+        if time.monotonic() - checked_at >= heartbeat.renew_every_s:
+            heartbeat.renew_now()  # SQL was slow: the lease may have lapsed meanwhile
+            if ctx.lease_lost():  # the handler has not run: hand the job back, uncharged
+                return self._hand_back(Status.RUNNING)
         heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
         try:
-            ending = _call_handler(registry, ctx, self.job)
-            # The outcome is this attempt's to record: stop watching the row, keep the lease.
-            heartbeat.renew_only()
+            ending = _call_handler(registry, ctx, job)
             return self._finish(ending, heartbeat)
         finally:
             heartbeat.stop()
+
+    def _start(self) -> Job | None:
+        """Dispatched → running, returning the row: one statement. Waits out a database
+        outage while the lease is held; after a retry, a start that already landed (the
+        COMMIT's answer was lost) is found by reading the row back."""
+        retried = [False]
+
+        def start() -> Job | None:
+            with self.runtime.sessions.begin() as session:
+                job = repository.start(
+                    session, self.job_id, attempt=self.attempt, now=self.clock()
+                )
+                if job is None and retried[0]:
+                    current = repository.get_job(session, self.job_id)
+                    if (current is not None and current.status is Status.RUNNING
+                            and current.attempt == self.attempt):
+                        return current
+                return job
+
+        def keep_trying() -> bool:
+            retried[0] = True
+            return self._holds_lease()
+
+        return retry_sql(start, keep_trying=keep_trying, what="start", job_id=self.job_id)
+
+    def _read(self) -> Job | None:
+        def read() -> Job | None:
+            with self.runtime.sessions() as session:
+                return repository.get_job(session, self.job_id)
+
+        return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
+
+    def _not_started(self) -> str:
+        """The start did not happen: a copy of a message, a job moved on, or one that must not
+        compute (cancel requested, ``start_by`` passed), which ends without running."""
+        job = self._read()
+        if job is None or job.status is not Status.DISPATCHED or job.attempt != self.attempt:
+            return self._stale(job)
+        self.job = job
+        return self._before_start(job) or self._stale(job)
+
+    def _lease_gone_before_start(self) -> str:
+        job = self._read()
+        if job is None or job.status is not Status.DISPATCHED or job.attempt != self.attempt:
+            return self._stale(job)
+        self.job = job
+        return self._hand_back(Status.DISPATCHED)
+
+    def _stale(self, job: Job | None) -> str:
+        logger.info(
+            "job.stale",
+            extra={
+                "event": "job.stale", "job_id": self.job_id, "attempt": self.attempt,
+                "worker_id": self.worker_id, "status": None if job is None else job.status.value,
+                "current_attempt": None if job is None else job.attempt,
+            },
+        )
+        return STALE
 
     def _lease_gone(self) -> bool:
         """This attempt's lease is certainly gone (renewal refused). Redis unreachable is
         not "gone": the heartbeat keeps watching once the job runs."""
         try:
             return not self.runtime.index.renew(
-                self.job.id, attempt=self.job.attempt, ttl_s=self.runtime.policy.lease_ttl_s,
+                self.job_id, attempt=self.attempt, ttl_s=self.runtime.policy.lease_ttl_s,
                 now=None if self._virtual_clock is None else self._virtual_clock(),
             )
         except redis.RedisError:
@@ -186,12 +221,17 @@ class _Attempt:
 
     def _hand_back(self, src: Status) -> str:
         """Give a job whose lease is gone back to the queue before its handler ran: a new
-        attempt, not charged (a start just made is undone). The CAS decides against the
-        reaper doing the same; whoever moves the row indexes it (else the reconciler will)."""
-        job = self.job
+        attempt, not charged (a start just made is undone; ``started_at`` is cleared when it
+        was the first start, else the earlier start's time is not known here and stays the
+        latest). The CAS decides against the reaper doing the same; whoever moves the row
+        indexes it (else the reconciler will)."""
+        job = self._job
         uncharge: dict[str, Any] = {}
         if src is Status.RUNNING:
-            uncharge = {"starts": job.starts, "started_at": job.started_at}
+            starts = max(0, job.starts - 1)
+            uncharge = {"starts": starts}
+            if starts == 0:
+                uncharge["started_at"] = None
         if not self._transition(src, Status.QUEUED, **uncharge):
             self._log(logging.INFO, "job.stale", reason="lease gone, job moved on")
             return STALE
@@ -203,11 +243,16 @@ class _Attempt:
         self._log(logging.WARNING, "job.handed_back", reason="lease gone before the start")
         return HANDED_BACK
 
-    def _before_start(self) -> str | None:
+    @property
+    def _job(self) -> Job:
+        assert self.job is not None, "the row is read before any state change"
+        return self.job
+
+    def _before_start(self, job: Job) -> str | None:
         """Cancelled or expired before it started: end it without computing anything."""
-        if self.job.cancel_requested:
+        if job.cancel_requested:
             dst = Status.CANCELLED
-        elif self.job.start_by is not None and self.clock() > self.job.start_by:
+        elif job.start_by is not None and self.clock() >= job.start_by:
             dst = Status.EXPIRED
         else:
             return None
@@ -247,8 +292,8 @@ class _Attempt:
         return dst.value
 
     def _retry(self, error: str, heartbeat: Heartbeat) -> str:
-        job, policy = self.job, self.runtime.policy
-        starts = job.starts + 1  # this attempt's start included
+        job, policy = self._job, self.runtime.policy
+        starts = job.starts  # the row as started: this attempt's start included
         if starts >= job.max_attempts:
             return self._end(
                 Status.FAILED, heartbeat,
@@ -282,7 +327,7 @@ class _Attempt:
         """The CAS, waiting out a database outage while the lease is held. After a retry, a
         CAS that finds its own change already made (the commit landed, its answer was lost)
         counts as done."""
-        job, retried = self.job, [False]
+        job, retried = self._job, [False]
 
         def cas() -> bool:
             with self.runtime.sessions.begin() as session:
@@ -301,12 +346,12 @@ class _Attempt:
                          job_id=job.id)
 
     def _release(self) -> None:
-        """Best effort: a lease that cannot be released now expires and is reaped."""
+        """Release and wake the dispatcher, one round trip. Best effort: a lease that cannot
+        be released now expires and is reaped."""
         try:
-            self.runtime.index.release(self.job.id, attempt=self.job.attempt)
+            self.runtime.index.release(self.job_id, attempt=self.attempt, ring=True)
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)
-        self._ring()
 
     def _ring(self) -> None:
         try:
@@ -315,7 +360,7 @@ class _Attempt:
             self._log(logging.WARNING, "dispatcher.ring_failed", exc_info=True)
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
-        _log_job(level, event, self.job, worker_id=self.worker_id, exc_info=exc_info, **fields)
+        _log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)
 
 
 def _entry(job: Job, *, attempt: int, not_before: float | None = None) -> IndexedJob:

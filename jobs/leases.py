@@ -1,11 +1,12 @@
 """Keeping a job's lease from the worker's side, and waiting out a database outage under it.
 
 A worker holds a job only as long as its lease lives: ``Heartbeat`` renews it while the
-handler runs (and notices a cancel request or a reaped lease); ``LeaseKeeper`` renews it by
-hand while the worker waits for SQL before the job has started. ``retry_sql`` retries a read
-or compare-and-set with backoff while SQL cannot be reached, for as long as the lease is
-held: a result in hand is recorded once the database is back, not thrown away. Once the
-lease is lost, the reaper owns the job, and the CAS on ``attempt`` rejects any late write.
+handler runs (and learns of a cancel request or a reaped lease from the renewal);
+``LeaseKeeper`` renews it by hand while the worker waits for SQL before the job has
+started. ``retry_sql`` retries a read or compare-and-set with backoff while SQL cannot be
+reached, for as long as the lease is held: a result in hand is recorded once the database
+is back, not thrown away. Once the lease is lost, the reaper owns the job, and the CAS on
+``attempt`` rejects any late write.
 
 A lease belongs to one attempt: every renewal names it, so a zombie of an earlier attempt
 can never keep the next attempt's lease alive, and once lost a lease is never renewed again.
@@ -17,7 +18,6 @@ whose wall clock jumps or is skewed changes nothing.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -27,15 +27,14 @@ import redis
 import sqlalchemy.exc
 import tenacity
 
-from jobs.db import repository
 from jobs.errors import TierqError
+from jobs.index.base import Renewal
 from jobs.runtime import Runtime
-from jobs.states import Status
 from workers.handlers import JobContext
 
 logger = logging.getLogger("tierq.worker")
 
-# How often a running job's cancel flag is read from SQL, at most.
+# How often a running job's lease is renewed, at most, and so how soon it sees a cancel.
 CANCEL_POLL_S = 1.0
 # Backoff between tries of a read or CAS while SQL cannot be reached.
 SQL_RETRY_MIN_S = 0.1
@@ -120,16 +119,14 @@ class LeaseKeeper:
 
 
 class Heartbeat:
-    """Keeps a running job's lease alive and notices a cancel request.
+    """Keeps a running job's lease alive and tells it of a cancel request.
 
-    ``tick`` renews the lease when ``lease_ttl_s / 3`` has passed since the last renewal
-    and reads the job's row. ``start`` runs the two in threads of their own until ``stop``:
-    renewals (Redis only) every ``lease_ttl_s / 3``, reads (SQL only) every
-    ``min(CANCEL_POLL_S, lease_ttl_s / 3)``, so a database that hangs (a paused server, a
-    dead connection awaiting its timeout) never holds up a renewal and costs the job its
-    lease. A lease that cannot be renewed, or a row that is no longer this attempt running,
-    marks the lease lost, and a lost lease is never renewed again. Once the handler has
-    returned, ``renew_only`` stops the row reads (the worker is about to change the row).
+    A thread of its own renews the lease every ``min(poll_s, lease_ttl_s / 3)``; each
+    renewal also answers whether a cancel was requested (``Renewal.CANCEL_REQUESTED``: the
+    API flags the lease after recording the request in SQL), so a running job costs the
+    database nothing while it runs, and a database that hangs never holds up a renewal. A
+    renewal refused (the lease was reaped, or belongs to another attempt now) marks the lease
+    lost, and a lost lease is never renewed again.
     """
 
     def __init__(
@@ -144,64 +141,38 @@ class Heartbeat:
         self._ctx = ctx
         self._clock = clock
         self._ttl = runtime.policy.lease_ttl_s
-        self._renew_every = self._ttl / 3
-        self._tick_every = min(poll_s, self._renew_every)
-        self._renewed_at = -math.inf
-        self._polling = True
+        self.renew_every_s = min(poll_s, self._ttl / 3)
+        self._renewed_at = time.monotonic()  # the worker renewed just before the start
         self._stopping = threading.Event()
         self._renewer = threading.Thread(
-            # Woken twice per renewal period, so a renewal is never a whole period late.
-            target=self._loop, args=(self._renew_due, self._renew_every / 2),
-            name=f"lease-{ctx.job_id}", daemon=True,
-        )
-        self._poller = threading.Thread(
-            target=self._loop, args=(self._poll_due, self._tick_every),
-            name=f"poll-{ctx.job_id}", daemon=True,
+            target=self._loop, name=f"lease-{ctx.job_id}", daemon=True,
         )
 
     def start(self) -> None:
         self._renewer.start()
-        self._poller.start()
 
     def stop(self) -> None:
-        """Stop both; the renewer is joined (no renewal may follow a release), the poller
-        only briefly: it may be waiting on a hung database, and reads change nothing."""
+        """Stop renewing; joined, so no renewal follows a release."""
         self._stopping.set()
         if self._renewer.is_alive():
             self._renewer.join()
-        if self._poller.is_alive():
-            self._poller.join(timeout=self._tick_every)
-
-    def renew_only(self) -> None:
-        self._polling = False
 
     def holds_lease(self) -> bool:
         """Not lost, and renewed within its TTL: this attempt may still record its outcome."""
         return not self._ctx.lease_lost() and time.monotonic() - self._renewed_at < self._ttl
 
     def tick(self) -> None:
-        self._renew_due()
-        self._poll_due()
+        """One renewal, now (what the thread does each period)."""
+        self.renew_now()
 
     def renew_now(self) -> None:
-        """Renew at once (no row read): right after the start, whose row this worker just
-        wrote, only the lease needs checking."""
         if not self._ctx.lease_lost():
             self._renew(time.monotonic())
 
-    def _renew_due(self) -> None:
-        now = time.monotonic()
-        if now - self._renewed_at >= self._renew_every and not self._ctx.lease_lost():
-            self._renew(now)
-
-    def _poll_due(self) -> None:
-        if self._polling and not self._ctx.stopped():
-            self._poll()
-
-    def _loop(self, step: Callable[[], None], every: float) -> None:
-        while not self._stopping.wait(every):
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.renew_every_s):
             try:
-                step()
+                self.renew_now()
             except Exception:  # the heartbeat must outlive any one failed step
                 logger.exception(
                     "job.heartbeat_error",
@@ -210,7 +181,7 @@ class Heartbeat:
 
     def _renew(self, now: float) -> None:
         try:
-            renewed = self._runtime.index.renew(
+            renewal = self._runtime.index.renew_checked(
                 self._ctx.job_id, attempt=self._ctx.attempt, ttl_s=self._ttl,
                 now=_virtual_now(self._clock),
             )
@@ -218,26 +189,14 @@ class Heartbeat:
             self._warn("job.renew_failed", exc_info=True)
             return
         self._renewed_at = now
-        if not renewed:
+        if renewal is Renewal.LOST:
             self._ctx.mark_lease_lost()
             self._warn("job.lease_lost")
-
-    def _poll(self) -> None:
-        try:
-            with self._runtime.sessions() as session:
-                job = repository.get_job(session, self._ctx.job_id)
-        except sqlalchemy.exc.SQLAlchemyError:
-            self._warn("job.poll_failed", exc_info=True)
-            return
-        if job is None or job.status is not Status.RUNNING or job.attempt != self._ctx.attempt:
-            self._ctx.mark_lease_lost()
-            self._warn("job.lease_lost", status=None if job is None else job.status.value)
-        elif job.cancel_requested and not self._ctx.cancelled():
+        elif renewal is Renewal.CANCEL_REQUESTED and not self._ctx.cancelled():
             self._ctx.mark_cancelled()
-            logger.info(
-                "job.cancel_seen",
-                extra={"event": "job.cancel_seen", "job_id": job.id, "attempt": job.attempt},
-            )
+            logger.info("job.cancel_seen", extra={
+                "event": "job.cancel_seen", "job_id": self._ctx.job_id,
+                "attempt": self._ctx.attempt})
 
     def _warn(self, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         extra = {"event": event, "job_id": self._ctx.job_id, "attempt": self._ctx.attempt}

@@ -12,7 +12,9 @@ that what an interruption leaves is one of a few states this loop recognises and
 2. **in flight without a lease**: dispatched and running rows (few: at most the pool's
    slots, plus what needs repair), walked by id, ``IN_FLIGHT_BATCH`` a round, whose attempt
    holds no lease — the lease was reaped while the row moved, or lost with Redis — are
-   decided as a lapsed lease is (``jobs.recovery``).
+   decided as a lapsed lease is (``jobs.recovery``). A running row with a cancel request
+   gets its lease flagged (``flag_cancel``), in case the API was interrupted between its
+   commit and its flag: the worker learns of the cancel with its next renewal.
 3. **queued but not indexed**: queued rows whose last change settled more than
    ``QUEUED_GRACE_S`` ago, walked by ``(updated_at, id)`` from a cursor, ``QUEUED_BATCH`` a
    round, that the index does not hold at their attempt are indexed again. The walk starts
@@ -143,6 +145,11 @@ class Reconciler:
         self._flight_cursor = jobs[-1].id if len(jobs) == IN_FLIGHT_BATCH else ""
         held = self.runtime.index.entries_of([job.id for job in jobs])
         orphans = [job for job in jobs if not _holds_lease(held.get(job.id), job)]
+        for job in jobs:
+            if job.cancel_requested and job.status is Status.RUNNING and job not in orphans:
+                # The API flags the lease after its commit; an interruption in between
+                # leaves the request in SQL only. Flagging twice changes nothing.
+                self.runtime.index.flag_cancel(job.id, attempt=job.attempt)
         if not orphans:
             return
         entries: list[IndexedJob] = []

@@ -364,6 +364,11 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
             flagged = repository.request_cancel(session, job.id)
         if not flagged:
             return None
+        try:  # the worker learns of it with its next renewal; missed, the reconciler flags it
+            runtime.index.flag_cancel(job.id, attempt=job.attempt)
+        except REDIS_OUTAGE:
+            logger.warning("job.cancel_flag_failed", extra={"event": "job.cancel_flag_failed",
+                                                            "job_id": job.id})
         _log_cancel(job, "job.cancel_requested")
         return CancelOutcome(job=dataclasses.replace(job, cancel_requested=True), pending=True)
     # SQL first (the commit point): an interruption after it leaves an index entry of a

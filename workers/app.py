@@ -2,8 +2,9 @@
 
 Celery only carries "start job X, attempt N"; leases, not the broker, recover lost work, so
 messages are acked on receipt (``task_acks_late=False``) and Celery's redelivery never
-re-runs a long job. Results live in SQL: no result backend. Task events stay on for Flower,
-where a failed job's task shows FAILURE (``workers.tasks``).
+re-runs a long job. Results live in SQL: no result backend. Task events are off until Flower
+asks for them (its ``enable_events`` broadcast); then a failed job's task shows FAILURE there
+(``workers.tasks``).
 
 ``make_celery(settings)`` builds a worker app (task + worker hooks); ``base_app(settings)``
 the same configuration without them, for processes that only publish.
@@ -62,8 +63,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_serializer": "json",
         "accept_content": ["json"],
         "worker_prefetch_multiplier": 1,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Task events cost the broker three messages a job: off until a monitor asks
+        # (Flower broadcasts ``enable_events`` to the workers while it runs).
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         # Celery 6's default, set now: only late-acked tasks are affected, and ours are
         # acked on receipt, so a lost broker connection leaves running jobs running.

@@ -1,10 +1,13 @@
 """The dispatcher's Celery adapter: publish "run attempt N of job X" to the job's tier queue.
 
 Never an ETA or a countdown: a retry's backoff is a ``not_before`` kept by the index, and
-ETA messages bypass the prefetch limit. Sends reuse pooled broker connections.
+ETA messages bypass the prefetch limit. One producer (and its broker connection) serves every
+publish; a publish that fails gives it back to the pool, and the next takes a fresh one.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from jobs.config import Settings
 from workers.app import base_app, queue_name
@@ -12,20 +15,33 @@ from workers.tasks import TASK_NAME
 
 
 class CeleryPublisher:
-    """``publish(job_id, attempt, tier)`` for ``jobs.dispatcher.Dispatcher``."""
+    """``publish(job_id, attempt, tier)`` for ``jobs.dispatcher.Dispatcher``; one thread
+    publishes (the dispatcher's loop), so the producer it holds is never shared."""
 
     def __init__(self, settings: Settings) -> None:
         self._app = base_app(settings, name="tierq-publisher")
+        self._producer: Any = None
 
     def publish(self, job_id: str, attempt: int, tier: str) -> None:
-        with self._app.producer_or_acquire() as producer:
+        if self._producer is None:
+            self._producer = self._app.producer_pool.acquire(block=True)
+        try:
             self._app.send_task(
                 TASK_NAME,
                 args=[job_id, attempt],
                 queue=queue_name(tier),
                 routing_key=queue_name(tier),
-                producer=producer,
+                producer=self._producer,
             )
+        except Exception:
+            self._give_back()
+            raise
+
+    def _give_back(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.release()
 
     def close(self) -> None:
+        self._give_back()
         self._app.close()

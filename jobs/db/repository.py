@@ -18,7 +18,8 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -48,6 +49,10 @@ def _dt(epoch: float) -> datetime:
 
 def _dt_or_none(epoch: float | None) -> datetime | None:
     return None if epoch is None else _dt(epoch)
+
+
+def _epoch_or_none(at: datetime | None) -> float | None:
+    return None if at is None else at.timestamp()
 
 
 def _rowcount(session: Session, stmt: sa.Update) -> int:
@@ -284,6 +289,69 @@ def _transition_values(
     for name, value in fields.items():
         values[name] = _dt_or_none(value) if name in TIME_FIELDS else value
     return values
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claimed:
+    """A job a dispatch round moved to ``dispatched``: what publishing it needs."""
+
+    id: str
+    tenant_id: str
+    tier: str
+    attempt: int
+    order_key: float
+    start_by: float | None
+
+
+def claim(session: Session, job_ids: Sequence[str], *, now: float) -> dict[str, Claimed]:
+    """Move the queued jobs among ``job_ids`` whose deadline has not passed to
+    ``dispatched``, in one statement: a dispatch round's claim, whatever its size. Each row
+    is claimed at the attempt it holds (the caller compares it with its lease). Jobs not
+    returned are not queued, past ``start_by``, or absent: the caller reads those."""
+    if not job_ids:
+        return {}
+    at = _dt(now)
+    stmt = (
+        sa.update(JobRow)
+        .where(
+            JobRow.id.in_(list(job_ids)),
+            JobRow.status == Status.QUEUED.value,
+            sa.or_(JobRow.start_by.is_(None), JobRow.start_by > at),
+        )
+        .values(status=Status.DISPATCHED.value, dispatched_at=at, updated_at=at)
+        .returning(JobRow.id, JobRow.tenant_id, JobRow.tier, JobRow.attempt, JobRow.order_key,
+                   JobRow.start_by)
+        .execution_options(synchronize_session=False)
+    )
+    return {
+        row.id: Claimed(id=row.id, tenant_id=row.tenant_id, tier=row.tier, attempt=row.attempt,
+                        order_key=row.order_key, start_by=_epoch_or_none(row.start_by))
+        for row in session.execute(stmt)
+    }
+
+
+def start(session: Session, job_id: str, *, attempt: int, now: float) -> Job | None:
+    """Compare-and-set ``dispatched`` → ``running`` for this attempt and return the row, in
+    one statement: a worker's start. Only a job that may start starts: not flagged to cancel,
+    its ``start_by`` not passed. None: it did not move (stale, cancelled or late: the caller
+    reads the row to tell which)."""
+    at = _dt(now)
+    stmt = (
+        sa.update(JobRow)
+        .where(
+            JobRow.id == job_id,
+            JobRow.status == Status.DISPATCHED.value,
+            JobRow.attempt == attempt,
+            JobRow.cancel_requested.is_(False),
+            sa.or_(JobRow.start_by.is_(None), JobRow.start_by > at),
+        )
+        .values(status=Status.RUNNING.value, started_at=at, starts=JobRow.starts + 1,
+                updated_at=at)
+        .returning(JobRow)
+        .execution_options(synchronize_session=False)
+    )
+    row = session.scalars(stmt).first()
+    return None if row is None else Job.from_row(row)
 
 
 def request_cancel(session: Session, job_id: str) -> bool:

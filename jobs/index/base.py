@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Protocol
 
 from jobs.errors import TierqError
@@ -34,6 +35,15 @@ from jobs.errors import TierqError
 
 class NotLeader(TierqError):
     """A fenced call whose token is not the leader lock's: the caller must stop leading."""
+
+
+class Renewal(IntEnum):
+    """What a lease renewal found (``renew_checked``); false only when the lease is lost."""
+
+    LOST = 0
+    HELD = 1
+    # Held, and a cancel was requested for the job (``flag_cancel``): stop the handler.
+    CANCEL_REQUESTED = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,11 +160,29 @@ class DispatchIndex(Protocol):
         the lease is gone (reaped) or belongs to another attempt: the holder must stop."""
         ...
 
+    def renew_checked(
+        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+    ) -> Renewal:
+        """``renew``, also telling whether a cancel was requested for the job: a running job
+        learns of a cancel with its renewals, never by reading SQL."""
+        ...
+
+    def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
+        """Mark the lease of ``attempt`` (None: whichever holds it) as asked to cancel; the
+        flag goes with the lease. False when no such lease is held."""
+        ...
+
     def release(
-        self, job_id: str, *, attempt: int | None = None, fence: str | None = None
+        self,
+        job_id: str,
+        *,
+        attempt: int | None = None,
+        fence: str | None = None,
+        ring: bool = False,
     ) -> bool:
         """Drop a lease of ``attempt`` (None: whichever attempt holds it: maintenance of a
-        finished job). True when its tenant became runnable again (wake the dispatcher)."""
+        finished job). True when its tenant became runnable again. ``ring``: wake the
+        dispatcher in the same round trip when a lease was dropped (``jobs.wake``)."""
         ...
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:

@@ -19,7 +19,15 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from jobs.index.base import Admitted, Entry, IndexedJob, Lease, NotLeader, TierDepth
+from jobs.index.base import (
+    Admitted,
+    Entry,
+    IndexedJob,
+    Lease,
+    NotLeader,
+    Renewal,
+    TierDepth,
+)
 from jobs.index.keys import PROMOTE_LIMIT
 from jobs.index.zset import ZSet
 
@@ -62,6 +70,7 @@ class MemoryIndex:
         self._runnable, self._blocked, self._queued = ZSet(), ZSet(), ZSet()
         self._delayed, self._deadlines, self._leases = ZSet(), ZSet(), ZSet()
         self._meta: dict[str, IndexedJob] = {}
+        self._cancels: set[str] = set()  # leased jobs flagged to cancel (meta's 7th field)
         self._tier_caps: dict[str, int] = {}
         self._tenant_caps: dict[str, int] = {}
         self._tenant_tier: dict[str, str] = {}
@@ -139,6 +148,7 @@ class MemoryIndex:
 
     def _index(self, job: IndexedJob) -> None:
         self._meta[job.job_id] = job
+        self._cancels.discard(job.job_id)
         retiered = self._tenant_tier.get(job.tenant) != job.tier
         self._tenant_tier[job.tenant] = job.tier
         self._zadd(self._tiers, job.tier, job.job_id, job.order_key)
@@ -168,6 +178,7 @@ class MemoryIndex:
         self._zrem(self._tiers, job.tier, job_id)
         self._deadlines.remove(job_id)
         del self._meta[job_id]
+        self._cancels.discard(job_id)
         if state == "queued":
             self._refile(tenant, old)
         elif state == "leased":
@@ -302,24 +313,44 @@ class MemoryIndex:
     def renew(
         self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
     ) -> bool:
+        return bool(self.renew_checked(job_id, attempt=attempt, ttl_s=ttl_s, now=now))
+
+    def renew_checked(
+        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+    ) -> Renewal:
         current = self._leases.score(job_id)
         if current is None or self._meta[job_id].attempt != attempt:
-            return False
+            return Renewal.LOST
         expires_at = self._at(now) + ttl_s
         if expires_at > current:
             self._leases.add(job_id, expires_at)
             self._tenant_leases[self._meta[job_id].tenant].add(job_id, expires_at)
+        return Renewal.CANCEL_REQUESTED if job_id in self._cancels else Renewal.HELD
+
+    def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
+        if self._leases.score(job_id) is None:
+            return False
+        if attempt is not None and self._meta[job_id].attempt != attempt:
+            return False
+        self._cancels.add(job_id)
         return True
 
     def release(
-        self, job_id: str, *, attempt: int | None = None, fence: str | None = None
+        self,
+        job_id: str,
+        *,
+        attempt: int | None = None,
+        fence: str | None = None,
+        ring: bool = False,
     ) -> bool:
+        """``ring`` has no doorbell to ring here: nothing waits on a twin."""
         self._check_fence(fence, None, "release")
         if self._leases.score(job_id) is None:
             return False
         if attempt is not None and self._meta[job_id].attempt != attempt:
             return False
         tenant = self._meta.pop(job_id).tenant
+        self._cancels.discard(job_id)
         self._leases.remove(job_id)
         self._zrem(self._tenant_leases, tenant, job_id)
         head = self._head_of(tenant)
@@ -386,6 +417,7 @@ class MemoryIndex:
                 return True
             self._unindex(known)
         self._meta[job_id] = job
+        self._cancels.discard(job_id)
         self._zadd(self._tenant_leases, job.tenant, job_id, expires_at)
         self._leases.add(job_id, expires_at)
         self._tenant_tier[job.tenant] = job.tier

@@ -34,12 +34,20 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from jobs.index.base import Admitted, Entry, IndexedJob, Lease, NotLeader, TierDepth
+from jobs.index.base import (
+    Admitted,
+    Entry,
+    IndexedJob,
+    Lease,
+    NotLeader,
+    Renewal,
+    TierDepth,
+)
 from jobs.index.keys import PROMOTE_LIMIT, IndexKeys
 
 _SCRIPTS = (
     "admit", "requeue", "dispatch", "release", "renew", "cancel", "reap", "expire_due",
-    "set_caps", "restore_lease",
+    "set_caps", "restore_lease", "flag_cancel",
 )
 _LEADERSHIP = ("lead", "renew_lead", "resign")
 # Jobs per requeue script call when loading many (keeps each call short).
@@ -200,13 +208,28 @@ class RedisIndex:
     def renew(
         self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
     ) -> bool:
-        return bool(self._run("renew", [job_id, int(attempt), _score(ttl_s), _now(now)]))
+        return bool(self.renew_checked(job_id, attempt=attempt, ttl_s=ttl_s, now=now))
+
+    def renew_checked(
+        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+    ) -> Renewal:
+        answer = self._run("renew", [job_id, int(attempt), _score(ttl_s), _now(now)])
+        return Renewal(int(answer))
+
+    def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
+        which = "" if attempt is None else str(int(attempt))
+        return bool(self._run("flag_cancel", [job_id, which]))
 
     def release(
-        self, job_id: str, *, attempt: int | None = None, fence: str | None = None
+        self,
+        job_id: str,
+        *,
+        attempt: int | None = None,
+        fence: str | None = None,
+        ring: bool = False,
     ) -> bool:
         which = "" if attempt is None else str(int(attempt))
-        return bool(self._run("release", [job_id, which, fence or ""]))
+        return bool(self._run("release", [job_id, which, fence or "", "1" if ring else ""]))
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
         return bool(self._run("cancel", [job_id, fence or ""]))

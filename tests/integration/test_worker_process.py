@@ -3,7 +3,7 @@
 The test does the dispatcher's part by hand (admit, dispatch, CAS queued → dispatched) and
 publishes through ``CeleryPublisher``; the worker runs the job and records the outcome in
 SQL. The worker registers its slots while it lives and unregisters on SIGTERM. Celery's task
-events, read the way Flower reads them, show how each task ended.
+events, turned on and read the way Flower does, show how each task ended.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def test_the_celery_configuration() -> None:
     assert conf.task_acks_late is False
     assert conf.task_ignore_result is True
     assert not conf.result_backend
-    assert conf.worker_send_task_events and conf.task_send_sent_event
+    assert not conf.worker_send_task_events and not conf.task_send_sent_event  # until asked
     assert [q.name for q in conf.task_queues] == [f"tier.{name}" for name in settings.tiers]
     assert conf.task_default_queue == f"tier.{next(iter(settings.tiers))}"
     assert conf.broker_transport_options == {"global_keyprefix": "{acme}:"}
@@ -340,6 +340,9 @@ def test_a_failed_job_ends_its_celery_task_in_failure_and_runs_once(
     worker = start_worker(1)
     wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker)
     wait_for(task_events.heard.is_set, worker)  # the receiver is listening (worker heartbeat)
+    # Task events are off until a monitor asks, as Flower does while it runs.
+    replies = task_events.app.control.broadcast("enable_events", reply=True, timeout=5)
+    assert replies, "the worker did not answer enable_events"
 
     failed = run_to_end(runtime, publisher, worker, tenant, "sleep", {"seconds": 0, "fail": True})
     # One slot, one queue: a later job's end means any redelivery of the first would have run.

@@ -14,6 +14,13 @@ local function qkey(tenant) return PREFIX .. 'q:' .. tenant end
 local function lkey(tenant) return PREFIX .. 'lease:' .. tenant end
 local function tkey(tier) return PREFIX .. 'tier:' .. tier end
 
+-- The dispatcher's doorbell (jobs.wake): one pending token is as good as many.
+local function ring()
+  local bell = PREFIX .. 'wake'
+  redis.call('LPUSH', bell, '1')
+  redis.call('LTRIM', bell, 0, 0)
+end
+
 -- Redis's clock, in seconds since the epoch (frozen for the duration of the script).
 local function server_now()
   local t = redis.call('TIME')
@@ -51,8 +58,9 @@ local function at_cap(tenant)
   return redis.call('ZCARD', lkey(tenant)) >= cap_of(tenant)
 end
 
--- {tenant, tier, order_key, start_by, not_before, attempt} ('' for none), or nil when unknown.
--- The attempt is the one the entry (queued job or lease) belongs to.
+-- {tenant, tier, order_key, start_by, not_before, attempt[, cancel]} ('' for none), or nil
+-- when unknown. The attempt is the one the entry (queued job or lease) belongs to; cancel is 1
+-- once a cancel was requested for the leased attempt (flag_cancel.lua).
 local function meta_of(job)
   local raw = redis.call('HGET', META, job)
   if not raw then return nil end

@@ -1,7 +1,8 @@
--- release.lua: drop a lease of one attempt; re-file its tenant.
+-- release.lua: drop a lease of one attempt; re-file its tenant; ring the doorbell if asked.
 -- KEYS: the layout of common.lua, which is prepended (KEYS[13] the leader lock).
 -- ARGV[1] job  ARGV[2] attempt ('' any: maintenance of a finished job)
 -- ARGV[3] the caller's fencing token ('' unfenced: a worker or the API)
+-- ARGV[4] '1': a slot was freed, wake the dispatcher (jobs.wake) in this same round trip
 -- Returns 1 when the tenant moved from blocked to runnable, else 0 (also: no such lease, or
 -- the lease belongs to another attempt, which is left alone).
 if fenced_out(ARGV[3]) then return redis.error_reply(NOT_LEADER) end
@@ -13,6 +14,7 @@ local tenant = m[1]
 redis.call('ZREM', LEASES, job)
 redis.call('ZREM', lkey(tenant), job)
 redis.call('HDEL', META, job)
+if ARGV[4] == '1' then ring() end
 local head = head_of(tenant)
 if head and refile(tenant, head) then return 1 end
 return 0
