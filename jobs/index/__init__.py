@@ -6,7 +6,15 @@ satisfy ``DispatchIndex`` and pass one contract suite.
 
 from __future__ import annotations
 
-from jobs.index.base import Admitted, DispatchIndex, IndexedJob, Lease, NotLeader, TierDepth
+from jobs.index.base import (
+    Admitted,
+    DispatchIndex,
+    IndexedJob,
+    Lease,
+    NotLeader,
+    Renewal,
+    TierDepth,
+)
 from jobs.index.memory import MemoryIndex
 from jobs.index.redis_index import RedisIndex
 
@@ -18,5 +26,6 @@ __all__ = [
     "MemoryIndex",
     "NotLeader",
     "RedisIndex",
+    "Renewal",
     "TierDepth",
 ]

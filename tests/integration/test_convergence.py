@@ -21,7 +21,7 @@ from jobs.dispatcher import Dispatcher
 from jobs.domain import Job, NewJob
 from jobs.execution import execute
 from jobs.ids import new_job_id
-from jobs.index.base import NotLeader
+from jobs.index.base import NotLeader, Renewal
 from jobs.index.redis_index import RedisIndex
 from jobs.leases import Heartbeat
 from jobs.rebuild import rebuild
@@ -363,6 +363,26 @@ def test_a_failing_reclaim_counter_strands_no_reaped_job(
     back = load(runtime, job.id)
     assert (back.status, back.attempt) == (Status.DISPATCHED, 2)  # and dispatched again
     assert runtime.index.entries_of([job.id])[job.id].leased
+
+
+def test_a_cancel_request_whose_flag_was_lost_reaches_the_running_job(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """The API recorded a cancel request in SQL and stopped before flagging the lease: the
+    reconciler flags it, and the worker's next renewal tells the handler to stop."""
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    dispatcher.run_once(now)
+    job = move(runtime, load(runtime, job.id), Status.RUNNING, now)
+    reconciler = dispatcher.reconciler  # its first round (a full pass) ran with the dispatch
+    with runtime.sessions.begin() as s:
+        assert repository.request_cancel(s, job.id)  # ... and no flag_cancel
+    assert runtime.index.renew_checked(job.id, attempt=1, ttl_s=TTL) is Renewal.HELD
+
+    reconciler.run_once(now + 1)
+
+    assert runtime.index.renew_checked(job.id, attempt=1, ttl_s=TTL) is (
+        Renewal.CANCEL_REQUESTED)
 
 
 def test_a_cancel_whose_sql_fails_leaves_the_job_queued_and_indexed(

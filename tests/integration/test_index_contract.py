@@ -16,6 +16,7 @@ from jobs.index import (
     Lease,
     MemoryIndex,
     RedisIndex,
+    Renewal,
     TierDepth,
     redis_index,
 )
@@ -248,6 +249,26 @@ def test_a_lease_belongs_to_its_attempt(index: DispatchIndex) -> None:
     assert index.inflight() == 1 and index.position("a") is None
     index.release("a", attempt=2)
     assert index.inflight() == 0
+
+
+def test_a_cancel_flag_is_seen_by_the_renewal_of_its_attempt_only(index: DispatchIndex) -> None:
+    fill(index, job("a"))
+    assert index.flag_cancel("a") is False  # queued: no lease to flag
+    index.dispatch(1, now=0.0, lease_ttl_s=TTL)
+    assert index.renew_checked("a", attempt=1, ttl_s=TTL, now=0.0) is Renewal.HELD
+    assert index.flag_cancel("a", attempt=2) is False  # another attempt's: left alone
+    assert index.flag_cancel("a", attempt=1) is True
+    assert index.flag_cancel("a") is True  # twice is harmless
+    assert index.renew_checked("a", attempt=1, ttl_s=TTL, now=1.0) is Renewal.CANCEL_REQUESTED
+    assert index.renew("a", attempt=1, ttl_s=TTL, now=1.0) is True  # still held
+    assert index.renew_checked("a", attempt=2, ttl_s=TTL, now=1.0) is Renewal.LOST
+    # The flag goes with the lease: the next attempt starts without it.
+    assert ids(index.reap(now=1.0 + TTL)) == ["a"]
+    index.requeue(replace(job("a"), attempt=2))
+    index.dispatch(1, now=2.0 + TTL, lease_ttl_s=TTL)
+    assert index.renew_checked("a", attempt=2, ttl_s=TTL, now=2.0 + TTL) is Renewal.HELD
+    index.release("a", attempt=2)
+    assert index.renew_checked("a", attempt=2, ttl_s=TTL, now=2.0 + TTL) is Renewal.LOST
 
 
 def test_now_left_out_is_the_index_clock(index: DispatchIndex) -> None:

@@ -313,6 +313,59 @@ def test_transition_fields(sessions: sessionmaker[Session], tenant: Tenant) -> N
     assert (done.status, done.result, done.finished_at) == (Status.SUCCEEDED, result, T0 + 20)
 
 
+def test_claim_takes_queued_jobs_in_time_in_one_statement(
+    sessions: sessionmaker[Session], tenant: Tenant
+) -> None:
+    fresh = _insert(sessions, tenant)
+    second = _job_in(sessions, tenant, Q, attempt=2)  # claimed at the attempt its row holds
+    late = _insert(sessions, tenant, max_wait_s=5.0)  # start_by = T0 + 5
+    running = _job_in(sessions, tenant, R, attempt=1)
+    statements: list[str] = []
+    engine = sessions.kw["bind"]
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with sessions.begin() as session:
+        claimed = repo.claim(
+            session, [fresh.id, second.id, late.id, running.id, "no-such-job"], now=T0 + 5
+        )
+    assert sorted(claimed) == sorted([fresh.id, second.id])
+    assert claimed[second.id].attempt == 2 and claimed[fresh.id].attempt == 1
+    assert claimed[fresh.id].tier == fresh.tier and claimed[fresh.id].order_key == fresh.order_key
+    assert len([s for s in statements if s.lstrip().upper().startswith("UPDATE")]) == 1
+    assert (_get(sessions, fresh.id).status, _get(sessions, fresh.id).dispatched_at) == (D, T0 + 5)
+    assert _get(sessions, late.id).status is Q  # past start_by: left for the caller
+    assert _get(sessions, running.id).status is R
+
+
+def test_start_moves_this_attempt_to_running_and_returns_the_row(
+    sessions: sessionmaker[Session], tenant: Tenant
+) -> None:
+    job = _move(sessions, _insert(sessions, tenant, max_wait_s=10.0), D)
+    with sessions.begin() as session:
+        assert repo.start(session, job.id, attempt=2, now=T0 + 1) is None  # another attempt
+        started = repo.start(session, job.id, attempt=1, now=T0 + 1)
+    assert started is not None
+    assert (started.status, started.starts, started.started_at) == (R, 1, T0 + 1)
+    assert started.payload == job.payload
+    with sessions.begin() as session:
+        assert repo.start(session, job.id, attempt=1, now=T0 + 2) is None  # not dispatched
+
+
+@pytest.mark.parametrize("why", ["cancel", "late"])
+def test_start_refuses_a_job_that_must_not_compute(
+    sessions: sessionmaker[Session], tenant: Tenant, why: str
+) -> None:
+    job = _move(sessions, _insert(sessions, tenant, max_wait_s=10.0), D)
+    now = T0 + 1
+    if why == "cancel":
+        with sessions.begin() as session:
+            assert repo.request_cancel(session, job.id)
+    else:
+        now = T0 + 10  # start_by reached
+    with sessions.begin() as session:
+        assert repo.start(session, job.id, attempt=1, now=now) is None
+    assert _get(sessions, job.id).status is D
+
+
 def test_request_cancel(sessions: sessionmaker[Session], tenant: Tenant) -> None:
     running = _job_in(sessions, tenant, R, attempt=1)
     finished = _move(sessions, _job_in(sessions, tenant, R, attempt=1), Status.SUCCEEDED)
