@@ -298,8 +298,12 @@ class Dispatcher:
                 # The broker is likely down: hand this job and the rest back at once.
                 self._hand_back(to_publish[i:], now, stats)
                 break
-        if stats.dispatched:
-            logger.debug("jobs.dispatched", extra={"count": stats.dispatched})
+        if stats.dispatched:  # one line a round, however many jobs it dispatched
+            sent = to_publish[: stats.dispatched]
+            logger.info("jobs.dispatched", extra={
+                "event": "jobs.dispatched", "count": len(sent),
+                "jobs": ",".join(f"{job.id}:{job.attempt}" for job in sent),
+            })
 
     @staticmethod
     def _expire_late(session: Session, job: Job, now: float, stats: DispatchStats) -> bool:

@@ -1,7 +1,7 @@
 """Two dispatchers: kill -9 the leader under load, and a standby takes over; stop it cleanly,
 and it hands over at once.
 
-Whoever leads, no job attempt is dispatched twice: both dispatchers' ``job.dispatched`` log
+Whoever leads, no job attempt is dispatched twice: both dispatchers' ``jobs.dispatched`` log
 lines and the ``tracked`` handler's trace of started runs name each (job, attempt) once.
 Afterwards every accepted job has finished, once, and no tenant ran more than its cap.
 """
@@ -37,7 +37,7 @@ base_priority = 10
 max_wait_s = 300
 tenant_share = 0.5
 """
-DISPATCHED = re.compile(r"job\.dispatched .*job_id=(\S+).*attempt=(\d+)")
+DISPATCHED = re.compile(r"jobs\.dispatched .*jobs=(\S+)")
 
 
 def leader_pid(redis_server: ThrowawayRedis, prefix: str) -> int | None:
@@ -87,7 +87,9 @@ def dispatched_twice(system: System, run_log: Path) -> list[tuple[str, int]]:
     for process in system.processes.values():
         if process.name.startswith("dispatcher"):
             for match in DISPATCHED.finditer(process.log.read_text(errors="replace")):
-                logged[(match[1], int(match[2]))] += 1
+                for pair in match[1].split(","):  # job_id:attempt, one pair per job
+                    job_id, attempt = pair.rsplit(":", 1)
+                    logged[(job_id, int(attempt))] += 1
     started: Counter[tuple[str, int]] = Counter(
         (run.job_id, run.attempt)
         for runs in read_runs(run_log).values() for run in runs if run.what == "start"
