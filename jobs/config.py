@@ -79,6 +79,8 @@ class Settings(BaseSettings):
 
     data_dir: Path = Path(".tierq")
     database_url: str | None = None
+    # PostgreSQL connections a process keeps (``jobs.db.engine``): the API's threadpool.
+    database_pool_size: Annotated[int, Field(ge=1)] = 40
     redis_url: str | None = None
     broker_url: str | None = None
     admin_key: str | None = None

@@ -35,7 +35,8 @@ class Runtime:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Runtime:
-        engine = make_engine(settings.resolved_database_url())
+        engine = make_engine(settings.resolved_database_url(),
+                             pool_size=settings.database_pool_size)
         client = redis_client(settings.resolved_redis_url())
         index = RedisIndex(client, settings.key_prefix)
         return cls(

@@ -1,11 +1,12 @@
 """The job service behind the API: submit, look up, list and cancel a tenant's jobs.
 
-Submitting is admit-then-persist: the tenant's request rate is checked, then the index's
-admit script checks the tier's bound, the tenant's quota and the job's own deadline and
-indexes the job in one atomic step (``jobs.limits``), then the row is committed. A refusal
-leaves nothing behind; a failed commit takes the job back out of the index (best effort: the
-dispatcher also drops indexed jobs whose row never appears). The tier always comes from the
-tenant's record, never from the request.
+Submitting is admit-then-persist: one call to the index checks the tenant's request rate,
+the tier's bound, the tenant's quota and the job's own deadline against the pool's live
+figures and indexes the job, atomically (``jobs.limits``); then the row is committed (one
+INSERT, one transaction), and only then is the dispatcher rung: rung before, it would find
+no row yet and put the job off. A refusal leaves nothing behind; a failed commit takes the
+job back out of the index (best effort: the dispatcher also drops indexed jobs whose row
+never appears). The tier always comes from the tenant's record, never from the request.
 
 Cancelling follows the job's state: a queued job leaves the index and becomes ``cancelled``;
 a dispatched one is cancelled and its lease released; a running one is flagged for its
@@ -136,9 +137,7 @@ def submit(
         max_wait_s=submission.max_wait_s,
         idempotency_key=submission.idempotency_key,
     )
-    limits.check_rate(runtime, tenant, new)
-    figures = live_pool(runtime, now=now)
-    place = limits.admit(runtime, tenant, new, figures)
+    place = limits.admit(runtime, tenant, new)
     job = _persist(runtime, new)
     if job.id != new.id:
         return Submitted(progress=progress(runtime, tenant, job), created=False)

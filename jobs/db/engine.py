@@ -27,7 +27,16 @@ The busy timeout (5 s) bounds the wait for the write lock. Write transactions ho
 milliseconds (no I/O but SQL inside them), so reaching it means the database is stuck, and
 the caller should get its error (an API 503, a worker's retry) rather than wait longer.
 
-PostgreSQL: ``psycopg`` (version 3), connections checked before use, a 3 s connect timeout.
+PostgreSQL: ``psycopg`` (version 3), a 3 s connect timeout, and a pool as large as the
+process's concurrency (``pool_size``): the API serves sync routes from anyio's threadpool of
+40 threads, so with 40 pooled connections no request waits for a connection nor opens one;
+connections past ``pool_size`` would be closed on return and reopened by the next burst.
+Idle connections are not opened in advance, so the dispatcher and the workers hold few.
+
+Connections are not pinged before use: a ping is a round trip on every checkout. A
+connection that died while pooled (the server restarted) fails its first statement; the
+pool then replaces every connection older than the failure, and the caller answers as for
+any outage (the API's 503; see ``jobs.submission._settle_commit`` for a dead COMMIT).
 """
 
 from __future__ import annotations
@@ -43,6 +52,10 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 # Connection execution option naming how the SQLite transaction begins (see _sqlite_on_begin).
 SQLITE_BEGIN = "tierq_sqlite_begin"
 PG_CONNECT_TIMEOUT_S = 3
+# anyio's default threadpool (the API's sync routes): one connection per thread.
+DEFAULT_POOL_SIZE = 40
+# Connections beyond pool_size for a burst from threads outside that pool.
+POOL_OVERFLOW = 10
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -53,7 +66,7 @@ def normalize_url(url: str | URL) -> URL:
     return parsed
 
 
-def make_engine(url: str | URL) -> Engine:
+def make_engine(url: str | URL, *, pool_size: int = DEFAULT_POOL_SIZE) -> Engine:
     parsed = normalize_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -61,10 +74,11 @@ def make_engine(url: str | URL) -> Engine:
     if backend == "postgresql":
         return sa.create_engine(
             parsed,
-            pool_pre_ping=True,
+            pool_size=pool_size,
+            max_overflow=POOL_OVERFLOW,
             connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S},
         )
-    return sa.create_engine(parsed, pool_pre_ping=True)
+    return sa.create_engine(parsed)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

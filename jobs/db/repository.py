@@ -6,9 +6,10 @@ Functions take a ``Session`` first and never commit; the caller owns the transac
 - A state change is one conditional ``UPDATE ... WHERE id = :id AND status = :src AND
   attempt = :attempt``; it happened iff exactly one row changed. A move not in
   ``jobs.states.TRANSITIONS`` raises ``IllegalTransition`` before any SQL runs.
-- Unique violations are caught inside a SAVEPOINT, so the caller's transaction survives (on
-  PostgreSQL a failed statement otherwise aborts the whole transaction), and are translated:
-  a used idempotency key becomes ``DuplicateJob``, a taken tenant name ``InvalidRequest``.
+- A used idempotency key is an ``INSERT ... ON CONFLICT DO NOTHING`` that inserted nothing,
+  translated to ``DuplicateJob``; the caller's transaction survives it. A taken tenant name
+  is a unique violation caught inside a SAVEPOINT (on PostgreSQL a failed statement would
+  otherwise abort the whole transaction), translated to ``InvalidRequest``.
 - Reads refresh any row the session already holds (``populate_existing``): conditional
   UPDATEs bypass the identity map, so a cached row could otherwise be stale.
 """
@@ -24,13 +25,15 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobs.db.models import IndexStateRow, JobRow, TenantRow
 from jobs.domain import Job, NewJob, Tenant
-from jobs.errors import DuplicateJob, IllegalTransition, InvalidRequest
+from jobs.errors import DuplicateJob, IllegalTransition, InvalidRequest, Unavailable
 from jobs.states import NEW_ATTEMPT, TERMINAL, Status, is_legal
 
 # Refresh rows the session already holds (see the module docstring).
@@ -121,44 +124,62 @@ def update_tenant(
 
 
 def insert_job(session: Session, new: NewJob) -> Job:
-    """Insert a queued job, attempt 1. A used idempotency key raises ``DuplicateJob``."""
-    row = _new_row(new)
-    try:
-        with session.begin_nested():
-            session.add(row)
-    except IntegrityError:
-        if new.idempotency_key is None:
-            raise
-        existing = job_by_idempotency_key(session, new.tenant_id, new.idempotency_key)
-        if existing is None:
-            raise
-        raise DuplicateJob(
-            "this idempotency key was already used by this tenant", job_id=existing.id
-        ) from None
-    return Job.from_row(row)
+    """Insert a queued job, attempt 1. A used idempotency key raises ``DuplicateJob``.
+
+    One Core INSERT, no SAVEPOINT: a keyed insert says ``ON CONFLICT DO NOTHING`` on the
+    (tenant, key) constraint, so losing a race to a concurrent submit of the same key neither
+    aborts the caller's transaction (PostgreSQL) nor needs a unit-of-work flush to detect."""
+    values = _new_values(new)
+    if new.idempotency_key is None:
+        session.execute(sa.insert(JobRow).values(values))
+    else:
+        stmt = _insert(session).values(values).on_conflict_do_nothing(
+            index_elements=[JobRow.tenant_id, JobRow.idempotency_key]
+        ).returning(JobRow.id)
+        if session.execute(stmt).first() is None:
+            existing = job_by_idempotency_key(session, new.tenant_id, new.idempotency_key)
+            if existing is None:  # the winner's row vanished (pruned) in between
+                raise Unavailable("the job with this idempotency key moved; retry")
+            raise DuplicateJob(
+                "this idempotency key was already used by this tenant", job_id=existing.id
+            )
+    return Job.from_row(JobRow(**values))
 
 
-def _new_row(new: NewJob) -> JobRow:
-    created_at = new.enqueued_at if new.created_at is None else new.created_at
-    return JobRow(
-        id=new.id,
-        tenant_id=new.tenant_id,
-        tier=new.tier,
-        kind=new.kind,
-        payload=new.payload,
-        status=Status.QUEUED.value,
-        attempt=1,
-        max_attempts=new.max_attempts,
-        order_key=new.order_key,
-        created_at=_dt(created_at),
-        enqueued_at=_dt(new.enqueued_at),
-        max_wait_s=new.max_wait_s,
-        start_by=_dt_or_none(new.start_by),
-        idempotency_key=new.idempotency_key,
-        cancel_requested=False,
-        starts=0,
-        updated_at=_dt(created_at),
-    )
+def _insert(session: Session) -> Any:
+    """The dialect's INSERT, which knows ``ON CONFLICT`` (PostgreSQL and SQLite spell it alike)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return pg_insert(JobRow)
+    return sqlite_insert(JobRow)
+
+
+def _new_values(new: NewJob) -> dict[str, Any]:
+    created_at = _dt(new.enqueued_at if new.created_at is None else new.created_at)
+    return {
+        "id": new.id,
+        "tenant_id": new.tenant_id,
+        "tier": new.tier,
+        "kind": new.kind,
+        "payload": new.payload,
+        "status": Status.QUEUED.value,
+        "attempt": 1,
+        "max_attempts": new.max_attempts,
+        "order_key": new.order_key,
+        "created_at": created_at,
+        "enqueued_at": _dt(new.enqueued_at),
+        "max_wait_s": new.max_wait_s,
+        "start_by": _dt_or_none(new.start_by),
+        "not_before": None,
+        "dispatched_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "result": None,
+        "error": None,
+        "idempotency_key": new.idempotency_key,
+        "cancel_requested": False,
+        "starts": 0,
+        "updated_at": created_at,
+    }
 
 
 def job_by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None:

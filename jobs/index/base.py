@@ -31,6 +31,7 @@ from enum import IntEnum
 from typing import Protocol
 
 from jobs.errors import TierqError
+from jobs.policy import RateLimit, Tier
 
 
 class NotLeader(TierqError):
@@ -80,6 +81,48 @@ class Admitted:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdmissionTerms:
+    """The policy's side of ``admit_new``; the index reads the rest (the live workers, the
+    leases, the measured mean service time, the tenant's bucket and counts) in the same
+    atomic step, and derives the bounds as ``jobs.policy`` does."""
+
+    # The clock of the rate bucket and of the worker registrations.
+    now: float
+    tier: Tier
+    mean_service_s: float  # configured; a published measure replaces it (service_samples_min)
+    service_samples_min: int
+    client_timeout_s: float | None = None
+    pool_concurrency: int | None = None  # None: the live workers' slots
+    rate: RateLimit | None = None  # the tenant's bucket; None: no rate limit
+    tenant_cap: int | None = None  # the tenant's overrides; None: the tier's
+    tenant_quota: int | None = None
+    max_wait_s: float | None = None  # the job's own deadline
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """What ``admit_new`` decided and the figures it decided on. A rate refusal reads no
+    figures: only ``position`` and ``next_token_s`` mean anything then."""
+
+    accepted: bool
+    # "rate" (tenant's bucket empty), "deadline" (would start after max_wait_s, by the pool's
+    # queue or the tenant's own cap), "capacity" (tier at its bound), "tenant_limit" (quota).
+    reason: str | None
+    duplicate: bool  # the job id was already indexed: nothing changed
+    position: int  # jobs ahead of it (accepted), or that would be (refused)
+    tier_queued: int  # after the call (before it, if refused)
+    tenant_queued: int  # after the call (before it, if refused)
+    tenant_inflight: int
+    capacity: int  # the pool's slots
+    inflight: int  # leases held, all tenants
+    measured: tuple[float, int] | None  # the published mean service time and its samples
+    next_token_s: float  # rate refusal: seconds until the bucket holds a token
+    bound: int
+    quota: int
+    max_position: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Lease:
     job_id: str
     tenant: str
@@ -118,6 +161,14 @@ class DispatchIndex(Protocol):
         """Index ``job`` if its tier holds fewer than ``bound`` queued jobs (and its tenant
         fewer than ``tenant_quota``, and it would have at most ``max_position`` jobs ahead),
         as one atomic step; refuse otherwise, leaving nothing."""
+        ...
+
+    def admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
+        """A submit's whole admission as one atomic step: take a token from the tenant's
+        bucket, read the pool's figures, refuse a job its tenant's own cap would start after
+        its ``max_wait_s``, then ``admit`` under the bound, quota and latest useful position
+        that follow from the figures (``jobs.policy``). A refusal leaves nothing but the
+        spent token. ``job`` is a new job (attempt 1, no ``not_before``)."""
         ...
 
     def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:

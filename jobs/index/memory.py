@@ -19,7 +19,10 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+from jobs import policy
 from jobs.index.base import (
+    Admission,
+    AdmissionTerms,
     Admitted,
     Entry,
     IndexedJob,
@@ -29,6 +32,7 @@ from jobs.index.base import (
     TierDepth,
 )
 from jobs.index.keys import PROMOTE_LIMIT
+from jobs.index.rate_limit import MemoryRateLimiter
 from jobs.index.zset import ZSet
 
 
@@ -79,6 +83,10 @@ class MemoryIndex:
         self._leader: tuple[str, float] | None = None  # token, expires_at
         self._leader_epoch = 0
         self._generation: str | None = None
+        self._buckets = MemoryRateLimiter()
+        # The twin of the ``service_mean`` hash ``jobs.service_rate`` publishes in Redis:
+        # the measured mean service time and its samples.
+        self.service_mean: tuple[float, int] | None = None
 
     # -- the layout's small steps (the helpers of lua/common.lua) --
 
@@ -225,6 +233,61 @@ class MemoryIndex:
             position = self._queued.rank_at(job.order_key, job.job_id)
         return Admitted(accepted=True, tier_queued=tier_queued + 1, tenant_queued=queued + 1,
                         position=position)
+
+    def admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
+        _check(job)
+        duplicate = job.job_id in self._meta
+        ahead = self._queued.rank_at(job.order_key, "\U0010ffff")  # ZCOUNT -inf order_key
+        if terms.rate is not None and not duplicate:
+            decision = self._buckets.take(job.tenant, rate_per_s=terms.rate.rate_per_s,
+                                          burst=terms.rate.burst, now=terms.now)
+            if not decision.allowed:
+                return Admission(
+                    accepted=False, reason="rate", duplicate=False, position=ahead,
+                    tier_queued=0, tenant_queued=0, tenant_inflight=0, capacity=0,
+                    inflight=0, measured=None, next_token_s=decision.retry_after_s,
+                    bound=0, quota=0, max_position=None)
+        measured = self.service_mean
+        if measured is not None and not (math.isfinite(measured[0]) and measured[0] >= 0):
+            measured = None
+        mean = terms.mean_service_s
+        if measured is not None and measured[1] >= terms.service_samples_min:
+            mean = max(0.001, measured[0])
+        capacity = terms.pool_concurrency or self.pool_capacity(now=terms.now)
+        inflight, tenant_inflight = self.inflight(), self.tenant_inflight(job.tenant)
+        mu = policy.service_rate(capacity, mean)
+        bound = policy.queue_bound(terms.tier, mu, terms.client_timeout_s)
+        quota = terms.tenant_quota
+        if quota is None:
+            quota = policy.tenant_quota(terms.tier, bound)
+        cap = terms.tenant_cap
+        if cap is None:
+            cap = policy.tenant_cap(terms.tier, capacity)
+        max_position = None
+        if terms.max_wait_s is not None:
+            max_position = policy.latest_useful_position(
+                terms.max_wait_s, max(0, capacity - inflight), mu)
+
+        def verdict(admitted: Admitted) -> Admission:
+            return Admission(
+                accepted=admitted.accepted, reason=admitted.reason,
+                duplicate=admitted.duplicate, position=admitted.position,
+                tier_queued=admitted.tier_queued, tenant_queued=admitted.tenant_queued,
+                tenant_inflight=tenant_inflight, capacity=capacity, inflight=inflight,
+                measured=measured, next_token_s=0.0, bound=bound, quota=quota,
+                max_position=max_position)
+
+        if terms.max_wait_s is not None and not duplicate:
+            max_excess = policy.latest_useful_excess(
+                terms.max_wait_s, policy.tenant_rate(cap, capacity, mean))
+            queued = self.tenant_queued(job.tenant)
+            load = policy.TenantLoad(cap=cap, inflight=tenant_inflight, ahead=queued)
+            if max_excess is not None and load.excess > max_excess:
+                return verdict(Admitted(
+                    accepted=False, reason="deadline", position=ahead, tenant_queued=queued,
+                    tier_queued=len(self._tiers.get(job.tier, ()))))
+        return verdict(self.admit(dataclasses.replace(job, not_before=None), bound=bound,
+                                  tenant_quota=quota, max_position=max_position))
 
     def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:
         self.requeue_many([job], fence=fence)

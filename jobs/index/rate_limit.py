@@ -47,8 +47,10 @@ class RateLimiter:
 
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self._keys = IndexKeys(prefix)
-        source = resources.files("jobs.index") / "lua" / "rate_limit.lua"
-        self._script = client.register_script(source.read_text(encoding="utf-8"))
+        lua = resources.files("jobs.index") / "lua"
+        source = "\n".join((lua / f"{name}.lua").read_text(encoding="utf-8")
+                           for name in ("token_bucket", "rate_limit"))
+        self._script = client.register_script(source)
 
     def take(self, tenant: str, *, rate_per_s: float, burst: int, now: float) -> RateDecision:
         """Take one token from ``tenant``'s bucket if it holds one."""

@@ -34,7 +34,10 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
+from jobs import policy
 from jobs.index.base import (
+    Admission,
+    AdmissionTerms,
     Admitted,
     Entry,
     IndexedJob,
@@ -46,16 +49,25 @@ from jobs.index.base import (
 from jobs.index.keys import PROMOTE_LIMIT, IndexKeys
 
 _SCRIPTS = (
-    "admit", "requeue", "dispatch", "release", "renew", "cancel", "reap", "expire_due",
-    "set_caps", "restore_lease", "flag_cancel",
+    "admit", "admit_new", "requeue", "dispatch", "release", "renew", "cancel", "reap",
+    "expire_due", "set_caps", "restore_lease", "flag_cancel",
 )
+# The Lua prepended to an index script after common.lua: the steps it shares with others.
+_PRELUDES: dict[str, tuple[str, ...]] = {
+    "admit": ("admit_job",),
+    "admit_new": ("token_bucket", "workers", "admit_job"),
+}
 _LEADERSHIP = ("lead", "renew_lead", "resign")
 # Jobs per requeue script call when loading many (keeps each call short).
 REQUEUE_CHUNK = 5000
 
 
-def _lua(name: str) -> str:
-    return (resources.files("jobs.index") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+def _lua(name: str, *preludes: str) -> str:
+    """A script's source: ``preludes`` (other files' functions), then its own."""
+    return "\n".join(
+        (resources.files("jobs.index") / "lua" / f"{part}.lua").read_text(encoding="utf-8")
+        for part in (*preludes, name)
+    )
 
 
 def _text(value: Any) -> str:
@@ -71,6 +83,10 @@ def _score(value: float) -> str:
 
 def _opt_score(value: float | None) -> str:
     return "" if value is None else _score(value)
+
+
+def _opt_int(value: int | None) -> str:
+    return "" if value is None else str(int(value))
 
 
 def _now(value: float | None) -> str:
@@ -112,11 +128,11 @@ class RedisIndex:
         self._client = client
         self._keys = IndexKeys(prefix)
         self._fenced = self._keys.fenced()
-        common = _lua("common")
         self._scripts: dict[str, Script] = {
-            name: client.register_script(f"{common}\n{_lua(name)}") for name in _SCRIPTS
+            name: client.register_script(_lua(name, "common", *_PRELUDES.get(name, ())))
+            for name in _SCRIPTS
         }
-        self._pool_capacity = client.register_script(_lua("pool_capacity"))
+        self._pool_capacity = client.register_script(_lua("pool_capacity", "workers"))
         self._register_worker = client.register_script(_lua("register_worker"))
         self._set_generation = client.register_script(_lua("set_generation"))
         self._leadership = {name: client.register_script(_lua(name)) for name in _LEADERSHIP}
@@ -150,6 +166,41 @@ class RedisIndex:
             position=int(raw[3]),
             reason=reason or None,
             duplicate=bool(raw[5]),
+        )
+
+    def admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
+        tier, rate = terms.tier, terms.rate
+        queued_share = tier.queued_share if tier.queued_share is not None else tier.tenant_share
+        args = [
+            *_job_args(job)[:5], _score(terms.now),
+            "" if rate is None else _score(rate.rate_per_s),
+            "" if rate is None else str(int(rate.burst)),
+            _opt_int(terms.pool_concurrency), _score(terms.mean_service_s),
+            str(int(terms.service_samples_min)),
+            _score(policy.useful_wait_s(tier, terms.client_timeout_s)),
+            _score(queued_share), _score(tier.tenant_share),
+            _opt_int(terms.tenant_cap), _opt_int(terms.tenant_quota),
+            _opt_score(terms.max_wait_s),
+        ]
+        keys = [*self._fenced, *self._keys.worker_keys(), self._keys.service_mean,
+                self._keys.rate_bucket(job.tenant)]
+        raw = self._scripts["admit_new"](keys=keys, args=args)
+        mean, samples = _text(raw[9]), _text(raw[10])
+        return Admission(
+            accepted=bool(raw[0]),
+            reason=_text(raw[1]) or None,
+            tier_queued=int(raw[2]),
+            tenant_queued=int(raw[3]),
+            position=int(raw[4]),
+            duplicate=bool(raw[5]),
+            tenant_inflight=int(raw[6]),
+            capacity=int(raw[7]),
+            inflight=int(raw[8]),
+            measured=None if mean == "" else (float(mean), int(samples)),
+            next_token_s=float(_text(raw[11])),
+            bound=int(raw[12]),
+            quota=int(raw[13]),
+            max_position=None if _text(raw[14]) == "" else int(raw[14]),
         )
 
     def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:

@@ -3,11 +3,12 @@ accepted job is told, and the deadline refusal of a job its own cap would make l
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, cast
 
 import pytest
 
-from jobs import capacity, estimates, limits
+from jobs import estimates, limits
 from jobs.config import load_settings
 from jobs.domain import NewJob, Tenant
 from jobs.errors import CapacityExceeded
@@ -40,8 +41,7 @@ def job(runtime: Runtime, owner: Tenant, at: float, max_wait_s: float | None = N
 
 
 def admit(runtime: Runtime, owner: Tenant, new: NewJob) -> estimates.Placement:
-    figures = capacity.figures(runtime.policy, capacity=4, inflight=runtime.index.inflight())
-    return limits.admit(runtime, owner, new, figures)
+    return limits.admit(runtime, owner, new)  # the pool: pool_concurrency, 4 slots
 
 
 def test_a_tenant_at_its_cap_is_told_its_own_wait_and_refused_a_shorter_max_wait(
@@ -88,6 +88,8 @@ def test_with_no_workers_the_tenant_side_refuses_nothing(runtime: Runtime) -> No
     acme = tenant()
     admit(runtime, acme, job(runtime, acme, NOW))
     runtime.index.dispatch(1, now=NOW, lease_ttl_s=30)
-    figures = capacity.figures(runtime.policy, capacity=0, inflight=1)
-    placed = limits.admit(runtime, acme, job(runtime, acme, NOW + 1, max_wait_s=2), figures)
+    # No configured concurrency and no worker registered: a pool of 0 slots.
+    idle = dataclasses.replace(runtime, policy=dataclasses.replace(runtime.policy,
+                                                                   pool_concurrency=None))
+    placed = limits.admit(idle, acme, job(runtime, acme, NOW + 1, max_wait_s=2))
     assert placed.estimated_wait_s is None  # no estimate, so no refusal on one

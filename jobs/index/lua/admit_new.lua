@@ -1,0 +1,79 @@
+-- admit_new.lua: admit a submitted job in one call: the tenant's request rate, the pool's
+-- live figures, the bounds that follow from them, the tenant's own deadline and the admit.
+-- KEYS: the layout of common.lua (prepended, then token_bucket.lua, workers.lua and
+-- admit_job.lua), then KEYS[14] workers  KEYS[15] worker_slots  KEYS[16] service_mean
+-- KEYS[17] the tenant's rate bucket.
+-- ARGV[1] job  ARGV[2] tenant  ARGV[3] tier  ARGV[4] order_key  ARGV[5] start_by ('' none)
+-- ARGV[6] now (the bucket's and the registrations' clock; '' Redis's)
+-- ARGV[7] rate per second ('' no rate limit)  ARGV[8] burst
+-- ARGV[9] pool concurrency ('' the live workers' slots)  ARGV[10] configured mean service
+-- time  ARGV[11] samples a measured mean needs  ARGV[12] the tier's useful wait (bound)
+-- ARGV[13] the tier's queued share (quota)  ARGV[14] the tier's tenant share (cap)
+-- ARGV[15] the tenant's cap ('' the tier's)  ARGV[16] the tenant's quota ('' the tier's)
+-- ARGV[17] the job's max_wait_s ('' none)
+-- Returns {accepted 0/1, reason or '', tier_queued, tenant_queued, position, duplicate 0/1,
+-- tenant_inflight, capacity, inflight, measured mean ('' none), measured samples ('' none),
+-- seconds until the next token ('0'), bound, quota, max_position ('' none)}.
+--
+-- The arithmetic is jobs/policy.py's (queue_bound, tenant_quota, tenant_cap, tenant_rate,
+-- latest_useful_position, latest_useful_excess, service_rate.mean_service_s), step for step
+-- in doubles; the index contract suite holds the two equal. Checks, in order: the rate
+-- (refused: 'rate', at the position ZCOUNT gives), the tenant's own deadline (its jobs in
+-- flight and queued under its cap: 'deadline', at the same position), then admit_job.
+-- A job already indexed takes no token and is checked against nothing.
+local job, tenant, tier, order_key = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local now = now_or_server(ARGV[6])
+local max_wait = tonumber(ARGV[17])
+local duplicate = meta_of(job) ~= nil
+
+local function ahead_at(score) return redis.call('ZCOUNT', QUEUED, '-inf', score) end
+
+local rate = tonumber(ARGV[7])
+if rate and not duplicate then
+  local allowed, wait = take_token(KEYS[17], rate, tonumber(ARGV[8]), now)
+  if allowed == 0 then
+    return {0, 'rate', 0, 0, ahead_at(order_key), 0, 0, 0, 0, '', '',
+            string.format('%.17g', wait), 0, 0, ''}
+  end
+end
+
+-- The measured mean service time, as jobs.service_rate publishes and reads it.
+local measured = redis.call('HMGET', KEYS[16], 'mean_s', 'samples')
+local measured_mean, samples = tonumber(measured[1]), tonumber(measured[2])
+if not measured_mean or not samples or measured_mean ~= measured_mean
+    or measured_mean == math.huge or measured_mean < 0 then
+  measured_mean, samples = nil, nil
+end
+local mean = tonumber(ARGV[10])
+if measured_mean and samples >= tonumber(ARGV[11]) then mean = math.max(0.001, measured_mean) end
+
+local capacity = tonumber(ARGV[9]) or live_slots(KEYS[14], KEYS[15], now)
+local inflight = redis.call('ZCARD', LEASES)
+local mu = math.max(0, capacity) / mean
+local bound = math.max(1, math.floor(mu * tonumber(ARGV[12]) + 1e-9))
+local quota = tonumber(ARGV[16]) or math.max(1, math.floor(bound * tonumber(ARGV[13]) + 1e-9))
+local cap = tonumber(ARGV[15]) or math.max(1, math.floor(capacity * tonumber(ARGV[14]) + 1e-9))
+local tenant_inflight = redis.call('ZCARD', lkey(tenant))
+local max_position = nil
+if max_wait and mu > 0 then
+  max_position = math.max(0, capacity - inflight) - 1 + math.floor(mu * max_wait + 1e-9)
+end
+
+local function verdict(r)
+  local measured_out = measured_mean and string.format('%.17g', measured_mean) or ''
+  return {r[1], r[5], r[2], r[3], r[4], r[6], tenant_inflight, capacity, inflight,
+          measured_out, samples or '', '0', bound, quota, max_position or ''}
+end
+
+if max_wait and not duplicate and capacity > 0 then
+  local tenant_rate = math.min(math.max(1, cap), capacity) / mean
+  local max_excess = math.floor(tenant_rate * max_wait + 1e-9)
+  local ahead = tenant_queued(tenant)
+  local excess = math.max(0, tenant_inflight + ahead - math.max(1, cap) + 1)
+  if excess > max_excess then
+    local tier_queued = redis.call('ZCARD', tkey(tier))
+    return verdict({0, tier_queued, ahead, ahead_at(order_key), 'deadline', 0})
+  end
+end
+
+return verdict(admit_job(job, tenant, tier, order_key, ARGV[5], '', bound, quota, max_position))

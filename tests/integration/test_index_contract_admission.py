@@ -1,0 +1,122 @@
+"""``admit_new`` on Redis and on the twin: the same verdicts and the same figures.
+
+The twin derives the bounds with ``jobs.policy``; the Lua script repeats that arithmetic in
+doubles. Random pools, tiers, overrides, measured means and deadlines, over a random index
+state (leases in flight, queued jobs, live workers), must give equal ``Admission`` values on
+both, refusals and their figures included, so the script cannot drift from the policy.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobs import policy
+from jobs.index import IndexedJob, MemoryIndex, RedisIndex
+from jobs.index.base import Admission, AdmissionTerms, DispatchIndex
+from jobs.index.keys import IndexKeys
+
+pytestmark = pytest.mark.integration
+
+NOW = 1_900_000_000.0
+
+shares = st.sampled_from([0.01, 0.04, 0.1, 0.25, 1 / 3, 0.5, 0.7, 1.0])
+means = st.sampled_from([0.001, 0.1, 0.3, 1.0, 2.5, 6.0, 7.0, 60.0])
+waits = st.sampled_from([0.5, 1.0, 2.0, 5.0, 7.0, 20.0, 60.0, 300.0, 3600.0])
+
+
+@st.composite
+def scenes(draw: Any) -> dict[str, Any]:
+    tier = policy.Tier(
+        name="std", base_priority=10, max_wait_s=draw(waits), tenant_share=draw(shares),
+        queued_share=draw(st.none() | shares),
+    )
+    rate = draw(st.none() | st.sampled_from([policy.RateLimit(rate_per_s=0.5, burst=1),
+                                             policy.RateLimit(rate_per_s=3.0, burst=4)]))
+    terms = AdmissionTerms(
+        now=NOW + draw(st.integers(0, 3)),
+        tier=tier,
+        mean_service_s=draw(means),
+        service_samples_min=draw(st.sampled_from([1, 20])),
+        client_timeout_s=draw(st.none() | waits),
+        pool_concurrency=draw(st.none() | st.integers(1, 40)),
+        rate=rate,
+        tenant_cap=draw(st.none() | st.integers(1, 5)),
+        tenant_quota=draw(st.none() | st.integers(1, 8)),
+        max_wait_s=draw(st.none() | waits),
+    )
+    return {
+        "terms": terms,
+        "workers": draw(st.lists(st.integers(0, 8), max_size=3)),
+        "measured": draw(st.none() | st.tuples(means, st.integers(0, 40))),
+        "queued": draw(st.lists(st.sampled_from(["a", "b"]), max_size=12)),
+        "leased": draw(st.integers(0, 6)),
+        "submits": draw(st.integers(1, 4)),
+    }
+
+
+def _set_scene(index: DispatchIndex, scene: dict[str, Any], client: redis.Redis,
+               prefix: str) -> None:
+    index.clear()
+    for i, slots in enumerate(scene["workers"]):
+        index.register_worker(f"w{i}", slots=slots, ttl_s=60, now=NOW)
+    index.register_worker("gone", slots=50, ttl_s=1, now=NOW - 10)  # expired: not counted
+    for i, tenant in enumerate(scene["queued"]):
+        index.requeue(IndexedJob(job_id=f"q{i:02d}", tenant=tenant, tier="std",
+                                 order_key=NOW + 60 + i))
+    index.dispatch(scene["leased"], lease_ttl_s=600, now=NOW)
+    measured = scene["measured"]
+    if isinstance(index, MemoryIndex):
+        index.service_mean = None if measured is None else (float(measured[0]), measured[1])
+    elif measured is not None:
+        client.hset(IndexKeys(prefix).service_mean,
+                    mapping={"mean_s": repr(float(measured[0])), "samples": measured[1]})
+
+
+def _verdicts(index: DispatchIndex, scene: dict[str, Any]) -> list[Admission]:
+    terms: AdmissionTerms = scene["terms"]
+    out = []
+    for n in range(scene["submits"]):
+        job = IndexedJob(job_id=f"new{n}", tenant="a", tier="std", order_key=NOW + 61.5 + n,
+                         start_by=None if terms.max_wait_s is None else NOW + terms.max_wait_s)
+        out.append(index.admit_new(job, terms))
+    out.append(index.admit_new(IndexedJob(job_id="new0", tenant="a", tier="std",
+                                          order_key=NOW + 61.5), terms))  # a replay
+    return out
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scene=scenes())
+def test_the_script_decides_as_the_policy_does(
+    scene: dict[str, Any], redis_client: redis.Redis, key_prefix: str
+) -> None:
+    real, twin = RedisIndex(redis_client, key_prefix), MemoryIndex()
+    _set_scene(real, scene, redis_client, key_prefix)
+    _set_scene(twin, scene, redis_client, key_prefix)
+    assert _verdicts(real, scene) == _verdicts(twin, scene)
+
+
+def test_a_refusal_for_the_rate_takes_nothing_else(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    for index in (RedisIndex(redis_client, key_prefix), MemoryIndex()):
+        terms = AdmissionTerms(
+            now=NOW, tier=policy.Tier(name="std", base_priority=0, max_wait_s=60,
+                                      tenant_share=0.5),
+            mean_service_s=1.0, service_samples_min=20, pool_concurrency=4,
+            rate=policy.RateLimit(rate_per_s=2.0, burst=1),
+        )
+        first = index.admit_new(IndexedJob(job_id=f"j-{uuid.uuid4()}", tenant="a", tier="std",
+                                           order_key=NOW), terms)
+        second = index.admit_new(IndexedJob(job_id="j2", tenant="a", tier="std",
+                                            order_key=NOW + 1), terms)
+        assert first.accepted and first.bound == 240 and first.quota == 120
+        assert (second.accepted, second.reason, second.position) == (False, "rate", 1)
+        assert second.next_token_s == pytest.approx(0.5)
+        assert index.tenant_queued("a") == 1

@@ -1,0 +1,199 @@
+"""What one submit costs, counted (never timed): Redis round trips and SQL statements.
+
+A submit's admission is one Redis round trip, whatever it checks (rate, live workers,
+measured mean, the job's own deadline) and whether it is accepted or refused; an accepted
+submit adds one more, the dispatcher's doorbell, rung after the commit. Its row is one
+INSERT in one transaction (a keyed one reads its key first). An idempotent resubmit, or one
+that loses the race for its key, gets the first job and makes no second row.
+Round trips are counted at the client's socket (``send_packed_command``: one per command or
+pipeline sent), on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+from redis.connection import AbstractConnection
+
+from jobs import limits, submission
+from jobs.config import load_settings
+from jobs.db import repository
+from jobs.db.engine import make_engine, make_sessionmaker
+from jobs.db.models import JobRow
+from jobs.domain import Job, NewJob, Tenant
+from jobs.errors import CapacityExceeded, TenantLimitExceeded
+from jobs.index.keys import IndexKeys
+from jobs.index.redis_index import RedisIndex
+from jobs.runtime import Runtime
+from jobs.submission import Submission
+from workers.handlers import default_registry
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_800_000_000.0
+TIERS = {"std": {"base_priority": 10, "max_wait_s": 60, "tenant_share": 0.5,
+                 "rate_per_s": 50, "rate_burst": 3}}
+
+
+@pytest.fixture
+def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
+    """Live workers (no configured concurrency), a measured mean and a rate limit: every
+    input the admission reads is there."""
+    settings = load_settings(database_url=db_url, key_prefix=key_prefix, tiers=TIERS)
+    engine = make_engine(db_url)
+    index = RedisIndex(redis_client, key_prefix)
+    rt = Runtime(settings=settings, policy=settings.build_policy(), engine=engine,
+                 sessions=make_sessionmaker(engine), redis=redis_client, index=index,
+                 clock=lambda: T0)
+    index.register_worker("w1", slots=4, ttl_s=600, now=T0)
+    redis_client.hset(IndexKeys(key_prefix).service_mean,
+                      mapping={"mean_s": "2.0", "samples": 50})
+    yield rt
+    engine.dispose()
+
+
+@pytest.fixture
+def tenant(runtime: Runtime) -> Tenant:
+    with runtime.sessions.begin() as session:
+        return repository.create_tenant(session, name="acme", tier="std",
+                                        api_key_hash="h", now=T0)
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The first word of every command or pipeline sent to Redis from now on."""
+    sent: list[bytes] = []
+    original = AbstractConnection.send_packed_command
+
+    def counted(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        first = command if isinstance(command, bytes | memoryview) else command[0]
+        sent.append(bytes(first).split(b"\r\n")[2])
+        original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    return sent
+
+
+@pytest.fixture
+def statements(runtime: Runtime) -> Iterator[list[str]]:
+    """Every SQL statement the engine sends from now on, and "COMMIT"/"ROLLBACK"."""
+    seen: list[str] = []
+
+    def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement.split()[0].upper())
+
+    listeners = [("before_cursor_execute", on_execute),
+                 ("commit", lambda conn: seen.append("COMMIT")),
+                 ("rollback", lambda conn: seen.append("ROLLBACK"))]
+    for name, fn in listeners:
+        sa.event.listen(runtime.engine, name, fn)
+    yield seen
+    for name, fn in listeners:
+        sa.event.remove(runtime.engine, name, fn)
+
+
+def submit(runtime: Runtime, tenant: Tenant, **fields: Any) -> submission.Submitted:
+    return submission.submit(runtime, default_registry(), tenant,
+                             Submission(kind="echo", payload={"n": 1}, **fields))
+
+
+def _warm(runtime: Runtime, tenant: Tenant) -> None:
+    """Load the scripts and open the connections, so only the submit itself is counted."""
+    submit(runtime, tenant, max_wait_s=600)
+
+
+def test_an_admission_is_one_round_trip_and_a_submit_two(
+    runtime: Runtime, tenant: Tenant, round_trips: list[bytes]
+) -> None:
+    _warm(runtime, tenant)
+    round_trips.clear()
+    new = NewJob(tenant_id=tenant.id, tier="std", kind="echo", payload={},
+                 order_key=runtime.policy.order_key("std", T0 + 1), enqueued_at=T0 + 1,
+                 max_wait_s=60)
+    placed = limits.admit(runtime, tenant, new)
+    assert round_trips == [b"EVALSHA"]
+    assert placed.position == 1 and placed.estimated_wait_s == 0.0
+
+    round_trips.clear()
+    submitted = submit(runtime, tenant, max_wait_s=600)
+    assert submitted.created
+    assert round_trips == [b"EVALSHA", b"LPUSH"]  # the admission; the doorbell, after COMMIT
+
+
+def test_a_refusal_is_one_round_trip(
+    runtime: Runtime, tenant: Tenant, round_trips: list[bytes]
+) -> None:
+    _warm(runtime, tenant)
+    for _ in range(2):
+        submit(runtime, tenant)  # the bucket (burst 3, no time passes) is empty now
+    round_trips.clear()
+    with pytest.raises(TenantLimitExceeded) as rate:
+        submit(runtime, tenant)
+    assert rate.value.details["limit"] == "rate"
+    assert round_trips == [b"EVALSHA"]
+
+    with runtime.sessions.begin() as session:
+        repository.update_tenant(session, tenant.id, rate_per_s=1000.0, rate_burst=1000)
+        tenant = repository.get_tenant(session, tenant.id) or tenant
+    runtime.clock = lambda: T0 + 10  # the bucket fills up again
+    round_trips.clear()
+    with pytest.raises(CapacityExceeded) as late:  # 3 queued, 2 slots for acme's cap
+        submit(runtime, tenant, max_wait_s=1)
+    assert late.value.details["limit"] == "deadline"
+    assert round_trips == [b"EVALSHA"]
+
+
+def test_a_submit_is_one_insert_in_one_transaction(
+    runtime: Runtime, tenant: Tenant, statements: list[str]
+) -> None:
+    _warm(runtime, tenant)
+    statements.clear()
+    submit(runtime, tenant)
+    assert [s for s in statements if s != "BEGIN"] == ["INSERT", "COMMIT"]
+
+    statements.clear()
+    submit(runtime, tenant, idempotency_key="k1")  # its key is read first, then the INSERT
+    assert [s for s in statements if s != "BEGIN"] == ["SELECT", "ROLLBACK", "INSERT", "COMMIT"]
+
+
+def _rows(runtime: Runtime, tenant: Tenant) -> int:
+    with runtime.sessions() as session:
+        count = sa.select(sa.func.count()).select_from(JobRow).where(
+            JobRow.tenant_id == tenant.id)
+        return int(session.scalar(count) or 0)
+
+
+def test_an_idempotent_resubmit_returns_the_first_job_without_a_second_row(
+    runtime: Runtime, tenant: Tenant
+) -> None:
+    first = submit(runtime, tenant, idempotency_key="once")
+    again = submit(runtime, tenant, idempotency_key="once")
+    assert first.created and not again.created
+    assert again.progress.job == first.progress.job
+    assert _rows(runtime, tenant) == 1
+    assert runtime.index.tenant_queued(tenant.id) == 1
+
+
+def test_a_resubmit_that_loses_the_race_for_its_key_gets_the_winner(
+    runtime: Runtime, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The winner commits between the loser's key lookup and its INSERT: the loser's INSERT
+    does nothing, its index entry is taken back, and it answers with the winner's job."""
+    first = submit(runtime, tenant, idempotency_key="race")
+    monkeypatch.setattr(submission, "_by_idempotency_key", lambda *args: None)
+    loser = submit(runtime, tenant, idempotency_key="race")
+    assert not loser.created
+    assert loser.progress.job.id == first.progress.job.id
+    assert _rows(runtime, tenant) == 1
+    assert runtime.index.tenant_queued(tenant.id) == 1  # only the winner's entry
+
+
+def test_the_job_returned_is_the_row_as_stored(runtime: Runtime, tenant: Tenant) -> None:
+    submitted = submit(runtime, tenant, idempotency_key="k", max_wait_s=30.5)
+    job: Job = submitted.progress.job
+    with runtime.sessions() as session:
+        assert repository.get_job(session, job.id) == job
