@@ -81,10 +81,11 @@ class Waiter:
     async def wait(self, timeout_s: float) -> bool:
         """True when rung before ``timeout_s`` passed; the ring is consumed, so a ring that
         arrives while the caller re-reads SQL wakes the next ``wait`` at once."""
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout=max(0.0, timeout_s))
-        except TimeoutError:
-            return False
+        if not self._event.is_set():
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout=max(0.0, timeout_s))
+            except TimeoutError:
+                return False
         self._event.clear()
         return True
 
@@ -159,14 +160,15 @@ class Listener:
     """The one subscriber of an API process (a daemon thread, started on first use).
 
     ``live`` is True while both channels are subscribed: only then may a cache trust that it
-    hears about changes. ``on_link(live)`` is called on every change of ``live``;
-    ``on_tenants(ids)`` for each tenants message. The connection is its own, named
-    ``client_name``, so it can be found in ``CLIENT LIST``.
+    hears about changes. ``on_link(live)`` is called when the subscription is lost and each
+    time it is (re)confirmed; ``on_tenants(ids)`` for each tenants message. The connection
+    is its own (on Redis at ``url``), named ``client_name`` so it can be found in
+    ``CLIENT LIST``.
     """
 
     def __init__(
         self,
-        client: redis.Redis,
+        url: str,
         prefix: str,
         *,
         on_tenants: Callable[[list[str]], None] | None = None,
@@ -175,7 +177,10 @@ class Listener:
         keys = IndexKeys(prefix)
         self._changed, self._tenants = keys.changed, keys.tenants_changed
         self.client_name = f"tierq-listener-{uuid.uuid4().hex[:12]}"
-        self._pool = _own_pool(client, self.client_name)
+        self._pool = redis.ConnectionPool.from_url(
+            url, client_name=self.client_name, socket_connect_timeout=2, socket_timeout=5,
+            health_check_interval=30,
+        )
         self.waiters = Waiters()
         self._on_tenants = on_tenants
         self._on_link = on_link
@@ -220,7 +225,7 @@ class Listener:
                 logger.exception("notify.listener_failed",
                                  extra={"event": "notify.listener_failed"})
             was_live = self._live
-            self._set_live(False)
+            self._lost()
             backoff = MIN_BACKOFF_S if was_live else min(MAX_BACKOFF_S, backoff * 2)
             self._stop.wait(backoff)
 
@@ -241,7 +246,7 @@ class Listener:
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
         if kind == "subscribe" and message.get("data") == 2:
-            self._set_live(True)
+            self._subscribed()
             return
         if kind != "message":
             return
@@ -252,23 +257,24 @@ class Listener:
         elif channel == self._tenants and self._on_tenants is not None:
             self._on_tenants(ids)
 
-    def _set_live(self, live: bool) -> None:
-        if live == self._live:
-            return
-        self._live = live
+    def _subscribed(self) -> None:
+        """Both channels confirmed: at first, or again after a reconnection that the client
+        made by itself. Either way hints may have been missed until now: every waiter reads
+        SQL once more, and the cache starts afresh."""
+        self._live = True
+        self._changed_link(True)
+
+    def _lost(self) -> None:
+        if self._live:
+            self._live = False
+            self._changed_link(False)
+
+    def _changed_link(self, live: bool) -> None:
         if self._on_link is not None:
             self._on_link(live)
-        # Hints sent while nobody listened are lost: every waiter reads SQL once more.
         self.waiters.wake_all()
-        logger.info("notify.listening" if live else "notify.deaf",
-                    extra={"event": "notify.listening" if live else "notify.deaf"})
-
-
-def _own_pool(client: redis.Redis, name: str) -> redis.ConnectionPool:
-    """Connections like ``client``'s, in a pool of their own, named ``name``."""
-    pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, "client_name": name}
-    return redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        event = "notify.listening" if live else "notify.deaf"
+        logger.info(event, extra={"event": event})
 
 
 def _text(value: object) -> str:

@@ -53,7 +53,7 @@ def create_app(
         validator = default_registry()
     cache = TenantCache()
     listener = Listener(
-        active.redis, active.settings.key_prefix,
+        active.settings.resolved_redis_url(), active.settings.key_prefix,
         on_tenants=lambda _ids: cache.invalidate(), on_link=cache.set_live,
     )
 

@@ -77,6 +77,13 @@ class ApiClient(httpx.Client):
             assert time.monotonic() < deadline, "the request never reached the server"
             time.sleep(0.005)
 
+    @property
+    def app(self) -> FastAPI:
+        """The served app (its state holds the listener and the tenant cache)."""
+        assert self.server is not None
+        app: FastAPI = self.server.config.app
+        return app
+
     def create_tenant(self, name: str, tier: str = "free") -> dict[str, Any]:
         response = self.post(
             "/v1/admin/tenants", json={"name": name, "tier": tier}, headers=auth(ADMIN_KEY)
