@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,7 +42,7 @@ import redis
 import sqlalchemy.exc
 from sqlalchemy.orm import Session
 
-from jobs import capacity, counters, wake
+from jobs import capacity, counters, notify, wake
 from jobs.config import Settings
 from jobs.db import repository
 from jobs.db.repository import Claimed
@@ -167,6 +167,10 @@ class Dispatcher:
         self._reconciled_at = now
         self._caps = None  # pushed again next round, whatever the index held
 
+    def _announce(self, job_ids: Iterable[str]) -> None:
+        """After a commit: wake long-polls of these jobs (one PUBLISH, best effort)."""
+        notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, job_ids)
+
     # -- caps ------------------------------------------------------------------------------
 
     def _push_caps(self, tier_caps: dict[str, int], now: float) -> None:
@@ -205,6 +209,7 @@ class Dispatcher:
                 index.restore_lease(_entry(lease), ttl_s=0.0, now=now, fence=self.fence)
             raise
         stats.reaped += len(leases)
+        self._announce(lease.job_id for lease in leases)
         index.requeue_many(entries, fence=self.fence)
         try:
             counters.incr_reclaimed(self.runtime.redis, self.runtime.settings.key_prefix,
@@ -241,6 +246,7 @@ class Dispatcher:
             # still due: the next round tries again
             self.runtime.index.requeue_many(due, fence=self.fence)
             raise
+        self._announce(job.id for job in expired)
         for job in expired:
             stats.expired += 1
             logger.info("job.expired", extra={"job_id": job.id, "tier": job.tier})
@@ -281,6 +287,7 @@ class Dispatcher:
                     drop.append(lease)
                 elif job.status is not Status.DISPATCHED and job.status is not Status.RUNNING:
                     drop.append(lease)
+        self._announce(jobs)  # claimed, or expired at the claim
         for lease in drop:
             index.release(lease.job_id, attempt=lease.attempt, fence=self.fence)
             stats.dropped += 1
@@ -341,6 +348,7 @@ class Dispatcher:
                     dst=Status.QUEUED, now=now, not_before=not_before,
                 )
             ]
+        self._announce(job.id for job in handed)
         self.runtime.index.requeue_many(
             [_claimed_entry(job, not_before, attempt=job.attempt + 1) for job in handed],
             fence=self.fence,

@@ -14,7 +14,8 @@ duplicated or stale message, or a late result after the lease was reaped, change
   and polls SQL for a cancel request; a failed renewal marks the lease lost.
 - A lease is released only after a state change of *this* attempt succeeded, and release
   names the attempt: a stale call never touches the next attempt's lease. Each release rings
-  the doorbell so the dispatcher fills the slot at once.
+  the doorbell so the dispatcher fills the slot at once. Each state change is announced
+  (``jobs.notify``) after its commit, so long-polls of the job wake.
 - ``max_attempts`` counts starts: a retry after the last allowed start, or one that could
   only start after ``start_by``, ends the job ``failed`` (``started_at`` kept), never a
   silent expiry.
@@ -37,7 +38,7 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session
 
-from jobs import wake
+from jobs import notify, wake
 from jobs.db import repository
 from jobs.domain import Job
 from jobs.index.base import IndexedJob
@@ -342,8 +343,11 @@ class _Attempt:
             retried[0] = True
             return self._holds_lease()
 
-        return retry_sql(cas, keep_trying=keep_trying, what=f"{src.value}->{dst.value}",
-                         job_id=job.id)
+        moved = retry_sql(cas, keep_trying=keep_trying, what=f"{src.value}->{dst.value}",
+                          job_id=job.id)
+        if moved:  # after the commit: wake long-polls of this job (best effort)
+            notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [job.id])
+        return moved
 
     def _release(self) -> None:
         """Release and wake the dispatcher, one round trip. Best effort: a lease that cannot

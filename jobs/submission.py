@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import redis
 import sqlalchemy.exc as sa_exc
 
-from jobs import estimates, limits, wake
+from jobs import estimates, limits, notify, wake
 from jobs.capacity import live_pool
 from jobs.db import repository
 from jobs.domain import Job, NewJob, Tenant
@@ -379,6 +379,7 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
         )
     if not moved:
         return None
+    notify.announce(runtime.redis, runtime.settings.key_prefix, [job.id])
     try:
         removed = runtime.index.cancel(job.id) if job.status is Status.QUEUED else False
         if not removed:

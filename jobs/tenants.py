@@ -4,6 +4,10 @@ Used by the admin routes of the API and by ``tierq tenants``. A key is shown onc
 made; only its sha256 is stored, so a leaked database does not leak working keys. A tier is
 checked against the policy here, so neither caller can file a tenant under a tier that this
 deployment does not serve.
+
+A change to a tenant that a cached copy could hide (its key, tier or limits) clears the
+caller's ``TenantCache`` at once and tells the other processes (``jobs.notify``) right
+after the commit.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import re
 import secrets
 import uuid
 
+from jobs import notify
 from jobs.db import repository
 from jobs.domain import Tenant
 from jobs.errors import InvalidRequest, NotFound
 from jobs.policy import Policy
 from jobs.runtime import Runtime
+from jobs.tenant_cache import TenantCache
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +85,9 @@ def create_tenant(runtime: Runtime, *, name: str, tier: str) -> tuple[Tenant, st
     return tenant, key
 
 
-def rotate_key(runtime: Runtime, tenant_id: str) -> tuple[Tenant, str]:
+def rotate_key(
+    runtime: Runtime, tenant_id: str, *, cache: TenantCache | None = None
+) -> tuple[Tenant, str]:
     """Give the tenant a new key; the old one stops working at once."""
     key = new_api_key()
     with runtime.sessions.begin() as session:
@@ -88,6 +96,7 @@ def rotate_key(runtime: Runtime, tenant_id: str) -> tuple[Tenant, str]:
         )
     if tenant is None:
         raise NotFound("no such tenant", tenant_id=tenant_id)
+    _changed(runtime, tenant, cache)
     logger.info("tenant.key_rotated", extra={"event": "tenant.key_rotated", "tenant": tenant.id})
     return tenant, key
 
@@ -123,6 +132,7 @@ def update_tenant(
     max_queued: int | _Unchanged | None = UNCHANGED,
     rate_per_s: float | _Unchanged | None = UNCHANGED,
     rate_burst: int | _Unchanged | None = UNCHANGED,
+    cache: TenantCache | None = None,
 ) -> Tenant:
     """Change a tenant's tier (None: unchanged) or its overrides of the tier's policy:
     ``cap`` (running at once), ``max_queued`` (queued quota), ``rate_per_s``/``rate_burst``
@@ -146,12 +156,33 @@ def update_tenant(
         tenant = repository.update_tenant(session, parse_tenant_id(tenant_id), **fields)
     if tenant is None:
         raise NotFound("no such tenant", tenant_id=tenant_id)
+    _changed(runtime, tenant, cache)
     logger.info("tenant.updated", extra={"event": "tenant.updated", "tenant": tenant.id,
                                          "tier": tenant.tier, "fields": sorted(fields)})
     return tenant
 
 
-def tenant_for_key(runtime: Runtime, key: str) -> Tenant | None:
-    """The tenant holding this key, or None."""
+def _changed(runtime: Runtime, tenant: Tenant, cache: TenantCache | None) -> None:
+    """After the commit: forget cached copies here, then tell the other processes."""
+    if cache is not None:
+        cache.invalidate()
+    notify.announce_tenants(runtime.redis, runtime.settings.key_prefix, [tenant.id])
+
+
+def tenant_for_key(
+    runtime: Runtime, key: str, cache: TenantCache | None = None
+) -> Tenant | None:
+    """The tenant holding this key, or None; from ``cache`` when it holds a fresh copy."""
+    key_hash = hash_key(key)
+    if cache is None:
+        with runtime.sessions() as session:
+            return repository.tenant_by_key_hash(session, key_hash)
+    cached = cache.get(key_hash)
+    if cached is not None:
+        return cached
+    generation = cache.generation
     with runtime.sessions() as session:
-        return repository.tenant_by_key_hash(session, hash_key(key))
+        tenant = repository.tenant_by_key_hash(session, key_hash)
+    if tenant is not None:
+        cache.put(key_hash, tenant, generation)
+    return tenant

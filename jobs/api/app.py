@@ -2,7 +2,8 @@
 
 Middleware, outermost first: ``CatchAll`` (a bug becomes a typed, logged 500), then
 ``BodyLimit`` (413 before parsing). A runtime built here is closed on shutdown; one passed
-in belongs to the caller.
+in belongs to the caller. The process's ``jobs.notify.Listener`` (started on the first
+request) and its tenant cache belong to the app, and the listener stops with it.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from jobs.api import routes_admin, routes_jobs, routes_queues
 from jobs.api.body_limit import BodyLimit
 from jobs.api.errors import CatchAll, install_error_handlers
 from jobs.config import Settings
 from jobs.metrics import AppMetrics
+from jobs.notify import Listener
 from jobs.runtime import Runtime
 from jobs.submission import PayloadValidator
+from jobs.tenant_cache import TenantCache
 from workers.handlers import default_registry
 
 DESCRIPTION = (
@@ -47,12 +51,18 @@ def create_app(
     active = runtime if runtime is not None else Runtime.from_settings(settings)
     if validator is None:
         validator = default_registry()
+    cache = TenantCache()
+    listener = Listener(
+        active.settings.resolved_redis_url(), active.settings.key_prefix,
+        on_tenants=lambda _ids: cache.invalidate(), on_link=cache.set_live,
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            await run_in_threadpool(listener.stop)  # joins its thread
             if owned:
                 active.close()
 
@@ -60,6 +70,8 @@ def create_app(
     app.state.runtime = active
     app.state.validator = validator
     app.state.metrics = AppMetrics(active)
+    app.state.listener = listener
+    app.state.tenant_cache = cache
     routers = (routes_jobs.router, routes_queues.router, routes_admin.router)
     for router in routers:
         app.include_router(router)

@@ -14,6 +14,7 @@ from jobs.config import Settings
 from jobs.domain import Tenant
 from jobs.errors import Forbidden, Unauthorized
 from jobs.runtime import Runtime
+from jobs.tenant_cache import TenantCache
 from jobs.tenants import tenant_for_key
 
 
@@ -32,13 +33,16 @@ def is_admin_key(settings: Settings, key: str) -> bool:
     return hmac.compare_digest(key.encode("utf-8"), settings.admin_key.encode("utf-8"))
 
 
-def authenticate(runtime: Runtime, key: str | None) -> Principal:
-    """The principal holding ``key``; 401 when there is none or nobody holds it."""
+def authenticate(
+    runtime: Runtime, key: str | None, cache: TenantCache | None = None
+) -> Principal:
+    """The principal holding ``key``; 401 when there is none or nobody holds it. A tenant
+    key is looked up in ``cache`` first (``jobs.tenant_cache``)."""
     if not key:
         raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
     if is_admin_key(runtime.settings, key):
         return Principal(admin=True)
-    tenant = tenant_for_key(runtime, key)
+    tenant = tenant_for_key(runtime, key, cache)
     if tenant is None:
         raise Unauthorized("unknown API key")
     return Principal(tenant=tenant)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from jobs import tenants
-from jobs.api.deps import AdminDep, RuntimeDep
+from jobs.api.deps import AdminDep, RuntimeDep, TenantCacheDep
 from jobs.api.errors import error_responses
 from jobs.api.schemas import (
     TenantCreateRequest,
@@ -67,10 +67,11 @@ def list_tenants(_: AdminDep, runtime: RuntimeDep) -> TenantListResponse:
     responses=error_responses(*_COMMON, 400, 404, 422),
 )
 def patch_tenant(
-    tenant_id: str, body: TenantPatchRequest, _: AdminDep, runtime: RuntimeDep
+    tenant_id: str, body: TenantPatchRequest, _: AdminDep, runtime: RuntimeDep,
+    cache: TenantCacheDep,
 ) -> TenantResponse:
     changes = body.model_dump(exclude_unset=True)
-    return _view(tenants.update_tenant(runtime, tenant_id, **changes))
+    return _view(tenants.update_tenant(runtime, tenant_id, cache=cache, **changes))
 
 
 @router.post(
@@ -79,6 +80,8 @@ def patch_tenant(
     summary="Give a tenant a new API key; the old one stops working",
     responses=error_responses(*_COMMON, 404, 422),
 )
-def rotate_key(tenant_id: str, _: AdminDep, runtime: RuntimeDep) -> TenantWithKeyResponse:
-    tenant, key = tenants.rotate_key(runtime, tenant_id)
+def rotate_key(
+    tenant_id: str, _: AdminDep, runtime: RuntimeDep, cache: TenantCacheDep
+) -> TenantWithKeyResponse:
+    tenant, key = tenants.rotate_key(runtime, tenant_id, cache=cache)
     return _with_key(tenant, key)

@@ -1,13 +1,15 @@
 """``/v1/jobs``: submit, look up (optionally long-polling), fetch the result, cancel, list.
 
 Handlers are thin: each calls ``jobs.submission`` and returns a schema. The sync ones run
-in the threadpool; the status long-poll is async and sleeps between SQL reads (run in the
-threadpool), so a thousand waiting clients hold no threads.
+in the threadpool; the status long-poll is async and sleeps on a notification of the job's
+change (``jobs.notify``) between SQL reads, so a thousand waiting clients hold no threads and
+cost SQL nothing while they wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import Annotated
 
@@ -17,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from jobs import submission
 from jobs.admission import result_retry_after_s
-from jobs.api.deps import RuntimeDep, TenantDep, ValidatorDep
+from jobs.api.deps import ListenerDep, RuntimeDep, TenantDep, ValidatorDep
 from jobs.api.errors import error_responses
 from jobs.api.schemas import (
     CancelResponse,
@@ -29,13 +31,18 @@ from jobs.api.schemas import (
     SubmitResponse,
 )
 from jobs.domain import Job, Tenant
+from jobs.notify import Listener
 from jobs.runtime import Runtime
 from jobs.states import Status
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MAX_LONG_POLL_S = 60.0
-POLL_INTERVAL_S = 0.15
+# A waiter re-reads SQL this often (times 1 to 1.5, so that many waiters spread out) even
+# when no notification came: a lost one delays the answer by this much at most.
+SAFETY_NET_S = 10.0
+# How often a waiter looks whether its client has left (no SQL involved).
+DISCONNECT_CHECK_S = 1.0
 _COMMON = (401, 403, 404, 422, 503)
 
 
@@ -109,32 +116,57 @@ async def get_job(
     job_id: str,
     tenant: TenantDep,
     runtime: RuntimeDep,
+    listener: ListenerDep,
     request: Request,
     wait: Annotated[float | None, Query(
         ge=0, le=MAX_LONG_POLL_S,
         description="seconds to wait for a change of state (at most 60)")] = None,
 ) -> JobResponse:
-    job = await run_in_threadpool(submission.load_job, runtime, tenant, job_id)
     if wait:
-        job = await _wait_for_change(runtime, tenant, job, wait, request)
+        job = await _wait_for_change(runtime, listener, tenant, job_id, wait, request)
+    else:
+        job = await run_in_threadpool(submission.load_job, runtime, tenant, job_id)
     progress = await run_in_threadpool(submission.progress, runtime, tenant, job)
     return JobResponse.of(progress)
 
 
 async def _wait_for_change(
-    runtime: Runtime, tenant: Tenant, job: Job, wait_s: float, request: Request
+    runtime: Runtime, listener: Listener, tenant: Tenant, job_id: str, wait_s: float,
+    request: Request,
 ) -> Job:
-    """Re-read the job until its status differs from ``job``'s, it is terminal, the client
-    leaves, or ``wait_s`` passes (real time: the runtime clock may be simulated)."""
+    """The job once its status differs from the first read's, it is terminal, the client
+    leaves, or ``wait_s`` passes (real time: the runtime clock may be simulated).
+
+    SQL is read at the start, on each notification of this job, and at the end; between, only
+    every safety-net period. The waiter is registered before the first read, so a change
+    committed after that read rings it; a ring with the status unchanged (another change of
+    the job, or a dropped subscription) costs one read and the wait goes on."""
     deadline = time.monotonic() + wait_s
-    start_status = job.status
-    while not job.terminal and job.status is start_status:
-        left = deadline - time.monotonic()
-        if left <= 0 or await request.is_disconnected():
-            break
-        await asyncio.sleep(min(POLL_INTERVAL_S, left))
-        job = await run_in_threadpool(submission.load_job, runtime, tenant, job.id)
+    listener.start()
+    waiter = listener.waiters.add(submission.parse_job_id(job_id), asyncio.get_running_loop())
+    try:
+        job = await run_in_threadpool(submission.load_job, runtime, tenant, job_id)
+        start_status = job.status
+        safety_at = time.monotonic() + _safety_net_s()
+        while not job.terminal and job.status is start_status:
+            now = time.monotonic()
+            due = min(deadline, safety_at)
+            rung = await waiter.wait(min(due, now + DISCONNECT_CHECK_S) - now)
+            if await request.is_disconnected():
+                break
+            now = time.monotonic()
+            if rung or now >= due:
+                job = await run_in_threadpool(submission.load_job, runtime, tenant, job.id)
+                safety_at = time.monotonic() + _safety_net_s()
+            if now >= deadline:
+                break
+    finally:
+        listener.waiters.discard(waiter)
     return job
+
+
+def _safety_net_s() -> float:
+    return SAFETY_NET_S * random.uniform(1.0, 1.5)
 
 
 @router.get(

@@ -33,6 +33,10 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``wake``             list: the dispatcher's doorbell (a few tokens at most)
 - ``counters:leases_reclaimed``  counter: leases the reaper took back
 
+Two pub/sub channels share the prefix (channels, not keys: nothing stores them):
+``changed`` carries ids of jobs whose status moved, ``tenants`` ids of tenants whose record
+changed (``jobs.notify``).
+
 Celery's broker keys live under the same prefix (kombu's ``global_keyprefix``), so nothing
 may delete every key under it while the system runs.
 """
@@ -99,6 +103,16 @@ class IndexKeys:
     def leases_reclaimed(self) -> str:
         """Counter of leases the reaper took back (``jobs.counters``)."""
         return self._fixed("counters:leases_reclaimed")
+
+    @property
+    def changed(self) -> str:
+        """Pub/sub channel: ids of jobs whose status moved (``jobs.notify``)."""
+        return self._fixed("changed")
+
+    @property
+    def tenants_changed(self) -> str:
+        """Pub/sub channel: ids of tenants whose record changed (``jobs.notify``)."""
+        return self._fixed("tenants")
 
     @property
     def leader(self) -> str:

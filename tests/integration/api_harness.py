@@ -19,6 +19,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from jobs import notify
 from jobs.api.app import create_app
 from jobs.config import Settings, load_settings
 from jobs.db import repository
@@ -75,6 +76,13 @@ class ApiClient(httpx.Client):
         while not set(tasks) - before:
             assert time.monotonic() < deadline, "the request never reached the server"
             time.sleep(0.005)
+
+    @property
+    def app(self) -> FastAPI:
+        """The served app (its state holds the listener and the tenant cache)."""
+        assert self.server is not None
+        app: FastAPI = self.server.config.app
+        return app
 
     def create_tenant(self, name: str, tier: str = "free") -> dict[str, Any]:
         response = self.post(
@@ -138,8 +146,12 @@ def rt(client: ApiClient) -> Runtime:
     return runtime
 
 
-def move(client: ApiClient, job_id: str, *steps: Status, **fields: Any) -> None:
-    """Walk a job through ``steps`` (a CAS each); ``fields`` go with the last step."""
+def move(
+    client: ApiClient, job_id: str, *steps: Status, announce: bool = True, **fields: Any
+) -> None:
+    """Walk a job through ``steps`` (a CAS each); ``fields`` go with the last step. Then
+    announce the change, as the dispatcher and the workers do (``announce=False``: a lost
+    notification)."""
     runtime = rt(client)
     with runtime.sessions.begin() as session:
         job = repository.get_job(session, job_id)
@@ -152,6 +164,8 @@ def move(client: ApiClient, job_id: str, *steps: Status, **fields: Any) -> None:
             )
             job = repository.get_job(session, job_id)
             assert job is not None
+    if announce:
+        notify.announce(runtime.redis, runtime.settings.key_prefix, [job_id])
 
 
 def dispatch_one(client: ApiClient, job_id: str) -> None:

@@ -1,0 +1,281 @@
+"""Long-polls wake on a notification of their job's change and cost SQL nothing meanwhile.
+
+Real HTTP, PostgreSQL and Redis. The changes come from a second runtime (another process's
+connections: its own engine and Redis client) through the real dispatcher, worker and cancel
+code, or by hand through the repository with the notification sent or withheld.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import sqlalchemy as sa
+
+from jobs import notify, submission, tenants
+from jobs.api import routes_jobs
+from jobs.dispatcher import Dispatcher
+from jobs.execution import execute
+from jobs.notify import Listener
+from jobs.runtime import Runtime
+from jobs.states import Status
+from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, auth, move, rt
+from workers.handlers import default_registry
+
+pytestmark = pytest.mark.integration
+
+# An answer this long after the change was not woken by its notification: the safety net
+# (SAFETY_NET_S, 10 s and more) would be later still.
+PROMPT_S = 2.0
+
+
+class Poll:
+    """One long-poll sent from a thread of its own."""
+
+    def __init__(self, client: ApiClient, key: str, job_id: str, wait: float) -> None:
+        self.response: httpx.Response | None = None
+        self.answered_at = 0.0
+        self._thread = threading.Thread(target=self._run, args=(client, key, job_id, wait))
+        self._thread.start()
+
+    def _run(self, client: ApiClient, key: str, job_id: str, wait: float) -> None:
+        self.response = client.get(f"/v1/jobs/{job_id}", params={"wait": wait},
+                                   headers=auth(key))
+        self.answered_at = time.monotonic()
+
+    def status(self) -> str:
+        self._thread.join(timeout=90)
+        assert self.response is not None and self.response.status_code == 200
+        status: str = self.response.json()["status"]
+        return status
+
+
+def roomy_tenant(client: ApiClient) -> str:
+    """A tenant that may queue several jobs at once (standard tier: room in its bound)."""
+    tenant = client.create_tenant("acme", "standard")
+    patched = client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"max_queued": 10},
+                           headers=auth(ADMIN_KEY))
+    assert patched.status_code == 200, patched.text
+    key: str = tenant["api_key"]
+    return key
+
+
+def listener_of(client: ApiClient) -> Listener:
+    listener: Listener = client.app.state.listener
+    return listener
+
+
+def until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def waiting(client: ApiClient, n: int) -> None:
+    """Until ``n`` long-polls wait and the listener is subscribed."""
+    listener = listener_of(client)
+    until(lambda: len(listener.waiters) == n and listener.live, f"{n} waiters, listening")
+
+
+@pytest.fixture
+def other(client: ApiClient, clock: Clock) -> Iterator[Runtime]:
+    """Another process's connections to the same database and Redis."""
+    runtime = Runtime.from_settings(rt(client).settings)
+    runtime.clock = clock
+    yield runtime
+    runtime.close()
+
+
+class Statements:
+    """SQL statements run by an engine, counted as they start."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.count = 0
+        self._engine = engine
+        sa.event.listen(engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, *_: Any) -> None:
+        self.count += 1
+
+    def quiet(self) -> None:
+        """Until no statement has run for half a second (reads under way finish)."""
+        deadline = time.monotonic() + 20
+        while True:
+            before = self.count
+            time.sleep(0.5)
+            if self.count == before:
+                return
+            assert time.monotonic() < deadline, "SQL never went quiet"
+
+    def close(self) -> None:
+        sa.event.remove(self._engine, "before_cursor_execute", self._seen)
+
+
+@pytest.fixture
+def statements(client: ApiClient) -> Iterator[Statements]:
+    counter = Statements(rt(client).engine)
+    yield counter
+    counter.close()
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, str]] = []
+
+    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+        self.sent.append((job_id, attempt, tier))
+
+
+# -- woken by the change ----------------------------------------------------------------------
+
+
+def test_dispatch_start_and_cancel_elsewhere_answer_at_once(
+    client: ApiClient, other: Runtime, clock: Clock
+) -> None:
+    key = client.tenant_key("acme", "premium")
+    job_id = client.submit(key, {"kind": "echo", "payload": {"x": 1}}).json()["id"]
+
+    poll = Poll(client, key, job_id, wait=30)
+    waiting(client, 1)
+    changed_at = time.monotonic()
+    publisher = RecordingPublisher()
+    assert Dispatcher(other, publisher).run_once(clock.now).dispatched == 1
+    assert poll.status() == "dispatched"
+    assert poll.answered_at - changed_at < PROMPT_S
+
+    poll = Poll(client, key, job_id, wait=30)
+    waiting(client, 1)
+    changed_at = time.monotonic()
+    outcome = execute(other, default_registry(""), job_id, 1, worker_id="w1")
+    assert outcome == "succeeded"
+    assert poll.status() in ("running", "succeeded")
+    assert poll.answered_at - changed_at < PROMPT_S
+
+    second = client.submit(key).json()["id"]
+    poll = Poll(client, key, second, wait=30)
+    waiting(client, 1)
+    changed_at = time.monotonic()
+    tenant = tenants.tenant_for_key(other, key)
+    assert tenant is not None
+    assert submission.cancel(other, tenant, second).job.status is Status.CANCELLED
+    assert poll.status() == "cancelled"
+    assert poll.answered_at - changed_at < PROMPT_S
+
+
+def test_another_jobs_news_does_not_end_the_wait(client: ApiClient, other: Runtime) -> None:
+    key = roomy_tenant(client)
+    mine, theirs = client.submit(key).json()["id"], client.submit(key).json()["id"]
+    poll = Poll(client, key, mine, wait=1.5)
+    waiting(client, 1)
+    started = time.monotonic()
+    move(client, theirs, Status.CANCELLED)
+    # A notification of this job with nothing changed: one read, and the wait goes on.
+    notify.announce(other.redis, other.settings.key_prefix, [mine])
+    assert poll.status() == "queued"
+    assert poll.answered_at - started >= 1.3
+
+
+# -- what waiting costs -------------------------------------------------------------------------
+
+
+def test_two_hundred_waiting_polls_cost_no_sql(
+    client: ApiClient, statements: Statements
+) -> None:
+    key = roomy_tenant(client)
+    jobs = [client.submit(key).json()["id"] for _ in range(4)]
+    answers: list[httpx.Response] = []
+
+    async def polls() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=250, max_keepalive_connections=250)
+        async with httpx.AsyncClient(base_url=str(client.base_url), limits=limits,
+                                     timeout=90) as http:
+            return await asyncio.gather(*(
+                http.get(f"/v1/jobs/{jobs[i % 4]}", params={"wait": 30}, headers=auth(key))
+                for i in range(200)))
+
+    sender = threading.Thread(target=lambda: answers.extend(asyncio.run(polls())))
+    sender.start()
+    waiting(client, 200)
+    statements.quiet()
+    before = statements.count
+    time.sleep(2.0)  # the measurement: two seconds of 200 waits
+    assert statements.count - before == 0
+    changed_at = time.monotonic()
+    for job_id in jobs:
+        move(client, job_id, Status.CANCELLED)
+    sender.join(timeout=60)
+    assert time.monotonic() - changed_at < 10
+    assert len(answers) == 200
+    assert {answer.json()["status"] for answer in answers} == {"cancelled"}
+    assert len(listener_of(client).waiters) == 0
+
+
+def test_a_client_that_leaves_stops_waiting(client: ApiClient) -> None:
+    key = client.tenant_key("acme")
+    job_id = client.submit(key).json()["id"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.get(f"{client.base_url}/v1/jobs/{job_id}", params={"wait": 30},
+                  headers=auth(key), timeout=0.5)
+    until(lambda: len(listener_of(client).waiters) == 0, "the waiter is gone", timeout_s=5)
+
+
+# -- lost notifications -------------------------------------------------------------------------
+
+
+def kill_listener(client: ApiClient, admin: redis.Redis) -> None:
+    """Cut this app's subscriber connection (found by its name; no other client touched)."""
+    name = listener_of(client).client_name
+    ids = [entry["id"] for entry in admin.client_list(_type="pubsub")
+           if entry.get("name") == name]
+    assert len(ids) == 1
+    admin.client_kill_filter(_id=ids[0])
+
+
+def test_a_dropped_subscription_wakes_the_waiters(
+    client: ApiClient, redis_client: redis.Redis
+) -> None:
+    key = client.tenant_key("acme")
+    job_id = client.submit(key).json()["id"]
+    poll = Poll(client, key, job_id, wait=30)
+    waiting(client, 1)
+    dispatch_one_quietly(client, job_id)  # its notification is lost
+    changed_at = time.monotonic()
+    kill_listener(client, redis_client)
+    assert poll.status() == "dispatched"
+    assert poll.answered_at - changed_at < PROMPT_S
+    # Subscribed again, the next change is heard as before.
+    poll = Poll(client, key, job_id, wait=30)
+    waiting(client, 1)
+    changed_at = time.monotonic()
+    move(client, job_id, Status.CANCELLED)
+    assert poll.status() == "cancelled"
+    assert poll.answered_at - changed_at < PROMPT_S
+
+
+def test_the_safety_net_finds_a_lost_notification(
+    client: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(routes_jobs, "SAFETY_NET_S", 0.5)
+    key = client.tenant_key("acme")
+    job_id = client.submit(key).json()["id"]
+    poll = Poll(client, key, job_id, wait=30)
+    waiting(client, 1)
+    changed_at = time.monotonic()
+    move(client, job_id, Status.CANCELLED, announce=False)
+    assert poll.status() == "cancelled"
+    assert poll.answered_at - changed_at < 0.75 + PROMPT_S
+
+
+def dispatch_one_quietly(client: ApiClient, job_id: str) -> None:
+    runtime = rt(client)
+    leases = runtime.index.dispatch(1, now=runtime.clock(), lease_ttl_s=30)
+    assert [lease.job_id for lease in leases] == [job_id]
+    move(client, job_id, Status.DISPATCHED, announce=False)
+
