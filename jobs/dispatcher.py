@@ -287,7 +287,7 @@ class Dispatcher:
                     drop.append(lease)
                 elif job.status is not Status.DISPATCHED and job.status is not Status.RUNNING:
                     drop.append(lease)
-        self._announce(jobs)  # claimed, or expired at the claim
+        self._announce([*claimed, *jobs])  # claimed, or expired at the claim
         for lease in drop:
             index.release(lease.job_id, attempt=lease.attempt, fence=self.fence)
             stats.dropped += 1

@@ -10,12 +10,16 @@ duplicated or stale message, or a late result after the lease was reaped, change
   The same holds when the lease turns out lost right after the start, before the handler
   ran. Then work nobody will collect is not computed: a cancel request or a passed
   ``start_by`` ends the job (``cancelled``/``expired``) before the handler runs.
-- While the handler runs, a heartbeat thread renews the lease every ``lease_ttl_s / 3``
-  and polls SQL for a cancel request; a failed renewal marks the lease lost.
+- The start is one statement (``repository.start``: dispatched → running, returning the
+  row); a job that must not compute is read only when the start did not happen.
+- While the handler runs, a heartbeat thread renews the lease (``jobs.leases``); the renewal
+  also tells of a cancel request, so a running job costs SQL nothing. A failed renewal marks
+  the lease lost.
 - A lease is released only after a state change of *this* attempt succeeded, and release
-  names the attempt: a stale call never touches the next attempt's lease. Each release rings
-  the doorbell so the dispatcher fills the slot at once. Each state change is announced
-  (``jobs.notify``) after its commit, so long-polls of the job wake.
+  names the attempt: a stale call never touches the next attempt's lease. The release also
+  rings the doorbell, so the dispatcher fills the slot at once, and announces the change
+  (``jobs.notify``), so long-polls of the job wake: one round trip. Every other state change
+  is announced after its commit on its own.
 - ``max_attempts`` counts starts: a retry after the last allowed start, or one that could
   only start after ``start_by``, ends the job ``failed`` (``started_at`` kept), never a
   silent expiry.
@@ -134,6 +138,7 @@ class _Attempt:
         if job is None:
             return self._not_started()
         self.job = job
+        self._announce()
         self._log(logging.DEBUG, "job.started", kind=job.kind)
         ctx = JobContext(
             job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
@@ -257,7 +262,7 @@ class _Attempt:
             dst = Status.EXPIRED
         else:
             return None
-        if not self._transition(Status.DISPATCHED, dst):
+        if not self._transition(Status.DISPATCHED, dst, announce=False):  # the release does
             self._log(logging.INFO, "job.stale", reason="not dispatched any more")
             return STALE
         self._release()
@@ -283,7 +288,7 @@ class _Attempt:
         return self._end(Status.CANCELLED, heartbeat)
 
     def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
-        if not self._transition(Status.RUNNING, dst, **fields):
+        if not self._transition(Status.RUNNING, dst, announce=False, **fields):  # release does
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
         heartbeat.stop()  # no renewal may follow the release
@@ -324,7 +329,9 @@ class _Attempt:
         self._log(logging.INFO, "job.requeued", not_before=not_before, error=error)
         return REQUEUED
 
-    def _transition(self, src: Status, dst: Status, **fields: Any) -> bool:
+    def _transition(
+        self, src: Status, dst: Status, *, announce: bool = True, **fields: Any
+    ) -> bool:
         """The CAS, waiting out a database outage while the lease is held. After a retry, a
         CAS that finds its own change already made (the commit landed, its answer was lost)
         counts as done."""
@@ -345,15 +352,22 @@ class _Attempt:
 
         moved = retry_sql(cas, keep_trying=keep_trying, what=f"{src.value}->{dst.value}",
                           job_id=job.id)
-        if moved:  # after the commit: wake long-polls of this job (best effort)
-            notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [job.id])
+        if moved and announce:
+            self._announce()
         return moved
 
+    def _announce(self) -> None:
+        """After a commit: wake long-polls of this job (best effort)."""
+        notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [self.job_id])
+
     def _release(self) -> None:
-        """Release and wake the dispatcher, one round trip. Best effort: a lease that cannot
-        be released now expires and is reaped."""
+        """After an ending's commit: release, wake the dispatcher and announce the change, one
+        round trip. Best effort: a lease that cannot be released now expires and is reaped
+        (a lost announcement costs a long-poll its safety-net period)."""
         try:
-            self.runtime.index.release(self.job_id, attempt=self.attempt, ring=True)
+            self.runtime.index.release(
+                self.job_id, attempt=self.attempt, ring=True, announce=True
+            )
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)
 

@@ -230,10 +230,13 @@ class DispatchIndex(Protocol):
         attempt: int | None = None,
         fence: str | None = None,
         ring: bool = False,
+        announce: bool = False,
     ) -> bool:
         """Drop a lease of ``attempt`` (None: whichever attempt holds it: maintenance of a
         finished job). True when its tenant became runnable again. ``ring``: wake the
-        dispatcher in the same round trip when a lease was dropped (``jobs.wake``)."""
+        dispatcher in the same round trip when a lease was dropped (``jobs.wake``).
+        ``announce``: publish that the job's status moved (``jobs.notify``), also in the
+        same round trip."""
         ...
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:

@@ -405,8 +405,9 @@ class MemoryIndex:
         attempt: int | None = None,
         fence: str | None = None,
         ring: bool = False,
+        announce: bool = False,
     ) -> bool:
-        """``ring`` has no doorbell to ring here: nothing waits on a twin."""
+        """``ring`` and ``announce`` reach nobody here: nothing waits on a twin."""
         self._check_fence(fence, None, "release")
         if self._leases.score(job_id) is None:
             return False

@@ -278,9 +278,11 @@ class RedisIndex:
         attempt: int | None = None,
         fence: str | None = None,
         ring: bool = False,
+        announce: bool = False,
     ) -> bool:
         which = "" if attempt is None else str(int(attempt))
-        return bool(self._run("release", [job_id, which, fence or "", "1" if ring else ""]))
+        flags = ["1" if ring else "", "1" if announce else ""]
+        return bool(self._run("release", [job_id, which, fence or "", *flags]))
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
         return bool(self._run("cancel", [job_id, fence or ""]))
