@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # e.g. make bench SUBMIT_BENCH_ARGS='--jobs 500' for a quick run
 SUBMIT_BENCH_ARGS ?=
+# e.g. make bench E2E_BENCH_ARGS='--jobs 200 --reps 1 --samples 20 --queued 2000 --tenants 4'
+E2E_BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install up test lint bench clean
@@ -34,6 +36,7 @@ test: lint ## lint, then the whole test suite (unit, integration, e2e, faults)
 bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
 	$(BIN)/python bench/dispatch_index.py
 	$(BIN)/python bench/submit.py $(SUBMIT_BENCH_ARGS)
+	$(BIN)/python bench/e2e.py $(E2E_BENCH_ARGS)
 
 clean: ## remove the virtual environment and local data
 	rm -rf $(VENV) .tierq .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,257 @@
+"""The two systems of the end-to-end bench, driven the same way: submit, wait, time a start.
+
+Each side submits from client threads (``hammer`` / ``paced``), knows when N of its jobs have
+their result stored, and takes one idle-latency sample (submit → the handler's own start
+mark). Each counts the SQL transactions and Redis commands it spends itself on watching, so
+that the meters can leave them out.
+
+tierq: ``POST /v1/jobs`` over httpx keep-alive, one tenant per client thread; done is
+``status = 'succeeded'`` counted in SQL. Celery: ``apply_async``; done is the result key
+(``celery-task-meta-<id>``) existing in Redis, read by a client of the bench's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis
+import sqlalchemy as sa
+from bare_celery import MARK, NOOP, make_app
+from e2e_stack import Tierq, broker_url
+from submit import Figures, hammer
+
+MakeCall = Callable[[], Callable[[int], bool]]
+TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
+# An idle system: this long between latency samples.
+IDLE_GAP_S = 0.05
+
+
+def paced(clients: int, count: int, rate: float, make_call: MakeCall) -> Figures:
+    """Open loop: call ``n`` is due at ``n / rate`` s; its latency runs from when it was
+    due, so a slow answer also charges the calls it delayed."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    barrier = threading.Barrier(clients + 1)
+    start = [0.0]
+
+    def client(i: int) -> None:
+        call = make_call()
+        barrier.wait()
+        for n in range(i, count, clients):
+            due = start[0] + n / rate
+            time.sleep(max(0.0, due - time.perf_counter()))
+            call(n)
+            latencies[i].append(time.perf_counter() - due)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    start[0] = time.perf_counter() + 0.05
+    barrier.wait()
+    for thread in threads:
+        thread.join()
+    return Figures(done=count, wall_s=time.perf_counter() - start[0],
+                   latencies_s=[x for per_client in latencies for x in per_client])
+
+
+def wait_in_order(ids: list[str], stored: Callable[[str], bool], timeout: float) -> None:
+    """Wait until every job's result is stored, checking them in submission order: results
+    come roughly in that order, so few checks are wasted."""
+    deadline = time.monotonic() + timeout
+    for job_id in ids:
+        while not stored(job_id):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"results not all stored within {timeout:.0f} s")
+            time.sleep(0.005)
+
+
+def wait_for(what: str, predicate: Callable[[], bool], timeout: float,
+             every: float = 0.005) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(every)
+
+
+@dataclass
+class TierqSide:
+    system: Tierq
+    database_url: str
+    marks: redis.Redis  # the bench Redis, where handlers push their start marks
+    sql_polls: int = 0
+    redis_polls: int = 0
+    _engine: sa.Engine = field(init=False)
+    _conn: sa.Connection = field(init=False)
+    _http: httpx.Client = field(init=False)  # kept alive between latency samples
+    backend_pid: int = field(init=False)  # the PostgreSQL backend of the bench's own reads
+
+    def __post_init__(self) -> None:
+        self._engine = sa.create_engine(self.database_url, isolation_level="AUTOCOMMIT",
+                                        poolclass=sa.NullPool)
+        self._conn = self._engine.connect()
+        self.backend_pid = int(self._conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        self._http = self.system.http(self.system.tenant_keys[0])
+
+    def close(self) -> None:
+        self._http.close()
+        self._conn.close()
+        self._engine.dispose()
+
+    def succeeded(self) -> int:
+        """Jobs whose result is stored (one SQL transaction, counted)."""
+        self.sql_polls += 1
+        value = self._conn.exec_driver_sql(
+            "SELECT count(*) FROM jobs WHERE status = 'succeeded'").scalar_one()
+        return int(value)
+
+    def stored(self, job_id: str) -> bool:
+        """Whether this job's result is stored: a primary-key read (counted)."""
+        self.sql_polls += 1
+        status = self._conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"),
+                                    {"id": job_id}).scalar_one_or_none()
+        if status in TERMINAL and status != "succeeded":
+            raise RuntimeError(f"tierq job {job_id} ended {status}")
+        return status == "succeeded"
+
+    def submitter(self, kind: str = "echo", ids: list[str] | None = None) -> MakeCall:
+        keys = itertools.cycle(self.system.tenant_keys)
+        lock = threading.Lock()
+
+        def make_call() -> Callable[[int], bool]:
+            with lock:
+                http = self.system.http(next(keys))
+
+            def submit(n: int) -> bool:
+                response = http.post("/v1/jobs", json={"kind": kind, "payload": {"n": n}})
+                if ids is not None and response.status_code == 202:
+                    ids[n] = response.json()["id"]
+                return response.status_code == 202
+
+            return submit
+
+        return make_call
+
+    def end_to_end(self, clients: int, count: int) -> float:
+        """Submit ``count`` echo jobs and wait until all succeeded; the wall time."""
+        ids = [""] * count
+        started = time.perf_counter()
+        accepted = hammer(clients, count, self.submitter(ids=ids)).done
+        if accepted < count:
+            raise RuntimeError(f"tierq accepted {accepted} of {count} jobs")
+        wait_in_order(ids, self.stored, 60 + count / 10)
+        return time.perf_counter() - started
+
+    def hold(self) -> None:
+        """Nothing is dispatched while held: the API alone is measured."""
+        self.system.processes["dispatcher"].pause()
+        self._target = self.succeeded()
+
+    def submit_held(self, clients: int, count: int, rate: float | None) -> Figures:
+        figures = (hammer(clients, count, self.submitter()) if rate is None
+                   else paced(clients, count, rate, self.submitter()))
+        self._target += figures.done
+        return figures
+
+    def release(self) -> None:
+        """Dispatch again, and wait until what was submitted while held has run."""
+        self.system.processes["dispatcher"].resume()
+        wait_for("tierq backlog drained", lambda: self.succeeded() >= self._target, 600,
+                 every=0.2)
+
+    def start_latency(self) -> float:
+        key, http = f"bench:mark:{uuid.uuid4().hex}", self._http
+        submitted = time.time()
+        response = http.post("/v1/jobs", json={"kind": "mark", "payload": {"key": key}})
+        response.raise_for_status()
+        job_id = response.json()["id"]
+        started = _pop_mark(self.marks, key)
+        wait_for("the mark job ended", lambda: _ended(http, job_id), 60)
+        time.sleep(IDLE_GAP_S)
+        return started - submitted
+
+
+def _ended(http: httpx.Client, job_id: str) -> bool:
+    return http.get(f"/v1/jobs/{job_id}", params={"wait": 5}).json()["status"] in TERMINAL
+
+
+def _pop_mark(client: redis.Redis, key: str) -> float:
+    popped = client.blpop([key], timeout=60)
+    if popped is None:
+        raise TimeoutError("the handler never marked its start")
+    return float(popped[1])
+
+
+@dataclass
+class CelerySide:
+    redis_url: str
+    sql_polls: int = 0
+    redis_polls: int = 0
+    idle_queue: str = "bare.idle"  # published to while measuring submit alone: not consumed
+    app: Any = field(init=False)
+    poll: redis.Redis = field(init=False)  # the bench's own reads: left out of the counts
+    poll_address: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.app = make_app(broker_url(self.redis_url))
+        self.app.conf.broker_pool_limit = 16
+        self.poll = redis.Redis.from_url(self.redis_url, single_connection_client=True)
+        self.poll_address = str(self.poll.client_info()["addr"])
+
+    def close(self) -> None:
+        self.poll.close()
+        self.app.close()
+
+    def stored(self, task_id: str) -> bool:
+        self.redis_polls += 1
+        return bool(self.poll.exists(f"celery-task-meta-{task_id}"))
+
+    def publisher(self, ids: list[str] | None = None, queue: str | None = None,
+                  ignore_result: bool = False) -> MakeCall:
+        noop = self.app.tasks[NOOP]
+
+        def make_call() -> Callable[[int], bool]:
+            def publish(n: int) -> bool:
+                result = noop.apply_async(args=[n], queue=queue, ignore_result=ignore_result)
+                if ids is not None:
+                    ids[n] = result.id
+                return True
+
+            return publish
+
+        return make_call
+
+    def end_to_end(self, clients: int, count: int) -> float:
+        ids = [""] * count
+        started = time.perf_counter()
+        hammer(clients, count, self.publisher(ids))
+        wait_in_order(ids, self.stored, 60 + count / 10)
+        return time.perf_counter() - started
+
+    def hold(self) -> None:
+        pass
+
+    def submit_held(self, clients: int, count: int, rate: float | None) -> Figures:
+        make_call = self.publisher(queue=self.idle_queue)
+        return (hammer(clients, count, make_call) if rate is None
+                else paced(clients, count, rate, make_call))
+
+    def release(self) -> None:
+        self.poll.delete(self.idle_queue)
+        self.redis_polls += 1
+
+    def start_latency(self) -> float:
+        key = f"bench:mark:{uuid.uuid4().hex}"
+        submitted = time.time()
+        result = self.app.tasks[MARK].apply_async(args=[key])
+        started = _pop_mark(self.poll, key)
+        self.redis_polls += 1
+        wait_for("the mark task ended", lambda: self.stored(result.id), 60)
+        time.sleep(IDLE_GAP_S)
+        return started - submitted
