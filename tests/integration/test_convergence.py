@@ -21,7 +21,7 @@ from jobs.dispatcher import Dispatcher
 from jobs.domain import Job, NewJob
 from jobs.execution import execute
 from jobs.ids import new_job_id
-from jobs.index.base import NotLeader, Renewal
+from jobs.index.base import IndexedJob, NotLeader, Renewal
 from jobs.index.redis_index import RedisIndex
 from jobs.leases import Heartbeat
 from jobs.rebuild import rebuild
@@ -420,7 +420,8 @@ def test_an_entry_expired_before_its_row_was_visible_is_found_and_expired(
         id=new_job_id(now), tenant_id=tenant_id, tier="standard", kind="echo", payload={},
         order_key=runtime.policy.order_key("standard", now), enqueued_at=now, max_wait_s=1.0,
     )
-    row = indexed(_as_job(runtime, new))
+    row = IndexedJob(job_id=new.id, tenant=new.tenant_id, tier=new.tier,
+                     order_key=new.order_key, start_by=new.start_by)  # as the API indexes it
     assert runtime.index.admit(row, bound=1000).accepted
     dispatcher.run_once(now + 2)  # due: dropped, no row yet (the pool is free, too)
     assert runtime.index.position(new.id) is None
@@ -431,10 +432,3 @@ def test_an_entry_expired_before_its_row_was_visible_is_found_and_expired(
     dispatcher.run_once(now + 2 + QUEUED_GRACE_S + 2)
 
     assert load(runtime, new.id).status is Status.EXPIRED
-
-
-def _as_job(runtime: Runtime, new: NewJob) -> Job:
-    """The job ``new`` will be once inserted (for its index entry), without inserting it."""
-    from jobs.db.repository import _new_row
-
-    return Job.from_row(_new_row(new))
