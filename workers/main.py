@@ -19,6 +19,9 @@ from jobs.errors import ConfigError
 from workers.app import make_celery, queue_name
 from workers.tasks import resources_of
 
+# Celery pools by the names the CLI takes; threads wake the event loop as a task ends.
+POOLS = {"threads": "workers.pool:TaskPool"}
+
 # Keys shown after the message when a log record carries them (``extra=``).
 LOG_KEYS = (
     "event", "job_id", "tenant", "tier", "attempt", "worker_id", "status", "reason", "error",
@@ -70,7 +73,7 @@ def run_worker(
     resources_of(app).registry()  # a bad TIERQ_HANDLERS stops the worker now, not per job
     worker = app.Worker(
         hostname=hostname or worker_hostname(),
-        pool_cls=pool,
+        pool_cls=POOLS.get(pool, pool),
         concurrency=concurrency,
         loglevel=loglevel.upper(),
         queues=[queue_name(tier) for tier in settings.tiers],

@@ -9,9 +9,11 @@ events, turned on and read the way Flower does, show how each task ended.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pickle
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -362,3 +364,26 @@ def test_a_failed_job_ends_its_celery_task_in_failure_and_runs_once(
     log = worker.output()
     assert "raised unexpected" not in log
     assert "raised expected: JobFailedError" in log
+
+
+def test_a_full_worker_takes_its_next_message_as_a_slot_frees(
+    runtime: Runtime, publisher: CeleryPublisher, start_worker: Callable[[int], Worker],
+    tenant: Tenant,
+) -> None:
+    """One slot, eight messages waiting, task events off: each next job starts as the last
+    one ends, not at the event loop's one-second timeout (``workers.pool``)."""
+    worker = start_worker(1)
+    wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker)
+    jobs = [dispatch(runtime, submit(runtime, tenant, "echo", {"n": n})) for n in range(8)]
+    for job in jobs:
+        publisher.publish(job.id, job.attempt, job.tier)
+    wait_for(lambda: all(load(runtime, job.id).terminal for job in jobs), worker, timeout=60)
+
+    done = sorted((load(runtime, job.id) for job in jobs), key=lambda job: job.started_at or 0)
+    assert all(job.status is Status.SUCCEEDED for job in done)
+    gaps = [
+        (after.started_at or 0) - (before.finished_at or 0)
+        for before, after in itertools.pairwise(done)
+    ]
+    # Waiting for the loop's timeout made every gap about a second.
+    assert statistics.median(gaps) < 0.5, gaps
