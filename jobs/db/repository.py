@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -135,11 +136,11 @@ def insert_job(session: Session, new: NewJob) -> Job:
     aborts the caller's transaction (PostgreSQL) nor needs a unit-of-work flush to detect."""
     values = _new_values(new)
     if new.idempotency_key is None:
-        session.execute(sa.insert(JobRow).values(values))
+        session.execute(sa.insert(JOBS).values(values))
     else:
         stmt = _insert(session).values(values).on_conflict_do_nothing(
-            index_elements=[JobRow.tenant_id, JobRow.idempotency_key]
-        ).returning(JobRow.id)
+            index_elements=[JOBS.c.tenant_id, JOBS.c.idempotency_key]
+        ).returning(JOBS.c.id)
         if session.execute(stmt).first() is None:
             existing = job_by_idempotency_key(session, new.tenant_id, new.idempotency_key)
             if existing is None:  # the winner's row vanished (pruned) in between
@@ -147,14 +148,14 @@ def insert_job(session: Session, new: NewJob) -> Job:
             raise DuplicateJob(
                 "this idempotency key was already used by this tenant", job_id=existing.id
             )
-    return Job.from_row(JobRow(**values))
+    return Job.from_row(cast(JobRow, SimpleNamespace(**values)))  # no ORM instance to build
 
 
 def _insert(session: Session) -> Any:
     """The dialect's INSERT, which knows ``ON CONFLICT`` (PostgreSQL and SQLite spell it alike)."""
     if session.get_bind().dialect.name == "postgresql":
-        return pg_insert(JobRow)
-    return sqlite_insert(JobRow)
+        return pg_insert(JOBS)
+    return sqlite_insert(JOBS)
 
 
 def _new_values(new: NewJob) -> dict[str, Any]:
