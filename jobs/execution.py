@@ -4,14 +4,14 @@ Celery-free: the ``tierq.run_job`` task only unpacks ``(job_id, attempt)`` and c
 ``execute``. Every state change is a compare-and-set on ``(status, attempt)``, so a
 duplicated or stale message, or a late result after the lease was reaped, changes nothing.
 
-- At start, the worker first renews this attempt's lease: a lease that is gone (reaped while
-  the message waited in the broker, or lost with Redis) means the job is handed back to the
-  queue by compare-and-set, uncharged, instead of being run by a worker nobody accounts for.
-  The same holds when the lease turns out lost right after the start, before the handler
-  ran. Then work nobody will collect is not computed: a cancel request or a passed
-  ``start_by`` ends the job (``cancelled``/``expired``) before the handler runs.
 - The start is one statement (``repository.start``: dispatched → running, returning the
-  row); a job that must not compute is read only when the start did not happen.
+  row). Work nobody will collect is not computed: a cancel request or a passed ``start_by``
+  makes the start not happen, and the job ends (``cancelled``/``expired``) without its
+  handler running; only then is the row read.
+- Right after the start, one round trip renews this attempt's lease and announces the start.
+  A lease that is gone (reaped while the message waited in the broker, or lost with Redis)
+  means the start is undone: the job goes back to the queue by compare-and-set, uncharged,
+  instead of being run by a worker nobody accounts for.
 - While the handler runs, a heartbeat thread renews the lease (``jobs.leases``); the renewal
   also tells of a cancel request, so a running job costs SQL nothing. A failed renewal marks
   the lease lost.
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -131,23 +130,21 @@ class _Attempt:
             return STALE
 
     def _run(self, registry: HandlerRegistry) -> str:
-        checked_at = time.monotonic()
-        if self._lease_gone():  # reaped while the message waited, or lost with Redis
-            return self._lease_gone_before_start()
         job = self._start()
         if job is None:
             return self._not_started()
         self.job = job
-        self._announce()
         self._log(logging.DEBUG, "job.started", kind=job.kind)
         ctx = JobContext(
             job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
         )
         heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock)
-        if time.monotonic() - checked_at >= heartbeat.renew_every_s:
-            heartbeat.renew_now()  # SQL was slow: the lease may have lapsed meanwhile
-            if ctx.lease_lost():  # the handler has not run: hand the job back, uncharged
-                return self._hand_back(Status.RUNNING)
+        # The lease is checked after the start, in the round trip that announces it: one
+        # reaped while the message waited in the broker (or lost with Redis) means the
+        # handler must not run, and the start is undone.
+        heartbeat.renew_now(announce=True)
+        if ctx.lease_lost():
+            return self._hand_back(Status.RUNNING)
         heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
         try:
@@ -196,13 +193,6 @@ class _Attempt:
         self.job = job
         return self._before_start(job) or self._stale(job)
 
-    def _lease_gone_before_start(self) -> str:
-        job = self._read()
-        if job is None or job.status is not Status.DISPATCHED or job.attempt != self.attempt:
-            return self._stale(job)
-        self.job = job
-        return self._hand_back(Status.DISPATCHED)
-
     def _stale(self, job: Job | None) -> str:
         logger.info(
             "job.stale",
@@ -213,17 +203,6 @@ class _Attempt:
             },
         )
         return STALE
-
-    def _lease_gone(self) -> bool:
-        """This attempt's lease is certainly gone (renewal refused). Redis unreachable is
-        not "gone": the heartbeat keeps watching once the job runs."""
-        try:
-            return not self.runtime.index.renew(
-                self.job_id, attempt=self.attempt, ttl_s=self.runtime.policy.lease_ttl_s,
-                now=None if self._virtual_clock is None else self._virtual_clock(),
-            )
-        except redis.RedisError:
-            return False
 
     def _hand_back(self, src: Status) -> str:
         """Give a job whose lease is gone back to the queue before its handler ran: a new

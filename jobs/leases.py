@@ -165,9 +165,11 @@ class Heartbeat:
         """One renewal, now (what the thread does each period)."""
         self.renew_now()
 
-    def renew_now(self) -> None:
+    def renew_now(self, *, announce: bool = False) -> None:
+        """Renew at once; ``announce``: also publish that the job's status moved (the
+        worker's start), in the same round trip."""
         if not self._ctx.lease_lost():
-            self._renew(time.monotonic())
+            self._renew(time.monotonic(), announce=announce)
 
     def _loop(self) -> None:
         while not self._stopping.wait(self.renew_every_s):
@@ -179,11 +181,11 @@ class Heartbeat:
                     extra={"event": "job.heartbeat_error", "job_id": self._ctx.job_id},
                 )
 
-    def _renew(self, now: float) -> None:
+    def _renew(self, now: float, *, announce: bool = False) -> None:
         try:
             renewal = self._runtime.index.renew_checked(
                 self._ctx.job_id, attempt=self._ctx.attempt, ttl_s=self._ttl,
-                now=_virtual_now(self._clock),
+                now=_virtual_now(self._clock), announce=announce,
             )
         except redis.RedisError:
             self._warn("job.renew_failed", exc_info=True)

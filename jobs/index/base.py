@@ -212,10 +212,17 @@ class DispatchIndex(Protocol):
         ...
 
     def renew_checked(
-        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        ttl_s: float,
+        now: float | None = None,
+        announce: bool = False,
     ) -> Renewal:
         """``renew``, also telling whether a cancel was requested for the job: a running job
-        learns of a cancel with its renewals, never by reading SQL."""
+        learns of a cancel with its renewals, never by reading SQL. ``announce``: publish
+        that the job's status moved (``jobs.notify``) in the same round trip."""
         ...
 
     def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:

@@ -379,7 +379,13 @@ class MemoryIndex:
         return bool(self.renew_checked(job_id, attempt=attempt, ttl_s=ttl_s, now=now))
 
     def renew_checked(
-        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        ttl_s: float,
+        now: float | None = None,
+        announce: bool = False,
     ) -> Renewal:
         current = self._leases.score(job_id)
         if current is None or self._meta[job_id].attempt != attempt:

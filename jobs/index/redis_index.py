@@ -262,9 +262,16 @@ class RedisIndex:
         return bool(self.renew_checked(job_id, attempt=attempt, ttl_s=ttl_s, now=now))
 
     def renew_checked(
-        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        ttl_s: float,
+        now: float | None = None,
+        announce: bool = False,
     ) -> Renewal:
-        answer = self._run("renew", [job_id, int(attempt), _score(ttl_s), _now(now)])
+        answer = self._run("renew", [job_id, int(attempt), _score(ttl_s), _now(now),
+                                     "1" if announce else ""])
         return Renewal(int(answer))
 
     def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
