@@ -64,13 +64,21 @@ def retry_sql(call: Callable[[], T], *, keep_trying: Callable[[], bool], what: s
               job_id: str) -> T:
     """``call()``, tried again with backoff while SQL cannot be reached and
     ``keep_trying()`` (asked after each failure: it renews or checks the lease) says so;
-    raises ``SqlUnreachable`` once it says no."""
+    raises ``SqlUnreachable`` once it says no. The first try runs bare: the retry machinery
+    is built only once the database has failed (it costs more than a statement)."""
+    try:
+        return call()
+    except Exception as exc:
+        if not is_sql_outage(exc):
+            raise
+        first = exc
+    _log_sql_wait(job_id, what, 1)
+    if not keep_trying():
+        raise SqlUnreachable(f"{what}: the database stayed unreachable") from first
+    time.sleep(SQL_RETRY_MIN_S)
 
     def log_wait(state: tenacity.RetryCallState) -> None:
-        logger.warning("job.sql_unavailable", extra={
-            "event": "job.sql_unavailable", "job_id": job_id, "step": what,
-            "tries": state.attempt_number,
-        })
+        _log_sql_wait(job_id, what, state.attempt_number + 1)
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_sql_outage),
@@ -85,6 +93,12 @@ def retry_sql(call: Callable[[], T], *, keep_trying: Callable[[], bool], what: s
         if is_sql_outage(exc):
             raise SqlUnreachable(f"{what}: the database stayed unreachable") from exc
         raise
+
+
+def _log_sql_wait(job_id: str, what: str, tries: int) -> None:
+    logger.warning("job.sql_unavailable", extra={
+        "event": "job.sql_unavailable", "job_id": job_id, "step": what, "tries": tries,
+    })
 
 
 def _virtual_now(clock: Clock | None) -> float | None:
