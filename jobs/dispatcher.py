@@ -1,7 +1,8 @@
 """The dispatcher: fills free pool slots with the best runnable jobs, and keeps the index honest.
 
-Each ``run_once(now)`` does, in order (1-3 and 5 are maintenance, which ``serve`` runs every
-``MAINTENANCE_PERIOD_S``; a doorbell's round between them only dispatches):
+A round dispatches (4). Every ``MAINTENANCE_PERIOD_S`` a round also does the upkeep (1-3 and
+5) after its first dispatch, then dispatches again into what reaping freed; the first round
+of a dispatcher does 1-3 before anything:
 
 1. caps: recompute tier caps from the pool's capacity and push them to the index when they
    change (a tenant under its new cap becomes runnable);
@@ -131,18 +132,27 @@ class Dispatcher:
         capacity of the last maintenance: caps, reaping, expiry and the reconciler run on
         their own period, not once per ring."""
         stats = DispatchStats()
-        if maintain or self._capacity is None:
+        if self._capacity is None:  # the first round: caps and capacity before anything
             self._maintain(now, stats)
-        assert self._capacity is not None
-        stats.free_slots = max(0, self._capacity - self.runtime.index.inflight())
-        if stats.free_slots:
-            self._dispatch(now, stats.free_slots, stats)
+        elif maintain:
+            # What woke the round is served before the upkeep (a popped job past its
+            # deadline expires at the claim); the pass after it fills what reaping freed.
+            self._dispatch_free(now, stats)
+            self._maintain(now, stats)
+        self._dispatch_free(now, stats)
         if maintain and now - self._reconciled_at >= RECONCILE_PERIOD_S:
             self._reconciled_at = now
             stats.reconciled = self.reconciler.run_once(
                 now, fence=self.fence, keep_lead=self.keep_lead
             )
         return stats
+
+    def _dispatch_free(self, now: float, stats: DispatchStats) -> None:
+        assert self._capacity is not None
+        free = max(0, self._capacity - self.runtime.index.inflight())
+        stats.free_slots += free
+        if free:
+            self._dispatch(now, free, stats)
 
     def maintenance_due(self, now: float) -> bool:
         return self._capacity is None or now - self._maintained_at >= MAINTENANCE_PERIOD_S
