@@ -149,6 +149,9 @@ class Dispatcher:
 
     def _dispatch_free(self, now: float, stats: DispatchStats) -> None:
         assert self._capacity is not None
+        if self._capacity == 0:  # no worker at the last upkeep: one may have come since
+            self._capacity = self.runtime.policy.pool_concurrency or (
+                self.runtime.index.pool_capacity(now=now))
         free = max(0, self._capacity - self.runtime.index.inflight())
         stats.free_slots += free
         if free:
