@@ -86,7 +86,8 @@ class DispatchStats:
     requeued: int = 0
     failed: int = 0
     dropped: int = 0
-    free_slots: int = 0
+    # A dispatch call filled its whole batch: more may be runnable right away.
+    batch_full: bool = False
     # Jobs whose publish failed (or that were not tried after a failure): handed back.
     publish_failed: int = 0
     # The round rebuilt the index from SQL instead (see ``lead_once``).
@@ -96,8 +97,8 @@ class DispatchStats:
 
     @property
     def saturated(self) -> bool:
-        """Every free slot was filled: there may be more to do right away."""
-        return self.dispatched > 0 and self.dispatched >= self.free_slots
+        """There may be more to do right away (otherwise a release or submit rings)."""
+        return self.batch_full
 
 
 @dataclass
@@ -148,14 +149,13 @@ class Dispatcher:
         return stats
 
     def _dispatch_free(self, now: float, stats: DispatchStats) -> None:
+        """Fill the free slots: the index counts them in the same call (``capacity``)."""
         assert self._capacity is not None
         if self._capacity == 0:  # no worker at the last upkeep: one may have come since
             self._capacity = self.runtime.policy.pool_concurrency or (
                 self.runtime.index.pool_capacity(now=now))
-        free = max(0, self._capacity - self.runtime.index.inflight())
-        stats.free_slots += free
-        if free:
-            self._dispatch(now, free, stats)
+        if self._capacity > 0:
+            self._dispatch(now, stats)
 
     def maintenance_due(self, now: float) -> bool:
         return self._capacity is None or now - self._maintained_at >= MAINTENANCE_PERIOD_S
@@ -273,7 +273,7 @@ class Dispatcher:
 
     # -- dispatch --------------------------------------------------------------------------
 
-    def _dispatch(self, now: float, n: int, stats: DispatchStats) -> None:
+    def _dispatch(self, now: float, stats: DispatchStats) -> None:
         """Lease, claim (SQL, the commit point: one statement for the whole batch), publish.
         Interrupted after the lease and before the claim: the row is queued and the lease
         lapses; the reaper indexes it again. After the claim and before the publish: the
@@ -281,8 +281,9 @@ class Dispatcher:
         ttl = self.runtime.policy.lease_ttl_s
         index = self.runtime.index
         leases = index.dispatch(
-            min(n, self.batch_size), now=now, lease_ttl_s=ttl, fence=self.fence
+            self.batch_size, now=now, lease_ttl_s=ttl, fence=self.fence, capacity=self._capacity
         )
+        stats.batch_full = stats.batch_full or len(leases) >= self.batch_size
         if not leases:
             return
         retry_later: list[Lease] = []

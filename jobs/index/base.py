@@ -195,13 +195,21 @@ class DispatchIndex(Protocol):
         ...
 
     def dispatch(
-        self, n: int, *, lease_ttl_s: float, now: float | None = None, fence: str | None = None
+        self,
+        n: int,
+        *,
+        lease_ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+        capacity: int | None = None,
     ) -> list[Lease]:
         """Pop up to ``n`` jobs in order-key order across runnable tenants, skipping tenants
         at their cap (they keep their place), and lease each until ``now + lease_ttl_s``.
         Jobs whose ``not_before`` is later than ``now`` wait; jobs past ``start_by`` are
         still returned (the caller expires them: the index does not know SQL). With a
-        ``fence``, raise ``NotLeader`` (changing nothing) unless it is the leader's token."""
+        ``fence``, raise ``NotLeader`` (changing nothing) unless it is the leader's token.
+        With a ``capacity``, ``n`` is cut to the slots it leaves free beside the leases
+        held now (nothing when none is free)."""
         ...
 
     def renew(

@@ -337,8 +337,16 @@ class MemoryIndex:
             raise NotLeader(f"{what} refused: the fencing token is not the leader's")
 
     def dispatch(
-        self, n: int, *, lease_ttl_s: float, now: float | None = None, fence: str | None = None
+        self,
+        n: int,
+        *,
+        lease_ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+        capacity: int | None = None,
     ) -> list[Lease]:
+        if capacity is not None:
+            n = min(n, capacity - self.inflight())
         if n <= 0:
             return []
         now = self._at(now)

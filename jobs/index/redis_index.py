@@ -240,13 +240,20 @@ class RedisIndex:
         self._run("set_caps", args)
 
     def dispatch(
-        self, n: int, *, lease_ttl_s: float, now: float | None = None, fence: str | None = None
+        self,
+        n: int,
+        *,
+        lease_ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+        capacity: int | None = None,
     ) -> list[Lease]:
         if n <= 0:
             return []
-        raw = self._run(
-            "dispatch", [n, _now(now), _score(lease_ttl_s), PROMOTE_LIMIT, fence or ""]
-        )
+        raw = self._run("dispatch", [
+            n, _now(now), _score(lease_ttl_s), PROMOTE_LIMIT, fence or "",
+            "" if capacity is None else int(capacity),
+        ])
         return [
             Lease(
                 job_id=_text(job), tenant=_text(tenant), tier=_text(tier),

@@ -251,6 +251,16 @@ def test_a_lease_belongs_to_its_attempt(index: DispatchIndex) -> None:
     assert index.inflight() == 0
 
 
+def test_dispatch_with_a_capacity_fills_only_the_free_slots(index: DispatchIndex) -> None:
+    index.set_caps({"free": BIG})
+    fill(index, *(job(f"j{n}", key=float(n)) for n in range(6)))
+    assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL, capacity=2)) == ["j0", "j1"]
+    assert index.dispatch(10, now=0.0, lease_ttl_s=TTL, capacity=2) == []  # none free
+    index.release("j0")
+    assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL, capacity=3)) == ["j2", "j3"]
+    assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL, capacity=10)) == ["j4"]  # n still caps
+
+
 def test_a_cancel_flag_is_seen_by_the_renewal_of_its_attempt_only(index: DispatchIndex) -> None:
     fill(index, job("a"))
     assert index.flag_cancel("a") is False  # queued: no lease to flag
