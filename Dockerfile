@@ -7,15 +7,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md ./
 COPY jobs ./jobs
 COPY workers ./workers
-COPY migrations ./migrations
-RUN pip install . \
+# The wheel is the product: built and installed, then the sources go; migrations ship inside.
+RUN pip wheel --no-deps --wheel-dir /tmp/wheels . \
+    && pip install /tmp/wheels/tierq-*.whl \
+    && rm -rf /tmp/wheels /app/* \
     && useradd --create-home --uid 10001 tierq
-
-# The sources stay importable from /app, where migrations/ sits next to the jobs package.
-ENV PYTHONPATH=/app
 USER tierq
+WORKDIR /home/tierq
 EXPOSE 8000 5555
 CMD ["tierq", "--help"]

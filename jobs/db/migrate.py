@@ -1,8 +1,8 @@
 """Alembic, driven from Python: ``tierq migrate``, the tests and ``tierq up`` call these.
 
-The configuration is built in code (no ``alembic.ini`` needed); the ``migrations/`` directory
-sits at the repository root, next to the ``jobs`` package. The URL travels in
-``config.attributes["url"]`` (read by ``migrations/env.py``) and, %-escaped, in
+The configuration is built in code (no ``alembic.ini`` needed); the migrations ship inside
+the package (``jobs/db/migrations``), so a plain ``pip install`` can migrate. The URL travels in
+``config.attributes["url"]`` (read by ``jobs/db/migrations/env.py``) and, %-escaped, in
 ``sqlalchemy.url`` for anything that reads the main options.
 """
 
@@ -17,7 +17,7 @@ from alembic.script import ScriptDirectory
 
 from jobs.db.engine import make_engine
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(url: str) -> Config:

@@ -7,7 +7,7 @@ Portable between SQLite (the embedded default) and PostgreSQL:
 - ``status`` is a plain string with a CHECK listing the states, so a new state needs a new
   CHECK, not a database enum type migration.
 
-``migrations/versions`` must create exactly this schema; a test compares the two.
+``jobs/db/migrations/versions`` must create exactly this schema; a test compares the two.
 """
 
 from __future__ import annotations
