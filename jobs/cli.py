@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -43,9 +44,14 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+# Set by ``--debug``: an unexpected error shows its traceback instead of one line.
+_DEBUG = {"on": os.environ.get("TIERQ_DEBUG", "") not in ("", "0")}
+
+
 def _friendly(func: Callable[P, None]) -> Callable[P, None]:
-    """Print tierq's own errors as one red line, no traceback: exit 2 for a bad configuration
-    or input (the caller's to fix), 1 for anything else."""
+    """Print every error a user can cause as one red line, no traceback: exit 2 for a bad
+    configuration or input (the caller's to fix), 1 for anything else (a database or Redis
+    that cannot be reached, a schema not migrated). ``--debug`` shows the traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
@@ -55,8 +61,32 @@ def _friendly(func: Callable[P, None]) -> Callable[P, None]:
             _fail(exc.message, 2)
         except TierqError as exc:
             _fail(exc.message, 1)
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if _DEBUG["on"]:
+                raise
+            _fail(f"{_one_line(exc)} (run with --debug for the traceback)", 1)
 
     return wrapper
+
+
+def _one_line(exc: BaseException) -> str:
+    """What went wrong, in the user's terms where the cause is known."""
+    import redis
+    import sqlalchemy.exc
+
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+        if "no such table" in first or ("does not exist" in first and "relation" in first):
+            return f"the database has no tierq schema: run `tierq migrate` first ({first})"
+        if isinstance(exc, sqlalchemy.exc.OperationalError):
+            return f"the database cannot be reached: {first}"
+        return f"the database refused: {first}"
+    if isinstance(exc, redis.RedisError):
+        return f"Redis cannot be reached: {first}"
+    return f"{type(exc).__name__}: {first}"
 
 
 class _KeyValueFormatter(logging.Formatter):
@@ -175,15 +205,39 @@ def flower(
 
 
 @_friendly
-def migrate() -> None:
-    """Bring the database schema to the latest revision."""
+@_friendly
+def migrate(
+    wait: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for the database to answer.")
+    ] = 60.0,
+) -> None:
+    """Bring the database schema to the latest revision (waiting for the database to answer,
+    as it may still be starting)."""
+    import sqlalchemy.exc
+    import tenacity
+
     from jobs.db.migrate import current, upgrade
 
     settings = load_settings()
     if not settings.database_url:
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     url = settings.resolved_database_url()
-    upgrade(url)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def say_waiting(state: tenacity.RetryCallState) -> None:
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        console.print(f"waiting for the database: {_one_line(error) if error else ''}",
+                      style="yellow", markup=False)
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(sqlalchemy.exc.OperationalError),
+        wait=tenacity.wait_exponential(multiplier=0.5, max=5),
+        stop=tenacity.stop_after_delay(wait),
+        before_sleep=say_waiting,
+        reraise=True,
+    )
+    retrying(upgrade, url)
     Console().print(f"database at revision {current(url)}", highlight=False)
 
 
@@ -261,6 +315,7 @@ def _payload(text: str) -> dict[str, Any]:
     return payload
 
 
+@_friendly
 def submit(
     kind: Annotated[str, typer.Argument(help="Job kind, e.g. sleep or echo.")],
     payload: Annotated[str, typer.Option(help="The job's payload, a JSON object.")] = "{}",
@@ -276,6 +331,8 @@ def submit(
     from jobs.client import ApiError, Refused
 
     body = _payload(payload)
+    if max_wait is not None and not (math.isfinite(max_wait) and max_wait > 0):
+        _fail(f"--max-wait must be a positive number of seconds, not {max_wait}", 2)
     console = Console(highlight=False, soft_wrap=True)
     with _client(api_url, key) as client:
         try:
@@ -320,6 +377,7 @@ def _follow(client: Client, job_id: str, console: Console) -> None:
     console.print_json(json.dumps(outcome.get("result")))
 
 
+@_friendly
 def status(
     job_id: Annotated[str, typer.Argument(help="The job's id.")],
     api_url: ApiUrl = DEFAULT_API,
@@ -393,6 +451,29 @@ def show_policy() -> None:
     print_policy(load_settings(), console)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        Console(highlight=False).print(f"tierq {version('tierq')}")
+        raise typer.Exit()
+
+
+def _options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the traceback of an unexpected error.")
+    ] = False,
+    _version_: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """tierq: a durable, tiered job scheduler for expensive (GPU) work."""
+    if debug:
+        _DEBUG["on"] = True
+
+
 def build_app() -> typer.Typer:
     """The command tree (``main`` runs it; tests introspect it)."""
     app = typer.Typer(
@@ -402,6 +483,7 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_show_locals=False,
     )
+    app.callback()(_options)
     for command in (up, api, dispatcher, worker, flower, migrate, submit, status, repair):
         app.command()(command)
     app.command("policy")(show_policy)

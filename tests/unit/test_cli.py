@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import typer
@@ -163,3 +164,41 @@ def test_flower_help_says_how_to_protect_it(app: typer.Typer) -> None:
     result = CliRunner().invoke(app, ["flower", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "127.0.0.1" in result.stdout and "FLOWER_BASIC_AUTH=user:password" in result.stdout
+
+
+# -- errors are one line --------------------------------------------------------------------
+
+
+def test_version(app: typer.Typer) -> None:
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip().startswith("tierq ")
+
+
+def test_a_max_wait_that_is_not_a_number_is_one_line(app: typer.Typer) -> None:
+    result = CliRunner().invoke(app, ["submit", "echo", "--max-wait", "nan"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "--max-wait must be a positive number of seconds, not nan"
+
+
+def test_a_database_without_the_schema_is_one_line(
+    app: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIERQ_DATABASE_URL", f"sqlite:///{tmp_path / 'empty.db'}")
+    result = CliRunner().invoke(app, ["tenants", "list"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "run `tierq migrate` first" in lines[0], result.output
+    assert "Traceback" not in result.output
+
+
+def test_migrate_waits_for_the_database_then_says_why_in_one_line(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIERQ_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nothing")
+    result = CliRunner().invoke(app, ["migrate", "--wait", "1.5"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("waiting for the database: ")  # it tried more than once
+    assert lines[-1].startswith("the database cannot be reached: ")
+    assert "Traceback" not in result.output
