@@ -294,6 +294,74 @@ def tenants_list() -> None:
     Console().print(table)
 
 
+def _tenant_ref(runtime: Any, ref: str) -> str:
+    """A tenant's id from its id or its name."""
+    from jobs.errors import NotFound
+    from jobs.tenants import list_tenants
+
+    for tenant in list_tenants(runtime):
+        if ref in (tenant.id, tenant.name):
+            return tenant.id
+    raise NotFound(f"no tenant named or with id {ref!r} (see `tierq tenants list`)")
+
+
+@_friendly
+def tenants_rotate_key(
+    tenant: Annotated[str, typer.Argument(help="The tenant's name or id.")],
+) -> None:
+    """Give a tenant a new API key and print it; the old key stops working at once."""
+    from jobs.runtime import Runtime
+    from jobs.tenants import rotate_key
+
+    runtime = Runtime.from_settings(load_settings())
+    try:
+        updated, key = rotate_key(runtime, _tenant_ref(runtime, tenant))
+    finally:
+        runtime.close()
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"tenant {updated.name}  id {updated.id}: the old key no longer works")
+    console.print(f"new API key (shown once, store it now): [bold]{key}[/]")
+
+
+@_friendly
+def tenants_update(
+    tenant: Annotated[str, typer.Argument(help="The tenant's name or id.")],
+    tier: Annotated[str | None, typer.Option(help="Move the tenant to this tier.")] = None,
+    cap: Annotated[int | None, typer.Option(min=1, help="Jobs running at once.")] = None,
+    max_queued: Annotated[int | None, typer.Option(min=1, help="Queued quota.")] = None,
+    rate_per_s: Annotated[float | None, typer.Option(help="Submits per second.")] = None,
+    rate_burst: Annotated[int | None, typer.Option(min=1, help="Submit burst.")] = None,
+    clear: Annotated[
+        list[str] | None,
+        typer.Option(help="Drop an override (cap, max_queued, rate_per_s, rate_burst): the "
+                          "tier's value applies again. Repeatable."),
+    ] = None,
+) -> None:
+    """Change a tenant's tier or its overrides of the tier's policy."""
+    from jobs.runtime import Runtime
+    from jobs.tenants import OVERRIDES, UNCHANGED, update_tenant
+
+    if rate_per_s is not None and not (math.isfinite(rate_per_s) and rate_per_s > 0):
+        _fail(f"--rate-per-s must be a positive number, not {rate_per_s}", 2)
+    given: dict[str, Any] = {"cap": cap, "max_queued": max_queued, "rate_per_s": rate_per_s,
+                             "rate_burst": rate_burst}
+    changes: dict[str, Any] = {k: (UNCHANGED if v is None else v) for k, v in given.items()}
+    for name in clear or []:
+        if name not in OVERRIDES:
+            _fail(f"--clear takes one of {', '.join(OVERRIDES)}, not {name!r}", 2)
+        changes[name] = None
+    runtime = Runtime.from_settings(load_settings())
+    try:
+        updated = update_tenant(runtime, _tenant_ref(runtime, tenant), tier=tier, **changes)
+    finally:
+        runtime.close()
+    overrides = {"cap": updated.cap, "max_queued": updated.max_queued,
+                 "rate_per_s": updated.rate_per_s, "rate_burst": updated.rate_burst}
+    shown = ", ".join(f"{k}={v}" for k, v in overrides.items() if v is not None) or "none"
+    Console(highlight=False, soft_wrap=True).print(
+        f"tenant {updated.name}  tier {updated.tier}  overrides: {shown}")
+
+
 # --- jobs over HTTP ---------------------------------------------------------------------
 
 
@@ -436,6 +504,45 @@ def repair(
     console.print(table)
 
 
+JobId = Annotated[str, typer.Argument(help="The job's id.")]
+
+
+@_friendly
+def jobs_get(
+    job_id: JobId,
+    wait: Annotated[
+        float | None, typer.Option(min=0, max=60, help="Long-poll up to this many seconds.")
+    ] = None,
+    api_url: ApiUrl = DEFAULT_API,
+    key: ApiKey = None,
+) -> None:
+    """Print a job (as JSON); with --wait, once its status changes or the time is up."""
+    with _client(api_url, key) as client:
+        job = client.get(job_id, wait=wait)
+    Console(highlight=False, soft_wrap=True).print_json(json.dumps(job))
+
+
+@_friendly
+def jobs_result(job_id: JobId, api_url: ApiUrl = DEFAULT_API, key: ApiKey = None) -> None:
+    """Print a finished job's result (as JSON); exit 1 when it failed, was cancelled or
+    expired, 3 while it is not finished."""
+    with _client(api_url, key) as client:
+        answer = client.result(job_id)
+    if "result" not in answer:
+        _fail(f"job {job_id} is {answer.get('status')}: no result yet", 3)
+    Console(highlight=False, soft_wrap=True).print_json(json.dumps(answer["result"]))
+
+
+@_friendly
+def jobs_cancel(job_id: JobId, api_url: ApiUrl = DEFAULT_API, key: ApiKey = None) -> None:
+    """Cancel a job: at once when it has not started, cooperatively when it runs."""
+    with _client(api_url, key) as client:
+        answer = client.cancel(job_id)
+    pending = " (the handler was asked to stop)" if answer.get("cancel_requested") else ""
+    Console(highlight=False, soft_wrap=True).print(
+        f"job {job_id}  {answer.get('status')}{pending}")
+
+
 # --- policy -----------------------------------------------------------------------------
 
 
@@ -490,7 +597,15 @@ def build_app() -> typer.Typer:
     tenants = typer.Typer(help="Manage tenants (directly in the database).", no_args_is_help=True)
     tenants.command("create")(tenants_create)
     tenants.command("list")(tenants_list)
+    tenants.command("update")(tenants_update)
+    tenants.command("rotate-key")(tenants_rotate_key)
     app.add_typer(tenants, name="tenants")
+    jobs = typer.Typer(help="Look at and cancel jobs (over the API, with a tenant key).",
+                       no_args_is_help=True)
+    jobs.command("get")(jobs_get)
+    jobs.command("result")(jobs_result)
+    jobs.command("cancel")(jobs_cancel)
+    app.add_typer(jobs, name="jobs")
     return app
 
 

@@ -85,6 +85,37 @@ def test_up_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
         )
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         assert json.loads(submitted.stdout[submitted.stdout.index("{") :].strip()) == {"a": 1}
+        job_id = re.search(r"job (\S+)", submitted.stdout)
+        assert job_id, submitted.stdout
+        over_http = ("--key", key.group(0), "--api", url)
+
+        got = tierq(tmp_path, env, "jobs", "get", job_id.group(1), *over_http)
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert json.loads(got.stdout)["status"] == "succeeded"
+        result = tierq(tmp_path, env, "jobs", "result", job_id.group(1), *over_http)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert json.loads(result.stdout) == {"a": 1}
+        long = tierq(tmp_path, env, "submit", "sleep", "--payload", '{"seconds": 60}', *over_http)
+        long_id = re.search(r"job (\S+)", long.stdout)
+        assert long.returncode == 0 and long_id, long.stdout + long.stderr
+        cancelled = tierq(tmp_path, env, "jobs", "cancel", long_id.group(1), *over_http)
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        assert "cancelled" in cancelled.stdout or "asked to stop" in cancelled.stdout
+        unknown = tierq(tmp_path, env, "jobs", "get", "not-a-job", *over_http)
+        assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+
+        updated = tierq(tmp_path, env, "tenants", "update", "acme", "--cap", "2")
+        assert updated.returncode == 0 and "cap=2" in updated.stdout, updated.stdout
+        cleared = tierq(tmp_path, env, "tenants", "update", "acme", "--clear", "cap")
+        assert cleared.returncode == 0 and "overrides: none" in cleared.stdout, cleared.stdout
+        rotated = tierq(tmp_path, env, "tenants", "rotate-key", "acme")
+        new_key = re.search(r"tq_[A-Za-z0-9_-]+", rotated.stdout)
+        assert rotated.returncode == 0 and new_key, rotated.stdout + rotated.stderr
+        old = tierq(tmp_path, env, "jobs", "get", job_id.group(1), *over_http)
+        assert old.returncode == 1, old.stdout  # the old key stopped working
+        fresh = tierq(tmp_path, env, "jobs", "get", job_id.group(1), "--key", new_key.group(0),
+                      "--api", url)
+        assert fresh.returncode == 0, fresh.stdout + fresh.stderr
 
         children = session_members(up.pid)
         assert len(children) >= 4  # up, embedded redis, api, dispatcher, worker
