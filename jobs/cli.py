@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from jobs.client import Client
+    from jobs.runtime import Runtime
 
 P = ParamSpec("P")
 
@@ -294,15 +295,27 @@ def tenants_list() -> None:
     Console().print(table)
 
 
-def _tenant_ref(runtime: Any, ref: str) -> str:
-    """A tenant's id from its id or its name."""
+def _tenant_ref(runtime: Runtime, ref: str) -> str:
+    """A tenant's id from its name or its id: one indexed read either way."""
+    from jobs.db import repository
     from jobs.errors import NotFound
-    from jobs.tenants import list_tenants
 
-    for tenant in list_tenants(runtime):
-        if ref in (tenant.id, tenant.name):
-            return tenant.id
-    raise NotFound(f"no tenant named or with id {ref!r} (see `tierq tenants list`)")
+    with runtime.sessions() as session:
+        tenant = repository.tenant_by_name(session, ref)
+        if tenant is None and _is_uuid(ref):
+            tenant = repository.get_tenant(session, ref)
+    if tenant is None:
+        raise NotFound(f"no tenant named or with id {ref!r} (see `tierq tenants list`)")
+    return tenant.id
+
+
+def _is_uuid(text: str) -> bool:
+    import uuid
+
+    try:
+        return str(uuid.UUID(text)) == text.lower()
+    except ValueError:
+        return False
 
 
 @_friendly

@@ -175,10 +175,6 @@ class Heartbeat:
         """Not lost, and renewed within its TTL: this attempt may still record its outcome."""
         return not self._ctx.lease_lost() and time.monotonic() - self._renewed_at < self._ttl
 
-    def tick(self) -> None:
-        """One renewal, now (what the thread does each period)."""
-        self.renew_now()
-
     def renew_now(self, *, announce: bool = False) -> None:
         """Renew at once; ``announce``: also publish that the job's status moved (the
         worker's start), in the same round trip."""

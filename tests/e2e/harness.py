@@ -134,6 +134,17 @@ class System:
         wait_until(lambda: client.get("/v1/queues").json()["pool"]["capacity"] >= slots)
 
 
+def stop_up(up: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM a ``tierq up`` (started in a session of its own) and wait for it; past
+    ``grace``, SIGKILL its whole session and fail."""
+    up.send_signal(signal.SIGTERM)
+    try:
+        up.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(up.pid, signal.SIGKILL)
+        raise
+
+
 def system_env(
     *, database_url: str, redis_url: str, key_prefix: str, extra: Mapping[str, str] | None = None
 ) -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.harness import free_port, wait_until
+from tests.e2e.harness import free_port, stop_up, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -120,12 +119,8 @@ def test_up_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
         children = session_members(up.pid)
         assert len(children) >= 4  # up, embedded redis, api, dispatcher, worker
     finally:
-        up.send_signal(signal.SIGTERM)
         try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            raise
+            stop_up(up)
         finally:
             log.close()
     wait_until(lambda: session_members(up.pid) == [], timeout=15)

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -24,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.harness import free_port, wait_until
+from tests.e2e.harness import free_port, stop_up, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -114,10 +113,5 @@ def test_tierq_up_from_the_wheel_runs_a_job(installed: Path, tmp_path: Path) -> 
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         assert json.loads(submitted.stdout[submitted.stdout.index("{"):].strip()) == {"a": 1}
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            raise
+        stop_up(up)
     assert up.returncode == 0, (tmp_path / "up.log").read_text()

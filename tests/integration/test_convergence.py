@@ -241,7 +241,7 @@ def test_a_zombie_attempt_cannot_keep_the_next_attempts_lease_alive(
     dispatcher.run_once(now + TTL + 2)
     assert runtime.index.entries_of([job.id])[job.id].attempt == 2
 
-    zombie.tick()
+    zombie.renew_now()
 
     assert ctx.lease_lost()
     assert [lease.job_id for lease in runtime.index.reap(now=now + 2 * TTL + 2)] == [job.id]

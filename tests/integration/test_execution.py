@@ -20,6 +20,7 @@ from jobs.db.engine import make_engine, make_sessionmaker
 from jobs.domain import Job, NewJob, Tenant
 from jobs.execution import Heartbeat, execute
 from jobs.index.base import IndexedJob
+from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.runtime import Runtime
 from jobs.states import Status
@@ -432,12 +433,12 @@ def test_the_heartbeat_renews_the_lease_and_notices_a_cancel(
     later = dispatched_at + 100
     heartbeat = Heartbeat(runtime, ctx, clock=lambda: later)
 
-    heartbeat.tick()
+    heartbeat.renew_now()
 
     assert runtime.index.reap(now=later + LEASE_TTL_S - 0.01) == []  # renewed from `later`
     assert not ctx.stopped()
     request_cancel(runtime, job.id)
-    heartbeat.tick()
+    heartbeat.renew_now()
     assert ctx.cancelled() and not ctx.lease_lost()
 
 
@@ -450,7 +451,7 @@ def test_the_heartbeat_marks_a_reaped_lease_lost(runtime: Runtime, tenant: Tenan
     ctx = JobContext(job_id=job.id, attempt=1, tenant_id=tenant.id, kind="echo")
     runtime.index.reap(now=time.time() + 3600)
 
-    Heartbeat(runtime, ctx, clock=time.time).tick()
+    Heartbeat(runtime, ctx, clock=time.time).renew_now()
 
     assert ctx.lease_lost() and not ctx.cancelled()
     assert not ctx.sleep(3600)
@@ -472,9 +473,13 @@ def test_a_running_job_costs_the_database_nothing(runtime: Runtime, tenant: Tena
     ctx = JobContext(job_id=job.id, attempt=1, tenant_id=tenant.id, kind="echo")
     heartbeat = Heartbeat(runtime, ctx)
     sa.event.listen(runtime.engine, "before_cursor_execute", count)
+    leases = IndexKeys(runtime.settings.key_prefix).leases
+    first_expiry = float(runtime.redis.zscore(leases, job.id) or 0)
     heartbeat.start()
     try:
-        time.sleep(2 * LEASE_TTL_S)
+        # Held past the end of the lease it started with: the thread renewed it, with no SQL.
+        wait_for(lambda: float(runtime.redis.zscore(leases, job.id) or 0)
+                 >= first_expiry + LEASE_TTL_S)
         assert runtime.index.reap() == []  # on Redis's clock: still held
         assert heartbeat.holds_lease() and not ctx.lease_lost()
         assert runtime.index.flag_cancel(job.id, attempt=1)  # what the API's cancel does
