@@ -377,3 +377,46 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_more() -> Non
                     "bench/e2e.py", "jobs/__pycache__/cli.cpython-311.pyc", ".env",
                     "tierq.egg-info/PKG-INFO"):
         assert dockerignored(private, patterns), f"{private} would be sent to the builder"
+
+
+# -- docs/deploy.md ------------------------------------------------------------------------
+
+
+def test_the_sizing_table_of_deploy_md_is_what_the_policy_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worked example (16 slots, 6 s jobs, the default tiers), row by row."""
+    from jobs import policy
+
+    for name in list(os.environ):
+        if name.startswith("TIERQ_"):
+            monkeypatch.delenv(name)
+
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip()
+            for line in text.splitlines() if line.startswith("| ") and line.count("|") == 4}
+    built = load_settings().build_policy()
+    tiers, pool = built.tiers, 16
+    mu = policy.service_rate(pool, 6.0)
+    bounds = {name: policy.queue_bound(tier, mu) for name, tier in tiers.items()}
+
+    def per_tier(values: dict[str, float]) -> str:
+        return ", ".join(f"{name} {values[name]:g}" for name in ("premium", "standard", "free"))
+
+    assert rows["service rate"] == f"{mu:.2f} jobs/s"
+    assert rows["tier bound"] == per_tier(bounds)
+    assert rows["tenant cap"] == per_tier(
+        {name: policy.tenant_cap(tier, pool) for name, tier in tiers.items()})
+    assert rows["tenant quota"] == per_tier(
+        {name: policy.tenant_quota(tier, bounds[name]) for name, tier in tiers.items()})
+    ties = {name: policy.ageing_guarantee_s(tier, tiers, built.ageing_rate_s)
+            for name, tier in tiers.items()}
+    assert rows["ageing tie"] == f"standard {ties['standard']:g} s, free {ties['free']:g} s"
+
+
+def test_readme_and_deploy_md_link_only_files_in_the_repository() -> None:
+    for doc in (ROOT / "docs" / "deploy.md", ROOT / "README.md"):
+        for target in re.findall(r"\]\(([^)#]+)\)", doc.read_text()):
+            assert "://" not in target and not target.startswith("/"), target
+            assert (doc.parent / target).resolve().is_relative_to(ROOT), target
+            assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
