@@ -175,9 +175,10 @@ def test_run_flower_itself_refuses_before_it_starts(monkeypatch: pytest.MonkeyPa
             monkeypatch.delenv(name)
     started: list[object] = []
     monkeypatch.setattr(workers.flower, "make_celery", started.append)
+    settings = load_settings(database_url="sqlite:///:memory:", redis_url="redis://127.0.0.1:1")
     for address in ("0.0.0.0", "", "flower.example.org", "::"):
         with pytest.raises(ConfigError, match="no authentication"):
-            workers.flower.run_flower(load_settings(), port=5555, address=address)
+            workers.flower.run_flower(settings, port=5555, address=address)
     assert started == []
 
 
