@@ -224,22 +224,19 @@ def flower(
     ] = 5555,
     address: Annotated[str, typer.Option(
         envvar="FLOWER_ADDRESS",
-        help="Address to listen on; 0.0.0.0 for every interface (set up authentication first).",
+        help="Address to listen on; 0.0.0.0 for every interface (needs authentication).",
     )] = "127.0.0.1",
 ) -> None:
     """Run Flower (Celery's monitor) against the broker, on 127.0.0.1 unless --address.
 
-    Flower shows every task with its arguments and can control workers. Before it listens
-    beyond this machine, protect it: FLOWER_BASIC_AUTH=user:password in the environment
+    Flower shows every task with its arguments and can control workers: it refuses to listen
+    beyond this machine unprotected. Set FLOWER_BASIC_AUTH=user:password in the environment
     (several pairs comma-separated), or Flower's OAuth (FLOWER_AUTH, FLOWER_OAUTH2_*).
     """
-    from workers.flower import auth_warning, run_flower
+    from workers.flower import require_auth, run_flower
 
-    settings = load_settings()
-    warning = auth_warning(address, os.environ)
-    if warning is not None:
-        Console(stderr=True, soft_wrap=True, highlight=False).print(warning, style="yellow")
-    run_flower(settings, port=port, address=address)
+    require_auth(address, os.environ)
+    run_flower(load_settings(), port=port, address=address)
 
 
 @_friendly

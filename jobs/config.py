@@ -23,7 +23,15 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -42,6 +50,18 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
     "standard": {"base_priority": 10, "max_wait_s": 20, "tenant_share": 0.10},
     "free": {"base_priority": 20, "max_wait_s": 60, "tenant_share": 0.04},
 }
+
+# The admin key creates tenants and reads every key's tenant: a guessable one is an open door.
+ADMIN_KEY_MIN_LENGTH = 16
+# Compared with letters and digits only, lower-cased: "Change_Me" is "changeme".
+ADMIN_KEY_DEFAULTS = frozenset({
+    "admin", "administrator", "adminkey", "changeit", "changeme", "default", "example",
+    "password", "passw0rd", "placeholder", "replaceme", "secret", "tierq", "tierqadmin",
+})
+# Words that mark a sample value however long it is ("change-me-to-a-long-key").
+ADMIN_KEY_MARKERS = ("changeme", "replaceme", "placeholder", "youradminkey")
+_ADMIN_KEY_HINT = ("set it to a long random key, e.g. "
+                   "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
 
 
 class TierSettings(BaseModel):
@@ -117,6 +137,21 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _TomlSource(settings_cls))
+
+    @field_validator("admin_key")
+    @classmethod
+    def _admin_key_is_not_guessable(cls, key: str | None) -> str | None:
+        """Refuse at start what a scanner would try first; an empty value means unset."""
+        if not key:
+            return None
+        bare = "".join(ch for ch in key.lower() if ch.isalnum())
+        if bare in ADMIN_KEY_DEFAULTS or any(word in bare for word in ADMIN_KEY_MARKERS):
+            raise PydanticCustomError("admin_key", "TIERQ_ADMIN_KEY is a known default or "
+                                      "placeholder; " + _ADMIN_KEY_HINT)
+        if len(key) < ADMIN_KEY_MIN_LENGTH:
+            raise PydanticCustomError("admin_key", f"TIERQ_ADMIN_KEY is {len(key)} characters, "
+                                      f"fewer than {ADMIN_KEY_MIN_LENGTH}; " + _ADMIN_KEY_HINT)
+        return key
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-ADMIN_KEY = "e2e-admin-key"
+ADMIN_KEY = "e2e-admin-key-of-the-tests"
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 
 

@@ -37,7 +37,7 @@ ERROR_REF = "#/components/schemas/ErrorResponse"
 def document() -> Iterator[dict[str, Any]]:
     # Nothing is connected before a request needs it, so no server is needed behind these.
     settings = load_settings(database_url="sqlite:///:memory:", redis_url="redis://127.0.0.1:1",
-                             admin_key="x")
+                             admin_key="openapi-admin-key-0123")
     with api_client(create_app(settings)) as client:
         answer = client.get("/openapi.json")
         assert answer.status_code == 200

@@ -153,18 +153,40 @@ def test_flower_listens_on_localhost_unless_told(
     ]
 
 
-def test_flower_warns_when_it_listens_further_without_auth(
+def test_flower_refuses_to_listen_further_without_auth(
     app: typer.Typer, flower_runs: list[dict[str, object]]
 ) -> None:
     bare = CliRunner().invoke(app, ["flower", "--address", "0.0.0.0"], env={"COLUMNS": "200"})
-    assert bare.exit_code == 0, bare.output
-    assert "no authentication" in bare.stderr and "FLOWER_BASIC_AUTH" in bare.stderr
+    assert bare.exit_code == 2, bare.output
+    lines = bare.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no authentication" in lines[0] and "FLOWER_BASIC_AUTH" in lines[0]
+    malformed = CliRunner().invoke(
+        app, ["flower", "--address", "0.0.0.0"], env={"FLOWER_BASIC_AUTH": "admin"}
+    )
+    assert malformed.exit_code == 2 and "user:password" in malformed.stderr, malformed.output
     protected = CliRunner().invoke(
-        app, ["flower", "--address", "0.0.0.0"], env={"FLOWER_BASIC_AUTH": "admin:secret"}
+        app, ["flower", "--address", "0.0.0.0"], env={"FLOWER_BASIC_AUTH": "admin:long-secret"}
     )
     assert protected.exit_code == 0, protected.output
-    assert "warning" not in protected.output
-    assert [run["address"] for run in flower_runs] == ["0.0.0.0", "0.0.0.0"]
+    assert [run["address"] for run in flower_runs] == ["0.0.0.0"]
+
+
+def test_run_flower_itself_refuses_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard sits in ``workers.flower``, not only in the command: any caller is stopped."""
+    import workers.flower
+    from jobs.config import load_settings
+    from jobs.errors import ConfigError
+
+    for name in list(os.environ):
+        if name.startswith("FLOWER_"):
+            monkeypatch.delenv(name)
+    started: list[object] = []
+    monkeypatch.setattr(workers.flower, "make_celery", started.append)
+    settings = load_settings(database_url="sqlite:///:memory:", redis_url="redis://127.0.0.1:1")
+    for address in ("0.0.0.0", "", "flower.example.org", "::"):
+        with pytest.raises(ConfigError, match="no authentication"):
+            workers.flower.run_flower(settings, port=5555, address=address)
+    assert started == []
 
 
 def test_flower_help_says_how_to_protect_it(app: typer.Typer) -> None:
