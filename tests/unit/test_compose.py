@@ -255,8 +255,11 @@ def test_stop_grace_periods_cover_a_long_poll_and_a_job() -> None:
     assert seconds(declared["api"]["stop_grace_period"]) > MAX_LONG_POLL_S
     assert seconds(declared["dispatcher"]["stop_grace_period"]) >= 5
     # Longer than the longest job, per docs/operations.md; the variable sizes it per fleet.
-    assert "${TIERQ_WORKER_STOP_GRACE:-" in services()["worker"]["stop_grace_period"]
+    assert "${TIERQ_WORKER_STOP_GRACE_S:-" in services()["worker"]["stop_grace_period"]
     assert seconds(declared["worker"]["stop_grace_period"]) >= 600
+    # The worker knows the grace it gets, so it hands back what cannot finish before the kill.
+    grace = float(declared["worker"]["environment"]["TIERQ_POLICY__STOP_GRACE_S"])
+    assert grace == seconds(declared["worker"]["stop_grace_period"])
     assert "stop_grace_period" in (ROOT / "docs" / "operations.md").read_text()
 
 
