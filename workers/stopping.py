@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 from celery import signals
@@ -66,11 +67,40 @@ def install(settings: Settings) -> None:
         handback.start()
         _forward_to_children()
 
-    def on_child_start(**_: Any) -> None:
-        signal.signal(signal.SIGTERM, lambda signum, frame: handback.start())
+    parent = os.getpid()
+    armed: set[int] = set()
+
+    def on_task(**_: Any) -> None:
+        # billiard sets its own SIGTERM handler in a prefork child after every init hook;
+        # the first task in the child takes it over.
+        pid = os.getpid()
+        if pid != parent and pid not in armed:
+            armed.add(pid)
+            signal.signal(signal.SIGTERM, _ChildTerm(handback))
 
     signals.worker_shutting_down.connect(on_shutting_down, weak=False)
-    signals.worker_process_init.connect(on_child_start, weak=False)
+    signals.task_prerun.connect(on_task, weak=False)
+
+
+class _ChildTerm:
+    """SIGTERM in a prefork child: the first starts the hand-back; it may come twice at once
+    (to the process group, and forwarded by the parent). One later than that is a terminate
+    (Celery's cold shutdown): the child ends as SIGTERM would have ended it."""
+
+    ECHO_S = 2.0
+
+    def __init__(self, handback: _HandBack) -> None:
+        self.handback = handback
+        self.first: float | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+            self.handback.start()
+        elif now - self.first > self.ECHO_S:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _forward_to_children() -> None:
