@@ -1,9 +1,10 @@
-"""One error format for every answer that is not a success (API.md, "Errors").
+"""One error format for every answer that is not a success (docs/api.md, "Errors").
 
 ``{"error": {"type": ..., "message": ..., ...details}}``, whatever went wrong: a ``TierqError``
 from the service layer, a request FastAPI could not parse, an unknown route, a backend that
 cannot be reached (503 with ``Retry-After``), or a bug (500, logged, no traceback in the
-body). ``error_responses`` documents the same bodies and headers in the OpenAPI schema.
+body). ``ERROR_TYPES`` lists every ``type`` an answer can carry; ``error_responses`` declares
+a route's error answers by type in the OpenAPI schema, with the same body and headers.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ _TYPE_BY_STATUS = {
     400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
     405: "invalid_request", 413: "payload_too_large", 422: "invalid_request",
     503: "unavailable",
-}  # any other status Starlette raises is a client's error too: invalid_request
+}  # any other 4xx Starlette raises is invalid_request too; a 5xx, internal
 
 
 def error_response(
