@@ -209,9 +209,9 @@ class ErrorType:
 # Every ``type`` an error body can carry (docs/api.md lists the same, a test holds them equal).
 ERROR_TYPES: dict[str, ErrorType] = {
     "invalid_request": ErrorType(
-        (400, 405, 422), "400: the body is not JSON; 405: a method the path does not serve "
-        "(Allow lists those it does); 422: wrong field types, unknown fields, an unknown job "
-        "kind or tier, a value out of range (details lists the fields)"),
+        (400, 405, 422), "the body is not JSON (400); wrong field types, unknown fields or "
+        "query parameters, an unknown job kind or tier, a value out of range (422, details "
+        "lists the fields); a method the path does not serve (405, Allow lists those it does)"),
     "unauthorized": ErrorType((401,), "no key, or a key nobody holds"),
     "forbidden": ErrorType((403,), "a valid key used for what it may not do (the admin key "
                                    "for jobs, a tenant key for tenants)"),
