@@ -25,6 +25,12 @@ from rich.table import Table
 
 from jobs.config import hide_password, load_settings
 from jobs.errors import ConfigError, InvalidRequest, TierqError
+from jobs.policy import (
+    MAX_TENANT_BURST,
+    MAX_TENANT_CAP,
+    MAX_TENANT_QUEUED,
+    MAX_TENANT_RATE_PER_S,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -379,10 +385,16 @@ def tenants_rotate_key(
 def tenants_update(
     tenant: Annotated[str, typer.Argument(help="The tenant's name or id.")],
     tier: Annotated[str | None, typer.Option(help="Move the tenant to this tier.")] = None,
-    cap: Annotated[int | None, typer.Option(min=1, help="Jobs running at once.")] = None,
-    max_queued: Annotated[int | None, typer.Option(min=1, help="Queued quota.")] = None,
+    cap: Annotated[
+        int | None, typer.Option(min=1, max=MAX_TENANT_CAP, help="Jobs running at once.")
+    ] = None,
+    max_queued: Annotated[
+        int | None, typer.Option(min=1, max=MAX_TENANT_QUEUED, help="Queued quota.")
+    ] = None,
     rate_per_s: Annotated[float | None, typer.Option(help="Submits per second.")] = None,
-    rate_burst: Annotated[int | None, typer.Option(min=1, help="Submit burst.")] = None,
+    rate_burst: Annotated[
+        int | None, typer.Option(min=1, max=MAX_TENANT_BURST, help="Submit burst.")
+    ] = None,
     clear: Annotated[
         list[str] | None,
         typer.Option(help="Drop an override (cap, max_queued, rate_per_s, rate_burst): the "
@@ -392,8 +404,11 @@ def tenants_update(
     """Change a tenant's tier or its overrides of the tier's policy."""
     from jobs.tenants import OVERRIDES, UNCHANGED, update_tenant
 
-    if rate_per_s is not None and not (math.isfinite(rate_per_s) and rate_per_s > 0):
-        _fail(f"--rate-per-s must be a positive number, not {rate_per_s}", 2)
+    if rate_per_s is not None and not (
+        math.isfinite(rate_per_s) and 0 < rate_per_s <= MAX_TENANT_RATE_PER_S
+    ):
+        _fail(f"--rate-per-s must be a number in (0, {MAX_TENANT_RATE_PER_S:g}], not "
+              f"{rate_per_s}", 2)
     given: dict[str, Any] = {"cap": cap, "max_queued": max_queued, "rate_per_s": rate_per_s,
                              "rate_burst": rate_burst}
     changes: dict[str, Any] = {k: (UNCHANGED if v is None else v) for k, v in given.items()}

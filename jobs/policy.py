@@ -152,6 +152,14 @@ def retry_backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     return min(max_s, base_s * 2.0 ** max(0, attempt - 1))
 
 
+# Tenant overrides (API and CLI): far above any real pool, far below what a column or a Lua
+# number holds.
+MAX_TENANT_CAP = 1_000_000
+MAX_TENANT_QUEUED = 10**9
+MAX_TENANT_RATE_PER_S = 1e6
+MAX_TENANT_BURST = 1_000_000
+
+
 def handback_after_s(stop_grace_s: float) -> float:
     """When, after a stop signal, a worker hands back the jobs still running: late enough to
     let most finish, early enough (3 s, or half a short grace) to record it before the kill."""

@@ -14,17 +14,18 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobs.policy import (
+    MAX_TENANT_BURST,
+    MAX_TENANT_CAP,
+    MAX_TENANT_QUEUED,
+    MAX_TENANT_RATE_PER_S,
+)
 from jobs.states import Status
 from jobs.submission import Progress
 from jobs.tenants import NAME_PATTERN
 
 MAX_WAIT_LIMIT_S = 30 * 24 * 3600.0
 MAX_ATTEMPTS_LIMIT = 100
-# Tenant overrides: far above any real pool, far below what a column or a Lua number holds.
-MAX_TENANT_CAP = 1_000_000
-MAX_TENANT_QUEUED = 10**9
-MAX_TENANT_RATE_PER_S = 1e6
-MAX_TENANT_BURST = 1_000_000
 TIMESTAMP = "RFC 3339, UTC, milliseconds"
 
 

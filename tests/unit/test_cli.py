@@ -349,3 +349,22 @@ def test_the_jobs_table_fits_the_terminal_and_never_cuts_an_id_or_a_status() -> 
         assert max(len(line) for line in lines) <= max(width, 48), (width, lines)
         assert job["id"] in lines[1] and "dispatched" in lines[1]
     assert "1.5 s" in lines[1] and "document.embed" in lines[1]  # the widest shows them all
+
+
+@pytest.mark.parametrize("option", ["--cap", "--max-queued", "--rate-burst"])
+def test_tenant_overrides_beyond_what_a_column_holds_are_refused_before_any_io(
+    app: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["tenants", "update", "acme", option, str(2**63)],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and option in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rate_that_is_not_a_finite_positive_number_is_refused(app: typer.Typer) -> None:
+    for rate in ("nan", "inf", "-1", "1e300"):
+        result = CliRunner().invoke(app, ["tenants", "update", "acme", "--rate-per-s", rate])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("--rate-per-s must be a number in (0, 1e+06]")
