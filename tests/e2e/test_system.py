@@ -23,6 +23,7 @@ from tests.e2e.conftest import BROKERS
 from tests.e2e.harness import (
     Broker,
     System,
+    free_port,
     max_overlap,
     running,
     system_env,
@@ -241,6 +242,34 @@ def test_a_killed_workers_job_runs_again_by_its_lease_not_the_broker(
     # been attempt 1 again, and stale).
     assert (final["status"], final["attempt"]) == ("succeeded", 2)
     assert result.json()["result"] == {"slept": 2}
+
+
+@both_brokers
+def test_flower_sees_the_workers_and_their_tasks(system: System) -> None:
+    """Flower needs no management API on RabbitMQ: it finds workers through the control
+    exchange and tasks through the event exchange, both the deployment's own."""
+    port = free_port()
+    system.start("flower", "flower", "--port", str(port),
+                 env={"FLOWER_UNAUTHENTICATED_API": "true"})
+    flower = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    system.clients.append(flower)
+    workers = wait_until(lambda: flower.get("/api/workers", params={"refresh": 1}).json())
+    assert [name.startswith("tierq-") for name in workers] == [True]
+
+    acme = system.tenant("acme", "premium")
+    system.wait_for_capacity(acme, 2)
+
+    def seen_by_flower() -> list[dict[str, Any]]:
+        """Run a job; Flower's record of its task, if any. Flower turns task events on in
+        the workers a few seconds after it starts (its periodic ``enable_events``)."""
+        job = submit(acme, "echo", {"seen": True})
+        assert wait_terminal(acme, job["id"])["status"] == "succeeded"
+        time.sleep(0.5)  # the task's events travel through the broker to Flower
+        return [task for task in flower.get("/api/tasks").json().values()
+                if job["id"] in str(task.get("args"))]
+
+    tasks = wait_until(seen_by_flower, timeout=30, every=0.5)
+    assert tasks[0]["name"] == "tierq.run_job" and tasks[0]["state"] == "SUCCESS"
 
 
 NOISY_CONFIG = """
