@@ -183,6 +183,6 @@ def require_rabbitmq() -> RabbitServer:
     found = find_rabbitmq()
     if isinstance(found, RabbitServer):
         return found
-    if os.environ.get("CI"):
+    if "CI" in os.environ:
         pytest.fail(f"{found} (CI is set: RabbitMQ tests must run)", pytrace=False)
     pytest.skip(found)
