@@ -31,7 +31,7 @@ from tests.e2e.harness import (
     wait_until,
 )
 from tests.faults.checks import check_invariants
-from tests.faults.handlers import RUN_LOG_ENV
+from tests.faults.handlers import RUN_LOG_ENV, read_runs
 from tests.fleet.load import DepthSampler, Tenant, refusals_within_limits
 from tests.services import RedisServer
 
@@ -182,6 +182,9 @@ def test_a_fleet_holds_caps_and_bounds_and_loses_nothing_when_its_leader_dies(
             run_log=Path(system.env[RUN_LOG_ENV]), timeout=60,
         )
         logged, twice = dispatched_twice(system)
+        runs = read_runs(Path(system.env[RUN_LOG_ENV]))
+        thread_pids = {p.popen.pid for p in system.processes.values()
+                       if p.name.startswith("worker-threads")}
 
     assert {job.status.value for job in jobs.values()} == {"succeeded"}
     assert len(jobs) == len(accepted) >= MIN_ACCEPTED
@@ -193,6 +196,9 @@ def test_a_fleet_holds_caps_and_bounds_and_loses_nothing_when_its_leader_dies(
             if queued > bound or bound != BOUNDS[tier]]
     assert sampler.samples and over == []
     assert "dispatcher.leading" in standby.log.read_text(errors="replace")
+    # Every worker ran jobs: the prefork one in its children (pids of no threads worker).
+    ran_in = {run.pid for job_runs in runs.values() for run in job_runs}
+    assert thread_pids <= ran_in and ran_in - thread_pids
     # The load pressed against the caps: some tenant ran at its cap at some instant.
     peaks = {tenant: max_overlap([(job.started_at or 0, job.finished_at or 0)
                                   for job in jobs.values() if job.tenant_id == tenant])
