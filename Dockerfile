@@ -1,4 +1,5 @@
 # The one image every tierq service of docker-compose.yml runs (`tierq api`, `tierq worker`, …).
+# .dockerignore keeps the build context to what is copied below.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -18,4 +19,7 @@ RUN pip wheel --no-deps --wheel-dir /tmp/wheels . \
 USER tierq
 WORKDIR /home/tierq
 EXPOSE 8000 5555
+# docker stop sends SIGTERM: workers leave the pool and finish their jobs, a leading
+# dispatcher resigns, the API lets open requests finish (compose sets the grace periods).
+STOPSIGNAL SIGTERM
 CMD ["tierq", "--help"]

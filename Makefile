@@ -35,6 +35,7 @@ test: lint ## lint, then the whole test suite (unit, integration, e2e, faults)
 
 bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
 	$(BIN)/python bench/dispatch_index.py
+	$(BIN)/python bench/index_ceiling.py
 	$(BIN)/python bench/submit.py $(SUBMIT_BENCH_ARGS)
 	$(BIN)/python bench/e2e.py $(E2E_BENCH_ARGS)
 

@@ -25,7 +25,7 @@ import httpx
 import redis
 
 BENCH_DIR = Path(__file__).resolve().parent
-ADMIN_KEY = "bench-admin-key"
+ADMIN_KEY = "bench-admin-key-of-this-run"
 TIER = "bench"
 WORKER_SLOTS = 4
 # No pool_concurrency: capacity is the live worker's 4 slots, as in production. The bound

@@ -41,7 +41,7 @@ from rich.table import Table
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
-ADMIN_KEY = "bench-admin-key"
+ADMIN_KEY = "bench-admin-key-of-this-run"
 # Requests sent before the clock starts: connections, caches and the first migration-cold
 # queries are not what is being measured.
 WARMUP = 100

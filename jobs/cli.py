@@ -1,7 +1,10 @@
 """The ``tierq`` command: run the parts, manage tenants, submit jobs, explain the policy.
 
 Settings are read inside each command (``load_settings``), never at import; an impossible
-configuration prints its message in red and exits 2. Heavy imports (the API, Celery) happen
+configuration prints its message in red and exits 2. Every command finds the system the same
+way (``jobs.config``: flag, ``TIERQ_*``, the config file, the data directory of ``tierq up``),
+refuses in one line when there is none, and names on stderr what it acts on before it
+changes anything. Heavy imports (the API, Celery) happen
 inside the commands that need them, so ``tierq --help`` and ``tierq policy`` stay quick.
 """
 
@@ -20,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.config import load_settings
+from jobs.config import hide_password, load_settings
 from jobs.errors import ConfigError, InvalidRequest, TierqError
 
 if TYPE_CHECKING:
@@ -32,12 +35,28 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 
 ApiUrl = Annotated[
-    str, typer.Option("--api", envvar="TIERQ_API_URL", help="Base URL of the tierq API.")
+    str | None,
+    typer.Option("--api", envvar="TIERQ_API_URL",
+                 help="Base URL of the tierq API [default: that of the running `tierq up`].",
+                 show_default=False),
 ]
 ApiKey = Annotated[
     str | None, typer.Option("--key", envvar="TIERQ_API_KEY", help="The tenant's API key.")
 ]
-DEFAULT_API = "http://127.0.0.1:8000"
+
+
+def _tierq() -> str:
+    """How to call tierq for the same system: with the data directory given, if one was."""
+    data_dir = os.environ.get("TIERQ_DATA_DIR")
+    if data_dir and Path(data_dir).resolve() != (Path.cwd() / ".tierq").resolve():
+        return f"tierq --data-dir {data_dir}"
+    return "tierq"
+
+
+def _target(line: str) -> None:
+    """Name, on stderr, the system a command is about to act on."""
+    Console(stderr=True, soft_wrap=True, highlight=False).print(
+        f"→ {line}", style="dim", markup=False)
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -121,14 +140,27 @@ def up(
     port: Annotated[int, typer.Option(help="Port of the API.")] = 8000,
     concurrency: Annotated[int, typer.Option(min=1, help="Worker slots.")] = 2,
     data_dir: Annotated[
-        Path, typer.Option(envvar="TIERQ_DATA_DIR", help="SQLite file, Redis socket, keys.")
-    ] = Path(".tierq"),
+        Path | None,
+        typer.Option(help="SQLite file, Redis socket, keys [default: ./.tierq].",
+                     show_default=False),
+    ] = None,
+    grace: Annotated[
+        float | None,
+        typer.Option(min=0.1, max=86400, show_default=False,
+                     help="Seconds a stop waits for running jobs before killing; jobs that "
+                          "cannot finish in it go back to the queue, uncharged "
+                          "[default: policy.stop_grace_s, 10]."),
+    ] = None,
 ) -> None:
     """Run the whole system on this machine: API, dispatcher, worker (and Redis)."""
     from jobs.supervisor import UpOptions, run_up
 
+    overrides: dict[str, Any] = {"data_dir": data_dir} if data_dir is not None else {}
+    settings = load_settings(**overrides)
     configure_logging()
-    run_up(UpOptions(host=host, port=port, concurrency=concurrency, data_dir=data_dir), Console())
+    options = UpOptions(host=host, port=port, concurrency=concurrency, data_dir=settings.home(),
+                        grace_s=grace if grace is not None else settings.policy.stop_grace_s)
+    run_up(options, Console())
 
 
 def api_app() -> FastAPI:
@@ -148,7 +180,8 @@ def api(
     """Run the HTTP API (uvicorn)."""
     import uvicorn
 
-    load_settings()  # refuse a bad configuration before the server starts
+    settings = load_settings()  # refuse a bad configuration, or no system, before serving
+    _target(settings.describe_target())
     configure_logging(log_level)
     uvicorn.run("jobs.cli:api_app", factory=True, host=host, port=port, workers=workers,
                 log_level=log_level)
@@ -160,6 +193,7 @@ def dispatcher() -> None:
     from jobs.dispatcher import serve
 
     settings = load_settings()
+    _target(settings.describe_target())
     configure_logging()
     serve(settings)
 
@@ -175,7 +209,10 @@ def worker(
     """Run a Celery worker for every tier's queue."""
     from workers.main import run_worker
 
-    code = run_worker(load_settings(), concurrency=concurrency, pool=pool, loglevel=loglevel)
+    settings = load_settings()
+    _target(f"{settings.describe_target()} · broker "
+            f"{hide_password(settings.resolved_broker_url())}")
+    code = run_worker(settings, concurrency=concurrency, pool=pool, loglevel=loglevel)
     if code:
         raise typer.Exit(code)
 
@@ -187,25 +224,21 @@ def flower(
     ] = 5555,
     address: Annotated[str, typer.Option(
         envvar="FLOWER_ADDRESS",
-        help="Address to listen on; 0.0.0.0 for every interface (set up authentication first).",
+        help="Address to listen on; 0.0.0.0 for every interface (needs authentication).",
     )] = "127.0.0.1",
 ) -> None:
     """Run Flower (Celery's monitor) against the broker, on 127.0.0.1 unless --address.
 
-    Flower shows every task with its arguments and can control workers. Before it listens
-    beyond this machine, protect it: FLOWER_BASIC_AUTH=user:password in the environment
+    Flower shows every task with its arguments and can control workers: it refuses to listen
+    beyond this machine unprotected. Set FLOWER_BASIC_AUTH=user:password in the environment
     (several pairs comma-separated), or Flower's OAuth (FLOWER_AUTH, FLOWER_OAUTH2_*).
     """
-    from workers.flower import auth_warning, run_flower
+    from workers.flower import require_auth, run_flower
 
-    settings = load_settings()
-    warning = auth_warning(address, os.environ)
-    if warning is not None:
-        Console(stderr=True, soft_wrap=True, highlight=False).print(warning, style="yellow")
-    run_flower(settings, port=port, address=address)
+    require_auth(address, os.environ)
+    run_flower(load_settings(), port=port, address=address)
 
 
-@_friendly
 @_friendly
 def migrate(
     wait: Annotated[
@@ -220,9 +253,8 @@ def migrate(
     from jobs.db.migrate import current, upgrade
 
     settings = load_settings()
-    if not settings.database_url:
-        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    url = settings.resolved_database_url()
+    url = settings.resolved_database_url(create=True)
+    _target(f"database {hide_password(url)}")
     console = Console(stderr=True, highlight=False, soft_wrap=True)
 
     def say_waiting(state: tenacity.RetryCallState) -> None:
@@ -245,6 +277,16 @@ def migrate(
 # --- tenants ----------------------------------------------------------------------------
 
 
+def _runtime(*, announce: bool) -> Runtime:
+    """The system's connections; ``announce``: say on stderr which system is changed."""
+    from jobs.runtime import Runtime
+
+    settings = load_settings()
+    if announce:
+        _target(settings.describe_target())
+    return Runtime.from_settings(settings)
+
+
 @_friendly
 def tenants_create(
     name: Annotated[str, typer.Argument(help="Unique tenant name.")],
@@ -253,10 +295,9 @@ def tenants_create(
     """Create a tenant in the database and print its API key (shown once)."""
     from sqlalchemy.exc import OperationalError
 
-    from jobs.runtime import Runtime
     from jobs.tenants import create_tenant
 
-    runtime = Runtime.from_settings(load_settings())
+    runtime = _runtime(announce=True)
     try:
         tenant, key = create_tenant(runtime, name=name, tier=tier)
     except OperationalError as exc:
@@ -267,7 +308,7 @@ def tenants_create(
     console.print(f"tenant {tenant.name}  id {tenant.id}  tier {tenant.tier}")
     console.print(f"API key (shown once, store it now): [bold]{key}[/]")
     console.print(f"Use it:  export TIERQ_API_KEY={key}", markup=False)
-    console.print("         tierq submit echo --payload '{\"a\": 1}' --wait", markup=False)
+    console.print(f"         {_tierq()} submit echo --payload '{{\"a\": 1}}' --wait", markup=False)
 
 
 @_friendly
@@ -275,10 +316,9 @@ def tenants_list() -> None:
     """List the tenants."""
     from datetime import UTC, datetime
 
-    from jobs.runtime import Runtime
     from jobs.tenants import list_tenants
 
-    runtime = Runtime.from_settings(load_settings())
+    runtime = _runtime(announce=False)
     try:
         tenants = list_tenants(runtime)
     finally:
@@ -323,10 +363,9 @@ def tenants_rotate_key(
     tenant: Annotated[str, typer.Argument(help="The tenant's name or id.")],
 ) -> None:
     """Give a tenant a new API key and print it; the old key stops working at once."""
-    from jobs.runtime import Runtime
     from jobs.tenants import rotate_key
 
-    runtime = Runtime.from_settings(load_settings())
+    runtime = _runtime(announce=True)
     try:
         updated, key = rotate_key(runtime, _tenant_ref(runtime, tenant))
     finally:
@@ -351,7 +390,6 @@ def tenants_update(
     ] = None,
 ) -> None:
     """Change a tenant's tier or its overrides of the tier's policy."""
-    from jobs.runtime import Runtime
     from jobs.tenants import OVERRIDES, UNCHANGED, update_tenant
 
     if rate_per_s is not None and not (math.isfinite(rate_per_s) and rate_per_s > 0):
@@ -363,7 +401,7 @@ def tenants_update(
         if name not in OVERRIDES:
             _fail(f"--clear takes one of {', '.join(OVERRIDES)}, not {name!r}", 2)
         changes[name] = None
-    runtime = Runtime.from_settings(load_settings())
+    runtime = _runtime(announce=True)
     try:
         updated = update_tenant(runtime, _tenant_ref(runtime, tenant), tier=tier, **changes)
     finally:
@@ -378,12 +416,18 @@ def tenants_update(
 # --- jobs over HTTP ---------------------------------------------------------------------
 
 
-def _client(api_url: str, key: str | None) -> Client:
+def _client(api_url: str | None, key: str | None, *, announce: bool = False) -> Client:
+    """A client for the API found as every command finds the system (``--api``,
+    ``TIERQ_API_URL``, the config file, the running ``tierq up``)."""
     from jobs.client import Client
 
+    overrides: dict[str, Any] = {"api_url": api_url} if api_url else {}
+    url = load_settings(**overrides).resolved_api_url()
     if not key:
         _fail("no API key: pass --key or set TIERQ_API_KEY (tierq tenants create prints one)", 2)
-    return Client(api_url, key)
+    if announce:
+        _target(f"API {url}")
+    return Client(url, key)
 
 
 def _payload(text: str) -> dict[str, Any]:
@@ -405,7 +449,7 @@ def submit(
     max_wait: Annotated[
         float | None, typer.Option(help="Expire the job if it has not started by then (s).")
     ] = None,
-    api_url: ApiUrl = DEFAULT_API,
+    api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
     """Submit a job; with --wait, follow it and print its result."""
@@ -415,7 +459,7 @@ def submit(
     if max_wait is not None and not (math.isfinite(max_wait) and max_wait > 0):
         _fail(f"--max-wait must be a positive number of seconds, not {max_wait}", 2)
     console = Console(highlight=False, soft_wrap=True)
-    with _client(api_url, key) as client:
+    with _client(api_url, key, announce=True) as client:
         try:
             job = client.submit(kind, body, idempotency_key=idempotency_key, max_wait_s=max_wait)
         except Refused as exc:
@@ -461,7 +505,7 @@ def _follow(client: Client, job_id: str, console: Console) -> None:
 @_friendly
 def status(
     job_id: Annotated[str, typer.Argument(help="The job's id.")],
-    api_url: ApiUrl = DEFAULT_API,
+    api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
     """Print a job's status as JSON."""
@@ -493,9 +537,8 @@ def repair(
     import sqlalchemy.exc
 
     from jobs.reconciler import Reconciler
-    from jobs.runtime import Runtime
 
-    runtime = Runtime.from_settings(load_settings())
+    runtime = _runtime(announce=True)
     try:
         leader = runtime.index.leader(now=runtime.clock())
         if leader is not None and not force:
@@ -526,7 +569,7 @@ def jobs_get(
     wait: Annotated[
         float | None, typer.Option(min=0, max=60, help="Long-poll up to this many seconds.")
     ] = None,
-    api_url: ApiUrl = DEFAULT_API,
+    api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
     """Print a job (as JSON); with --wait, once its status changes or the time is up."""
@@ -536,7 +579,84 @@ def jobs_get(
 
 
 @_friendly
-def jobs_result(job_id: JobId, api_url: ApiUrl = DEFAULT_API, key: ApiKey = None) -> None:
+def jobs_list(
+    status: Annotated[
+        str | None,
+        typer.Option(help="Only jobs in this state (queued, dispatched, running, succeeded, "
+                          "failed, cancelled, expired)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="Jobs on this page.")] = 20,
+    cursor: Annotated[
+        str | None, typer.Option(help="Continue after a page (its next_cursor).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the page as JSON, for scripts.")
+    ] = False,
+    api_url: ApiUrl = None,
+    key: ApiKey = None,
+) -> None:
+    """List this tenant's jobs, newest first, a page at a time."""
+    with _client(api_url, key) as client:
+        page = client.list_jobs(status=status, limit=limit, cursor=cursor)
+    console = Console(highlight=False, soft_wrap=not as_json)
+    if as_json:
+        console.print_json(json.dumps(page))
+        return
+    console.print(jobs_table(page.get("jobs", []), console.width))
+    following = page.get("next_cursor")
+    if following:
+        console.print(f"more: tierq jobs list --cursor {following}", style="dim", markup=False)
+
+
+def jobs_table(jobs: list[dict[str, Any]], width: int) -> Table:
+    """One row a job, in ``width`` columns: the id and status are never cut (ids are copied
+    from here); the error is cut first, then the columns that matter least are left out."""
+    columns: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
+        ("id", 36, lambda job: str(job.get("id"))),
+        ("status", 10, lambda job: str(job.get("status"))),
+        ("kind", 8, lambda job: str(job.get("kind"))),
+        ("created (UTC)", 14, lambda job: _short_time(job.get("created_at"))),
+        ("waited", 7, _waited),
+        ("att", 3, lambda job: str(job.get("attempt", ""))),
+        ("error", 8, lambda job: str(job.get("error") or "")),
+    ]
+    shown: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = []
+    used = 0
+    for column in columns:
+        if used + column[1] + 2 > width and shown:
+            continue
+        shown.append(column)
+        used += column[1] + 2
+    table = Table(box=None, pad_edge=False, expand=False, width=width)
+    for name, least, _ in shown:
+        table.add_column(name, min_width=least, no_wrap=True, overflow="ellipsis",
+                         ratio=1 if name == "error" else None,
+                         max_width=16 if name == "kind" else None,
+                         justify="right" if name in ("waited", "att") else "left")
+    for job in jobs:
+        table.add_row(*(cell(job) for _, _, cell in shown))
+    return table
+
+
+def _short_time(stamp: Any) -> str:
+    """``MM-DD HH:MM:SS`` of an RFC 3339 time."""
+    return str(stamp or "")[5:19].replace("T", " ")
+
+
+def _waited(job: dict[str, Any]) -> str:
+    """Queue wait (enqueued → started), where both are known."""
+    from datetime import datetime
+
+    try:
+        started = datetime.fromisoformat(str(job["started_at"]))
+        enqueued = datetime.fromisoformat(str(job["enqueued_at"]))
+    except (KeyError, TypeError, ValueError):
+        return ""
+    return f"{(started - enqueued).total_seconds():.1f} s"
+
+
+@_friendly
+def jobs_result(job_id: JobId, api_url: ApiUrl = None, key: ApiKey = None) -> None:
     """Print a finished job's result (as JSON); exit 1 when it failed, was cancelled or
     expired, 3 while it is not finished."""
     with _client(api_url, key) as client:
@@ -547,9 +667,9 @@ def jobs_result(job_id: JobId, api_url: ApiUrl = DEFAULT_API, key: ApiKey = None
 
 
 @_friendly
-def jobs_cancel(job_id: JobId, api_url: ApiUrl = DEFAULT_API, key: ApiKey = None) -> None:
+def jobs_cancel(job_id: JobId, api_url: ApiUrl = None, key: ApiKey = None) -> None:
     """Cancel a job: at once when it has not started, cooperatively when it runs."""
-    with _client(api_url, key) as client:
+    with _client(api_url, key, announce=True) as client:
         answer = client.cancel(job_id)
     pending = " (the handler was asked to stop)" if answer.get("cancel_requested") else ""
     Console(highlight=False, soft_wrap=True).print(
@@ -580,6 +700,17 @@ def _version(value: bool) -> None:
 
 
 def _options(
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", show_default=False,
+                     help="The data directory of `tierq up` to act on [env TIERQ_DATA_DIR; "
+                          "default ./.tierq]."),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", show_default=False,
+                     help="A TOML configuration file [env TIERQ_CONFIG]."),
+    ] = None,
     debug: Annotated[
         bool, typer.Option("--debug", help="Show the traceback of an unexpected error.")
     ] = False,
@@ -592,6 +723,11 @@ def _options(
     """tierq: a durable, tiered job scheduler for expensive (GPU) work."""
     if debug:
         _DEBUG["on"] = True
+    # Flags win over the environment; set there, they reach every process a command starts.
+    if data_dir is not None:
+        os.environ["TIERQ_DATA_DIR"] = str(data_dir.resolve())
+    if config is not None:
+        os.environ["TIERQ_CONFIG"] = str(config.resolve())
 
 
 def build_app() -> typer.Typer:
@@ -615,6 +751,7 @@ def build_app() -> typer.Typer:
     app.add_typer(tenants, name="tenants")
     jobs = typer.Typer(help="Look at and cancel jobs (over the API, with a tenant key).",
                        no_args_is_help=True)
+    jobs.command("list")(jobs_list)
     jobs.command("get")(jobs_get)
     jobs.command("result")(jobs_result)
     jobs.command("cancel")(jobs_cancel)

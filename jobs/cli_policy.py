@@ -17,6 +17,7 @@ from rich.table import Table
 from jobs import capacity, policy
 from jobs.capacity import PoolFigures
 from jobs.config import Settings
+from jobs.errors import ConfigError
 from jobs.service_rate import MeasuredMean
 
 NONE = "-"
@@ -37,7 +38,10 @@ def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, 
     from jobs.runtime import redis_client
     from jobs.service_rate import read_measured
 
-    url = settings.resolved_redis_url()
+    try:
+        url = settings.resolved_redis_url()
+    except ConfigError as exc:
+        return None, f"{exc.message}: configured figures only."
     client = redis_client(url)
     index = RedisIndex(client, settings.key_prefix)
     try:

@@ -41,6 +41,7 @@ from jobs.client_protocol import (
     Unreachable,
     cancel_call,
     get_call,
+    list_call,
     new_idempotency_key,
     parse_response,
     queues_call,
@@ -147,6 +148,11 @@ class Client(_ClientCore):
     def queues(self) -> dict[str, Any]:
         return self._send(queues_call())
 
+    def list_jobs(self, *, status: str | None = None, limit: int = 50,
+             cursor: str | None = None) -> dict[str, Any]:
+        """One page of this tenant's jobs, newest first: ``{"jobs": [...], "next_cursor"}``."""
+        return self._send(list_call(status=status, limit=limit, cursor=cursor))
+
     def wait(
         self,
         job_id: str,
@@ -235,6 +241,10 @@ class AsyncClient(_ClientCore):
 
     async def queues(self) -> dict[str, Any]:
         return await self._send(queues_call())
+
+    async def list_jobs(self, *, status: str | None = None, limit: int = 50,
+                   cursor: str | None = None) -> dict[str, Any]:
+        return await self._send(list_call(status=status, limit=limit, cursor=cursor))
 
     async def wait(
         self,

@@ -153,6 +153,15 @@ def cancel_call(job_id: str) -> Call:
     return Call(method="POST", path=_job_path(job_id) + "/cancel")
 
 
+def list_call(*, status: str | None = None, limit: int = 50, cursor: str | None = None) -> Call:
+    params = {"limit": str(limit)}
+    if status is not None:
+        params["status"] = status
+    if cursor is not None:
+        params["cursor"] = cursor
+    return Call(method="GET", path="/v1/jobs", params=params)
+
+
 def queues_call() -> Call:
     return Call(method="GET", path="/v1/queues")
 

@@ -11,13 +11,15 @@
     ├── NotFound                     404 not_found
     ├── JobNotFinished               202 on /result while the job runs
     ├── JobFailed                    409 job_failed
+    ├── IdempotencyConflict          409 idempotency_conflict: a key reused for other work
     ├── JobGone                      410 job_cancelled / job_expired
     ├── PayloadTooLarge              413 payload_too_large
     ├── Refused                      429: nothing was accepted
     │   ├── CapacityExceeded         capacity: the tier is at its bound (ours to fix)
     │   └── TenantLimitExceeded      tenant_limit: this tenant's quota or rate (theirs)
     ├── Unavailable                  503 unavailable: SQL or Redis cannot be reached
-    ├── DuplicateJob                 idempotency key already used by this tenant
+    ├── DuplicateJob                 idempotency key already used by this tenant (carries
+    │                                its job; the service decides: same job or a conflict)
     ├── IllegalTransition            a state change not in jobs.states.TRANSITIONS
     ├── NotLeader                    (jobs.index.base) a fenced index call from a deposed leader
     └── JobFailedError               (workers.tasks) ends a failed job's Celery task in FAILURE
@@ -25,7 +27,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jobs.domain import Job
 
 
 class TierqError(Exception):
@@ -75,6 +80,14 @@ class JobNotFinished(TierqError):
 
 class JobFailed(TierqError):
     type = "job_failed"
+    status = 409
+
+
+class IdempotencyConflict(TierqError):
+    """The key names a job of another kind or payload: answering with that job would hand
+    the client a result of work it did not ask for."""
+
+    type = "idempotency_conflict"
     status = 409
 
 
@@ -132,9 +145,10 @@ class DuplicateJob(TierqError):
     type = "duplicate"
     status = 200
 
-    def __init__(self, message: str, *, job_id: str) -> None:
-        super().__init__(message, job_id=job_id)
-        self.job_id = job_id
+    def __init__(self, message: str, *, job: Job) -> None:
+        super().__init__(message, job_id=job.id)
+        self.job_id = job.id
+        self.job = job  # the stored job that holds the key
 
 
 class IllegalTransition(TierqError):

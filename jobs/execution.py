@@ -20,6 +20,10 @@ duplicated or stale message, or a late result after the lease was reaped, change
   rings the doorbell, so the dispatcher fills the slot at once, and announces the change
   (``jobs.notify``), so long-polls of the job wake: one round trip. Every other state change
   is announced after its commit on its own.
+- A worker told to stop hands back the jobs it cannot finish within its grace
+  (``hand_back_running``, called by ``workers.stopping``): each handler is asked to stop as a
+  cancel asks, and the job goes back to the queue as a new attempt, uncharged, keeping its
+  place in line, instead of being killed and found by the reaper a lease TTL later.
 - ``max_attempts`` counts starts: a retry after the last allowed start, or one that could
   only start after ``start_by``, ends the job ``failed`` (``started_at`` kept), never a
   silent expiry.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +60,7 @@ from workers.handlers import (
     JobContext,
     LeaseLost,
     RetryableError,
+    WorkerStopping,
 )
 
 logger = logging.getLogger("tierq.worker")
@@ -62,7 +68,7 @@ logger = logging.getLogger("tierq.worker")
 SUCCEEDED, FAILED, CANCELLED, EXPIRED = "succeeded", "failed", "cancelled", "expired"
 REQUEUED, STALE, HANDED_BACK = "requeued", "stale", "handed_back"
 
-__all__ = ["CANCEL_POLL_S", "Heartbeat", "execute"]
+__all__ = ["CANCEL_POLL_S", "Heartbeat", "execute", "hand_back_running"]
 
 # Stored error texts are cut to this length.
 MAX_ERROR_CHARS = 4000
@@ -83,6 +89,38 @@ def execute(
     return _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock).run(registry)
 
 
+class _Running:
+    """The handlers running in this process, so that a stopping worker can reach them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._contexts: dict[int, JobContext] = {}  # by identity: equal contexts may coexist
+
+    def add(self, ctx: JobContext) -> None:
+        with self._lock:
+            self._contexts[id(ctx)] = ctx
+
+    def discard(self, ctx: JobContext) -> None:
+        with self._lock:
+            self._contexts.pop(id(ctx), None)
+
+    def hand_back_all(self) -> int:
+        with self._lock:
+            contexts = list(self._contexts.values())
+        for ctx in contexts:
+            ctx.mark_handed_back()
+        return len(contexts)
+
+
+_RUNNING = _Running()
+
+
+def hand_back_running() -> int:
+    """Ask every job running in this process to stop and go back to the queue, uncharged;
+    returns how many were asked."""
+    return _RUNNING.hand_back_all()
+
+
 def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
     """Gave up on SQL: the lease lapses and the reaper runs the job again."""
     logger.error("job.sql_gave_up", extra={
@@ -91,7 +129,8 @@ def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class _Ending:
-    """How the handler ended: one of SUCCEEDED, FAILED, CANCELLED, "retry", "lease_lost"."""
+    """How the handler ended: one of SUCCEEDED, FAILED, CANCELLED, "retry", "lease_lost",
+    "handback"."""
 
     kind: str
     result: Any = None
@@ -147,10 +186,12 @@ class _Attempt:
             return self._hand_back(Status.RUNNING)
         heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
+        _RUNNING.add(ctx)
         try:
             ending = _call_handler(registry, ctx, job)
             return self._finish(ending, heartbeat)
         finally:
+            _RUNNING.discard(ctx)
             heartbeat.stop()
 
     def _start(self) -> Job | None:
@@ -204,7 +245,7 @@ class _Attempt:
         )
         return STALE
 
-    def _hand_back(self, src: Status) -> str:
+    def _hand_back(self, src: Status, reason: str = "lease gone before the start") -> str:
         """Give a job whose lease is gone back to the queue before its handler ran: a new
         attempt, not charged (a start just made is undone; ``started_at`` is cleared when it
         was the first start, else the earlier start's time is not known here and stays the
@@ -225,7 +266,7 @@ class _Attempt:
         except redis.RedisError:
             self._log(logging.ERROR, "job.requeue_failed", exc_info=True)
         self._ring()
-        self._log(logging.WARNING, "job.handed_back", reason="lease gone before the start")
+        self._log(logging.WARNING, "job.handed_back", reason=reason)
         return HANDED_BACK
 
     @property
@@ -253,6 +294,9 @@ class _Attempt:
         if ending.kind == "lease_lost":
             self._log(logging.WARNING, "job.stale", reason="lease lost")
             return STALE
+        if ending.kind == "handback":
+            heartbeat.stop()  # the requeue replaces this attempt's lease; no renewal after it
+            return self._hand_back(Status.RUNNING, reason="worker stopping")
         if ending.kind == "retry":
             return self._retry(ending.error or "RetryableError", heartbeat)
         if ending.kind == SUCCEEDED:
@@ -383,9 +427,13 @@ def _call_handler(registry: HandlerRegistry, ctx: JobContext, job: Job) -> _Endi
         result = registry.get(job.kind).run(ctx, payload)
     except LeaseLost:
         return _Ending(kind="lease_lost")
+    except WorkerStopping:
+        return _Ending(kind="handback")
     except JobCancelled:
         return _Ending(kind=CANCELLED)
     except Exception as exc:
+        if ctx.handed_back():  # most likely interrupted by the stop: another worker retries
+            return _Ending(kind="handback")
         if ctx.cancelled():  # most likely interrupted by the cancel; a retry would be wasted
             return _Ending(kind=CANCELLED)
         if isinstance(exc, RetryableError):

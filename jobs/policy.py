@@ -54,6 +54,7 @@ class Policy:
     max_attempts: int = 3
     retry_backoff_s: float = 2.0
     retry_backoff_max_s: float = 300.0
+    stop_grace_s: float = 10.0
 
     def tier(self, name: str) -> Tier:
         return self.tiers[name]
@@ -149,6 +150,12 @@ def ageing_rate_for(guarantee_s: float, tier: Tier, tiers: Mapping[str, Tier]) -
 def retry_backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     """Delay before a retryable failure of ``attempt`` (1-based) may run again."""
     return min(max_s, base_s * 2.0 ** max(0, attempt - 1))
+
+
+def handback_after_s(stop_grace_s: float) -> float:
+    """When, after a stop signal, a worker hands back the jobs still running: late enough to
+    let most finish, early enough (3 s, or half a short grace) to record it before the kill."""
+    return max(stop_grace_s / 2.0, stop_grace_s - 3.0)
 
 
 def estimated_wait_s(position: int, free_slots: int, mu: float) -> float:

@@ -17,13 +17,14 @@ dispatcher or a worker is settled by reading the job again and acting on its new
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import redis
 import sqlalchemy.exc as sa_exc
@@ -35,6 +36,7 @@ from jobs.domain import Job, NewJob, Tenant
 from jobs.errors import (
     DuplicateJob,
     Forbidden,
+    IdempotencyConflict,
     InvalidRequest,
     JobFailed,
     JobGone,
@@ -78,6 +80,13 @@ class PayloadValidator(Protocol):
     def validate(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]: ...
 
 
+@runtime_checkable
+class KindCatalog(Protocol):
+    """A validator that can also list its kinds (the registry can): the API publishes them."""
+
+    def kinds(self) -> list[str]: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class Submission:
     kind: str
@@ -114,15 +123,17 @@ class CancelOutcome:
 def submit(
     runtime: Runtime, validator: PayloadValidator, tenant: Tenant, submission: Submission
 ) -> Submitted:
-    """Admit, persist and announce a job; an earlier job when the idempotency key was used.
-    Raises ``InvalidRequest``, ``Refused`` (429) or ``Unavailable``; a refusal leaves nothing."""
+    """Admit, persist and announce a job; the earlier job when its idempotency key was used
+    for the same kind and payload. Raises ``InvalidRequest``, ``IdempotencyConflict`` (the
+    key was used for other work), ``Refused`` (429) or ``Unavailable``; a refusal leaves
+    nothing."""
     tier = _tier_of(runtime, tenant)
     payload = validator.validate(submission.kind, check_json(submission.payload))
     if submission.idempotency_key is not None:
         check_text(submission.idempotency_key, ("idempotency_key",))
         existing = _by_idempotency_key(runtime, tenant.id, submission.idempotency_key)
         if existing is not None:
-            return Submitted(progress=progress(runtime, tenant, existing), created=False)
+            return _resubmitted(runtime, tenant, existing, submission.kind, payload)
     now = runtime.clock()
     new = NewJob(
         id=new_job_id(now),
@@ -140,7 +151,7 @@ def submit(
     place = limits.admit(runtime, tenant, new)
     job = _persist(runtime, new)
     if job.id != new.id:
-        return Submitted(progress=progress(runtime, tenant, job), created=False)
+        return _resubmitted(runtime, tenant, job, new.kind, new.payload)
     _ring(runtime)
     logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
                                         "tenant": tenant.id, "tier": tier, "attempt": 1})
@@ -149,6 +160,22 @@ def submit(
                           estimated_wait_s=place.estimated_wait_s),
         created=True,
     )
+
+
+def _resubmitted(
+    runtime: Runtime, tenant: Tenant, existing: Job, kind: str, payload: dict[str, Any]
+) -> Submitted:
+    """The job already holding the key, when it is the same work; else a conflict. Only a
+    used key gets here, so a fresh submit never pays for the comparison. Payloads compare
+    as stored: validated, then through JSON (``{"seconds": 2}`` and ``{"seconds": 2.0}`` are
+    the same sleep; a handler's tuple is the list it is stored as)."""
+    if existing.kind != kind or existing.payload != json.loads(json.dumps(payload)):
+        raise IdempotencyConflict(
+            "this idempotency_key was used for a job of another kind or payload; use a new "
+            "key for new work",
+            job_id=existing.id, idempotency_key=existing.idempotency_key,
+        )
+    return Submitted(progress=progress(runtime, tenant, existing), created=False)
 
 
 def _tier_of(runtime: Runtime, tenant: Tenant) -> str:
@@ -162,7 +189,7 @@ def _tier_of(runtime: Runtime, tenant: Tenant) -> str:
 
 
 def _persist(runtime: Runtime, new: NewJob) -> Job:
-    """Commit the job's row; on a lost idempotency race, the job that won."""
+    """Commit the job's row; on a lost idempotency race, the job that won (as stored)."""
     inserted = False
     try:
         with runtime.sessions.begin() as session:
@@ -171,11 +198,7 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
         return job
     except DuplicateJob as duplicate:
         _forget(runtime, new.id)
-        with runtime.sessions() as session:
-            existing = repository.get_job(session, duplicate.job_id)
-        if existing is None:  # the winner's row vanished (pruned): nothing sensible to show
-            raise Unavailable("the job with this idempotency key moved; retry") from None
-        return existing
+        return duplicate.job
     except Exception as exc:
         if inserted and is_backend_outage(exc):
             return _settle_commit(runtime, new, exc)

@@ -8,7 +8,10 @@ terminal reaches only the supervisor, which then stops the children in order; on
 child also gets ``PR_SET_PDEATHSIG``, so none outlives a supervisor that is killed outright.
 
 ``run_up`` wires it together: data directory, embedded Redis, admin key, migrations, then
-the API, the dispatcher and a worker.
+the API, the dispatcher and a worker. It refuses a port already in use before starting
+anything, says "up" only once its own API answers ``/readyz``, and writes ``up.json`` in the
+data directory while it runs, so that every other command finds this system (and no other).
+SIGINT, SIGTERM and SIGHUP (a closed terminal) all stop it the same orderly way.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+
+from jobs.errors import ConfigError, TierqError
 
 logger = logging.getLogger(__name__)
 
@@ -276,13 +282,14 @@ def app_children(options: UpOptions, env: Mapping[str, str]) -> list[ChildSpec]:
 
 @contextmanager
 def _stop_signals() -> Iterator[threading.Event]:
-    """SIGINT and SIGTERM set the returned event instead of interrupting."""
+    """SIGINT, SIGTERM and SIGHUP set the returned event instead of interrupting."""
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
         stop.set()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield stop
     finally:
@@ -290,19 +297,70 @@ def _stop_signals() -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
+class StartFailed(TierqError):
+    """A part of ``tierq up`` could not start; everything started is stopped again."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on: otherwise that process would answer our
+    readiness check, and our API would restart forever."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"port {port} on {host} is not free ({exc.strerror}): another program (maybe "
+                "another `tierq up`) listens there; pass --port"
+            ) from None
+
+
+def local_url(host: str, port: int) -> str:
+    """The URL this machine reaches the API at (a wildcard address is not one to dial)."""
+    dial = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://[{dial}]:{port}" if ":" in dial else f"http://{dial}:{port}"
+
+
+def wait_ready(url: str, *, alive: Callable[[], bool], stop: threading.Event,
+               timeout_s: float = 120.0) -> bool:
+    """Until ``url``/readyz answers 200: True; False when stopped meanwhile. Raises
+    ``StartFailed`` when the API process exits or the time is up."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        if not alive():
+            raise StartFailed("the API exited while starting (its log is above)")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise StartFailed(f"the API did not answer {url}/readyz within {timeout_s:g} s")
+        stop.wait(0.2)
+    return False
+
+
 def run_up(options: UpOptions, console: Console) -> None:
-    """Run everything until SIGINT/SIGTERM, then stop it all (the embedded Redis last)."""
+    """Run everything until SIGINT/SIGTERM/SIGHUP, then stop it all (the embedded Redis last;
+    workers get ``grace_s`` to finish or hand back their jobs)."""
     # Alembic announces its plugins as it is imported: not news to someone starting tierq.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
-    from jobs.config import load_settings
+    from jobs.config import UP_FILE, load_settings, write_up_file
     from jobs.db.migrate import upgrade
     from jobs.embedded_redis import EmbeddedRedis
 
+    check_port_free(options.host, options.port)
     data_dir = options.data_dir.resolve()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings = load_settings(data_dir=data_dir)
     env = {**os.environ, **options.extra_env, "TIERQ_DATA_DIR": str(data_dir)}
     env["PYTHONUNBUFFERED"] = "1"
+    # Workers hand back what they cannot finish before the supervisor's SIGKILL.
+    env["TIERQ_POLICY__STOP_GRACE_S"] = repr(options.grace_s)
+    url = local_url(options.host, options.port)
     supervisor = Supervisor(grace_s=options.grace_s)
     with _stop_signals() as stop:
         try:
@@ -313,7 +371,7 @@ def run_up(options: UpOptions, console: Console) -> None:
                                          death_signal=signal.SIGTERM))
                 redis.wait_ready(alive=lambda: supervisor.alive("redis"))
                 env["TIERQ_REDIS_URL"] = redis.url
-            database_url = settings.resolved_database_url()
+            database_url = settings.resolved_database_url(create=True)
             env["TIERQ_DATABASE_URL"] = database_url
             env["TIERQ_ADMIN_KEY"] = admin_key(settings.admin_key, data_dir)
             upgrade(database_url)
@@ -321,24 +379,33 @@ def run_up(options: UpOptions, console: Console) -> None:
                 return
             for spec in app_children(options, env):
                 supervisor.add(spec)
-            _print_banner(console, options, data_dir, settings.admin_key is None)
+            if not wait_ready(url, alive=lambda: supervisor.alive("api"), stop=stop):
+                return
+            write_up_file(data_dir, api_url=url)
+            _print_banner(console, options, data_dir, url, settings.admin_key is None)
             supervisor.run_until(stop)
-            console.print("stopping…")
+            console.print(f"stopping (running jobs get up to {options.grace_s:g} s)…")
         finally:
+            (data_dir / UP_FILE).unlink(missing_ok=True)
             supervisor.stop()
 
 
-def _print_banner(console: Console, options: UpOptions, data_dir: Path, key_file: bool) -> None:
-    url = f"http://{options.host}:{options.port}"
-    console.print(f"[bold green]tierq is up[/]  data in {data_dir}")
-    console.print(f"  API      {url}")
-    console.print(f"  docs     {url}/docs")
-    console.print("  flower   tierq flower --port 5555   (run from this directory)")
-    if key_file:
-        console.print(f"  admin    key in {data_dir / 'admin.key'}")
-    console.print("Create a tenant:  tierq tenants create acme --tier premium")
-    console.print(
-        "Submit a job:     tierq submit echo --payload '{\"a\": 1}' --wait --key <key>",
-        markup=False,
-    )
-    console.print("Ctrl-C stops everything.")
+def _print_banner(console: Console, options: UpOptions, data_dir: Path, url: str,
+                  key_file: bool) -> None:
+    """What to do next, in commands that work as printed: from this directory they find
+    this system through ``up.json``; from elsewhere, the ``--data-dir`` shown does."""
+    default = (Path.cwd() / ".tierq").resolve() == data_dir
+    tierq = "tierq" if default else f"tierq --data-dir {data_dir}"
+    console.print(f"[bold green]tierq is up[/]  data in {data_dir}", highlight=False)
+    lines = [
+        f"  API      {url}",
+        f"  docs     {url}/docs",
+        f"  flower   {tierq} flower --port 5555",
+        *([f"  admin    key in {data_dir / 'admin.key'}"] if key_file else []),
+        f"Create a tenant:  {tierq} tenants create acme --tier premium",
+        "                  export TIERQ_API_KEY=<the key it prints>",
+        f"Submit a job:     {tierq} submit echo --payload '{{\"a\": 1}}' --wait",
+        "Ctrl-C stops everything.",
+    ]
+    for line in lines:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)

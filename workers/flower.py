@@ -1,8 +1,8 @@
 """Flower, Celery's monitor, against tierq's broker: ``run_flower(settings, port=, address=)``.
 
 Flower shows every task with its arguments (job ids) and can control workers (revoke tasks,
-shut workers down), so it listens on 127.0.0.1 unless told otherwise. Before it listens any
-further, protect it: ``FLOWER_BASIC_AUTH=user:password`` (several pairs comma-separated), or
+shut workers down), so it listens on 127.0.0.1 unless told otherwise, and refuses to listen any
+further unprotected: ``FLOWER_BASIC_AUTH=user:password`` (several pairs comma-separated), or
 Flower's OAuth (``FLOWER_AUTH`` and ``FLOWER_OAUTH2_*``). Flower reads these from the
 environment itself; they are no flags of ``tierq flower``, so that no password shows in ``ps``.
 """
@@ -10,9 +10,11 @@ environment itself; they are no flags of ``tierq flower``, so that no password s
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Mapping
 
 from jobs.config import Settings
+from jobs.errors import ConfigError
 from workers.app import make_celery
 
 LOCALHOST = "127.0.0.1"
@@ -29,12 +31,20 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def auth_warning(address: str, environ: Mapping[str, str]) -> str | None:
-    """A warning when Flower would answer other machines with no authentication configured."""
+def require_auth(address: str, environ: Mapping[str, str]) -> None:
+    """Refuse to answer other machines unprotected; a malformed ``FLOWER_BASIC_AUTH`` is
+    refused anywhere, since Flower would otherwise start with it silently ignored or broken."""
+    basic = environ.get("FLOWER_BASIC_AUTH", "")
+    for pair in filter(None, basic.split(",")):
+        user, _, password = pair.partition(":")
+        if not user or not password:
+            raise ConfigError("FLOWER_BASIC_AUTH must be user:password (several pairs "
+                              "comma-separated), each with a user and a password")
     if is_loopback(address) or any(environ.get(name) for name in AUTH_VARIABLES):
-        return None
-    return (f"warning: Flower listens on {address} with no authentication; set "
-            f"{' or '.join(AUTH_VARIABLES)} (see `tierq flower --help`)")
+        return
+    raise ConfigError(f"Flower would listen on {address or 'every interface'} with no "
+                      f"authentication: set FLOWER_BASIC_AUTH=user:password (or Flower's "
+                      f"OAuth, FLOWER_AUTH), or listen on 127.0.0.1")
 
 
 def flower_argv(*, port: int, address: str) -> list[str]:
@@ -44,4 +54,5 @@ def flower_argv(*, port: int, address: str) -> list[str]:
 
 
 def run_flower(settings: Settings, *, port: int, address: str = LOCALHOST) -> None:
+    require_auth(address, os.environ)
     make_celery(settings).start(flower_argv(port=port, address=address))

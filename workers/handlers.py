@@ -48,6 +48,11 @@ class JobCancelled(JobInterrupted):
     """Cancellation was requested: the job ends ``cancelled``."""
 
 
+class WorkerStopping(JobInterrupted):
+    """The worker is stopping and the job cannot finish in its grace: it goes back to the
+    queue, uncharged, for another worker."""
+
+
 class LeaseLost(JobInterrupted):
     """The lease was lost (reaped): another attempt owns the job, this one must not write."""
 
@@ -73,6 +78,9 @@ class JobContext:
     _stop: threading.Event = field(
         default_factory=threading.Event, init=False, repr=False, compare=False
     )
+    _handback: threading.Event = field(
+        default_factory=threading.Event, init=False, repr=False, compare=False
+    )
 
     def cancelled(self) -> bool:
         return self._cancel.is_set()
@@ -80,8 +88,12 @@ class JobContext:
     def lease_lost(self) -> bool:
         return self._lost.is_set()
 
+    def handed_back(self) -> bool:
+        """The worker is stopping: the job goes back to the queue."""
+        return self._handback.is_set()
+
     def stopped(self) -> bool:
-        """Cancelled or lease lost: any further work is wasted."""
+        """Cancelled, lease lost or handed back: any further work here is wasted."""
         return self._stop.is_set()
 
     def sleep(self, seconds: float) -> bool:
@@ -92,6 +104,8 @@ class JobContext:
         """Raise ``JobCancelled`` or ``LeaseLost`` when the job must stop."""
         if self._lost.is_set():
             raise LeaseLost(f"the lease of job {self.job_id} attempt {self.attempt} was lost")
+        if self._handback.is_set():
+            raise WorkerStopping(f"the worker running job {self.job_id} is stopping")
         if self._cancel.is_set():
             raise JobCancelled(f"job {self.job_id} was cancelled")
 
@@ -101,6 +115,10 @@ class JobContext:
 
     def mark_lease_lost(self) -> None:
         self._lost.set()
+        self._stop.set()
+
+    def mark_handed_back(self) -> None:
+        self._handback.set()
         self._stop.set()
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from jobs.config import Settings, load_settings
 from jobs.errors import ConfigError
+from workers import stopping
 from workers.app import make_celery, names_of
 from workers.tasks import resources_of
 
@@ -65,12 +66,14 @@ def run_worker(
     hostname: str | None = None,
 ) -> int:
     """Consume every tier's queue with ``concurrency`` slots until stopped (SIGTERM: warm
-    shutdown, running jobs finish). Returns the worker's exit code."""
+    shutdown; running jobs finish, or are handed back near the end of the stop grace,
+    ``workers.stopping``). Returns the worker's exit code."""
     if concurrency < 1:
         raise ConfigError("concurrency: must be at least 1")
     configure_logging(loglevel)
     app = make_celery(settings)
     resources_of(app).registry()  # a bad TIERQ_HANDLERS stops the worker now, not per job
+    stopping.install(settings)
     worker = app.Worker(
         hostname=hostname or worker_hostname(),
         pool_cls=POOLS.get(pool, pool),

@@ -1,5 +1,9 @@
 """The application factory: ``create_app(settings)`` wires routes, errors and middleware.
 
+The OpenAPI document names this deployment's tiers and job kinds (``jobs.api.openapi``);
+``/docs`` and ``/redoc`` serve their assets from the ``fastapi_offline`` package, so they
+work where no CDN can be reached.
+
 Middleware, outermost first: ``CatchAll`` (a bug becomes a typed, logged 500), then
 ``BodyLimit`` (413 before parsing). A runtime built here is closed on shutdown; one passed
 in belongs to the caller. The process's ``jobs.notify.Listener`` (started on the first
@@ -13,16 +17,18 @@ from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from jobs.api import routes_admin, routes_jobs, routes_queues
 from jobs.api.body_limit import BodyLimit
 from jobs.api.errors import CatchAll, install_error_handlers
+from jobs.api.openapi import install_openapi
 from jobs.config import Settings
 from jobs.metrics import AppMetrics
 from jobs.notify import Listener
 from jobs.runtime import Runtime
-from jobs.submission import PayloadValidator
+from jobs.submission import KindCatalog, PayloadValidator
 from jobs.tenant_cache import TenantCache
 from workers.handlers import default_registry
 
@@ -66,7 +72,9 @@ def create_app(
             if owned:
                 active.close()
 
-    app = FastAPI(title="tierq", version=_version(), description=DESCRIPTION, lifespan=lifespan)
+    # /docs (Swagger UI) and /redoc load their scripts from the installed package, not a CDN.
+    app = FastAPIOffline(title="tierq", version=_version(), description=DESCRIPTION,
+                         lifespan=lifespan)
     app.state.runtime = active
     app.state.validator = validator
     app.state.metrics = AppMetrics(active)
@@ -76,6 +84,8 @@ def create_app(
     for router in routers:
         app.include_router(router)
     install_error_handlers(app, [route for router in routers for route in router.routes])
+    kinds = validator.kinds() if isinstance(validator, KindCatalog) else None
+    install_openapi(app, tiers=sorted(active.policy.tiers), kinds=kinds)
     app.add_middleware(BodyLimit, max_body_bytes=settings.api.max_body_bytes)
     app.add_middleware(CatchAll)
     return app

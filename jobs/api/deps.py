@@ -5,6 +5,10 @@ payloads), ``TenantDep`` (a tenant key's tenant), ``AdminDep`` (the admin key),
 ``PrincipalDep`` (either), ``ListenerDep`` (this process's ``jobs.notify.Listener``) and
 ``TenantCacheDep`` (its ``jobs.tenant_cache.TenantCache``). The sync ones run in the
 threadpool: key lookups may touch SQL.
+
+``refuse_unknown_query`` is every router's own dependency: a query parameter the route does
+not take is a 422, as an unknown body field is, so ``?limt=10`` is an error rather than a
+silently ignored option.
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from jobs.api.auth import Principal, authenticate, require_admin, require_tenant
 from jobs.domain import Tenant
+from jobs.errors import InvalidRequest
 from jobs.notify import Listener
 from jobs.runtime import Runtime
 from jobs.submission import PayloadValidator
@@ -79,3 +86,32 @@ def get_admin(runtime: RuntimeDep, credentials: CredentialsDep) -> Principal:
 
 TenantDep = Annotated[Tenant, Depends(get_tenant)]
 AdminDep = Annotated[Principal, Depends(get_admin)]
+
+
+_QUERY_NAMES: dict[int, frozenset[str]] = {}  # by id(route): routes live as long as the app
+
+
+def refuse_unknown_query(request: Request) -> None:
+    if not request.query_params:
+        return  # the hot path (a submit) has none: nothing to look up
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known = _QUERY_NAMES.get(id(route))
+    if known is None:
+        known = _QUERY_NAMES[id(route)] = frozenset(_query_names(route.dependant))
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        allowed = ", ".join(sorted(known)) or "none"
+        raise InvalidRequest(
+            f"unknown query parameter {unknown[0]!r} (this route takes: {allowed})",
+            details=[{"loc": ["query", name], "msg": "unknown query parameter"}
+                     for name in unknown],
+        )
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names

@@ -1,15 +1,17 @@
-"""One error format for every answer that is not a success (API.md, "Errors").
+"""One error format for every answer that is not a success (docs/api.md, "Errors").
 
 ``{"error": {"type": ..., "message": ..., ...details}}``, whatever went wrong: a ``TierqError``
 from the service layer, a request FastAPI could not parse, an unknown route, a backend that
 cannot be reached (503 with ``Retry-After``), or a bug (500, logged, no traceback in the
-body). ``error_responses`` documents the same bodies and headers in the OpenAPI schema.
+body). ``ERROR_TYPES`` lists every ``type`` an answer can carry; ``error_responses`` declares
+a route's error answers by type in the OpenAPI schema, with the same body and headers.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy.exc as sa_exc
@@ -33,7 +35,7 @@ _TYPE_BY_STATUS = {
     400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
     405: "invalid_request", 413: "payload_too_large", 422: "invalid_request",
     503: "unavailable",
-}
+}  # any other 4xx Starlette raises is invalid_request too; a 5xx, internal
 
 
 def error_response(
@@ -132,7 +134,7 @@ def _http_error_handler(routes: Sequence[BaseRoute]) -> Callable[[Request, Excep
             message = "the request body could not be parsed"
         else:
             message = str(exc.detail)
-        type_ = _TYPE_BY_STATUS.get(status, "http_error")
+        type_ = _TYPE_BY_STATUS.get(status, "invalid_request" if status < 500 else "internal")
         return error_response(status, type_, message, headers=headers)
 
     return handle
@@ -196,36 +198,67 @@ class CatchAll:
             await response(scope, receive, send)
 
 
-_DESCRIPTIONS = {
-    400: "malformed JSON (invalid_request)",
-    401: "missing or unknown key (unauthorized)",
-    403: "a valid key used for something it may not do (forbidden)",
-    404: "no such job for this tenant (not_found)",
-    409: "the job failed (job_failed; job_error holds its error)",
-    410: "the job was cancelled or expired (job_cancelled / job_expired)",
-    413: "request body over the configured limit (payload_too_large)",
-    422: "wrong field types, unknown fields, unknown job kind (invalid_request)",
-    429: "refused: the tier is at its bound (capacity) or the tenant over its limit "
-         "(tenant_limit)",
-    503: "the database or Redis cannot be reached; nothing was accepted (unavailable)",
+@dataclass(frozen=True)
+class ErrorType:
+    """One ``type`` of error body: the statuses it comes with, and when (for the schema)."""
+
+    statuses: tuple[int, ...]
+    when: str
+
+
+# Every ``type`` an error body can carry (docs/api.md lists the same, a test holds them equal).
+ERROR_TYPES: dict[str, ErrorType] = {
+    "invalid_request": ErrorType(
+        (400, 405, 422), "the body is not JSON (400); wrong field types, unknown fields or "
+        "query parameters, an unknown job kind or tier, a value out of range (422, details "
+        "lists the fields); a method the path does not serve (405, Allow lists those it does)"),
+    "unauthorized": ErrorType((401,), "no key, or a key nobody holds"),
+    "forbidden": ErrorType((403,), "a valid key used for what it may not do (the admin key "
+                                   "for jobs, a tenant key for tenants)"),
+    "not_found": ErrorType((404,), "no such job for this tenant (another tenant's job "
+                                   "included), no such tenant, or no such route"),
+    "job_failed": ErrorType((409,), "the result of a job that failed (job_error holds its "
+                                    "error)"),
+    "idempotency_conflict": ErrorType((409,), "an idempotency_key reused with a different "
+                                              "kind or payload (job_id names the first job)"),
+    "job_cancelled": ErrorType((410,), "the result of a job that was cancelled"),
+    "job_expired": ErrorType((410,), "the result of a job that expired before it started"),
+    "payload_too_large": ErrorType((413,), "the request body is over the configured limit "
+                                           "(limit_bytes)"),
+    "capacity": ErrorType((429,), "the tier's queue is at its bound, or the job could not "
+                                  "start within its max_wait_s: ours to fix"),
+    "tenant_limit": ErrorType((429,), "this tenant is over its queued quota or its request "
+                                      "rate: the client's to fix"),
+    "unavailable": ErrorType((503,), "the database or Redis cannot be reached; nothing was "
+                                     "accepted"),
+    "internal": ErrorType((500,), "a bug: logged, with no traceback in the answer"),
 }
-_RETRY_AFTER = {"description": "whole seconds, at least 1", "schema": {"type": "integer"}}
-_HEADERS = {
+_RETRY_AFTER = {"description": "whole seconds, at least 1", "schema": {"type": "integer",
+                                                                       "minimum": 1}}
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
     429: {
         "Retry-After": _RETRY_AFTER,
         "X-Queue-Position": {"description": "jobs that would have been ahead",
-                             "schema": {"type": "integer"}},
+                             "schema": {"type": "integer", "minimum": 0}},
         "X-Tier": {"description": "the tenant's tier", "schema": {"type": "string"}},
     },
     503: {"Retry-After": _RETRY_AFTER},
 }
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses=`` entries for these error statuses, in our error format."""
+def error_responses(*types: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for a route that answers with these error types: one
+    per status, in the one error format, its description naming each type and when."""
+    by_status: dict[int, list[str]] = {}
+    for type_ in types:
+        for status in ERROR_TYPES[type_].statuses:
+            if status != 405:  # any path may answer 405; no route lists it
+                by_status.setdefault(status, []).append(type_)
     out: dict[int | str, dict[str, Any]] = {}
-    for status in statuses:
-        entry: dict[str, Any] = {"model": ErrorResponse, "description": _DESCRIPTIONS[status]}
+    for status, names in sorted(by_status.items()):
+        whens = "; ".join(f"`{name}`: {ERROR_TYPES[name].when}" for name in names)
+        entry: dict[str, Any] = {"model": ErrorResponse, "description": whens}
         if status in _HEADERS:
             entry["headers"] = _HEADERS[status]
         out[status] = entry

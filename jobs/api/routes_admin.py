@@ -3,10 +3,12 @@ re-key tenants (admin key)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
 
 from jobs import tenants
-from jobs.api.deps import AdminDep, RuntimeDep, TenantCacheDep
+from jobs.api.deps import AdminDep, RuntimeDep, TenantCacheDep, refuse_unknown_query
 from jobs.api.errors import error_responses
 from jobs.api.schemas import (
     TenantCreateRequest,
@@ -18,9 +20,12 @@ from jobs.api.schemas import (
 )
 from jobs.domain import Tenant
 
-router = APIRouter(prefix="/v1/admin/tenants", tags=["tenants"])
+router = APIRouter(prefix="/v1/admin/tenants", tags=["tenants"],
+                   dependencies=[Depends(refuse_unknown_query)])
 
-_COMMON = (401, 403, 503)
+_COMMON = ("unauthorized", "forbidden", "unavailable")
+TenantIdPath = Annotated[str, Path(description="the tenant's id (a UUID)",
+                                   examples=["5f0c3a52-3c1b-4f37-9d43-2a4f1e0b7c11"])]
 
 
 def _view(tenant: Tenant) -> TenantResponse:
@@ -40,7 +45,9 @@ def _with_key(tenant: Tenant, key: str) -> TenantWithKeyResponse:
     status_code=201,
     response_model=TenantWithKeyResponse,
     summary="Create a tenant; its API key is shown once",
-    responses=error_responses(*_COMMON, 400, 422),
+    description="A tenant of a configured tier. The answer holds its API key, the only time "
+    "it is shown: only its hash is stored.",
+    responses=error_responses(*_COMMON, "invalid_request", "payload_too_large"),
 )
 def create_tenant(
     body: TenantCreateRequest, _: AdminDep, runtime: RuntimeDep
@@ -53,6 +60,7 @@ def create_tenant(
     "",
     response_model=TenantListResponse,
     summary="All tenants (never their keys)",
+    description="Every tenant, by name, with its tier and overrides.",
     responses=error_responses(*_COMMON),
 )
 def list_tenants(_: AdminDep, runtime: RuntimeDep) -> TenantListResponse:
@@ -62,12 +70,14 @@ def list_tenants(_: AdminDep, runtime: RuntimeDep) -> TenantListResponse:
 @router.patch(
     "/{tenant_id}",
     response_model=TenantResponse,
-    summary="Change a tenant's tier or its overrides (cap, max_queued, rate_per_s, "
-            "rate_burst; null clears one); applies to jobs submitted afterwards",
-    responses=error_responses(*_COMMON, 400, 404, 422),
+    summary="Change a tenant's tier or its overrides",
+    description="Change the tier, or override the tier's cap, max_queued, rate_per_s or "
+    "rate_burst for this tenant; a field left out stays as it is, null clears an override. "
+    "Applies to jobs submitted afterwards, in every API process at once.",
+    responses=error_responses(*_COMMON, "invalid_request", "not_found", "payload_too_large"),
 )
 def patch_tenant(
-    tenant_id: str, body: TenantPatchRequest, _: AdminDep, runtime: RuntimeDep,
+    tenant_id: TenantIdPath, body: TenantPatchRequest, _: AdminDep, runtime: RuntimeDep,
     cache: TenantCacheDep,
 ) -> TenantResponse:
     changes = body.model_dump(exclude_unset=True)
@@ -78,10 +88,12 @@ def patch_tenant(
     "/{tenant_id}/rotate-key",
     response_model=TenantWithKeyResponse,
     summary="Give a tenant a new API key; the old one stops working",
-    responses=error_responses(*_COMMON, 404, 422),
+    description="A new key, shown once; the old key stops working at once, in every API "
+    "process.",
+    responses=error_responses(*_COMMON, "invalid_request", "not_found"),
 )
 def rotate_key(
-    tenant_id: str, _: AdminDep, runtime: RuntimeDep, cache: TenantCacheDep
+    tenant_id: TenantIdPath, _: AdminDep, runtime: RuntimeDep, cache: TenantCacheDep
 ) -> TenantWithKeyResponse:
     tenant, key = tenants.rotate_key(runtime, tenant_id, cache=cache)
     return _with_key(tenant, key)

@@ -13,13 +13,19 @@ import random
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from jobs import submission
 from jobs.admission import result_retry_after_s
-from jobs.api.deps import ListenerDep, RuntimeDep, TenantDep, ValidatorDep
+from jobs.api.deps import (
+    ListenerDep,
+    RuntimeDep,
+    TenantDep,
+    ValidatorDep,
+    refuse_unknown_query,
+)
 from jobs.api.errors import error_responses
 from jobs.api.schemas import (
     CancelResponse,
@@ -35,15 +41,18 @@ from jobs.notify import Listener
 from jobs.runtime import Runtime
 from jobs.states import Status
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(refuse_unknown_query)])
 
 MAX_LONG_POLL_S = 60.0
+MAX_PAGE = 500
 # A waiter re-reads SQL this often (times 1 to 1.5, so that many waiters spread out) even
 # when no notification came: a lost one delays the answer by this much at most.
 SAFETY_NET_S = 10.0
 # How often a waiter looks whether its client has left (no SQL involved).
 DISCONNECT_CHECK_S = 1.0
-_COMMON = (401, 403, 404, 422, 503)
+_READ = ("invalid_request", "unauthorized", "forbidden", "not_found", "unavailable")
+JobIdPath = Annotated[str, Path(description="the job's id, from the submit's answer",
+                                examples=["0190b6f0-6c4e-7a35-9a3c-1f0e2d3c4b5a"])]
 
 
 @router.post(
@@ -51,13 +60,22 @@ _COMMON = (401, 403, 404, 422, 503)
     status_code=202,
     response_model=SubmitResponse,
     summary="Submit a job",
+    description="Admit the job against the tier's bound and the tenant's limits, store it and "
+    "queue it: 202 with its place in the queue. The same idempotency_key with the same kind "
+    "and payload answers 200 with the first job; with another kind or payload, 409. A 429 "
+    "says why and when to come back (Retry-After); nothing was stored.",
     responses={
         200: {"model": SubmitResponse,
-              "description": "this idempotency key was used before: the same job"},
+              "description": "this idempotency key was used before for the same kind and "
+                             "payload: the same job, no second one",
+              "headers": {"Location": {"description": "/v1/jobs/<id>",
+                                       "schema": {"type": "string"}}}},
         202: {"description": "accepted and queued",
               "headers": {"Location": {"description": "/v1/jobs/<id>",
                                        "schema": {"type": "string"}}}},
-        **error_responses(400, 401, 403, 413, 422, 429, 503),
+        **error_responses("invalid_request", "unauthorized", "forbidden",
+                          "idempotency_conflict", "payload_too_large", "capacity",
+                          "tenant_limit", "unavailable"),
     },
 )
 def submit_job(
@@ -90,13 +108,15 @@ def submit_job(
     "",
     response_model=JobListResponse,
     summary="This tenant's jobs, newest first",
-    responses=error_responses(401, 403, 422, 503),
+    description="One page of the tenant's jobs, optionally of one status; follow next_cursor "
+    "for the next page.",
+    responses=error_responses("invalid_request", "unauthorized", "forbidden", "unavailable"),
 )
 def list_jobs(
     tenant: TenantDep,
     runtime: RuntimeDep,
     status: Annotated[Status | None, Query(description="only jobs in this state")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="jobs per page")] = 50,
     cursor: Annotated[str | None, Query(max_length=200,
                                         description="next_cursor of the previous page")] = None,
 ) -> JobListResponse:
@@ -110,16 +130,19 @@ def list_jobs(
     "/{job_id}",
     response_model=JobResponse,
     summary="A job's state; with wait, long-poll until it changes",
-    responses=error_responses(*_COMMON),
+    description="The job as it is now. With wait, the answer comes as soon as its status "
+    "differs from what it was when the call arrived, or it is terminal, at the latest after "
+    "wait seconds.",
+    responses=error_responses(*_READ),
 )
 async def get_job(
-    job_id: str,
+    job_id: JobIdPath,
     tenant: TenantDep,
     runtime: RuntimeDep,
     listener: ListenerDep,
     request: Request,
     wait: Annotated[float | None, Query(
-        ge=0, le=MAX_LONG_POLL_S,
+        ge=0, le=MAX_LONG_POLL_S, allow_inf_nan=False,
         description="seconds to wait for a change of state (at most 60)")] = None,
 ) -> JobResponse:
     if wait:
@@ -173,15 +196,17 @@ def _safety_net_s() -> float:
     "/{job_id}/result",
     response_model=ResultResponse,
     summary="The result of a succeeded job",
+    description="200 with the result once the job succeeded; 202 with Retry-After while it "
+    "is not finished; 409 when it failed, 410 when it was cancelled or expired.",
     responses={
         202: {"model": PendingResultResponse, "description": "not finished yet",
               "headers": {"Retry-After": {"description": "seconds, 1 to 5",
-                                          "schema": {"type": "integer"}}}},
-        **error_responses(*_COMMON, 409, 410),
+                                          "schema": {"type": "integer", "minimum": 1}}}},
+        **error_responses(*_READ, "job_failed", "job_cancelled", "job_expired"),
     },
 )
 def get_result(
-    job_id: str, tenant: TenantDep, runtime: RuntimeDep
+    job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep
 ) -> ResultResponse | JSONResponse:
     job = submission.load_job(runtime, tenant, job_id)
     if job.terminal:
@@ -208,15 +233,18 @@ def get_result(
     "/{job_id}/cancel",
     response_model=CancelResponse,
     summary="Cancel a job",
+    description="A job that has not started is cancelled at once (200); a running one is "
+    "asked to stop (202, cancel_requested) and ends cancelled when its handler stops; a "
+    "finished one is left as it is (200 with its status).",
     responses={
         200: {"description": "cancelled (it had not started), or already finished: its status"},
         202: {"model": CancelResponse,
               "description": "running: cancellation requested from its handler"},
-        **error_responses(*_COMMON),
+        **error_responses(*_READ),
     },
 )
 def cancel_job(
-    job_id: str, tenant: TenantDep, runtime: RuntimeDep, response: Response
+    job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, response: Response
 ) -> CancelResponse:
     outcome = submission.cancel(runtime, tenant, job_id)
     if outcome.pending:

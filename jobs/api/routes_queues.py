@@ -7,12 +7,12 @@ import asyncio
 from collections.abc import Callable
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from jobs.api.deps import PrincipalDep, RuntimeDep
+from jobs.api.deps import PrincipalDep, RuntimeDep, refuse_unknown_query
 from jobs.api.errors import OUTAGE_RETRY_AFTER_S, error_response, error_responses
 from jobs.api.schemas import (
     HealthResponse,
@@ -24,7 +24,7 @@ from jobs.api.schemas import (
 from jobs.metrics import AppMetrics, percentile, read_index_view, recent_waits
 from jobs.runtime import Runtime
 
-router = APIRouter(tags=["queues and health"])
+router = APIRouter(tags=["queues and health"], dependencies=[Depends(refuse_unknown_query)])
 
 READY_TIMEOUT_S = 2.0
 
@@ -33,7 +33,9 @@ READY_TIMEOUT_S = 2.0
     "/v1/queues",
     response_model=QueuesResponse,
     summary="Each tier's queue and the pool, as they are now",
-    responses=error_responses(401, 503),
+    description="The published figures, fleet-wide: each tier's queue, bound, tenant cap and "
+    "recent waits, and the pool's capacity and service rate. Any valid key.",
+    responses=error_responses("unauthorized", "unavailable"),
 )
 def get_queues(_: PrincipalDep, runtime: RuntimeDep) -> QueuesResponse:
     now = runtime.clock()
@@ -62,7 +64,8 @@ def get_queues(_: PrincipalDep, runtime: RuntimeDep) -> QueuesResponse:
     )
 
 
-@router.get("/healthz", response_model=HealthResponse, summary="200 while the process lives")
+@router.get("/healthz", response_model=HealthResponse, summary="200 while the process lives",
+            description="Liveness: answers without touching SQL or Redis. No key.")
 def healthz() -> HealthResponse:
     return HealthResponse(status="ok")
 
@@ -89,7 +92,9 @@ async def _check(probe: Callable[[Runtime], None], runtime: Runtime) -> str:
     "/readyz",
     response_model=ReadyResponse,
     summary="200 only when SQL and Redis answer",
-    responses=error_responses(503),
+    description="Readiness: 200 when both SQL and Redis answer within 2 s, else 503 naming "
+    "the one that does not. No key.",
+    responses=error_responses("unavailable"),
 )
 async def readyz(runtime: RuntimeDep) -> ReadyResponse | JSONResponse:
     sql, redis_ = await asyncio.gather(
@@ -109,6 +114,8 @@ async def readyz(runtime: RuntimeDep) -> ReadyResponse | JSONResponse:
 @router.get(
     "/metrics",
     summary="Prometheus text format",
+    description="Queue depths, pool figures, jobs by state, waits and refusals, read "
+    "fleet-wide at each scrape. No key.",
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "metrics"}},
 )

@@ -1,8 +1,10 @@
 """Request and response bodies of the HTTP API (API.md), as separate pydantic classes.
 
 Requests are strict (``"3"`` is not a number, ``true`` is not an integer) and refuse unknown
-fields, so a typo in a field name is an error rather than a silently ignored option.
-Responses may grow new fields; existing ones are never renamed or removed.
+fields, so a typo in a field name is an error rather than a silently ignored option. Every
+number is bounded and finite, so no value can overflow a column or a computation behind the
+API. Responses may grow new fields; existing ones are never renamed or removed. Every field
+carries a description: the OpenAPI document is the reference a client reads.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from jobs.submission import Progress
 from jobs.tenants import NAME_PATTERN
 
 MAX_WAIT_LIMIT_S = 30 * 24 * 3600.0
+MAX_ATTEMPTS_LIMIT = 100
+# Tenant overrides: far above any real pool, far below what a column or a Lua number holds.
+MAX_TENANT_CAP = 1_000_000
+MAX_TENANT_QUEUED = 10**9
+MAX_TENANT_RATE_PER_S = 1e6
+MAX_TENANT_BURST = 1_000_000
+TIMESTAMP = "RFC 3339, UTC, milliseconds"
 
 
 def rfc3339(epoch: float | None) -> str | None:
@@ -38,8 +47,10 @@ class ErrorDetail(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: str = Field(examples=["capacity"])
-    message: str = Field(examples=["tier 'free' is at its bound of 240 queued jobs"])
+    type: str = Field(examples=["capacity"], description="what went wrong, one of the types "
+                      "listed in docs/api.md; clients branch on it")
+    message: str = Field(examples=["tier 'free' is at its bound of 240 queued jobs"],
+                         description="one human sentence")
     details: list[dict[str, Any]] | None = Field(
         default=None, description="invalid_request: one entry per field, with loc and msg"
     )
@@ -57,11 +68,34 @@ class ErrorDetail(BaseModel):
                     "a deadline the tenant's own cap causes adds tenant_cap, tenant_inflight "
                     "and tenant_queued_ahead)",
     )
+    bound: int | None = Field(default=None, description="429 bound: the tier's queue bound")
+    tier_queued: int | None = Field(default=None, description="429 bound: jobs the tier has "
+                                    "queued")
+    quota: int | None = Field(default=None, description="429 quota: the tenant's queued quota")
+    tenant_queued: int | None = Field(default=None, description="429 quota: jobs the tenant "
+                                      "has queued")
+    rate_per_s: float | None = Field(default=None, description="429 rate: the tenant's "
+                                     "submits per second")
+    burst: int | None = Field(default=None, description="429 rate: the tenant's burst")
+    estimated_wait_s: float | None = Field(default=None, description="429 deadline: when the "
+                                           "job would have started, in seconds from now")
+    max_wait_s: float | None = Field(default=None, description="429 deadline: the job's own "
+                                     "max_wait_s")
+    tenant_cap: int | None = Field(default=None, description="429 deadline, when the "
+                                   "tenant's own jobs make it late: its cap")
+    tenant_inflight: int | None = Field(default=None, description="429 deadline: the "
+                                        "tenant's running jobs")
+    tenant_queued_ahead: int | None = Field(default=None, description="429 deadline: the "
+                                            "tenant's queued jobs ahead of this one")
+    job_id: str | None = Field(default=None, description="404, 409, 410: the job named")
     job_error: str | None = Field(default=None, description="job_failed: the job's error")
+    limit_bytes: int | None = Field(default=None, description="payload_too_large: the limit")
 
 
 class ErrorResponse(BaseModel):
-    error: ErrorDetail
+    """Every answer that is not a success."""
+
+    error: ErrorDetail = Field(description="what went wrong")
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -69,21 +103,45 @@ class ErrorResponse(BaseModel):
 POSITION = "queued jobs ahead of this one in dispatch order, all tenants; null unless queued"
 ESTIMATE = ("seconds until it is expected to start: the later of the pool's start and a slot "
             "under the tenant's own cap; null unless queued, or when it cannot be estimated")
+JOB_ID = "the job's id (a UUID)"
+TIER = "the tier the job was submitted under (the tenant's, never the client's choice)"
+STATUS = "the job's state (docs/states.md)"
 
 
 class SubmitRequest(_Request):
-    kind: Annotated[str, Field(min_length=1, max_length=100, examples=["sleep"])]
-    payload: dict[str, Any] = Field(default_factory=dict, examples=[{"seconds": 2}])
-    idempotency_key: Annotated[str, Field(min_length=1, max_length=200)] | None = None
-    max_wait_s: Annotated[float, Field(gt=0, le=MAX_WAIT_LIMIT_S)] | None = Field(
-        default=None, description="not started by then: the job expires, never computed"
-    )
-    max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
+    """A job to run. The tier comes from the key's tenant; no field can choose it."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"kind": "sleep", "payload": {"seconds": 2}, "idempotency_key": "run-7",
+         "max_wait_s": 3600, "max_attempts": 3},
+    ]})
+
+    kind: Annotated[str, Field(min_length=1, max_length=100, examples=["sleep"],
+                               description="the handler that runs the job (the kinds this "
+                               "deployment has are listed in the schema's enum)")]
+    payload: dict[str, Any] = Field(
+        default_factory=dict, examples=[{"seconds": 2}],
+        description="the job's input, a JSON object the kind's handler validates")
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None, examples=["run-7"],
+        description="unique per tenant: the same key with the same kind and payload answers "
+                    "200 with the first job; with another kind or payload, 409 "
+                    "idempotency_conflict")
+    max_wait_s: Annotated[float, Field(gt=0, le=MAX_WAIT_LIMIT_S, allow_inf_nan=False)] | None = (
+        Field(default=None, examples=[3600],
+              description="seconds: not started by then, the job expires and is never "
+                          "computed; a submit that could not start in time is refused "
+                          "(429 capacity, limit deadline)"))
+    max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] | None = Field(
+        default=None, examples=[3],
+        description="starts allowed before the job fails (default: the policy's)")
 
 
 class JobLinks(BaseModel):
-    self_: str = Field(alias="self")
-    result: str
+    """Where a job's state and result are."""
+
+    self_: str = Field(alias="self", description="the job: GET for its state")
+    result: str = Field(description="its result: GET once it has finished")
 
     @classmethod
     def for_job(cls, job_id: str) -> JobLinks:
@@ -91,12 +149,14 @@ class JobLinks(BaseModel):
 
 
 class SubmitResponse(BaseModel):
-    id: str
-    status: Status
-    tier: str
+    """The accepted job (202), or the job its idempotency key already named (200)."""
+
+    id: str = Field(description=JOB_ID)
+    status: Status = Field(description=STATUS)
+    tier: str = Field(description=TIER)
     queue_position: int | None = Field(description=POSITION)
     estimated_wait_s: float | None = Field(description=ESTIMATE)
-    links: JobLinks
+    links: JobLinks = Field(description="where to look next")
 
     @classmethod
     def of(cls, progress: Progress) -> SubmitResponse:
@@ -112,26 +172,34 @@ class SubmitResponse(BaseModel):
 
 
 class JobResponse(BaseModel):
-    id: str
-    kind: str
-    tier: str
-    status: Status
-    attempt: int
-    max_attempts: int
+    """A job as it is now."""
+
+    id: str = Field(description=JOB_ID)
+    kind: str = Field(description="the handler that runs it")
+    tier: str = Field(description=TIER)
+    status: Status = Field(description=STATUS)
+    attempt: int = Field(description="its trips through the dispatcher, from 1; moves on each "
+                         "time the job goes back to the queue")
+    max_attempts: int = Field(description="starts allowed before it fails")
     starts: int = Field(
         default=0, description="Attempts that started: what max_attempts limits (a job "
         "handed back before it started is not charged)."
     )
     queue_position: int | None = Field(description=POSITION)
     estimated_wait_s: float | None = Field(description=ESTIMATE)
-    created_at: str | None
-    enqueued_at: str | None
-    dispatched_at: str | None
-    started_at: str | None
-    finished_at: str | None
-    error: str | None
-    max_wait_s: float | None
-    cancel_requested: bool
+    created_at: str | None = Field(description=f"when it was submitted ({TIMESTAMP})")
+    enqueued_at: str | None = Field(description="when it entered the queue; kept on a retry, "
+                                    "so its ageing is not lost")
+    dispatched_at: str | None = Field(description="when the dispatcher last sent it to a "
+                                      "worker; null before")
+    started_at: str | None = Field(description="when its latest start began; null if it "
+                                   "never started")
+    finished_at: str | None = Field(description="when it reached a terminal state")
+    error: str | None = Field(description="why it failed, expired after a start, or was "
+                              "retried; null otherwise")
+    max_wait_s: float | None = Field(description="its own deadline to start, in seconds")
+    cancel_requested: bool = Field(description="a cancel was asked while it ran; its handler "
+                                   "stops cooperatively")
 
     @classmethod
     def of(cls, progress: Progress) -> JobResponse:
@@ -158,90 +226,133 @@ class JobResponse(BaseModel):
 
 
 class JobListResponse(BaseModel):
-    jobs: list[JobResponse]
-    next_cursor: str | None
+    """One page of the tenant's jobs, newest first."""
+
+    jobs: list[JobResponse] = Field(description="this page, newest first")
+    next_cursor: str | None = Field(description="pass as cursor for the next page; null on "
+                                    "the last")
 
 
 class ResultResponse(BaseModel):
-    id: str
-    status: Status
-    result: Any = None
+    """The result of a job that succeeded."""
+
+    id: str = Field(description=JOB_ID)
+    status: Status = Field(description="succeeded")
+    result: Any = Field(default=None, description="what the handler returned (JSON)")
 
 
 class PendingResultResponse(BaseModel):
     """202 from ``/result``: not finished yet; come back after ``Retry-After``."""
 
-    id: str
-    status: Status
-    queue_position: int | None
-    estimated_wait_s: float | None
+    id: str = Field(description=JOB_ID)
+    status: Status = Field(description=STATUS)
+    queue_position: int | None = Field(description=POSITION)
+    estimated_wait_s: float | None = Field(description=ESTIMATE)
 
 
 class CancelResponse(BaseModel):
-    id: str
-    status: Status
-    cancel_requested: bool
+    """Where a cancel left the job."""
+
+    id: str = Field(description=JOB_ID)
+    status: Status = Field(description="cancelled; or running while its handler stops; or "
+                           "the terminal state it had already reached")
+    cancel_requested: bool = Field(description="true when the job was running: its handler "
+                                   "has been asked to stop")
 
 
 # -- queues and health -----------------------------------------------------------------------
 
 
 class TierQueue(BaseModel):
-    name: str
-    queued: int
-    bound: int
-    oldest_age_s: float | None
-    tenant_cap: int
-    wait_p50_s: float | None
-    wait_p95_s: float | None
+    """One tier's queue, as it is now."""
+
+    name: str = Field(description="the tier")
+    queued: int = Field(description="jobs queued in it")
+    bound: int = Field(description="queued jobs beyond which submits are refused (429 "
+                       "capacity): the pool's service rate times the tier's max_wait_s")
+    oldest_age_s: float | None = Field(description="seconds its oldest queued job has waited")
+    tenant_cap: int = Field(description="jobs one tenant of the tier may run at once")
+    wait_p50_s: float | None = Field(description="median wait of its jobs that started in the "
+                                     "last 5 minutes; null when none did")
+    wait_p95_s: float | None = Field(description="95th percentile of the same waits")
 
 
 class PoolView(BaseModel):
-    capacity: int
-    inflight: int
-    utilisation: float
-    service_rate: float
+    """The worker pool, fleet-wide."""
+
+    capacity: int = Field(description="worker slots: configured, or the sum over live workers")
+    inflight: int = Field(description="jobs holding a slot (dispatched or running)")
+    utilisation: float = Field(description="inflight / capacity")
+    service_rate: float = Field(description="μ, jobs per second the pool finishes: capacity "
+                                "over the measured mean service time")
 
 
 class QueuesResponse(BaseModel):
-    tiers: list[TierQueue]
-    pool: PoolView
+    """Each tier's queue and the pool."""
+
+    tiers: list[TierQueue] = Field(description="best tier first")
+    pool: PoolView = Field(description="the pool serving every tier")
 
 
 class HealthResponse(BaseModel):
-    status: str
+    """The process lives."""
+
+    status: str = Field(description="ok", examples=["ok"])
 
 
 class ReadyResponse(BaseModel):
-    status: str
-    checks: dict[str, str]
+    """SQL and Redis answer."""
+
+    status: str = Field(description="ready", examples=["ready"])
+    checks: dict[str, str] = Field(description="each backend (sql, redis): ok, or why not")
 
 
 # -- tenants ---------------------------------------------------------------------------------
 
+TIER_NAME = "a configured tier (the schema's enum lists them)"
+
 
 class TenantCreateRequest(_Request):
-    name: Annotated[str, Field(pattern=NAME_PATTERN, examples=["acme"])]
-    tier: Annotated[str, Field(min_length=1, max_length=64, examples=["premium"])]
+    """A new tenant; its API key is in the answer, once."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "acme",
+                                                               "tier": "premium"}]})
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN, examples=["acme"],
+                               description="unique; letters, digits, '.', '_' and '-'")]
+    tier: Annotated[str, Field(min_length=1, max_length=64, examples=["premium"],
+                               description=TIER_NAME)]
 
 
 class TenantPatchRequest(_Request):
-    """Fields left out stay as they are; ``null`` clears an override (the tier's applies)."""
+    """Fields left out stay as they are; ``null`` clears an override (the tier's applies).
+    Changes apply to jobs submitted afterwards."""
 
-    tier: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    cap: Annotated[int, Field(ge=1, description="jobs running at once")] | None = None
-    max_queued: Annotated[int, Field(ge=1, description="jobs queued at once")] | None = None
-    rate_per_s: Annotated[float, Field(gt=0, le=1e6, description="submits per second")] | None = (
-        None)
-    rate_burst: Annotated[int, Field(ge=1, le=1_000_000, description="submits at once")] | None = (
-        None)
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"tier": "standard", "cap": 4, "max_queued": 100, "rate_per_s": 5, "rate_burst": 20},
+        {"cap": None},
+    ]})
+
+    tier: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        default=None, description=f"move the tenant to {TIER_NAME}")
+    cap: Annotated[int, Field(ge=1, le=MAX_TENANT_CAP)] | None = Field(
+        default=None, examples=[4], description="jobs it may run at once, over the fleet")
+    max_queued: Annotated[int, Field(ge=1, le=MAX_TENANT_QUEUED)] | None = Field(
+        default=None, examples=[100], description="jobs it may have queued at once")
+    rate_per_s: Annotated[float, Field(gt=0, le=MAX_TENANT_RATE_PER_S,
+                                       allow_inf_nan=False)] | None = Field(
+        default=None, examples=[5], description="submits per second, sustained")
+    rate_burst: Annotated[int, Field(ge=1, le=MAX_TENANT_BURST)] | None = Field(
+        default=None, examples=[20], description="submits at once above the rate")
 
 
 class TenantResponse(BaseModel):
-    id: str
-    name: str
-    tier: str
-    created_at: str | None
+    """A tenant (never its key: only the key's hash is stored)."""
+
+    id: str = Field(description="the tenant's id (a UUID)")
+    name: str = Field(description="its unique name")
+    tier: str = Field(description="its tier: every job it submits is of this tier")
+    created_at: str | None = Field(description=f"when it was created ({TIMESTAMP})")
     cap: int | None = Field(default=None, description="override of the tier's tenant cap")
     max_queued: int | None = Field(default=None, description="override of the tier's quota")
     rate_per_s: float | None = Field(default=None, description="override of the tier's rate")
@@ -249,8 +360,12 @@ class TenantResponse(BaseModel):
 
 
 class TenantWithKeyResponse(TenantResponse):
+    """A tenant with its new API key."""
+
     api_key: str = Field(description="shown once; only its hash is stored")
 
 
 class TenantListResponse(BaseModel):
-    tenants: list[TenantResponse]
+    """Every tenant, by name."""
+
+    tenants: list[TenantResponse] = Field(description="by name")

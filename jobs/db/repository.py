@@ -7,7 +7,8 @@ Functions take a ``Session`` first and never commit; the caller owns the transac
   attempt = :attempt``; it happened iff exactly one row changed. A move not in
   ``jobs.states.TRANSITIONS`` raises ``IllegalTransition`` before any SQL runs.
 - A used idempotency key is an ``INSERT ... ON CONFLICT DO NOTHING`` that inserted nothing,
-  translated to ``DuplicateJob``; the caller's transaction survives it. A taken tenant name
+  translated to ``DuplicateJob`` carrying the stored job (read only then, so a fresh key
+  costs nothing more); the caller's transaction survives it. A taken tenant name
   is a unique violation caught inside a SAVEPOINT (on PostgreSQL a failed statement would
   otherwise abort the whole transaction), translated to ``InvalidRequest``.
 - Reads refresh any row the session already holds (``populate_existing``): conditional
@@ -145,9 +146,8 @@ def insert_job(session: Session, new: NewJob) -> Job:
             existing = job_by_idempotency_key(session, new.tenant_id, new.idempotency_key)
             if existing is None:  # the winner's row vanished (pruned) in between
                 raise Unavailable("the job with this idempotency key moved; retry")
-            raise DuplicateJob(
-                "this idempotency key was already used by this tenant", job_id=existing.id
-            )
+            raise DuplicateJob("this idempotency key was already used by this tenant",
+                               job=existing)
     return Job.from_row(cast(JobRow, SimpleNamespace(**values)))  # no ORM instance to build
 
 

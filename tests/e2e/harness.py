@@ -26,7 +26,7 @@ from jobs.config import DEFAULT_TIERS
 from tests.services import RabbitServer
 from workers.broker import BrokerNames, broker_names
 
-ADMIN_KEY = "e2e-admin-key"
+ADMIN_KEY = "e2e-admin-key-of-the-tests"
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 
 

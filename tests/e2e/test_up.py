@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -100,6 +101,12 @@ def test_up_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
         cancelled = tierq(tmp_path, env, "jobs", "cancel", long_id.group(1), *over_http)
         assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
         assert "cancelled" in cancelled.stdout or "asked to stop" in cancelled.stdout
+        listed = tierq(tmp_path, {**env, "COLUMNS": "80"}, "jobs", "list", *over_http)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        rows = listed.stdout.splitlines()
+        assert max(len(row) for row in rows) <= 80, listed.stdout  # fits the terminal
+        assert any(job_id.group(1) in row and "succeeded" in row for row in rows), listed.stdout
+        assert any(long_id.group(1) in row for row in rows), listed.stdout
         unknown = tierq(tmp_path, env, "jobs", "get", "not-a-job", *over_http)
         assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
 
@@ -125,3 +132,149 @@ def test_up_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
             log.close()
     wait_until(lambda: session_members(up.pid) == [], timeout=15)
     assert up.returncode == 0, (tmp_path / "up.log").read_text()
+
+
+def start_up(cwd: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """``tierq up ARGS`` in a session of its own; returns it and the lines it printed up to
+    and including "tierq is up" (read as they come)."""
+    up = subprocess.Popen(
+        [sys.executable, "-m", "jobs.cli", "up", *args], cwd=cwd, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    assert up.stdout is not None
+    lines: list[str] = []
+    for line in up.stdout:
+        lines.append(line.rstrip("\n"))
+        if "tierq is up" in line:
+            break
+    else:
+        raise AssertionError("tierq up ended before it was up:\n" + "\n".join(lines))
+    return up, lines
+
+
+def drain(up: subprocess.Popen[str], lines: list[str]) -> Callable[[], None]:
+    """Keep reading what ``up`` prints (a full pipe would block it) into ``lines``; returns
+    what to call once it has stopped: it reads the rest and closes the pipe."""
+    import threading
+
+    assert up.stdout is not None
+    stream = up.stdout
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def done() -> None:
+        reader.join(15)
+        stream.close()
+
+    return done
+
+
+def run_printed(line: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a command line exactly as ``tierq up`` printed it (``tierq`` is this checkout's)."""
+    import shlex
+
+    words = shlex.split(line.split(":", 1)[1])
+    assert words[0] == "tierq", line
+    return tierq(cwd, env, *words[1:])
+
+
+def test_up_says_up_once_ready_and_its_next_steps_work_as_printed(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    port = free_port()
+    up, banner = start_up(home, env, "--port", str(port), "--data-dir", str(tmp_path / "d"))
+    printed = list(banner)
+    # "up" is said only once the API answers: at once, not eventually.
+    ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code
+    done = drain(up, printed)
+    try:
+        assert ready == 200
+        wait_until(lambda: any(line.startswith("Submit a job:") for line in printed), timeout=10)
+        create = next(line for line in printed if line.startswith("Create a tenant:"))
+        submit = next(line for line in printed if line.startswith("Submit a job:"))
+        assert f"--data-dir {tmp_path / 'd'}" in create, create
+
+        created = run_printed(create, elsewhere, env)  # from another directory, as printed
+        assert created.returncode == 0, created.stdout + created.stderr
+        assert str(tmp_path / "d" / "tierq.db") in created.stderr  # it says what it changes
+        key = re.search(r"tq_[A-Za-z0-9_-]+", created.stdout)
+        assert key, created.stdout
+        submitted = run_printed(submit, elsewhere, {**env, "TIERQ_API_KEY": key.group(0)})
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        assert json.loads(submitted.stdout[submitted.stdout.index("{"):]) == {"a": 1}
+        assert f"API http://127.0.0.1:{port}" in submitted.stderr
+        # Without the data directory, nothing is found and nothing is created.
+        lost = tierq(elsewhere, env, "tenants", "list")
+        assert lost.returncode == 2 and "no tierq database found" in lost.stderr, lost.stderr
+        assert len(lost.stderr.strip().splitlines()) == 1
+        assert not (elsewhere / ".tierq").exists()
+    finally:
+        stop_up(up)  # type: ignore[arg-type]
+        done()
+    assert up.returncode == 0, "\n".join(printed)
+    assert not (tmp_path / "d" / "up.json").exists()  # a stopped system is not found
+
+
+def test_a_port_in_use_fails_at_once_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = tierq(tmp_path, env, "up", "--port", str(port), "--data-dir",
+                       str(tmp_path / "d"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"port {port} on 127.0.0.1 is not free" in result.stderr
+    assert not (tmp_path / "d").exists()  # refused before anything started
+
+
+def test_sighup_stops_like_sigterm_and_a_job_that_cannot_finish_goes_back_uncharged(
+    tmp_path: Path,
+) -> None:
+    import signal
+
+    import sqlalchemy as sa
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    port = free_port()
+    up, printed = start_up(tmp_path, env, "--port", str(port), "--grace", "3")
+    done = drain(up, printed)
+    try:
+        created = tierq(tmp_path, env, "tenants", "create", "acme", "--tier", "premium")
+        key = re.search(r"tq_[A-Za-z0-9_-]+", created.stdout)
+        assert key, created.stdout + created.stderr
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}",
+                          headers={"Authorization": f"Bearer {key.group(0)}"}) as client:
+            job = client.post("/v1/jobs", json={"kind": "sleep", "payload": {"seconds": 120}})
+            assert job.status_code == 202, job.text
+            job_id = job.json()["id"]
+            wait_until(lambda: client.get(f"/v1/jobs/{job_id}").json()["status"] == "running")
+        up.send_signal(signal.SIGHUP)
+        up.wait(30)  # the grace (3 s) and the orderly stop, not the job's 120 s
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+        done()
+    log = "\n".join(printed)
+    assert up.returncode == 0, log
+    assert "child.killed" not in log, log  # nothing needed SIGKILL: the worker stopped in time
+    assert re.search(r"child.stopped child=worker returncode=0", log), log
+    engine = sa.create_engine(f"sqlite:///{tmp_path / '.tierq' / 'tierq.db'}")
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT status, attempt, starts, started_at FROM jobs "
+                                   "WHERE id = :id"), {"id": job_id}).one()
+    engine.dispose()
+    # Back in the queue for the next start, the interrupted attempt not charged.
+    assert (row.status, row.attempt, row.starts, row.started_at) == ("queued", 2, 0, None)

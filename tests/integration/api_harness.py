@@ -26,7 +26,7 @@ from jobs.db import repository
 from jobs.runtime import Runtime
 from jobs.states import Status
 
-ADMIN_KEY = "test-admin"
+ADMIN_KEY = "integration-admin-key"
 
 
 @contextlib.contextmanager

@@ -121,6 +121,31 @@ def test_the_same_idempotency_key_returns_the_same_job(client: ApiClient) -> Non
     assert client.submit(other, body).json()["id"] != first.json()["id"]
 
 
+def test_an_idempotency_key_reused_for_other_work_is_a_conflict(client: ApiClient) -> None:
+    tenant = client.create_tenant("acme")
+    key = tenant["api_key"]
+    first = client.submit(key, {"kind": "sleep", "payload": {"seconds": 2},
+                                "idempotency_key": "run-8"})
+    assert first.status_code == 202
+    job_id = first.json()["id"]
+    for other_work in (
+        {"kind": "sleep", "payload": {"seconds": 3}},  # another payload
+        {"kind": "echo", "payload": {"seconds": 2}},  # another kind
+        {"kind": "sleep", "payload": {"seconds": 2, "fail": True}},
+    ):
+        answer = client.submit(key, {**other_work, "idempotency_key": "run-8"})
+        assert answer.status_code == 409, answer.text
+        error = answer.json()["error"]
+        assert (error["type"], error["job_id"]) == ("idempotency_conflict", job_id)
+    # The same work spelt as validation stores it is the same job: 2 and 2.0 seconds.
+    same = client.submit(key, {"kind": "sleep", "payload": {"seconds": 2.0, "fail": False},
+                               "idempotency_key": "run-8", "max_wait_s": 60})
+    assert (same.status_code, same.json()["id"]) == (200, job_id)
+    jobs = client.get("/v1/jobs", headers=auth(key)).json()["jobs"]
+    assert [job["id"] for job in jobs] == [job_id]
+    assert rt(client).index.tenant_queued(tenant["id"]) == 1
+
+
 def test_another_tenants_job_is_not_found(client: ApiClient) -> None:
     owner, stranger = client.tenant_key("owner"), client.tenant_key("stranger")
     job_id = client.submit(owner).json()["id"]

@@ -253,6 +253,69 @@ def test_errors_carry_their_details_and_headers(env: Env) -> None:
     assert set(not_allowed.headers["Allow"].split(", ")) == {"GET", "POST"}
 
 
+# Numbers past what a column (SQLite's int64, PostgreSQL's int4) or a Lua number holds, and
+# the non-finite floats Python's JSON parser accepts: each a 422, never a 500, on both engines.
+def _patch(name: str, body: Any = None, content: bytes | None = None) -> Case:
+    return Case(name, "PATCH", "/v1/admin/tenants/{tenant}", 422, "invalid_request",
+                json_body=body, content=content, headers=JSON if content else {}, key="admin")
+
+
+BOUND_CASES = [
+    _patch("cap 2**63", {"cap": 2**63}),
+    _patch("cap 2**31", {"cap": 2**31}),
+    _patch("cap a million and one", {"cap": 1_000_001}),
+    _patch("cap zero", {"cap": 0}),
+    _patch("cap 1.5", {"cap": 1.5}),
+    _patch("cap as text", {"cap": "3"}),
+    _patch("max_queued 2**63", {"max_queued": 2**63}),
+    _patch("max_queued 10**9 + 1", {"max_queued": 10**9 + 1}),
+    _patch("rate_burst 2**63", {"rate_burst": 2**63}),
+    _patch("rate_per_s 1e308", {"rate_per_s": 1e308}),
+    _patch("rate_per_s zero", {"rate_per_s": 0}),
+    _patch("rate_per_s NaN", content=b'{"rate_per_s": NaN}'),
+    _patch("rate_per_s Infinity", content=b'{"rate_per_s": Infinity}'),
+    _raw("max_wait_s NaN", b'{"kind": "echo", "max_wait_s": NaN}'),
+    _raw("max_wait_s Infinity", b'{"kind": "echo", "max_wait_s": Infinity}'),
+    _raw("max_wait_s -Infinity", b'{"kind": "echo", "max_wait_s": -Infinity}'),
+    _submit("max_wait_s 1e308", {"kind": "echo", "max_wait_s": 1e308}),
+    _submit("max_attempts 2**63", {"kind": "echo", "max_attempts": 2**63}),
+    Case("wait Infinity", "GET", "/v1/jobs/{job}", 422, "invalid_request",
+         params={"wait": "Infinity"}),
+    Case("a misspelt query parameter", "GET", "/v1/jobs", 422, "invalid_request",
+         params={"limt": 10}),
+    Case("a query parameter on queues", "GET", "/v1/queues", 422, "invalid_request",
+         params={"tier": "free"}),
+    Case("a query parameter on a submit", "POST", "/v1/jobs", 422, "invalid_request",
+         json_body=SLEEP, params={"tier": "premium"}),
+]
+
+
+def test_out_of_range_numbers_are_refused_on_both_engines(
+    db_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> None:
+    with _running(db_url, redis_server.url, key_prefix, pool=4) as running:
+        wrong = []
+        for case in BOUND_CASES:
+            answer = _send(running, case)
+            got = (answer.status_code, answer.json().get("error", {}).get("type"))
+            if got != (case.status, case.type):
+                wrong.append(f"{case.name}: expected {case.status} {case.type}, got {got}")
+        assert not wrong, "\n".join(wrong)
+        # The largest values allowed are stored and read back as sent.
+        largest = {"cap": 1_000_000, "max_queued": 10**9, "rate_per_s": 1e6,
+                   "rate_burst": 1_000_000}
+        changed = running.client.patch(f"/v1/admin/tenants/{running.tenant_id}", json=largest,
+                                       headers=auth(ADMIN_KEY))
+        assert changed.status_code == 200, changed.text
+        assert {name: changed.json()[name] for name in largest} == largest
+        listed = running.client.get("/v1/admin/tenants", headers=auth(ADMIN_KEY)).json()
+        assert [{name: t[name] for name in largest} for t in listed["tenants"]] == [largest]
+        query_error = running.client.get("/v1/jobs", params={"limt": 10, "status": "queued"},
+                                         headers=auth(running.key)).json()["error"]
+        assert query_error["details"] == [{"loc": ["query", "limt"],
+                                           "msg": "unknown query parameter"}]
+
+
 JSON_LEAVES = (
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 )
@@ -300,7 +363,7 @@ def test_fuzzed_submit_bodies_never_break_the_api(roomy_env: Env, body: Any) -> 
     answer = roomy_env.client.post("/v1/jobs", content=json.dumps(body).encode(),
                                    headers={**auth(roomy_env.key), **JSON})
     event(f"status {answer.status_code}")
-    assert answer.status_code in {200, 202, 400, 413, 422, 429}, answer.text
+    assert answer.status_code in {200, 202, 400, 409, 413, 422, 429}, answer.text
     if answer.status_code >= 400:
         error = answer.json()["error"]
         assert isinstance(error["type"], str) and isinstance(error["message"], str)

@@ -173,6 +173,7 @@ def test_duplicate_idempotency_key(sessions: sessionmaker[Session], tenant: Tena
         with pytest.raises(DuplicateJob) as raised:
             repo.insert_job(session, _new(tenant, idempotency_key="once"))
         assert raised.value.job_id == first.id
+        assert raised.value.job == first  # the stored job, for the caller to compare
         # The outer transaction is still usable after the failed insert.
         later = repo.insert_job(session, _new(tenant, idempotency_key="twice"))
         theirs = repo.insert_job(session, _new(other, idempotency_key="once"))

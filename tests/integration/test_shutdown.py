@@ -73,15 +73,17 @@ def dispatcher(runtime: Runtime) -> Iterator[Dispatcher]:
 @pytest.fixture
 def start_worker(
     env: dict[str, str], tmp_path: Path
-) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     started: list[tuple[subprocess.Popen[bytes], Path]] = []
 
-    def start() -> subprocess.Popen[bytes]:
+    def start(pool: str = "threads", grace_s: float | None = None) -> subprocess.Popen[bytes]:
         log = tmp_path / f"worker-{len(started)}.log"
+        extra = {} if grace_s is None else {"TIERQ_POLICY__STOP_GRACE_S": str(grace_s)}
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "workers.main", "--concurrency", "1"],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "workers.main", "--concurrency", "1", "--pool", pool],
+                cwd=ROOT, env={**env, **extra}, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         started.append((popen, log))
         return popen
@@ -129,7 +131,7 @@ def capacity(runtime: Runtime) -> int:
 
 
 def test_sigterm_finishes_the_job_in_hand_takes_nothing_new_and_loses_nothing(
-    runtime: Runtime, dispatcher: Dispatcher, start_worker: Callable[[], subprocess.Popen[bytes]]
+    runtime: Runtime, dispatcher: Dispatcher, start_worker: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
     registry = default_registry("")
     first = start_worker()
@@ -176,3 +178,30 @@ def test_sigterm_finishes_the_job_in_hand_takes_nothing_new_and_loses_nothing(
         final = load(runtime, job.id)
         assert (final.status, final.attempt) == (Status.SUCCEEDED, 1)
     assert runtime.index.inflight() == 0
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_job_that_cannot_finish_within_the_stop_grace_goes_back_uncharged(
+    runtime: Runtime, dispatcher: Dispatcher, start_worker: Callable[..., subprocess.Popen[bytes]],
+    pool: str,
+) -> None:
+    """SIGTERM to the worker process alone, as ``docker stop`` sends it: a prefork worker
+    passes it on to the child running the job."""
+    registry = default_registry("")
+    worker = start_worker(pool=pool, grace_s=2)  # hands back 1 s after the signal
+    wait_for(lambda: capacity(runtime) == 1)
+    alice = tenant(runtime, "alice")
+    job = submit(runtime, registry, alice,
+                 Submission(kind="sleep", payload={"seconds": 120})).progress.job
+    assert dispatcher.run_once(time.time()).dispatched == 1
+    wait_for(lambda: load(runtime, job.id).status is Status.RUNNING)
+
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(EXIT_TIMEOUT_S) == 0  # not the job's 120 s, and no kill needed
+    back = load(runtime, job.id)
+    assert (back.status, back.attempt, back.starts, back.started_at) == (
+        Status.QUEUED, 2, 0, None)  # the interrupted start is not charged
+    assert runtime.index.tenant_inflight(alice.id) == 0
+    # In the index again, as its next attempt, first in line.
+    [lease] = runtime.index.dispatch(1, now=time.time(), lease_ttl_s=30)
+    assert (lease.job_id, lease.attempt) == (job.id, 2)

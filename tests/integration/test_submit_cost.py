@@ -25,7 +25,7 @@ from jobs.db import repository
 from jobs.db.engine import make_engine, make_sessionmaker
 from jobs.db.models import JobRow
 from jobs.domain import Job, NewJob, Tenant
-from jobs.errors import CapacityExceeded, TenantLimitExceeded
+from jobs.errors import CapacityExceeded, IdempotencyConflict, TenantLimitExceeded
 from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.runtime import Runtime
@@ -97,8 +97,8 @@ def statements(runtime: Runtime) -> Iterator[list[str]]:
 
 
 def submit(runtime: Runtime, tenant: Tenant, **fields: Any) -> submission.Submitted:
-    return submission.submit(runtime, default_registry(), tenant,
-                             Submission(kind="echo", payload={"n": 1}, **fields))
+    work: dict[str, Any] = {"kind": "echo", "payload": {"n": 1}, **fields}
+    return submission.submit(runtime, default_registry(), tenant, Submission(**work))
 
 
 def _warm(runtime: Runtime, tenant: Tenant) -> None:
@@ -190,6 +190,33 @@ def test_a_resubmit_that_loses_the_race_for_its_key_gets_the_winner(
     assert loser.progress.job.id == first.progress.job.id
     assert _rows(runtime, tenant) == 1
     assert runtime.index.tenant_queued(tenant.id) == 1  # only the winner's entry
+
+
+def test_a_lost_race_for_a_key_used_for_other_work_is_a_conflict(
+    runtime: Runtime, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The winner committed other work under the key between the loser's lookup and its
+    INSERT: the loser is refused (409) and leaves no row and no index entry."""
+    first = submit(runtime, tenant, idempotency_key="race")
+    monkeypatch.setattr(submission, "_by_idempotency_key", lambda *args: None)
+    with pytest.raises(IdempotencyConflict) as conflict:
+        submit(runtime, tenant, idempotency_key="race", kind="sleep",
+               payload={"seconds": 1})
+    assert conflict.value.details["job_id"] == first.progress.job.id
+    assert _rows(runtime, tenant) == 1
+    assert runtime.index.tenant_queued(tenant.id) == 1  # only the winner's entry
+
+
+def test_a_reused_key_is_compared_only_once_it_is_found_used(
+    runtime: Runtime, tenant: Tenant, statements: list[str]
+) -> None:
+    """A conflict is found by the key's lookup alone: no INSERT, no admission."""
+    submit(runtime, tenant, idempotency_key="k2")
+    statements.clear()
+    with pytest.raises(IdempotencyConflict):
+        submit(runtime, tenant, idempotency_key="k2", kind="sleep", payload={"seconds": 1})
+    assert [s for s in statements if s != "BEGIN"] == ["SELECT", "ROLLBACK"]
+    assert runtime.index.tenant_queued(tenant.id) == 1
 
 
 def test_the_job_returned_is_the_row_as_stored(runtime: Runtime, tenant: Tenant) -> None:

@@ -138,3 +138,44 @@ def test_an_unreadable_or_invalid_file_is_reported(
     write(tmp_path, "[policy\n", monkeypatch)
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_settings()
+
+
+@pytest.mark.parametrize("key", [
+    "change-me", "changeme", "Change_Me", "admin", "secret", "password",
+    "change-me-to-a-long-random-key", "<replace-me with a real key>",
+])
+def test_a_known_default_admin_key_is_refused(key: str) -> None:
+    with pytest.raises(ConfigError, match="TIERQ_ADMIN_KEY is a known default or placeholder"):
+        load_settings(admin_key=key)
+
+
+def test_a_short_admin_key_is_refused_without_echoing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERQ_ADMIN_KEY", "k3y-0f-15-chars")
+    with pytest.raises(ConfigError, match="TIERQ_ADMIN_KEY is 15 characters, fewer than 16") as err:
+        load_settings()
+    assert "k3y-0f-15-chars" not in str(err.value)
+
+
+def test_a_long_random_admin_key_is_taken_and_an_empty_one_means_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import secrets
+
+    key = secrets.token_urlsafe(12)  # 16 characters: the shortest accepted
+    assert load_settings(admin_key=key).admin_key == key
+    monkeypatch.setenv("TIERQ_ADMIN_KEY", "")
+    assert load_settings().admin_key is None
+
+
+def test_a_placeholder_admin_key_stops_the_cli_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from jobs.cli import build_app
+
+    monkeypatch.setenv("TIERQ_ADMIN_KEY", "change-me")
+    result = CliRunner().invoke(build_app(), ["policy"], env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "TIERQ_ADMIN_KEY" in lines[0], result.output

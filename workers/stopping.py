@@ -1,0 +1,116 @@
+"""Stop grace: a worker told to stop hands back, uncharged, the jobs it cannot finish in time.
+
+Whoever stops a worker (``tierq up``, compose, Kubernetes) sends SIGTERM, waits
+``policy.stop_grace_s``, then kills it. Celery's warm shutdown lets running jobs finish;
+those still running ``handback_after_s(grace)`` after the signal are asked to stop, as a
+cancel asks, and go back to the queue as a new attempt, not charged one
+(``jobs.execution.hand_back_running``). Killed instead, they would wait a lease TTL for the
+reaper and be charged the attempt.
+
+The thread pool runs jobs in the worker process, which Celery tells of the stop
+(``worker_shutting_down``). A prefork child runs them in its own process: it keeps SIGTERM
+for itself (Celery resets it to "die at once" in children) and the parent forwards its stop
+to the children, so the same timer starts there, whether the signal reached the whole
+process group (``tierq up``) or only the parent (``docker stop``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from celery import signals
+
+from jobs.config import Settings
+from jobs.execution import hand_back_running
+from jobs.policy import handback_after_s
+
+logger = logging.getLogger("tierq.worker")
+
+
+class _HandBack:
+    """Starts the hand-back timer once per process, on the first stop signal."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._pid = os.getpid()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._timer is not None and self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._timer = threading.Timer(self.after_s, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+        logger.info("worker.stopping", extra={
+            "event": "worker.stopping", "handback_after_s": self.after_s})
+
+    def _fire(self) -> None:
+        count = hand_back_running()
+        if count:
+            logger.warning("worker.handing_back", extra={
+                "event": "worker.handing_back", "jobs": count, "after_s": self.after_s})
+
+
+def install(settings: Settings) -> None:
+    """Connect the hand-back to this worker's stop (call once, before the worker starts)."""
+    handback = _HandBack(handback_after_s(settings.policy.stop_grace_s))
+
+    def on_shutting_down(**_: Any) -> None:
+        handback.start()
+        _forward_to_children()
+
+    parent = os.getpid()
+    armed: set[int] = set()
+
+    def on_task(**_: Any) -> None:
+        # billiard sets its own SIGTERM handler in a prefork child after every init hook;
+        # the first task in the child takes it over.
+        pid = os.getpid()
+        if pid != parent and pid not in armed:
+            armed.add(pid)
+            signal.signal(signal.SIGTERM, _ChildTerm(handback))
+
+    signals.worker_shutting_down.connect(on_shutting_down, weak=False)
+    signals.task_prerun.connect(on_task, weak=False)
+
+
+class _ChildTerm:
+    """SIGTERM in a prefork child: the first starts the hand-back; it may come twice at once
+    (to the process group, and forwarded by the parent). One later than that is a terminate
+    (Celery's cold shutdown): the child ends as SIGTERM would have ended it."""
+
+    ECHO_S = 2.0
+
+    def __init__(self, handback: _HandBack) -> None:
+        self.handback = handback
+        self.first: float | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+            self.handback.start()
+        elif now - self.first > self.ECHO_S:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _forward_to_children() -> None:
+    """Tell prefork children (there are none with the thread pool) that the worker stops."""
+    from billiard import process  # type: ignore[import-untyped]
+
+    for child in process.active_children():
+        pid = child.pid
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
