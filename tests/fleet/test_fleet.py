@@ -4,8 +4,9 @@ leading dispatcher SIGKILLed mid-run.
 
 What must hold fleet-wide: no tenant ever ran more jobs at once than its cap (from the
 ``tracked`` handler's trace of every run); every 429 was refused at its limit and no tier's
-queue was ever seen above its bound; every accepted job succeeded, completed exactly once,
-and no (job, attempt) was dispatched twice across the two dispatchers.
+queue was ever seen above its bound (give or take the jobs the reaper took back from the
+killed leader); every accepted job succeeded, completed exactly once, and no (job, attempt)
+was dispatched twice across the two dispatchers.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 import pytest
 import redis
 
+from jobs.counters import read_reclaimed
 from jobs.index.keys import IndexKeys
 from tests.e2e.harness import (
     Broker,
@@ -48,7 +50,7 @@ ageing_rate_s = 0.05
 pool_concurrency = {SLOTS}
 mean_service_s = 0.2
 service_samples_min = 1000000
-lease_ttl_s = 3
+lease_ttl_s = 6
 leader_ttl_s = 2
 [tiers.premium]
 base_priority = 0
@@ -182,19 +184,22 @@ def test_a_fleet_holds_caps_and_bounds_and_loses_nothing_when_its_leader_dies(
             run_log=Path(system.env[RUN_LOG_ENV]), timeout=60,
         )
         logged, twice = dispatched_twice(system)
+        reclaimed = read_reclaimed(redis_client, prefix)
         runs = read_runs(Path(system.env[RUN_LOG_ENV]))
         thread_pids = {p.popen.pid for p in system.processes.values()
                        if p.name.startswith("worker-threads")}
 
     assert {job.status.value for job in jobs.values()} == {"succeeded"}
-    assert len(jobs) == len(accepted) >= MIN_ACCEPTED
+    assert len(jobs) == len(accepted) >= MIN_ACCEPTED, Counter(a.status for a in answers)
     assert logged and twice == []  # a leader killed between publish and log line logs less
     assert refusals_within_limits(answers) == []
     refused = Counter(answer.body["error"]["type"] for answer in answers if answer.status == 429)
     assert refused["capacity"] > 0, refused  # the load did reach a bound
+    # Admission never queues past the bound; jobs the killed leader had claimed come back
+    # through the reaper without admission (they were accepted once), and may stand over it.
     over = [(tier, queued, bound) for tier, queued, bound in sampler.samples
-            if queued > bound or bound != BOUNDS[tier]]
-    assert sampler.samples and over == []
+            if queued > bound + reclaimed or bound != BOUNDS[tier]]
+    assert sampler.samples and over == [], f"{reclaimed} leases reclaimed"
     assert "dispatcher.leading" in standby.log.read_text(errors="replace")
     # Every worker ran jobs: the prefork one in its children (pids of no threads worker).
     ran_in = {run.pid for job_runs in runs.values() for run in job_runs}
