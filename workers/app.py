@@ -4,7 +4,7 @@ Celery only carries "start job X, attempt N"; leases, not the broker, recover lo
 messages are acked on receipt (``task_acks_late=False``) and Celery's redelivery never
 re-runs a long job. Results live in SQL: no result backend. Task events are off until Flower
 asks for them (its ``enable_events`` broadcast); then a failed job's task shows FAILURE there
-(``workers.tasks``).
+(``workers.tasks``). Redis or RabbitMQ: ``workers.broker`` holds what differs between them.
 
 ``make_celery(settings)`` builds a worker app (task + worker hooks); ``base_app(settings)``
 the same configuration without them, for processes that only publish.
@@ -21,29 +21,28 @@ from kombu.entity import Exchange, Queue
 
 from jobs import wake
 from jobs.config import Settings
+from workers.broker import BrokerNames, broker_names, queue_arguments, transport_config
 from workers.registration import WorkerRegistration, registration_ttl_s
 from workers.tasks import WorkerResources, register_tasks
 
 logger = logging.getLogger("tierq.worker")
 
-EXCHANGE = "tierq"
-REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
 
-
-def queue_name(tier: str) -> str:
-    return f"tier.{tier}"
-
-
-def is_redis_broker(url: str) -> bool:
-    return url.startswith(REDIS_SCHEMES)
+def names_of(settings: Settings) -> BrokerNames:
+    """This deployment's broker names (``workers.broker``): its queues are its own."""
+    return broker_names(settings.resolved_broker_url(), settings.key_prefix)
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for ``settings``: shared by workers and publishers."""
     broker = settings.resolved_broker_url()
-    exchange = Exchange(EXCHANGE, type="direct")  # type: ignore[no-untyped-call]
+    names = names_of(settings)
+    exchange = Exchange(names.exchange, type="direct")  # type: ignore[no-untyped-call]
     queues = [
-        Queue(queue_name(tier), exchange, routing_key=queue_name(tier))  # type: ignore[no-untyped-call]
+        Queue(  # type: ignore[no-untyped-call]
+            names.queue(tier), exchange, routing_key=names.queue(tier), durable=True,
+            queue_arguments=queue_arguments(broker),
+        )
         for tier in settings.tiers
     ]
     config: dict[str, Any] = {
@@ -58,7 +57,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": False,
         "task_queues": queues,
         "task_default_queue": queues[0].name,
-        "task_default_exchange": EXCHANGE,
+        "task_default_exchange": names.exchange,
         "task_default_routing_key": queues[0].routing_key,
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -71,13 +70,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Celery 6's default, set now: only late-acked tasks are affected, and ours are
         # acked on receipt, so a lost broker connection leaves running jobs running.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Deployments (and test runs) sharing a broker stay apart: prefixed keys on Redis,
+        # prefixed names on RabbitMQ; publisher confirms there (``workers.broker``).
+        **transport_config(broker, settings.key_prefix),
     }
-    if is_redis_broker(broker):
-        # Celery's broker keys start with the key prefix too: deployments (and test runs)
-        # sharing one Redis stay apart.
-        config["broker_transport_options"] = {"global_keyprefix": settings.key_prefix}
-        # Supported on Redis only (Celery warns and ignores it on other brokers).
-        config["worker_disable_prefetch"] = True
     return config
 
 

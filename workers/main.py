@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from jobs.config import Settings, load_settings
 from jobs.errors import ConfigError
 from workers import stopping
-from workers.app import make_celery, queue_name
+from workers.app import make_celery, names_of
 from workers.tasks import resources_of
 
 # Celery pools by the names the CLI takes; threads wake the event loop as a task ends.
@@ -79,7 +79,7 @@ def run_worker(
         pool_cls=POOLS.get(pool, pool),
         concurrency=concurrency,
         loglevel=loglevel.upper(),
-        queues=[queue_name(tier) for tier in settings.tiers],
+        queues=names_of(settings).queues(list(settings.tiers)),
         without_mingle=True,
         without_gossip=True,
         optimization="fair",

@@ -1,8 +1,10 @@
 """The dispatcher's Celery adapter: publish "run attempt N of job X" to the job's tier queue.
 
 Never an ETA or a countdown: a retry's backoff is a ``not_before`` kept by the index, and
-ETA messages bypass the prefetch limit. One producer (and its broker connection) serves every
-publish; a publish that fails gives it back to the pool, and the next takes a fresh one.
+ETA messages bypass the prefetch limit. On RabbitMQ a publish returns once the broker has
+confirmed it (``workers.broker``): a message it could not take is a failed publish. One
+producer (and its broker connection) serves every publish; a publish that fails gives it
+back to the pool, and the next takes a fresh one.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.config import Settings
-from workers.app import base_app, queue_name
+from workers.app import base_app, names_of
 from workers.tasks import TASK_NAME
 
 
@@ -20,17 +22,19 @@ class CeleryPublisher:
 
     def __init__(self, settings: Settings) -> None:
         self._app = base_app(settings, name="tierq-publisher")
+        self._names = names_of(settings)
         self._producer: Any = None
 
     def publish(self, job_id: str, attempt: int, tier: str) -> None:
         if self._producer is None:
             self._producer = self._app.producer_pool.acquire(block=True)
+        queue = self._names.queue(tier)
         try:
             self._app.send_task(
                 TASK_NAME,
                 args=[job_id, attempt],
-                queue=queue_name(tier),
-                routing_key=queue_name(tier),
+                queue=queue,
+                routing_key=queue,
                 producer=self._producer,
             )
         except Exception:

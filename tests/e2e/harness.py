@@ -1,4 +1,9 @@
-"""Run tierq as real processes (API, dispatcher, Celery worker) and talk to it over HTTP."""
+"""Run tierq as real processes (API, dispatcher, Celery worker) and talk to it over HTTP.
+
+A ``System`` runs on the Redis broker (the Redis of ``TIERQ_REDIS_URL``) unless its
+``Broker`` says RabbitMQ; then its queues and exchanges are named after its key prefix and
+are deleted by name afterwards (``Broker.delete_owned``).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,17 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from jobs.config import DEFAULT_TIERS
+from tests.services import RabbitServer
+from workers.broker import BrokerNames, broker_names
 
 ADMIN_KEY = "e2e-admin-key-of-the-tests"
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
@@ -132,6 +142,38 @@ class System:
 
     def wait_for_capacity(self, client: httpx.Client, slots: int) -> None:
         wait_until(lambda: client.get("/v1/queues").json()["pool"]["capacity"] >= slots)
+
+
+@dataclass
+class Broker:
+    """The broker of a System: ``redis`` (no ``rabbit``) or ``rabbitmq``."""
+
+    name: str
+    rabbit: RabbitServer | None = None
+    # (key prefix, tiers) of each deployment built on it: what to delete afterwards.
+    owned: list[tuple[str, list[str]]] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"TIERQ_BROKER_URL": self.rabbit.url} if self.rabbit is not None else {}
+
+    def names(self, key_prefix: str) -> BrokerNames | None:
+        """The deployment's RabbitMQ names (None on Redis: its keys go with the prefix)."""
+        return None if self.rabbit is None else broker_names(self.rabbit.url, key_prefix)
+
+    def own(self, key_prefix: str, config: str) -> None:
+        """Note a deployment on ``key_prefix`` with this TOML ``config``, for deletion."""
+        tiers = list(tomllib.loads(config).get("tiers") or DEFAULT_TIERS)
+        self.owned.append((key_prefix, tiers))
+
+    def delete_owned(self) -> None:
+        """Delete, by name, the queues and exchanges of every deployment noted (RabbitMQ has
+        no key prefix to sweep, and these are durable: they would outlive the test)."""
+        for key_prefix, tiers in self.owned:
+            names = self.names(key_prefix)
+            if names is not None and self.rabbit is not None:
+                self.rabbit.delete(queues=names.queues(tiers), exchanges=names.exchanges())
+        self.owned.clear()
 
 
 def stop_up(up: subprocess.Popen[bytes], grace: float = 30.0) -> None:

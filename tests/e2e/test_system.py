@@ -1,4 +1,10 @@
-"""End to end: API, dispatcher and Celery worker as separate processes on PostgreSQL + Redis."""
+"""End to end: API, dispatcher and Celery worker as separate processes on PostgreSQL + Redis.
+
+The tests of the broker's path run once on each broker (Redis, RabbitMQ): submit → dispatch
+→ run → result, cancels (queued and running), a failed job, caps across workers, one queue
+per tier, and a killed worker's job recovered by its lease. Ageing and the bound are decided
+by the dispatcher and the API before any message exists: they run on Redis only.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +19,11 @@ import httpx
 import pytest
 import redis
 
+from tests.e2e.conftest import BROKERS
 from tests.e2e.harness import (
+    Broker,
     System,
+    free_port,
     max_overlap,
     running,
     system_env,
@@ -25,6 +34,7 @@ from tests.e2e.harness import (
 from tests.services import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+both_brokers = pytest.mark.parametrize("broker", BROKERS, indirect=True)
 
 
 @pytest.fixture
@@ -34,17 +44,20 @@ def deployment(
     redis_server: RedisServer,
     key_prefix: str,
     redis_client: redis.Redis,  # deletes this test's keys (Celery's too) afterwards
+    broker: Broker,  # deletes this test's RabbitMQ queues afterwards
 ) -> Callable[[str], System]:
-    """A not yet started System on this test's database and prefix, with a TOML config."""
+    """A not yet started System on this test's database, prefix and broker, with a TOML
+    config."""
 
     def build(config: str) -> System:
         path = tmp_path / "tierq.toml"
         path.write_text(config)
+        broker.own(key_prefix, config)
         env = system_env(
             database_url=pg_url,
             redis_url=redis_server.url,
             key_prefix=key_prefix,
-            extra={"TIERQ_CONFIG": str(path)},
+            extra={"TIERQ_CONFIG": str(path), **broker.env},
         )
         return System(env=env, workdir=tmp_path)
 
@@ -72,6 +85,7 @@ def submit(
     return body
 
 
+@both_brokers
 def test_submit_poll_result_and_tenant_isolation(system: System) -> None:
     acme = system.tenant("acme", "premium")
     other = system.tenant("other", "free")
@@ -104,6 +118,7 @@ def test_submit_poll_result_and_tenant_isolation(system: System) -> None:
     assert [j["id"] for j in listed] == [job["id"]]  # the idempotent resubmit made no job
 
 
+@both_brokers
 def test_cancelled_and_expired_jobs_never_start_and_failures_are_409(system: System) -> None:
     acme = system.tenant("acme", "premium")
     system.wait_for_capacity(acme, 2)
@@ -138,6 +153,125 @@ def test_cancelled_and_expired_jobs_never_start_and_failures_are_409(system: Sys
     assert acme.get(f"/v1/jobs/{waiting['id']}/result").status_code == 410
 
 
+@both_brokers
+def test_a_running_job_is_cancelled_and_its_slot_comes_back(system: System) -> None:
+    acme = system.tenant("acme", "premium")  # cap: max(1, floor(2 × 0.25)) = 1
+    system.wait_for_capacity(acme, 2)
+    long = submit(acme, "sleep", {"seconds": 60})
+    wait_status(acme, long["id"], "running")
+
+    response = acme.post(f"/v1/jobs/{long['id']}/cancel")
+    assert response.status_code == 202, response.text
+    assert response.json()["cancel_requested"] is True
+    final = wait_terminal(acme, long["id"], timeout=30)  # long before its 60 s are up
+    assert final["status"] == "cancelled"
+    assert final["started_at"] is not None
+    assert acme.get(f"/v1/jobs/{long['id']}/result").json()["error"]["type"] == "job_cancelled"
+    # The tenant's only slot is free again: its next job runs.
+    after = submit(acme, "echo", {"after": True})
+    assert wait_terminal(acme, after["id"])["status"] == "succeeded"
+
+
+TIERS_CONFIG = """
+[policy]
+pool_concurrency = 3
+mean_service_s = 0.5
+"""
+
+
+def broker_depths(broker: Broker, key_prefix: str, redis_client: redis.Redis) -> dict[str, int]:
+    """Messages waiting in each tier's broker queue, read from the broker itself."""
+    names = broker.names(key_prefix)
+    depths = {}
+    for tier in ("premium", "standard", "free"):
+        if names is None:  # Redis: the queue is a list under the key prefix
+            depths[tier] = int(redis_client.llen(f"{key_prefix}tier.{tier}"))
+        else:
+            assert broker.rabbit is not None
+            depths[tier] = broker.rabbit.queue_depth(names.queue(tier)) or 0
+    return depths
+
+
+@both_brokers
+def test_each_tier_has_its_own_queue_under_the_deployments_prefix(
+    deployment: Callable[[str], System], broker: Broker, key_prefix: str,
+    redis_client: redis.Redis,
+) -> None:
+    with running(deployment(TIERS_CONFIG)) as system:
+        system.start_api()
+        system.start("dispatcher", "dispatcher")
+        clients = {tier: system.tenant(f"t-{tier}", tier) for tier in ("premium", "standard",
+                                                                          "free")}
+        jobs = {tier: submit(client, "echo", {"tier": tier}) for tier, client in clients.items()}
+        # No worker yet: each job waits, published, in its own tier's queue.
+        wait_until(lambda: broker_depths(broker, key_prefix, redis_client)
+                   == {"premium": 1, "standard": 1, "free": 1})
+        system.start("worker", "worker", "--concurrency", "3")
+        for tier, job in jobs.items():
+            final = wait_terminal(clients[tier], job["id"])
+            assert (final["status"], final["tier"]) == ("succeeded", tier)
+        assert broker_depths(broker, key_prefix, redis_client) == {
+            "premium": 0, "standard": 0, "free": 0}
+
+
+LEASE_CONFIG = """
+[policy]
+lease_ttl_s = 2
+mean_service_s = 0.5
+"""
+
+
+@both_brokers
+def test_a_killed_workers_job_runs_again_by_its_lease_not_the_broker(
+    deployment: Callable[[str], System],
+) -> None:
+    with running(deployment(LEASE_CONFIG)) as system:
+        system.start_api()
+        system.start("dispatcher", "dispatcher")
+        first = system.start("worker-1", "worker", "--concurrency", "1")
+        client = system.tenant("acme", "premium")
+        system.wait_for_capacity(client, 1)
+        job = submit(client, "sleep", {"seconds": 2})
+        wait_status(client, job["id"], "running")
+        first.kill()  # SIGKILL mid-job: its message was acked when the job started
+        system.start("worker-2", "worker", "--concurrency", "1")
+        final = wait_terminal(client, job["id"], timeout=60)
+        result = client.get(f"/v1/jobs/{job['id']}/result")
+
+    # Run again as a new attempt once the lease lapsed (a redelivered message would have
+    # been attempt 1 again, and stale).
+    assert (final["status"], final["attempt"]) == ("succeeded", 2)
+    assert result.json()["result"] == {"slept": 2}
+
+
+@both_brokers
+def test_flower_sees_the_workers_and_their_tasks(system: System) -> None:
+    """Flower needs no management API on RabbitMQ: it finds workers through the control
+    exchange and tasks through the event exchange, both the deployment's own."""
+    port = free_port()
+    system.start("flower", "flower", "--port", str(port),
+                 env={"FLOWER_UNAUTHENTICATED_API": "true"})
+    flower = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    system.clients.append(flower)
+    workers = wait_until(lambda: flower.get("/api/workers", params={"refresh": 1}).json())
+    assert [name.startswith("tierq-") for name in workers] == [True]
+
+    acme = system.tenant("acme", "premium")
+    system.wait_for_capacity(acme, 2)
+
+    def seen_by_flower() -> list[dict[str, Any]]:
+        """Run a job; Flower's record of its task, if any. Flower turns task events on in
+        the workers a few seconds after it starts (its periodic ``enable_events``)."""
+        job = submit(acme, "echo", {"seen": True})
+        assert wait_terminal(acme, job["id"])["status"] == "succeeded"
+        time.sleep(0.5)  # the task's events travel through the broker to Flower
+        return [task for task in flower.get("/api/tasks").json().values()
+                if job["id"] in str(task.get("args"))]
+
+    tasks = wait_until(seen_by_flower, timeout=30, every=0.5)
+    assert tasks[0]["name"] == "tierq.run_job" and tasks[0]["state"] == "SUCCESS"
+
+
 NOISY_CONFIG = """
 [policy]
 pool_concurrency = 4
@@ -149,6 +283,7 @@ tenant_share = 0.5
 """
 
 
+@both_brokers
 def test_noisy_neighbour_cannot_take_the_tier(deployment: Callable[[str], System]) -> None:
     with running(deployment(NOISY_CONFIG)) as system:
         system.start_all(concurrency=4)

@@ -208,7 +208,7 @@ def test_the_celery_configuration() -> None:
 
     amqp = load_settings(broker_url="amqp://guest@127.0.0.1:5672//")
     amqp_conf = make_celery(amqp).conf
-    assert not amqp_conf.broker_transport_options
+    assert amqp_conf.broker_transport_options == {"confirm_publish": True}
     assert not amqp_conf.worker_disable_prefetch
 
 
