@@ -250,7 +250,8 @@ NEEDS_THE_SYSTEM = [
 ]
 
 
-@pytest.mark.parametrize(("command", "says"), NEEDS_THE_SYSTEM, ids=lambda c: " ".join(c))
+@pytest.mark.parametrize(("command", "says"), NEEDS_THE_SYSTEM,
+                         ids=[" ".join(command) for command, _ in NEEDS_THE_SYSTEM])
 def test_with_nothing_configured_every_command_refuses_in_one_line_and_creates_nothing(
     app: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str],
     says: str,
