@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from jobs.blobs import SHA256, BlobNotFound, BlobStore
 from jobs.config import load_settings
+from jobs.errors import InvalidRequest
 from workers import embedding
 from workers.documents import chunk_text, extract_text
 from workers.handlers import Handler, JobContext, RetryableError, parse_payload
@@ -69,20 +70,14 @@ class DocumentEmbedHandler:
 
 Sentence = Annotated[str, StringConstraints(min_length=1, max_length=MAX_SENTENCE_CHARS)]
 Label = Annotated[float, Field(allow_inf_nan=False)]
+Pair = Annotated[list[Sentence], Field(min_length=2, max_length=2)]
 
 
 class _SimilarityPayload(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    pairs: Annotated[list[tuple[Sentence, Sentence]], Field(min_length=1, max_length=MAX_PAIRS)]
+    pairs: Annotated[list[Pair], Field(min_length=1, max_length=MAX_PAIRS)]
     labels: Annotated[list[Label], Field(max_length=MAX_PAIRS)]
-
-    @model_validator(mode="after")
-    def _one_label_per_pair(self) -> _SimilarityPayload:
-        if len(self.labels) != len(self.pairs):
-            raise ValueError(f"labels: {len(self.labels)} labels for {len(self.pairs)} pairs; "
-                             "give one label per pair")
-        return self
 
 
 class SimilarityHandler:
@@ -93,7 +88,11 @@ class SimilarityHandler:
 
     def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
         normalised = parse_payload(_SimilarityPayload, payload)
-        normalised["pairs"] = [list(pair) for pair in normalised["pairs"]]
+        pairs, labels = len(normalised["pairs"]), len(normalised["labels"])
+        if labels != pairs:
+            msg = f"{labels} labels for {pairs} pairs: give one label per pair"
+            raise InvalidRequest(f"invalid payload: payload.labels: {msg}",
+                                 details=[{"loc": ["payload", "labels"], "msg": msg}])
         return normalised
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, Request, Response, UploadFile
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Depends, Form, Request, Response, UploadFile
+from pydantic import BaseModel, ConfigDict, Field
 
 from jobs import content_type, submission
 from jobs.api.deps import RuntimeDep, TenantDep, ValidatorDep, refuse_unknown_query
@@ -31,7 +31,22 @@ DEFAULT_KIND = "document.embed"
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 
+class DocumentForm(BaseModel):
+    """The multipart form of an upload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: UploadFile = Field(description="the document: PDF, UTF-8 text or markdown")
+    kind: str = Field(default=DEFAULT_KIND, min_length=1, max_length=100,
+                      description="the job kind to run on it")
+    max_wait_s: float | None = Field(
+        default=None, gt=0, le=MAX_WAIT_LIMIT_S, allow_inf_nan=False,
+        description="expire the job if it has not started within this many seconds")
+
+
 class DocumentInfo(BaseModel):
+    """The document as stored in the blob store."""
+
     sha256: str = Field(description="the file's sha256: its name in the blob store")
     bytes: int = Field(description="the file's size")
     content_type: str = Field(description="its type, told from its bytes")
@@ -72,30 +87,25 @@ BlobStoreDep = Annotated[BlobStore, Depends(blob_store)]
     },
 )
 def upload_document(
-    file: Annotated[UploadFile, File(description="the document: PDF, text or markdown")],
+    form: Annotated[DocumentForm, Form(media_type="multipart/form-data")],
     tenant: TenantDep,
     runtime: RuntimeDep,
     validator: ValidatorDep,
     store: BlobStoreDep,
     response: Response,
-    kind: Annotated[str, Form(min_length=1, max_length=100,
-                              description="the job kind to run on it")] = DEFAULT_KIND,
-    max_wait_s: Annotated[float | None, Form(
-        gt=0, le=MAX_WAIT_LIMIT_S, allow_inf_nan=False,
-        description="expire the job if it has not started within this many seconds")] = None,
 ) -> DocumentSubmitResponse:
-    data = _read_limited(file, runtime)
-    detected = content_type.detect(data, file.filename)
+    data = _read_limited(form.file, runtime)
+    detected = content_type.detect(data, form.file.filename)
     if detected is None:
         raise UnsupportedMediaType(
             "the file is not a type any handler reads (PDF, UTF-8 text or markdown)",
             readable=list(content_type.READABLE),
         )
-    payload = validator.validate(kind, {"blob": digest(data)})
+    payload = validator.validate(form.kind, {"blob": digest(data)})
     sha256 = store.put(data)
     submitted = submission.submit(
         runtime, validator, tenant,
-        submission.Submission(kind=kind, payload=payload, max_wait_s=max_wait_s),
+        submission.Submission(kind=form.kind, payload=payload, max_wait_s=form.max_wait_s),
     )
     job_id = submitted.progress.job.id
     response.headers["Location"] = f"/v1/jobs/{job_id}"

@@ -176,7 +176,7 @@ def test_a_spec_names_instances_classes_and_lists() -> None:
 
 
 def test_default_registry_adds_the_spec_to_the_built_ins() -> None:
-    registry = default_registry("tests.handlers_for_tests:BlockingHandler")
+    registry = default_registry("tests.handlers_for_tests:BlockingHandler", entry_points=False)
     assert registry.kinds() == ["block", "echo", "sleep"]
 
 
