@@ -111,7 +111,7 @@ def upload_document(
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     base = SubmitResponse.of(submitted.progress)
     return DocumentSubmitResponse(
-        **base.model_dump(),
+        **{name: getattr(base, name) for name in SubmitResponse.model_fields},
         document=DocumentInfo(sha256=sha256, bytes=len(data), content_type=detected),
     )
 
