@@ -206,14 +206,22 @@ def dispatcher() -> None:
 
 @_friendly
 def worker(
-    concurrency: Annotated[int, typer.Option(min=1, help="Jobs run at once.")] = 2,
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, show_default=False,
+        help="Jobs run at once [default: 1 on a GPU, 2 on a CPU; TIERQ_DEVICE names the "
+             "device].")] = None,
     pool: Annotated[Literal["threads", "prefork", "solo"], typer.Option(help="Celery pool.")] = (
         "threads"
     ),
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
     """Run a Celery worker for every tier's queue."""
+    from workers.embedding import device
     from workers.main import run_worker
+    from workers.registration import default_slots
+
+    if concurrency is None:
+        concurrency = default_slots(device())
 
     settings = load_settings()
     _target(f"{settings.describe_target()} · broker "
