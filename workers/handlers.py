@@ -263,7 +263,11 @@ def default_registry(extra: str | None = None, *, entry_points: bool = True) -> 
 def load_entry_points() -> list[tuple[str, list[Handler]]]:
     """``(where, handlers)`` for each entry point of the ``tierq.handlers`` group."""
     found: list[tuple[str, list[Handler]]] = []
+    seen: set[tuple[str, str]] = set()
     for point in sorted(installed_entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
+        if (point.name, point.value) in seen:
+            continue  # one package seen twice on the path (an editable install and a wheel)
+        seen.add((point.name, point.value))
         where = f"entry point {ENTRY_POINT_GROUP}:{point.name} ({point.value})"
         try:
             value = point.load()
