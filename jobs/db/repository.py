@@ -532,18 +532,27 @@ class Pruned:
 def prune_finished(session: Session, *, tier: str, before: float, limit: int,
                    now: float) -> Pruned:
     """Delete up to ``limit`` of the tier's jobs that finished before ``before``, oldest
-    first, leave a tombstone for each and add them to the tier's totals. One bounded
-    ``DELETE ... WHERE id IN (SELECT ... ORDER BY finished_at LIMIT n) RETURNING``: the
-    tier's finished-at index serves the walk, and a row another pruner took first is simply
-    not returned, so nothing is counted twice."""
+    first, leave a tombstone for each and add them to the tier's totals.
+
+    Two bounded statements: ``SELECT id ... ORDER BY finished_at LIMIT n`` (the tier's
+    finished-at index), then ``DELETE ... WHERE id IN (<those ids>) RETURNING`` (the primary
+    key). As one ``DELETE ... WHERE id IN (SELECT ...)`` PostgreSQL may plan a hash join
+    over the whole table. A finished row never changes state, and one another pruner took
+    in between is not returned, so nothing is counted twice."""
     due = (
         sa.select(JOBS.c.id)
-        .where(JOBS.c.tier == tier, JOBS.c.finished_at < _dt(before),
+        .where(JOBS.c.tier == tier,
+               # As a row value, only the (tier, finished_at) index can serve the range:
+               # walked by finished_at alone, other tiers' older rows would be read first.
+               sa.tuple_(JOBS.c.tier, JOBS.c.finished_at) < sa.tuple_(tier, _dt(before)),
                JOBS.c.status.in_([status.value for status in TERMINAL]))
-        .order_by(JOBS.c.finished_at)
+        .order_by(JOBS.c.tier, JOBS.c.finished_at)
         .limit(limit)
     )
-    stmt = sa.delete(JOBS).where(JOBS.c.id.in_(due.scalar_subquery())).returning(
+    ids = list(session.scalars(due))
+    if not ids:
+        return Pruned(tier=tier, pruned=0, abandoned=0)
+    stmt = sa.delete(JOBS).where(JOBS.c.id.in_(ids)).returning(
         JOBS.c.id, JOBS.c.tenant_id, JOBS.c.status, JOBS.c.result_fetched_at
     )
     rows = session.execute(stmt.execution_options(synchronize_session=False)).all()
@@ -584,7 +593,10 @@ def prune_tombstones(session: Session, *, tier: str, before: float, limit: int) 
         .order_by(TOMBSTONES.c.pruned_at)
         .limit(limit)
     )
-    stmt = sa.delete(TOMBSTONES).where(TOMBSTONES.c.id.in_(due.scalar_subquery()))
+    ids = list(session.scalars(due))
+    if not ids:
+        return 0
+    stmt = sa.delete(TOMBSTONES).where(TOMBSTONES.c.id.in_(ids))
     result = cast(CursorResult[Any],
                   session.execute(stmt.execution_options(synchronize_session=False)))
     return result.rowcount
