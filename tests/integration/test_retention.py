@@ -22,6 +22,7 @@ from jobs.dispatcher import Dispatcher
 from jobs.domain import NewJob
 from jobs.ids import new_job_id
 from jobs.index.redis_index import RedisIndex
+from jobs.rebuild import indexed
 from jobs.retention import PRUNE_PERIOD_S, Retention
 from jobs.runtime import Runtime
 from jobs.states import Status
@@ -197,6 +198,26 @@ def test_the_dispatcher_prunes_on_its_period_and_again_while_a_backlog_remains(
     assert ids_left(runtime) == set()
 
 
+def test_a_failing_prune_never_stops_dispatching(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    owner = tenant(runtime, "a", "free")
+    with runtime.sessions.begin() as s:
+        job(s, owner, "free", at=T0)
+        queued = job(s, owner, "free", at=T0 + 150, status=Status.QUEUED)
+        waiting = repository.get_job(s, queued)
+        assert waiting is not None
+    assert runtime.index.admit(indexed(waiting), bound=10).accepted
+    with runtime.engine.begin() as conn:  # the pruner's table is gone: every prune fails
+        conn.exec_driver_sql("DROP TABLE job_tombstones")
+    sent: list[str] = []
+    dispatcher = Dispatcher(runtime, publisher=_Recording(sent))
+    stats = dispatcher.run_once(T0 + 200)
+    assert sent == [queued] and stats.dispatched == 1 and stats.pruned is None
+    assert "retention.failed" in caplog.text
+    assert len(ids_left(runtime)) == 2  # the delete was rolled back with the tombstones
+
+
 def test_the_jobs_table_stays_bounded_under_a_steady_load(runtime: Runtime) -> None:
     """Jobs finish at a steady rate for 12 retention periods of a virtual clock while the
     dispatcher's upkeep runs; the rows held (jobs and tombstones) level off at about
@@ -224,6 +245,14 @@ def test_the_jobs_table_stays_bounded_under_a_steady_load(runtime: Runtime) -> N
     assert max(map(sum, held[-period:])) <= max(map(sum, held[3 * period:4 * period]))
     pruned, abandoned = totals(runtime)["free"]
     assert pruned >= steps * per_step - bound and abandoned == pruned // 2
+
+
+class _Recording:
+    def __init__(self, sent: list[str]) -> None:
+        self.sent = sent
+
+    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+        self.sent.append(job_id)
 
 
 class _NoPublish:
