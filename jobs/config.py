@@ -73,6 +73,8 @@ class TierSettings(BaseModel):
     queued_share: Share | None = None
     rate_per_s: Positive | None = None
     rate_burst: Annotated[int, Field(ge=1)] | None = None
+    # Finished jobs and their results are pruned this long after they finished; 0: never.
+    retention_s: NonNegative = tier_policy.DEFAULT_RETENTION_S
 
 
 class PolicySettings(BaseModel):

@@ -110,6 +110,7 @@ class Job:
     cancel_requested: bool = False
     starts: int = 0
     updated_at: float | None = None
+    result_fetched_at: float | None = None  # the first 200 of its result (None: never)
 
     @property
     def terminal(self) -> bool:
@@ -141,4 +142,5 @@ class Job:
             cancel_requested=row.cancel_requested,
             starts=row.starts,
             updated_at=_epoch(row.updated_at),
+            result_fetched_at=_epoch(row.result_fetched_at),
         )

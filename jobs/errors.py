@@ -12,7 +12,7 @@
     ├── JobNotFinished               202 on /result while the job runs
     ├── JobFailed                    409 job_failed
     ├── IdempotencyConflict          409 idempotency_conflict: a key reused for other work
-    ├── JobGone                      410 job_cancelled / job_expired
+    ├── JobGone                      410 job_cancelled / job_expired / job_gone (pruned)
     ├── PayloadTooLarge              413 payload_too_large
     ├── UnsupportedMediaType         415 unsupported_media_type: a document no handler reads
     ├── Refused                      429: nothing was accepted
