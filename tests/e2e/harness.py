@@ -234,3 +234,43 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         running_now += delta
         peak = max(peak, running_now)
     return peak
+
+
+def start_up(cwd: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """``tierq up ARGS`` in a session of its own; returns it and the lines it printed up to
+    and including "tierq is up" (read as they come)."""
+    up = subprocess.Popen(
+        [sys.executable, "-m", "jobs.cli", "up", *args], cwd=cwd, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    assert up.stdout is not None
+    lines: list[str] = []
+    for line in up.stdout:
+        lines.append(line.rstrip("\n"))
+        if "tierq is up" in line:
+            break
+    else:
+        raise AssertionError("tierq up ended before it was up:\n" + "\n".join(lines))
+    return up, lines
+
+
+def drain(up: subprocess.Popen[str], lines: list[str]) -> Callable[[], None]:
+    """Keep reading what ``up`` prints (a full pipe would block it) into ``lines``; returns
+    what to call once it has stopped: it reads the rest and closes the pipe."""
+    import threading
+
+    assert up.stdout is not None
+    stream = up.stdout
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def done() -> None:
+        reader.join(15)
+        stream.close()
+
+    return done
