@@ -99,6 +99,8 @@ class ApiSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    # Bodies of POST /v1/batches: a batch is many payloads in one request.
+    max_batch_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
 
 
 class Settings(BaseSettings):

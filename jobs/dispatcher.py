@@ -1,7 +1,7 @@
 """The dispatcher: fills free pool slots with the best runnable jobs, and keeps the index honest.
 
 A round dispatches (4). Every ``MAINTENANCE_PERIOD_S`` a round also does the upkeep (1-3 and
-5) after its first dispatch, then dispatches again into what reaping freed; the first round
+6) after its first dispatch, then dispatches again into what reaping freed; the first round
 of a dispatcher does 1-3 before anything:
 
 1. caps: recompute tier caps from the pool's capacity and push them to the index when they
@@ -14,7 +14,9 @@ of a dispatcher does 1-3 before anything:
    the pool is full;
 4. dispatch: pop as many jobs as there are free slots (never more), mark them ``dispatched``
    in one statement and publish each to its tier's broker queue;
-5. reconcile, every ``RECONCILE_PERIOD_S``: one bounded round of ``jobs.reconciler``, which
+5. feed, every ``FEED_PERIOD_S``: waiting batch items enter their tier's live queue as room
+   allows (``jobs.batch_feeder``), and the round dispatches again into what they filled;
+6. reconcile, every ``RECONCILE_PERIOD_S``: one bounded round of ``jobs.reconciler``, which
    makes the index converge to SQL whatever two-step change was interrupted.
 
 ``serve`` loops ``run_once`` and sleeps on the doorbell (``jobs.wake``) between rounds, so a
@@ -44,6 +46,7 @@ import sqlalchemy.exc
 from sqlalchemy.orm import Session
 
 from jobs import capacity, counters, notify, wake
+from jobs.batch_feeder import FEED_PERIOD_S, BatchFeeder
 from jobs.config import Settings
 from jobs.db import repository
 from jobs.db.repository import Claimed
@@ -94,6 +97,8 @@ class DispatchStats:
     rebuilt: bool = False
     # The reconciler's round, when one ran.
     reconciled: ReconcileStats | None = None
+    # Batch items the feeder admitted to the live queue this round.
+    fed: int = 0
 
     @property
     def saturated(self) -> bool:
@@ -121,6 +126,8 @@ class Dispatcher:
     # The pool's capacity as of the last maintenance (None: none yet).
     _capacity: int | None = field(default=None, init=False)
     _maintained_at: float = field(default=float("-inf"), init=False)
+    _feeder: BatchFeeder | None = field(default=None, init=False)
+    _fed_at: float = field(default=float("-inf"), init=False)
 
     @property
     def reconciler(self) -> Reconciler:
@@ -141,6 +148,8 @@ class Dispatcher:
             self._dispatch_free(now, stats)
             self._maintain(now, stats)
         self._dispatch_free(now, stats)
+        if now - self._fed_at >= FEED_PERIOD_S:
+            self._feed(now, stats)
         if maintain and now - self._reconciled_at >= RECONCILE_PERIOD_S:
             self._reconciled_at = now
             stats.reconciled = self.reconciler.run_once(
@@ -156,6 +165,15 @@ class Dispatcher:
                 self.runtime.index.pool_capacity(now=now))
         if self._capacity > 0:
             self._dispatch(now, stats)
+
+    def _feed(self, now: float, stats: DispatchStats) -> None:
+        """Waiting batch items into the live queue; a dispatch then fills slots with them."""
+        if self._feeder is None:
+            self._feeder = BatchFeeder(self.runtime)
+        self._fed_at = now
+        stats.fed = self._feeder.run_once(now).admitted
+        if stats.fed:
+            self._dispatch_free(now, stats)
 
     def maintenance_due(self, now: float) -> bool:
         return self._capacity is None or now - self._maintained_at >= MAINTENANCE_PERIOD_S

@@ -110,6 +110,9 @@ class Job:
     cancel_requested: bool = False
     starts: int = 0
     updated_at: float | None = None
+    # The batch this job is an item of, and its place there (None: a single job).
+    batch_id: str | None = None
+    batch_index: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -141,4 +144,6 @@ class Job:
             cancel_requested=row.cancel_requested,
             starts=row.starts,
             updated_at=_epoch(row.updated_at),
+            batch_id=getattr(row, "batch_id", None),
+            batch_index=getattr(row, "batch_index", None),
         )

@@ -2,7 +2,8 @@
 
 An ASGI middleware, so it sees bodies as they stream: a declared ``Content-Length`` over the
 limit is refused before a byte is read; a chunked body (no length) is counted as it arrives
-and refused the moment it crosses the limit, whatever the route was doing with it.
+and refused the moment it crosses the limit, whatever the route was doing with it. A path
+in ``wide_paths`` (batch uploads) has its own limit.
 """
 
 from __future__ import annotations
@@ -22,13 +23,20 @@ class _BodyTooLarge(Exception):
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, wide_paths: dict[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.wide_paths = dict(wide_paths or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        wide = self.wide_paths.get(scope.get("path", ""))
+        if wide is not None:
+            await BodyLimit(self.app, max_body_bytes=wide)(scope, receive, send)
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
