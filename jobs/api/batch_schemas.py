@@ -34,6 +34,8 @@ class BatchRequest(BaseModel):
 
 
 class BatchLinks(BaseModel):
+    """Where a batch's state and results are."""
+
     self: str = Field(description="/v1/batches/<id>")
     results: str = Field(description="/v1/batches/<id>/results")
 
@@ -42,11 +44,11 @@ class BatchSubmitResponse(BaseModel):
     """A stored batch: its items wait for room in the tier's live queue."""
 
     id: str = Field(description=BATCH_ID)
-    kind: str
-    tier: str
+    kind: str = Field(description="the handler that runs every item")
+    tier: str = Field(description="the tenant's tier")
     status: str = Field(description="accepted | running | finished | cancelled")
     total: int = Field(description="items in the batch")
-    links: BatchLinks
+    links: BatchLinks = Field(description="where its state and results are")
 
     @classmethod
     def of(cls, batch: Batch) -> BatchSubmitResponse:
@@ -58,19 +60,19 @@ class BatchResponse(BaseModel):
     """A batch as it is now."""
 
     id: str = Field(description=BATCH_ID)
-    kind: str
-    tier: str
+    kind: str = Field(description="the handler that runs every item")
+    tier: str = Field(description="the tenant's tier")
     status: str = Field(description="accepted (nothing started yet) | running | finished | "
                                     "cancelled")
-    total: int
+    total: int = Field(description="items in the batch")
     counts: dict[str, int] = Field(description="items by state: waiting, queued, running, "
                                                "succeeded, failed, cancelled, expired")
-    created_at: str | None
+    created_at: str | None = Field(description="when it was stored (RFC 3339, UTC)")
     finished_at: str | None = Field(description="when its last item finished (null: not yet)")
     estimated_finish_s: float | None = Field(
         description="seconds until every item is finished, at the rate the batch has been "
                     "served so far (null: no item finished yet)")
-    links: BatchLinks
+    links: BatchLinks = Field(description="where its state and results are")
 
     @classmethod
     def of(cls, progress: BatchProgress) -> BatchResponse:
@@ -83,6 +85,8 @@ class BatchResponse(BaseModel):
 
 
 class BatchListResponse(BaseModel):
+    """The tenant's batches, newest first."""
+
     batches: list[BatchResponse] = Field(description="this tenant's batches, newest first")
 
 

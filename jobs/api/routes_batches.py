@@ -158,6 +158,7 @@ def _parse_line(line: bytes, index: int) -> Any:
     "",
     response_model=BatchListResponse,
     summary="This tenant's batches, newest first",
+    description="Each with its items counted by state.",
     responses=error_responses("invalid_request", "unauthorized", "forbidden", "unavailable"),
 )
 def list_batches(
