@@ -771,6 +771,9 @@ def build_app() -> typer.Typer:
     jobs.command("result")(jobs_result)
     jobs.command("cancel")(jobs_cancel)
     app.add_typer(jobs, name="jobs")
+    from jobs.cli_batches import batch_app  # imports this module: built once it is loaded
+
+    app.add_typer(batch_app(), name="batch")
     return app
 
 

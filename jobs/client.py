@@ -14,8 +14,9 @@ can never create a second job.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Self
 
 import httpx
@@ -39,8 +40,13 @@ from jobs.client_protocol import (
     Unauthorized,
     Unavailable,
     Unreachable,
+    batch_call,
+    batch_results_call,
+    cancel_batch_call,
     cancel_call,
+    error_from_response,
     get_call,
+    list_batches_call,
     list_call,
     new_idempotency_key,
     parse_response,
@@ -48,6 +54,7 @@ from jobs.client_protocol import (
     result_call,
     retry_delay_s,
     retryable,
+    submit_batch_call,
     submit_call,
     unreachable,
 )
@@ -89,6 +96,13 @@ class _ClientCore:
         return retry_delay_s(exc, state.attempt_number, self._retry)
 
     def _request_args(self, call: Call) -> dict[str, Any]:
+        if call.content is not None:
+            return {
+                "content": call.content,
+                "headers": {"Content-Type": call.content_type or "application/octet-stream"},
+                "params": call.params,
+                "timeout": self._timeout + call.hold_s,
+            }
         return {
             "json": call.json,
             "params": call.params,
@@ -152,6 +166,47 @@ class Client(_ClientCore):
              cursor: str | None = None) -> dict[str, Any]:
         """One page of this tenant's jobs, newest first: ``{"jobs": [...], "next_cursor"}``."""
         return self._send(list_call(status=status, limit=limit, cursor=cursor))
+
+    def submit_batch(
+        self,
+        kind: str,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> dict[str, Any]:
+        """Store a batch (sent as NDJSON); its items enter the live queue as room allows.
+        A fresh idempotency key unless given, so a retried upload never stores it twice."""
+        key = idempotency_key or new_idempotency_key()
+        return self._send(submit_batch_call(kind, items, idempotency_key=key,
+                                            max_attempts=max_attempts))
+
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        """The batch now: counts by state, ``status``, ``estimated_finish_s``."""
+        return self._send(batch_call(batch_id))
+
+    def list_batches(self, *, limit: int = 50) -> dict[str, Any]:
+        return self._send(list_batches_call(limit=limit))
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._send(cancel_batch_call(batch_id))
+
+    def batch_results(self, batch_id: str, *, after: int = -1) -> Iterator[dict[str, Any]]:
+        """The finished items past ``after``, one dict a line as the server streams them."""
+        call = batch_results_call(batch_id, after=after)
+        try:
+            with self._http.stream(call.method, call.path, params=call.params,
+                                   timeout=self._timeout) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise error_from_response(response.status_code, response.headers,
+                                              response.content)
+                for line in response.iter_lines():
+                    if line.strip():
+                        item: dict[str, Any] = json.loads(line)
+                        yield item
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
 
     def wait(
         self,
