@@ -28,7 +28,7 @@ from jobs.runtime import Runtime
 
 logger = logging.getLogger("tierq.batch_feeder")
 
-FEED_PERIOD_S = 0.2
+FEED_PERIOD_S = 0.1
 # Batches looked at per round, and items read per batch per round: bounded upkeep.
 BATCHES_PER_ROUND = 50
 ITEMS_PER_BATCH = 500
@@ -43,11 +43,15 @@ class FeedStats:
 @dataclass
 class BatchFeeder:
     runtime: Runtime
+    # The last round found waiting items: the dispatcher comes back within a feed period
+    # rather than sleeping until a ring, so a drained quota is refilled at once.
+    pending: bool = False
 
     def run_once(self, now: float) -> FeedStats:
         stats = FeedStats()
         with self.runtime.sessions() as session:
             batch_ids = repo.batches_with_waiting(session, limit=BATCHES_PER_ROUND)
+        self.pending = bool(batch_ids)
         if not batch_ids:
             return stats
         figures = capacity.live_pool(self.runtime, now=now)

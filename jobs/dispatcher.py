@@ -99,6 +99,8 @@ class DispatchStats:
     reconciled: ReconcileStats | None = None
     # Batch items the feeder admitted to the live queue this round.
     fed: int = 0
+    # Batch items are waiting: the next round should come within ``FEED_PERIOD_S``.
+    feed_pending: bool = False
 
     @property
     def saturated(self) -> bool:
@@ -150,6 +152,7 @@ class Dispatcher:
         self._dispatch_free(now, stats)
         if now - self._fed_at >= FEED_PERIOD_S:
             self._feed(now, stats)
+        stats.feed_pending = self._feeder is not None and self._feeder.pending
         if maintain and now - self._reconciled_at >= RECONCILE_PERIOD_S:
             self._reconciled_at = now
             stats.reconciled = self.reconciler.run_once(
@@ -467,6 +470,8 @@ def run_forever(
                 stop.wait(PUBLISH_RETRY_S)  # the broker is down: do not spin on it
             elif not (stats.saturated or stats.rebuilt):
                 period = min(MAINTENANCE_PERIOD_S, leadership.wait_s)
+                if stats.feed_pending:
+                    period = min(period, FEED_PERIOD_S)
                 wake.wait(runtime.redis, runtime.settings.key_prefix, period)
         except TRANSIENT as exc:
             logger.warning("dispatcher.unavailable", extra={"error": str(exc), "retry_s": backoff})

@@ -10,8 +10,8 @@ bench/batches.py; this test keeps to a size that runs in seconds here.)
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
