@@ -220,3 +220,69 @@ def test_another_tenants_batch_is_not_found(client: ApiClient) -> None:
         assert response.json()["error"]["type"] == "not_found"
     assert client.post(f"/v1/batches/{batch_id}/cancel",
                        headers=auth(stranger)).status_code == 404
+
+
+def test_a_waiting_item_is_a_job_and_can_be_cancelled_alone(
+    client: ApiClient, clock: Clock
+) -> None:
+    key = client.tenant_key("picky")
+    batch_id = submit(client, key, {"kind": "sleep", "items": items(3)}).json()["id"]
+    waiting = client.get("/v1/jobs?status=waiting", headers=auth(key)).json()["jobs"]
+    assert len(waiting) == 3 and {job["status"] for job in waiting} == {"waiting"}
+    response = client.post(f"/v1/jobs/{waiting[0]['id']}/cancel", headers=auth(key))
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+    publisher = RecordingPublisher()
+    dispatcher = Dispatcher(rt(client), publisher)
+    for step in range(3):
+        dispatcher.run_once(clock.now + step)
+    assert waiting[0]["id"] not in {job_id for job_id, _, _ in publisher.sent}
+    assert statuses(client, batch_id)[Status.CANCELLED] == 1
+
+
+def test_an_item_indexed_but_not_yet_queued_is_dropped_then_fed_again(
+    client: ApiClient, clock: Clock
+) -> None:
+    """The feeder was interrupted between its admit (Redis) and its UPDATE (SQL): the entry
+    of a row still waiting is dropped when popped, and the item is fed again later."""
+    from jobs.db import batch_repository
+    from jobs.index.base import IndexedJob
+
+    key = client.tenant_key("interrupted")
+    batch_id = submit(client, key, {"kind": "sleep", "items": items(1)}).json()["id"]
+    runtime = rt(client)
+    with runtime.sessions() as session:
+        [item] = batch_repository.next_waiting(session, batch_id, limit=5)
+    runtime.index.admit(IndexedJob(job_id=item.job_id, tenant=item.tenant_id, tier=item.tier,
+                                   order_key=0.0), bound=100)
+    publisher = RecordingPublisher()
+    dispatcher = Dispatcher(runtime, publisher)
+    stats = dispatcher.run_once(clock.now)
+    assert stats.dropped == 1 and stats.fed == 1
+    assert [job_id for job_id, _, _ in publisher.sent] == [item.job_id]
+    with runtime.sessions() as session:
+        job = repository.get_job(session, item.job_id)
+    assert job is not None and job.status is Status.DISPATCHED and job.attempt == 1
+
+
+def test_batch_bodies_have_their_own_limit(
+    pg_url: str, redis_server: Any, key_prefix: str, clock: Clock, redis_client: Any
+) -> None:
+    from jobs.config import load_settings
+    from tests.integration.api_harness import ADMIN_KEY, running_api
+
+    settings = load_settings(
+        database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix,
+        admin_key=ADMIN_KEY, policy={"pool_concurrency": 4},
+        api={"max_body_bytes": 1024, "max_batch_body_bytes": 8192},
+    )
+    with running_api(settings, clock) as api:
+        key = api.tenant_key("sized")
+        fits = {"kind": "echo", "items": [{"text": "x" * 100} for _ in range(30)]}
+        assert 1024 < len(json.dumps(fits)) < 8192
+        assert submit(api, key, fits).status_code == 202
+        too_big = {"kind": "echo", "items": [{"text": "x" * 100} for _ in range(100)]}
+        refused = submit(api, key, too_big)
+        assert refused.status_code == 413
+        assert refused.json()["error"]["limit_bytes"] == 8192
+        single = api.submit(key, {"kind": "echo", "payload": {"text": "x" * 2000}})
+        assert single.status_code == 413
