@@ -320,6 +320,11 @@ class Dispatcher:
                     (retry_later if young else drop).append(lease)
                 elif self._expire_late(session, job, now, stats):
                     drop.append(lease)
+                elif job.status is Status.QUEUED:
+                    # Its INSERT committed after the claim's statement read (READ
+                    # COMMITTED): offer it again, not drop it (its entry would be lost
+                    # until the reconciler's grace).
+                    retry_later.append(lease)
                 elif job.status is not Status.DISPATCHED and job.status is not Status.RUNNING:
                     drop.append(lease)
         self._announce([*claimed, *jobs])  # claimed, or expired at the claim
