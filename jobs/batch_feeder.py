@@ -29,9 +29,10 @@ from jobs.runtime import Runtime
 logger = logging.getLogger("tierq.batch_feeder")
 
 FEED_PERIOD_S = 0.1
-# Batches looked at per round, and items read per batch per round: bounded upkeep.
+# Batches looked at per round, and items admitted per round in all: bounded upkeep (each
+# admit is one Redis round trip, and the round holds up the dispatch that follows it).
 BATCHES_PER_ROUND = 50
-ITEMS_PER_BATCH = 500
+ITEMS_PER_ROUND = 200
 
 
 @dataclass
@@ -57,18 +58,22 @@ class BatchFeeder:
         figures = capacity.live_pool(self.runtime, now=now)
         full: set[str] = set()  # tenants (and tiers, as "tier:<name>") refused this round
         for batch_id in batch_ids:
+            budget = ITEMS_PER_ROUND - stats.admitted
+            if budget <= 0:
+                break
             stats.batches += 1
-            stats.admitted += self._feed(batch_id, figures, now, full)
+            stats.admitted += self._feed(batch_id, figures, now, full, budget)
         if stats.admitted:
             logger.info("batch.fed", extra={"event": "batch.fed", "count": stats.admitted,
                                             "batches": stats.batches})
         return stats
 
     def _feed(
-        self, batch_id: str, figures: capacity.PoolFigures, now: float, full: set[str]
+        self, batch_id: str, figures: capacity.PoolFigures, now: float, full: set[str],
+        budget: int,
     ) -> int:
         with self.runtime.sessions() as session:
-            items = repo.next_waiting(session, batch_id, limit=ITEMS_PER_BATCH)
+            items = repo.next_waiting(session, batch_id, limit=budget)
             tenant = repository.get_tenant(session, items[0].tenant_id) if items else None
         if not items or tenant is None or tenant.id in full or f"tier:{items[0].tier}" in full:
             return 0
