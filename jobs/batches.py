@@ -29,6 +29,7 @@ from jobs.errors import (
     IdempotencyConflict,
     InvalidRequest,
     NotFound,
+    TenantLimitExceeded,
     TierqError,
     Unavailable,
 )
@@ -41,6 +42,11 @@ logger = logging.getLogger(__name__)
 
 # The most items one batch may hold; bigger runs are split by the client.
 MAX_BATCH_ITEMS = 100_000
+# Batches a tenant may have with items still waiting: one more is ``429 tenant_limit``
+# (``limit: "batches"``), so no tenant can park an unbounded backlog in SQL.
+MAX_OPEN_BATCHES = 20
+# Retry-After of that refusal: a batch's waiting items take a while to be fed.
+OPEN_BATCHES_RETRY_S = 30
 RESULTS_CHUNK = 500
 MAX_LIST = 200
 
@@ -87,6 +93,7 @@ def submit(
             for index, payload in enumerate(_validated(validator, spec.kind, items)):
                 digest.add(index, payload)
             return _resubmitted(existing, spec, digest.hexdigest())
+    _check_open_batches(runtime, tenant)
     now = runtime.clock()
     batch = Batch(
         id=new_job_id(now), tenant_id=tenant.id, tier=tenant.tier, kind=spec.kind, total=1,
@@ -94,21 +101,23 @@ def submit(
         idempotency_key=spec.idempotency_key, content_hash="", cancelled=False, created_at=now,
     )
     digest = _Digest(spec.kind)
-    with runtime.sessions.begin() as session:
-        if not repo.insert_batch(session, batch):  # a concurrent submit took the key
-            session.rollback()
-            return _lost_race(runtime, tenant, validator, spec, items)
-        rows: list[dict[str, Any]] = []
-        for index, payload in enumerate(_validated(validator, spec.kind, items)):
-            digest.add(index, payload)
-            rows.append(repo.item_values(job_id=new_job_id(now), batch=batch, index=index,
-                                         payload=payload, now=now))
-            if len(rows) >= repo.INSERT_CHUNK:
-                repo.insert_items(session, rows)
-                rows = []
-        repo.insert_items(session, rows)
-        repo.set_total(session, batch.id, digest.count)
-        repo.set_content_hash(session, batch.id, digest.hexdigest())
+    try:
+        with runtime.sessions.begin() as session:
+            if not repo.insert_batch(session, batch):
+                raise _KeyTaken
+            rows: list[dict[str, Any]] = []
+            for index, payload in enumerate(_validated(validator, spec.kind, items)):
+                digest.add(index, payload)
+                rows.append(repo.item_values(job_id=new_job_id(now), batch=batch, index=index,
+                                             payload=payload, now=now))
+                if len(rows) >= repo.INSERT_CHUNK:
+                    repo.insert_items(session, rows)
+                    rows = []
+            repo.insert_items(session, rows)
+            repo.set_total(session, batch.id, digest.count)
+            repo.set_content_hash(session, batch.id, digest.hexdigest())
+    except _KeyTaken:  # a concurrent submit with the same key won: compare with it
+        return _lost_race(runtime, tenant, validator, spec, items)
     try:
         wake.ring(runtime.redis, runtime.settings.key_prefix)
     except submission.REDIS_OUTAGE:
@@ -119,6 +128,22 @@ def submit(
     stored = Batch(**{**batch.__dict__, "total": digest.count,
                       "content_hash": digest.hexdigest()})
     return SubmittedBatch(batch=stored, created=True)
+
+
+class _KeyTaken(Exception):
+    """The batch's idempotency key was taken between the look-up and the insert."""
+
+
+def _check_open_batches(runtime: Runtime, tenant: Tenant) -> None:
+    with runtime.sessions() as session:
+        open_batches = repo.open_batches(session, tenant.id)
+    if open_batches >= MAX_OPEN_BATCHES:
+        raise TenantLimitExceeded(
+            f"tenant {tenant.name!r} has {open_batches} batches with items still waiting, "
+            f"the most it may have; submit more once they have entered the queue",
+            tier=tenant.tier, retry_after_s=OPEN_BATCHES_RETRY_S, queue_position=0,
+            limit="batches", open_batches=open_batches, max_open_batches=MAX_OPEN_BATCHES,
+        )
 
 
 class _Digest:

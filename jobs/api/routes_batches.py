@@ -57,7 +57,8 @@ _BODY = {
     summary="Submit a batch",
     description="Validate every item (a bad one: 422 naming its index, nothing stored), store "
     "them all in one transaction, and answer 202 at once. The items enter the tier's live "
-    "queue as room allows, ageing from then; they are never refused by the tier's bound. As "
+    "queue as room allows, ageing from then; they are never refused by the tier's bound, only "
+    "by the tenant's limit on open batches (429 tenant_limit, limit batches). As "
     "JSON (`kind`, `items`) or as NDJSON (one payload per line, `?kind=`).",
     openapi_extra={"requestBody": _BODY},
     responses={
@@ -68,7 +69,8 @@ _BODY = {
               "headers": {"Location": {"description": "/v1/batches/<id>",
                                        "schema": {"type": "string"}}}},
         **error_responses("invalid_request", "unauthorized", "forbidden",
-                          "idempotency_conflict", "payload_too_large", "unavailable"),
+                          "idempotency_conflict", "payload_too_large", "tenant_limit",
+                          "unavailable"),
     },
 )
 async def submit_batch(

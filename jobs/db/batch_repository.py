@@ -167,6 +167,13 @@ def item_index(session: Session, job_ids: Iterable[str]) -> dict[str, int]:
     return {job_id: int(index) for job_id, index in rows if index is not None}
 
 
+def open_batches(session: Session, tenant_id: str) -> int:
+    """The tenant's batches that still hold waiting items."""
+    return int(session.execute(
+        sa.select(sa.func.count(sa.distinct(JOBS.c.batch_id))).where(
+            JOBS.c.tenant_id == tenant_id, JOBS.c.status == Status.WAITING.value)).scalar_one())
+
+
 def batches_with_waiting(session: Session, *, limit: int) -> list[str]:
     """Batches that still hold waiting items, oldest first."""
     rows = session.execute(

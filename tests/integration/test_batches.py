@@ -286,3 +286,24 @@ def test_batch_bodies_have_their_own_limit(
         assert refused.json()["error"]["limit_bytes"] == 8192
         single = api.submit(key, {"kind": "echo", "payload": {"text": "x" * 2000}})
         assert single.status_code == 413
+
+
+def test_open_batches_are_limited_per_tenant(
+    client: ApiClient, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs import batches
+
+    monkeypatch.setattr(batches, "MAX_OPEN_BATCHES", 2)
+    key = client.tenant_key("hoarder")
+    other = client.tenant_key("neighbour")
+    first = [submit(client, key, {"kind": "sleep", "items": items(3)}) for _ in range(2)]
+    assert [r.status_code for r in first] == [202, 202]
+    refused = submit(client, key, {"kind": "sleep", "items": items(3)})
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "tenant_limit" and error["limit"] == "batches"
+    assert error["open_batches"] == 2 and int(refused.headers["Retry-After"]) >= 1
+    assert submit(client, other, {"kind": "sleep", "items": items(1)}).status_code == 202
+    # Once a batch has no item waiting (here: cancelled), it no longer counts.
+    client.post(f"/v1/batches/{first[0].json()['id']}/cancel", headers=auth(key))
+    assert submit(client, key, {"kind": "sleep", "items": items(3)}).status_code == 202
