@@ -597,8 +597,8 @@ def jobs_get(
 def jobs_list(
     status: Annotated[
         str | None,
-        typer.Option(help="Only jobs in this state (queued, dispatched, running, succeeded, "
-                          "failed, cancelled, expired)."),
+        typer.Option(help="Only jobs in this state (waiting, queued, dispatched, running, "
+                          "succeeded, failed, cancelled, expired)."),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="Jobs on this page.")] = 20,
     cursor: Annotated[

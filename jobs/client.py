@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, Self
 
 import httpx
@@ -296,6 +296,45 @@ class AsyncClient(_ClientCore):
 
     async def queues(self) -> dict[str, Any]:
         return await self._send(queues_call())
+
+    async def submit_batch(
+        self,
+        kind: str,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> dict[str, Any]:
+        key = idempotency_key or new_idempotency_key()
+        return await self._send(submit_batch_call(kind, items, idempotency_key=key,
+                                                  max_attempts=max_attempts))
+
+    async def batch(self, batch_id: str) -> dict[str, Any]:
+        return await self._send(batch_call(batch_id))
+
+    async def list_batches(self, *, limit: int = 50) -> dict[str, Any]:
+        return await self._send(list_batches_call(limit=limit))
+
+    async def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return await self._send(cancel_batch_call(batch_id))
+
+    async def batch_results(
+        self, batch_id: str, *, after: int = -1
+    ) -> AsyncIterator[dict[str, Any]]:
+        call = batch_results_call(batch_id, after=after)
+        try:
+            async with self._http.stream(call.method, call.path, params=call.params,
+                                         timeout=self._timeout) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise error_from_response(response.status_code, response.headers,
+                                              response.content)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        item: dict[str, Any] = json.loads(line)
+                        yield item
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
 
     async def list_jobs(self, *, status: str | None = None, limit: int = 50,
                    cursor: str | None = None) -> dict[str, Any]:

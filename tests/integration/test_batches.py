@@ -307,3 +307,38 @@ def test_open_batches_are_limited_per_tenant(
     # Once a batch has no item waiting (here: cancelled), it no longer counts.
     client.post(f"/v1/batches/{first[0].json()['id']}/cancel", headers=auth(key))
     assert submit(client, key, {"kind": "sleep", "items": items(3)}).status_code == 202
+
+
+def test_the_clients_submit_read_and_cancel_batches(client: ApiClient) -> None:
+    import asyncio
+
+    from jobs.client import ApiError, AsyncClient, Client, NotFound
+
+    key = client.tenant_key("scripted")
+    url = str(client.base_url)
+    with Client(url, key) as sync:
+        made = sync.submit_batch("echo", [{"i": i} for i in range(4)])
+        assert made["total"] == 4 and sync.batch(made["id"])["counts"]["waiting"] == 4
+        # A retried upload (same key) is the same batch.
+        again = sync.submit_batch("echo", [{"i": i} for i in range(4)],
+                                  idempotency_key="upload-1")
+        assert sync.submit_batch("echo", [{"i": i} for i in range(4)],
+                                 idempotency_key="upload-1")["id"] == again["id"]
+        with pytest.raises(ApiError) as bad:
+            sync.submit_batch("echo", [{"i": 0}, {"i": float("nan")}])
+        assert bad.value.status == 422 and "items[1]" in str(bad.value)
+        with pytest.raises(NotFound):
+            list(sync.batch_results("01a2302a-8e3f-7236-aced-e262f24ba881"))
+
+    async def use_async() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        async with AsyncClient(url, key) as aclient:
+            listed = await aclient.list_batches()
+            cancelled = await aclient.cancel_batch(made["id"])
+            lines = [line async for line in aclient.batch_results(made["id"])]
+            return listed, lines, cancelled
+
+    listed, lines, cancelled = asyncio.run(use_async())
+    assert len(listed["batches"]) == 2
+    assert cancelled["status"] == "cancelled"
+    assert [line["index"] for line in lines] == [0, 1, 2, 3]
+    assert {line["status"] for line in lines} == {"cancelled"}
