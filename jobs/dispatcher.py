@@ -1,7 +1,7 @@
 """The dispatcher: fills free pool slots with the best runnable jobs, and keeps the index honest.
 
-A round dispatches (4). Every ``MAINTENANCE_PERIOD_S`` a round also does the upkeep (1-3 and
-6) after its first dispatch, then dispatches again into what reaping freed; the first round
+A round dispatches (4). Every ``MAINTENANCE_PERIOD_S`` a round also does the upkeep (1-3, 6 and
+7) after its first dispatch, then dispatches again into what reaping freed; the first round
 of a dispatcher does 1-3 before anything:
 
 1. caps: recompute tier caps from the pool's capacity and push them to the index when they
@@ -17,7 +17,9 @@ of a dispatcher does 1-3 before anything:
 5. feed, every ``FEED_PERIOD_S``: waiting batch items enter their tier's live queue as room
    allows (``jobs.batch_feeder``), and the round dispatches again into what they filled;
 6. reconcile, every ``RECONCILE_PERIOD_S``: one bounded round of ``jobs.reconciler``, which
-   makes the index converge to SQL whatever two-step change was interrupted.
+   makes the index converge to SQL whatever two-step change was interrupted;
+7. prune, every ``PRUNE_PERIOD_S`` (every upkeep while a backlog remains): one bounded round
+   of ``jobs.retention``, deleting finished jobs past their tier's retention.
 
 ``serve`` loops ``run_once`` and sleeps on the doorbell (``jobs.wake``) between rounds, so a
 submit or a released slot is acted on at once, with no polling delay on the hot path.
@@ -56,6 +58,7 @@ from jobs.leadership import Leadership
 from jobs.rebuild import UNCOMMITTED_GRACE_S, may_be_uncommitted
 from jobs.reconciler import RECONCILE_PERIOD_S, Reconciler, ReconcileStats
 from jobs.recovery import expiry_note, recover
+from jobs.retention import PRUNE_PERIOD_S, PruneStats, Retention
 from jobs.runtime import Runtime
 from jobs.service_rate import ServiceRateTracker
 from jobs.states import Status
@@ -97,6 +100,8 @@ class DispatchStats:
     rebuilt: bool = False
     # The reconciler's round, when one ran.
     reconciled: ReconcileStats | None = None
+    # The retention round, when one ran.
+    pruned: PruneStats | None = None
     # Batch items the feeder admitted to the live queue this round.
     fed: int = 0
     # Batch items are waiting: the next round should come within ``FEED_PERIOD_S``.
@@ -128,6 +133,15 @@ class Dispatcher:
     # The pool's capacity as of the last maintenance (None: none yet).
     _capacity: int | None = field(default=None, init=False)
     _maintained_at: float = field(default=float("-inf"), init=False)
+    _retention: Retention | None = field(default=None, init=False)
+    _pruned_at: float = field(default=float("-inf"), init=False)
+    _prune_backlog: bool = field(default=False, init=False)
+
+    @property
+    def retention(self) -> Retention:
+        if self._retention is None:
+            self._retention = Retention(self.runtime.sessions, self.runtime.policy)
+        return self._retention
     _feeder: BatchFeeder | None = field(default=None, init=False)
     _fed_at: float = field(default=float("-inf"), init=False)
 
@@ -158,7 +172,21 @@ class Dispatcher:
             stats.reconciled = self.reconciler.run_once(
                 now, fence=self.fence, keep_lead=self.keep_lead
             )
+        if maintain and (self._prune_backlog or now - self._pruned_at >= PRUNE_PERIOD_S):
+            self._prune(now, stats)
         return stats
+
+    def _prune(self, now: float, stats: DispatchStats) -> None:
+        """One bounded retention round (SQL only, one transaction per batch: an interruption
+        leaves what is due for the next round). A failure never stops dispatching."""
+        self._pruned_at = now
+        try:
+            stats.pruned = self.retention.run_once(now)
+        except Exception:
+            logger.exception("retention.failed", extra={"event": "retention.failed"})
+            self._prune_backlog = False
+            return
+        self._prune_backlog = stats.pruned.more
 
     def _dispatch_free(self, now: float, stats: DispatchStats) -> None:
         """Fill the free slots: the index counts them in the same call (``capacity``)."""

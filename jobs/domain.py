@@ -110,6 +110,7 @@ class Job:
     cancel_requested: bool = False
     starts: int = 0
     updated_at: float | None = None
+    result_fetched_at: float | None = None  # the first 200 of its result (None: never)
     # The batch this job is an item of, and its place there (None: a single job).
     batch_id: str | None = None
     batch_index: int | None = None
@@ -144,6 +145,7 @@ class Job:
             cancel_requested=row.cancel_requested,
             starts=row.starts,
             updated_at=_epoch(row.updated_at),
+            result_fetched_at=_epoch(row.result_fetched_at),
             batch_id=getattr(row, "batch_id", None),
             batch_index=getattr(row, "batch_index", None),
         )

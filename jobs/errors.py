@@ -12,8 +12,9 @@
     ├── JobNotFinished               202 on /result while the job runs
     ├── JobFailed                    409 job_failed
     ├── IdempotencyConflict          409 idempotency_conflict: a key reused for other work
-    ├── JobGone                      410 job_cancelled / job_expired
+    ├── JobGone                      410 job_cancelled / job_expired / job_gone (pruned)
     ├── PayloadTooLarge              413 payload_too_large
+    ├── UnsupportedMediaType         415 unsupported_media_type: a document no handler reads
     ├── Refused                      429: nothing was accepted
     │   ├── CapacityExceeded         capacity: the tier is at its bound (ours to fix)
     │   └── TenantLimitExceeded      tenant_limit: this tenant's quota or rate (theirs)
@@ -102,6 +103,11 @@ class JobGone(TierqError):
 class PayloadTooLarge(TierqError):
     type = "payload_too_large"
     status = 413
+
+
+class UnsupportedMediaType(TierqError):
+    type = "unsupported_media_type"
+    status = 415
 
 
 class Refused(TierqError):

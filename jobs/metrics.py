@@ -3,8 +3,9 @@
 Fleet-wide values (queue depths, oldest ages, pool figures, jobs by state, recent waits) are
 read from Redis and SQL when asked, so every API replica reports the same numbers and none
 keeps state a fleet would need to share; so are fleet-wide event counts kept in Redis
-(``tierq_leases_reclaimed_total``, see ``jobs.counters``). The one per-process instrument is
-the rejection counter; Prometheus sums it over replicas.
+(``tierq_leases_reclaimed_total``, see ``jobs.counters``) and the pruner's totals kept in SQL
+(``tierq_jobs_pruned_total``, ``tierq_jobs_abandoned_total``, see ``jobs.retention``). The
+one per-process instrument is the rejection counter; Prometheus sums it over replicas.
 
 ``tierq_queue_wait_seconds`` is a histogram of the waits of jobs that started in the last
 ``WAIT_WINDOW_S`` seconds, recomputed at each scrape: read it with ``histogram_quantile``
@@ -180,6 +181,26 @@ class FleetCollector:
         for tier, values in recent_waits(self._runtime, now=now).items():
             waits.add_metric([tier], _buckets(values), sum_value=sum(values))
         yield waits
+        yield from self._retention_families()
+
+    def _retention_families(self) -> Iterable[Metric]:
+        """Counters kept in SQL by the pruner (``jobs.retention``): every configured tier,
+        0 until its first prune."""
+        with self._runtime.sessions() as session:
+            totals = repository.retention_totals(session)
+        pruned = CounterMetricFamily(
+            "tierq_jobs_pruned", "Finished jobs removed after their tier's retention period",
+            labels=["tier"])
+        abandoned = CounterMetricFamily(
+            "tierq_jobs_abandoned",
+            "Succeeded jobs pruned before anybody fetched their result (work paid for and "
+            "never collected)", labels=["tier"])
+        for tier in sorted(set(tier_names(self._runtime.policy)) | set(totals)):
+            done, lost = totals.get(tier, (0, 0))
+            pruned.add_metric([tier], done)
+            abandoned.add_metric([tier], lost)
+        yield pruned
+        yield abandoned
 
 
 def _buckets(values: Sequence[float]) -> list[tuple[str, float]]:

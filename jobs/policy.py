@@ -22,6 +22,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+DEFAULT_RETENTION_S = 7 * 86400.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Tier:
@@ -36,6 +38,8 @@ class Tier:
     # Token-bucket request rate per tenant (submits/s); None means unlimited.
     rate_per_s: float | None = None
     rate_burst: int | None = None
+    # Seconds a finished job (and its result) is kept before it is pruned; 0: kept forever.
+    retention_s: float = DEFAULT_RETENTION_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +149,14 @@ def ageing_rate_for(guarantee_s: float, tier: Tier, tiers: Mapping[str, Tier]) -
     if guarantee_s <= 0:
         raise ValueError("guarantee_s must be > 0")
     return guarantee_s / gap
+
+
+def prune_before(tier: Tier, now: float) -> float | None:
+    """Finished jobs of ``tier`` that finished before this time are due for pruning; None
+    when the tier keeps them forever (``retention_s`` 0)."""
+    if tier.retention_s <= 0:
+        return None
+    return now - tier.retention_s
 
 
 def retry_backoff_s(attempt: int, base_s: float, max_s: float) -> float:

@@ -309,6 +309,10 @@ def load_job(runtime: Runtime, tenant: Tenant, job_id: str) -> Job:
     canonical = parse_job_id(job_id)
     with runtime.sessions() as session:
         job = repository.get_job(session, canonical, tenant_id=tenant.id)
+        pruned = job is None and repository.was_pruned(session, canonical, tenant_id=tenant.id)
+    if pruned:
+        raise JobGone("the job was removed after its retention period", type="job_gone",
+                      job_id=job_id)
     if job is None:
         raise NotFound("no such job", job_id=job_id)
     return job
@@ -363,6 +367,21 @@ def finished_result(job: Job) -> Any:
                        "its deadline (max_wait_s)")
         raise JobGone(message, type="job_expired", job_id=job.id)
     return job.result
+
+
+def hand_out_result(runtime: Runtime, job: Job) -> Any:
+    """The result of a finished job (as ``finished_result``), stamping the first hand-out:
+    a succeeded job pruned without one counts as abandoned (``jobs.retention``). Only the
+    first fetch writes; a failed stamp is logged and the result still handed out."""
+    result = finished_result(job)
+    if job.result_fetched_at is None:
+        try:
+            with runtime.sessions.begin() as session:
+                repository.mark_result_fetched(session, job.id, now=runtime.clock())
+        except SQL_OUTAGE:
+            logger.warning("job.fetch_mark_failed", extra={"event": "job.fetch_mark_failed",
+                                                           "job_id": job.id})
+    return result
 
 
 # -- cancel ----------------------------------------------------------------------------------

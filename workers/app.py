@@ -21,6 +21,7 @@ from kombu.entity import Exchange, Queue
 
 from jobs import wake
 from jobs.config import Settings
+from workers import embedding
 from workers.broker import BrokerNames, broker_names, queue_arguments, transport_config
 from workers.registration import WorkerRegistration, registration_ttl_s
 from workers.tasks import WorkerResources, register_tasks
@@ -112,6 +113,7 @@ class _WorkerLifecycle:
             worker_id=str(sender.hostname),
             slots=slots,
             ttl_s=registration_ttl_s(runtime.policy),
+            device=embedding.device(),
             on_register=lambda: wake.ring(runtime.redis, self.resources.settings.key_prefix),
         )
         self.registration.start()

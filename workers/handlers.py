@@ -14,8 +14,12 @@ A handler ends a job by what it does:
   the reaper re-queues the job;
 - raises anything else: the job failed with ``"<ExceptionType>: <message>"``.
 
-Extra handlers are loaded from ``TIERQ_HANDLERS``: comma-separated ``module:attribute``
-specs naming a handler object, a handler class (built with no arguments) or a list of them.
+Extra handlers come from two places: the entry point group ``tierq.handlers`` of every
+installed package (how a package ships handlers, and how the ``models`` extra adds its own),
+and ``TIERQ_HANDLERS``: comma-separated ``module:attribute`` specs (how a deployment adds a
+module of its own). Each names a handler object, a handler class (built with no arguments)
+or a list of them; an entry point may also name a function returning such a list. A kind
+registered twice stops the process at start (docs/handlers.md).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points as installed_entry_points
 from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from jobs.errors import ConfigError, InvalidRequest, UnknownKind
 
 HANDLERS_ENV = "TIERQ_HANDLERS"
+ENTRY_POINT_GROUP = "tierq.handlers"
 MAX_SLEEP_S = 3600.0
 
 
@@ -234,18 +240,44 @@ def builtin_handlers() -> list[Handler]:
     return [SleepHandler(), EchoHandler()]
 
 
-def default_registry(extra: str | None = None) -> HandlerRegistry:
-    """The built-ins plus the handlers named by ``extra`` (a ``TIERQ_HANDLERS`` spec).
+def default_registry(extra: str | None = None, *, entry_points: bool = True) -> HandlerRegistry:
+    """The built-ins, the handlers of the ``tierq.handlers`` entry points (unless
+    ``entry_points=False``) and those named by ``extra`` (a ``TIERQ_HANDLERS`` spec).
 
     ``extra=None`` reads ``TIERQ_HANDLERS`` from the environment; ``""`` adds nothing.
     """
     spec = os.environ.get(HANDLERS_ENV, "") if extra is None else extra
     registry = HandlerRegistry(builtin_handlers())
-    for handler in load_handlers(spec):
-        if handler.kind in registry.kinds():
-            raise ConfigError(f"{HANDLERS_ENV}: kind {handler.kind!r} is registered twice")
-        registry.register(handler)
+    sources: list[tuple[str, list[Handler]]] = []
+    if entry_points:
+        sources.extend(load_entry_points())
+    sources.append((HANDLERS_ENV, load_handlers(spec)))
+    for where, handlers in sources:
+        for handler in handlers:
+            if handler.kind in registry.kinds():
+                raise ConfigError(f"{where}: kind {handler.kind!r} is registered twice")
+            registry.register(handler)
     return registry
+
+
+def load_entry_points() -> list[tuple[str, list[Handler]]]:
+    """``(where, handlers)`` for each entry point of the ``tierq.handlers`` group."""
+    found: list[tuple[str, list[Handler]]] = []
+    seen: set[tuple[str, str]] = set()
+    for point in sorted(installed_entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
+        if (point.name, point.value) in seen:
+            continue  # one package seen twice on the path (an editable install and a wheel)
+        seen.add((point.name, point.value))
+        where = f"entry point {ENTRY_POINT_GROUP}:{point.name} ({point.value})"
+        try:
+            value = point.load()
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"{where}: cannot load: {exc}") from None
+        if callable(value) and not isinstance(value, type) and not hasattr(value, "kind"):
+            value = value()
+        values = list(value) if isinstance(value, list | tuple) else [value]
+        found.append((where, [_as_handler(where, v) for v in values]))
+    return found
 
 
 def load_handlers(spec: str) -> list[Handler]:
@@ -274,16 +306,17 @@ def _load_one(item: str) -> list[Handler]:
 
 
 def _as_handler(item: str, value: Any) -> Handler:
+    where = item if item.startswith("entry point") else f"{HANDLERS_ENV}: {item!r}"
     if isinstance(value, type):
         try:
             value = value()
         except TypeError as exc:
-            raise ConfigError(f"{HANDLERS_ENV}: cannot build {item!r}: {exc}") from None
+            raise ConfigError(f"{where}: cannot build it: {exc}") from None
     kind = getattr(value, "kind", None)
     if not isinstance(kind, str) or not kind:
-        raise ConfigError(f"{HANDLERS_ENV}: {item!r} has no 'kind' string")
+        raise ConfigError(f"{where} has no 'kind' string")
     for method in ("validate", "run"):
         if not callable(getattr(value, method, None)):
-            raise ConfigError(f"{HANDLERS_ENV}: {item!r} has no {method}() method")
+            raise ConfigError(f"{where} has no {method}() method")
     handler: Handler = value
     return handler

@@ -26,7 +26,7 @@ POOLS = {"threads": "workers.pool:TaskPool"}
 # Keys shown after the message when a log record carries them (``extra=``).
 LOG_KEYS = (
     "event", "job_id", "tenant", "tier", "attempt", "worker_id", "status", "reason", "error",
-    "step",
+    "step", "device",
 )
 
 

@@ -3,6 +3,10 @@
 The registration is renewed every ``ttl / 3`` by a thread; a worker that dies stops renewing
 and its slots drop out of ``pool_capacity`` when the registration expires. A clean stop
 unregisters at once, so the dispatcher stops sending work to a worker that is leaving.
+
+A worker names its device (``cuda:N`` or ``cpu``, ``workers.embedding.device``) when it
+registers; unless told, a GPU worker takes one slot (one job at a time fills the device with
+its batches) and a CPU worker ``CPU_SLOTS``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,14 @@ logger = logging.getLogger("tierq.worker")
 
 # A registration lives at least this long, so a short lease TTL cannot make it flap.
 MIN_TTL_S = 3.0
+# Default slots of a worker by its device, when --concurrency is not given.
+GPU_SLOTS = 1
+CPU_SLOTS = 2
+
+
+def default_slots(device: str) -> int:
+    """Jobs a worker on ``device`` runs at once unless told: what the device holds."""
+    return GPU_SLOTS if device.startswith("cuda") else CPU_SLOTS
 
 
 def registration_ttl_s(policy: Policy) -> float:
@@ -36,11 +48,13 @@ class WorkerRegistration:
         worker_id: str,
         slots: int,
         ttl_s: float,
+        device: str = "cpu",
         on_register: Callable[[], None] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.slots = slots
+        self.device = device
         self._index = index
         self._ttl_s = ttl_s
         self._on_register = on_register
@@ -62,7 +76,8 @@ class WorkerRegistration:
         self.register_once()
         logger.info(
             "worker.registered",
-            extra={"event": "worker.registered", "worker_id": self.worker_id, "slots": self.slots},
+            extra={"event": "worker.registered", "worker_id": self.worker_id, "slots": self.slots,
+                   "device": self.device},
         )
         if self._on_register is not None:
             self._on_register()

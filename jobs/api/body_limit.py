@@ -2,11 +2,13 @@
 
 An ASGI middleware, so it sees bodies as they stream: a declared ``Content-Length`` over the
 limit is refused before a byte is read; a chunked body (no length) is counted as it arrives
-and refused the moment it crosses the limit, whatever the route was doing with it. A path
-in ``wide_paths`` (batch uploads) has its own limit.
+and refused the moment it crosses the limit, whatever the route was doing with it.
+``path_limits`` gives a path its own limit (uploads take more than a job's JSON).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,25 +26,22 @@ class _BodyTooLarge(Exception):
 
 class BodyLimit:
     def __init__(
-        self, app: ASGIApp, *, max_body_bytes: int, wide_paths: dict[str, int] | None = None
+        self, app: ASGIApp, *, max_body_bytes: int, path_limits: Mapping[str, int] | None = None
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.wide_paths = dict(wide_paths or {})
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        wide = self.wide_paths.get(scope.get("path", ""))
-        if wide is not None:
-            await BodyLimit(self.app, max_body_bytes=wide)(scope, receive, send)
-            return
+        limit = self.path_limits.get(scope["path"].rstrip("/"), self.max_body_bytes)
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_body_bytes:
+        if declared is not None and declared > limit:
             if declared <= DRAIN_LIMIT_BYTES:
                 await _drain(receive, DRAIN_LIMIT_BYTES)
-            await self._refuse(scope, receive, send)
+            await self._refuse(scope, receive, send, limit)
             return
         received = 0
         exceeded = more_body = started = False
@@ -53,7 +52,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 more_body = bool(message.get("more_body", False))
-                if received > self.max_body_bytes:
+                if received > limit:
                     exceeded = True
                     raise _BodyTooLarge
             return message
@@ -73,15 +72,15 @@ class BodyLimit:
         if exceeded and not started:
             if more_body:
                 await _drain(receive, DRAIN_LIMIT_BYTES - received)
-            await self._refuse(scope, receive, send)
+            await self._refuse(scope, receive, send, limit)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         response = error_response(
             413,
             "payload_too_large",
-            f"the request body is over the limit of {self.max_body_bytes} bytes",
+            f"the request body is over the limit of {limit} bytes",
             headers={"Connection": "close"},
-            limit_bytes=self.max_body_bytes,
+            limit_bytes=limit,
         )
         await response(scope, receive, send)
 

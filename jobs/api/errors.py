@@ -223,8 +223,13 @@ ERROR_TYPES: dict[str, ErrorType] = {
                                               "kind or payload (job_id names the first job)"),
     "job_cancelled": ErrorType((410,), "the result of a job that was cancelled"),
     "job_expired": ErrorType((410,), "the result of a job that expired before it started"),
+    "job_gone": ErrorType((410,), "the job was removed after its tier's retention period "
+                                  "(its status, result and cancel answer this)"),
     "payload_too_large": ErrorType((413,), "the request body is over the configured limit "
                                            "(limit_bytes)"),
+    "unsupported_media_type": ErrorType((415,), "an uploaded document of a type no handler "
+                                                "reads (told from its bytes: PDF, UTF-8 text "
+                                                "and markdown are read)"),
     "capacity": ErrorType((429,), "the tier's queue is at its bound, or the job could not "
                                   "start within its max_wait_s: ours to fix"),
     "tenant_limit": ErrorType((429,), "this tenant is over its queued quota or its request "

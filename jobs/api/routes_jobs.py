@@ -50,7 +50,8 @@ MAX_PAGE = 500
 SAFETY_NET_S = 10.0
 # How often a waiter looks whether its client has left (no SQL involved).
 DISCONNECT_CHECK_S = 1.0
-_READ = ("invalid_request", "unauthorized", "forbidden", "not_found", "unavailable")
+_READ = ("invalid_request", "unauthorized", "forbidden", "not_found", "job_gone",
+         "unavailable")
 JobIdPath = Annotated[str, Path(description="the job's id, from the submit's answer",
                                 examples=["0190b6f0-6c4e-7a35-9a3c-1f0e2d3c4b5a"])]
 
@@ -197,7 +198,8 @@ def _safety_net_s() -> float:
     response_model=ResultResponse,
     summary="The result of a succeeded job",
     description="200 with the result once the job succeeded; 202 with Retry-After while it "
-    "is not finished; 409 when it failed, 410 when it was cancelled or expired.",
+    "is not finished; 409 when it failed, 410 when it was cancelled or expired, or pruned "
+    "after its retention period (job_gone).",
     responses={
         202: {"model": PendingResultResponse, "description": "not finished yet",
               "headers": {"Retry-After": {"description": "seconds, 1 to 5",
@@ -210,7 +212,8 @@ def get_result(
 ) -> ResultResponse | JSONResponse:
     job = submission.load_job(runtime, tenant, job_id)
     if job.terminal:
-        return ResultResponse(id=job.id, status=job.status, result=submission.finished_result(job))
+        result = submission.hand_out_result(runtime, job)
+        return ResultResponse(id=job.id, status=job.status, result=result)
     progress = submission.progress(runtime, tenant, job)
     retry_after = result_retry_after_s(
         running=job.status is not Status.QUEUED,

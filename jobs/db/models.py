@@ -102,6 +102,8 @@ class JobRow(Base):
         # Metrics: recent service times and recent waits per tier.
         sa.Index("ix_jobs_finished_at", "finished_at"),
         sa.Index("ix_jobs_tier_started_at", "tier", "started_at"),
+        # Retention: a tier's finished jobs, oldest first (only terminal rows have one).
+        sa.Index("ix_jobs_tier_finished_at", "tier", "finished_at"),
         # Batches: a batch's items in order (counts, results), and the feeder's walk of the
         # waiting items of each batch.
         sa.Index("ix_jobs_batch_id_batch_index", "batch_id", "batch_index"),
@@ -133,6 +135,9 @@ class JobRow(Base):
     starts: Mapped[int] = mapped_column(sa.Integer(), server_default="0")
     # The last change of the row (insert or transition), on the one clock (Redis's).
     updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # The first time the result was handed out (200 on /result): a succeeded job pruned
+    # while this is NULL was abandoned, its work paid for and never collected.
+    result_fetched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # The batch this job is an item of (None: a single job), and its place in the batch.
     batch_id: Mapped[str | None] = mapped_column(sa.String(36), sa.ForeignKey("batches.id"))
     batch_index: Mapped[int | None] = mapped_column(sa.Integer())
@@ -170,3 +175,30 @@ class IndexStateRow(Base):
 
     id: Mapped[int] = mapped_column(sa.Integer(), primary_key=True)
     epoch: Mapped[int] = mapped_column(sa.BigInteger())
+
+
+class JobTombstoneRow(Base):
+    """A pruned job, kept one more retention period so that its owner is told ``410
+    job_gone`` rather than ``404``; only the id, the owner and the time are kept."""
+
+    __tablename__ = "job_tombstones"
+    __table_args__ = (
+        # Tombstones of a tier, oldest first: pruned in turn.
+        sa.Index("ix_job_tombstones_tier_pruned_at", "tier", "pruned_at"),
+    )
+
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(36))
+    tier: Mapped[str] = mapped_column(sa.String(64))
+    pruned_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class RetentionTotalRow(Base):
+    """Jobs pruned and abandoned per tier since the start: counters kept in SQL, moved in
+    the same transaction as the prune, so no crash can lose or double a count."""
+
+    __tablename__ = "retention_totals"
+
+    tier: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    pruned: Mapped[int] = mapped_column(sa.BigInteger())
+    abandoned: Mapped[int] = mapped_column(sa.BigInteger())

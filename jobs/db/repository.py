@@ -33,7 +33,13 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from jobs.db.models import IndexStateRow, JobRow, TenantRow
+from jobs.db.models import (
+    IndexStateRow,
+    JobRow,
+    JobTombstoneRow,
+    RetentionTotalRow,
+    TenantRow,
+)
 from jobs.domain import Job, NewJob, Tenant
 from jobs.errors import DuplicateJob, IllegalTransition, InvalidRequest, Unavailable
 from jobs.states import NEW_ATTEMPT, TERMINAL, Status, is_legal
@@ -41,6 +47,8 @@ from jobs.states import NEW_ATTEMPT, TERMINAL, Status, is_legal
 # The jobs table for Core statements: the state changes of the hot path (claim, start, a
 # transition) skip the ORM's per-statement work, which costs more than the SQL itself.
 JOBS = cast(sa.Table, JobRow.__table__)
+TOMBSTONES = cast(sa.Table, JobTombstoneRow.__table__)
+TOTALS = cast(sa.Table, RetentionTotalRow.__table__)
 
 # Refresh rows the session already holds (see the module docstring).
 FRESH: Mapping[str, Any] = {"populate_existing": True}
@@ -184,6 +192,7 @@ def _new_values(new: NewJob) -> dict[str, Any]:
         "cancel_requested": False,
         "starts": 0,
         "updated_at": created_at,
+        "result_fetched_at": None,
     }
 
 
@@ -495,3 +504,113 @@ def advance_epoch(session: Session, *, expected: int | None, epoch: int) -> bool
         .values(epoch=epoch)
     )
     return _rowcount(session, stmt) == 1
+
+
+# -- retention: results fetched, finished jobs pruned, tombstones ------------------------------
+
+
+def mark_result_fetched(session: Session, job_id: str, *, now: float) -> bool:
+    """Stamp the first hand-out of a job's result; later calls change nothing (False)."""
+    stmt = (
+        sa.update(JOBS)
+        .where(JOBS.c.id == job_id, JOBS.c.result_fetched_at.is_(None))
+        .values(result_fetched_at=_dt(now))
+    )
+    return _rowcount(session, stmt) == 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pruned:
+    """What a prune removed from one tier: how many jobs, and how many of them were
+    abandoned (succeeded, the result never fetched)."""
+
+    tier: str
+    pruned: int
+    abandoned: int
+
+
+def prune_finished(session: Session, *, tier: str, before: float, limit: int,
+                   now: float) -> Pruned:
+    """Delete up to ``limit`` of the tier's jobs that finished before ``before``, oldest
+    first, leave a tombstone for each and add them to the tier's totals.
+
+    Two bounded statements: ``SELECT id ... ORDER BY finished_at LIMIT n`` (the tier's
+    finished-at index), then ``DELETE ... WHERE id IN (<those ids>) RETURNING`` (the primary
+    key). As one ``DELETE ... WHERE id IN (SELECT ...)`` PostgreSQL may plan a hash join
+    over the whole table. A finished row never changes state, and one another pruner took
+    in between is not returned, so nothing is counted twice."""
+    due = (
+        sa.select(JOBS.c.id)
+        .where(JOBS.c.tier == tier,
+               # As a row value, only the (tier, finished_at) index can serve the range:
+               # walked by finished_at alone, other tiers' older rows would be read first.
+               sa.tuple_(JOBS.c.tier, JOBS.c.finished_at) < sa.tuple_(tier, _dt(before)),
+               JOBS.c.status.in_([status.value for status in TERMINAL]))
+        .order_by(JOBS.c.tier, JOBS.c.finished_at)
+        .limit(limit)
+    )
+    ids = list(session.scalars(due))
+    if not ids:
+        return Pruned(tier=tier, pruned=0, abandoned=0)
+    stmt = sa.delete(JOBS).where(JOBS.c.id.in_(ids)).returning(
+        JOBS.c.id, JOBS.c.tenant_id, JOBS.c.status, JOBS.c.result_fetched_at
+    )
+    rows = session.execute(stmt.execution_options(synchronize_session=False)).all()
+    if not rows:
+        return Pruned(tier=tier, pruned=0, abandoned=0)
+    at = _dt(now)
+    session.execute(sa.insert(TOMBSTONES), [
+        {"id": row.id, "tenant_id": row.tenant_id, "tier": tier, "pruned_at": at}
+        for row in rows
+    ])
+    abandoned = sum(1 for row in rows
+                    if row.status == Status.SUCCEEDED.value and row.result_fetched_at is None)
+    _add_totals(session, tier, pruned=len(rows), abandoned=abandoned)
+    return Pruned(tier=tier, pruned=len(rows), abandoned=abandoned)
+
+
+def _add_totals(session: Session, tier: str, *, pruned: int, abandoned: int) -> None:
+    """Add to the tier's counters (an upsert: the first prune of a tier makes its row)."""
+    insert = pg_insert(TOTALS) if _dialect(session) == "postgresql" else sqlite_insert(TOTALS)
+    stmt = insert.values(tier=tier, pruned=pruned, abandoned=abandoned)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[TOTALS.c.tier],
+        set_={"pruned": TOTALS.c.pruned + pruned, "abandoned": TOTALS.c.abandoned + abandoned},
+    )
+    session.execute(stmt)
+
+
+def _dialect(session: Session) -> str:
+    return session.get_bind().dialect.name
+
+
+def prune_tombstones(session: Session, *, tier: str, before: float, limit: int) -> int:
+    """Delete up to ``limit`` of the tier's tombstones made before ``before``, oldest first:
+    past that, a pruned job's id is answered ``404`` like one that never was."""
+    due = (
+        sa.select(TOMBSTONES.c.id)
+        .where(TOMBSTONES.c.tier == tier, TOMBSTONES.c.pruned_at < _dt(before))
+        .order_by(TOMBSTONES.c.pruned_at)
+        .limit(limit)
+    )
+    ids = list(session.scalars(due))
+    if not ids:
+        return 0
+    stmt = sa.delete(TOMBSTONES).where(TOMBSTONES.c.id.in_(ids))
+    result = cast(CursorResult[Any],
+                  session.execute(stmt.execution_options(synchronize_session=False)))
+    return result.rowcount
+
+
+def was_pruned(session: Session, job_id: str, *, tenant_id: str) -> bool:
+    """True when this tenant's job was pruned (another tenant's: False, as for any id)."""
+    stmt = sa.select(TOMBSTONES.c.id).where(
+        TOMBSTONES.c.id == job_id, TOMBSTONES.c.tenant_id == tenant_id
+    )
+    return session.execute(stmt.limit(1)).first() is not None
+
+
+def retention_totals(session: Session) -> dict[str, tuple[int, int]]:
+    """Per tier, ``(pruned, abandoned)`` since the start (tiers never pruned are absent)."""
+    stmt = sa.select(TOTALS.c.tier, TOTALS.c.pruned, TOTALS.c.abandoned)
+    return {tier: (pruned, abandoned) for tier, pruned, abandoned in session.execute(stmt)}

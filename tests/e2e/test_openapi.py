@@ -29,6 +29,7 @@ from jobs.cli import build_app
 from jobs.config import Settings, TierSettings
 from tests.e2e.live_api import live_api
 from tests.services import RedisServer
+from workers.embedding import models_installed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -166,7 +167,9 @@ def test_every_route_parameter_and_field_is_described(document: dict[str, Any]) 
 
 def test_tiers_kinds_statuses_and_bounds(document: dict[str, Any]) -> None:
     schemas = document["components"]["schemas"]
-    assert _branch(schemas["SubmitRequest"]["properties"]["kind"])["enum"] == ["echo", "sleep"]
+    models = ["document.embed", "eval.similarity"] if models_installed() else []
+    assert _branch(schemas["SubmitRequest"]["properties"]["kind"])["enum"] == sorted(
+        ["echo", "sleep", *models])
     tiers = ["free", "premium", "standard"]
     assert _branch(schemas["TenantCreateRequest"]["properties"]["tier"])["enum"] == tiers
     assert _branch(schemas["TenantPatchRequest"]["properties"]["tier"])["enum"] == tiers

@@ -80,7 +80,7 @@ def test_the_wheel_carries_its_migrations(installed: Path, tmp_path: Path) -> No
     assert where.returncode == 0, where.stderr
     module, head = where.stdout.split()
     assert Path(module).is_relative_to(installed.parent), module  # not this tree
-    assert head.startswith("0002")
+    assert head.startswith("0003")
 
     env = {**clean_env(), "TIERQ_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}"}
     migrated = subprocess.run([str(installed / "tierq"), "migrate"], cwd=tmp_path, env=env,

@@ -80,6 +80,15 @@ def test_environment_alone_overrides_a_default_tier(monkeypatch: pytest.MonkeyPa
     assert load_settings().build_policy().tiers["free"].max_wait_s == 90
 
 
+def test_retention_defaults_to_a_week_and_zero_keeps_forever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TIERQ_TIERS__FREE__RETENTION_S", "0")
+    tiers = load_settings().build_policy().tiers
+    assert tiers["premium"].retention_s == 7 * 86400
+    assert tiers["free"].retention_s == 0
+
+
 def test_a_file_with_its_own_tiers_replaces_the_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -107,6 +116,11 @@ def test_a_file_with_its_own_tiers_replaces_the_defaults(
             "tiers.free.tenant_share",
         ),
         ("[tiers.free]\nmax_wait_s = 5\ntenant_share = 0.5\n", "tiers.free.base_priority"),
+        (
+            "[tiers.free]\nbase_priority = 20\nmax_wait_s = 5\ntenant_share = 0.5\n"
+            "retention_s = -1\n",
+            "tiers.free.retention_s",
+        ),
         ("[policy]\nageing_rate_s = 0\n", "policy.ageing_rate_s"),
         ("[policy]\npool_concurrency = 0\n", "policy.pool_concurrency"),
         ("[policy]\nlease_ttl_s = -5\n", "policy.lease_ttl_s"),

@@ -141,7 +141,7 @@ def test_echo_rejects_what_json_cannot_hold(payload: dict[str, Any]) -> None:
 
 
 def test_the_built_in_kinds() -> None:
-    assert default_registry("").kinds() == ["echo", "sleep"]
+    assert default_registry("", entry_points=False).kinds() == ["echo", "sleep"]
 
 
 def test_an_unknown_kind_is_an_invalid_request_naming_the_kind() -> None:
@@ -176,7 +176,7 @@ def test_a_spec_names_instances_classes_and_lists() -> None:
 
 
 def test_default_registry_adds_the_spec_to_the_built_ins() -> None:
-    registry = default_registry("tests.handlers_for_tests:BlockingHandler")
+    registry = default_registry("tests.handlers_for_tests:BlockingHandler", entry_points=False)
     assert registry.kinds() == ["block", "echo", "sleep"]
 
 
@@ -185,7 +185,7 @@ def test_default_registry_reads_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert "record" in default_registry().kinds()
     assert "record" not in default_registry("").kinds()
     monkeypatch.delenv(HANDLERS_ENV)
-    assert default_registry().kinds() == ["echo", "sleep"]
+    assert default_registry(entry_points=False).kinds() == ["echo", "sleep"]
 
 
 @pytest.mark.parametrize(

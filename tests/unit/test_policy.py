@@ -226,3 +226,12 @@ def test_a_tenant_is_in_time_exactly_when_its_own_wait_fits(
         assert own <= max_wait * (1 + 1e-9) + 1e-9
     else:
         assert own > max_wait * (1 - 1e-9)
+
+
+def test_prune_before_is_the_retention_period_back_and_none_keeps_forever() -> None:
+    week = policy.Tier(name="t", base_priority=0, max_wait_s=5, tenant_share=0.5,
+                       retention_s=604800)
+    assert policy.prune_before(week, 1_000_000.0) == 1_000_000.0 - 604800
+    forever = policy.Tier(name="t", base_priority=0, max_wait_s=5, tenant_share=0.5,
+                          retention_s=0)
+    assert policy.prune_before(forever, 1_000_000.0) is None

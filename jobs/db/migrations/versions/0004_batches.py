@@ -1,7 +1,7 @@
 """Batches: the ``batches`` table, a batch's items as ``jobs`` rows, and the ``waiting`` state.
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-12-01
 
 - ``batches`` holds one row per batch (kind, total, idempotency key and content hash).
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
-down_revision: str | Sequence[str] | None = "0002"
+down_revision: str | Sequence[str] | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

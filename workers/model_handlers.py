@@ -1,0 +1,143 @@
+"""The handlers of the ``models`` extra: ``document.embed`` and ``eval.similarity``.
+
+They reach the registry through tierq's own entry point (group ``tierq.handlers``), the
+door any package's handlers use; without the extra ``installed_handlers()`` is empty and the
+kinds are unknown (422 at submit, naming the known kinds): no job is accepted that no worker runs.
+
+Both embed through ``workers.embedding`` (one model per process, batches on its device) and
+check for a cancel between batches. A blob store that cannot be reached is retryable; a
+document that cannot be read, or a blob that is gone, is not.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from jobs.blobs import SHA256, BlobNotFound, BlobStore
+from jobs.config import load_settings
+from jobs.errors import InvalidRequest
+from workers import embedding
+from workers.documents import chunk_text, extract_text
+from workers.handlers import Handler, JobContext, RetryableError, parse_payload
+
+MAX_PAIRS = 10_000
+MAX_SENTENCE_CHARS = 10_000
+
+
+class _EmbedPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    blob: Annotated[str, StringConstraints(pattern=SHA256.pattern)]
+
+
+class DocumentEmbedHandler:
+    """Chunks a stored document and embeds each chunk.
+
+    ``store``: the blob store (default: the one the settings name, built on first use)."""
+
+    kind = "document.embed"
+
+    def __init__(self, store: BlobStore | None = None) -> None:
+        self._store = store
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return parse_payload(_EmbedPayload, payload)
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        data = self._read(str(payload["blob"]))
+        _, text = extract_text(data)
+        chunks = chunk_text(text)
+        vectors = embedding.embed(chunks, between_batches=ctx.check)
+        return {
+            "chunks": [{"text": c, "embedding": v} for c, v in zip(chunks, vectors, strict=True)],
+            "model": embedding.MODEL_NAME,
+            "dimensions": embedding.DIMENSIONS,
+        }
+
+    def _read(self, sha256: str) -> bytes:
+        if self._store is None:
+            self._store = BlobStore.from_settings(load_settings())
+        try:
+            return self._store.get(sha256)
+        except BlobNotFound:
+            raise
+        except OSError as exc:
+            raise RetryableError(f"the blob store cannot be read: {exc}") from exc
+
+
+Sentence = Annotated[str, StringConstraints(min_length=1, max_length=MAX_SENTENCE_CHARS)]
+Label = Annotated[float, Field(allow_inf_nan=False)]
+Pair = Annotated[list[Sentence], Field(min_length=2, max_length=2)]
+
+
+class _SimilarityPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    pairs: Annotated[list[Pair], Field(min_length=1, max_length=MAX_PAIRS)]
+    labels: Annotated[list[Label], Field(max_length=MAX_PAIRS)]
+
+
+class SimilarityHandler:
+    """Cosine similarity of each pair, and Spearman's rank correlation with the labels
+    (null when either side is constant: no ranking to compare)."""
+
+    kind = "eval.similarity"
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        normalised = parse_payload(_SimilarityPayload, payload)
+        pairs, labels = len(normalised["pairs"]), len(normalised["labels"])
+        if labels != pairs:
+            msg = f"{labels} labels for {pairs} pairs: give one label per pair"
+            raise InvalidRequest(f"invalid payload: payload.labels: {msg}",
+                                 details=[{"loc": ["payload", "labels"], "msg": msg}])
+        return normalised
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        sentences = sorted({s for pair in payload["pairs"] for s in pair})
+        vectors = dict(zip(sentences, embedding.embed(sentences, between_batches=ctx.check),
+                           strict=True))
+        scores = [_dot(vectors[a], vectors[b]) for a, b in payload["pairs"]]
+        return {"scores": scores, "spearman": spearman(scores, payload["labels"])}
+
+
+def _dot(a: list[float], b: list[float]) -> float:
+    """The embeddings are unit length: their dot product is the cosine."""
+    return max(-1.0, min(1.0, math.fsum(x * y for x, y in zip(a, b, strict=True))))
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rho (Pearson's r of the ranks, ties ranked by their mean)."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = math.fsum(rx) / len(rx), math.fsum(ry) / len(ry)
+    cov = math.fsum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = math.fsum((a - mx) ** 2 for a in rx)
+    vy = math.fsum((b - my) ** 2 for b in ry)
+    if vx == 0 or vy == 0:
+        return None
+    return cov / math.sqrt(vx * vy)
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def installed_handlers() -> list[Handler]:
+    """The handlers of this module when the ``models`` extra is installed, else none."""
+    if not embedding.models_installed():
+        return []
+    return [DocumentEmbedHandler(), SimilarityHandler()]
