@@ -642,8 +642,8 @@ def jobs_get(
 def jobs_list(
     status: Annotated[
         str | None,
-        typer.Option(help="Only jobs in this state (queued, dispatched, running, succeeded, "
-                          "failed, cancelled, expired)."),
+        typer.Option(help="Only jobs in this state (waiting, queued, dispatched, running, "
+                          "succeeded, failed, cancelled, expired)."),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="Jobs on this page.")] = 20,
     cursor: Annotated[
@@ -817,6 +817,9 @@ def build_app() -> typer.Typer:
     jobs.command("result")(jobs_result)
     jobs.command("cancel")(jobs_cancel)
     app.add_typer(jobs, name="jobs")
+    from jobs.cli_batches import batch_app  # imports this module: built once it is loaded
+
+    app.add_typer(batch_app(), name="batch")
     return app
 
 

@@ -14,8 +14,9 @@ can never create a second job.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -40,8 +41,13 @@ from jobs.client_protocol import (
     Unauthorized,
     Unavailable,
     Unreachable,
+    batch_call,
+    batch_results_call,
+    cancel_batch_call,
     cancel_call,
+    error_from_response,
     get_call,
+    list_batches_call,
     list_call,
     new_idempotency_key,
     parse_response,
@@ -49,6 +55,7 @@ from jobs.client_protocol import (
     result_call,
     retry_delay_s,
     retryable,
+    submit_batch_call,
     submit_call,
     unreachable,
 )
@@ -90,6 +97,13 @@ class _ClientCore:
         return retry_delay_s(exc, state.attempt_number, self._retry)
 
     def _request_args(self, call: Call) -> dict[str, Any]:
+        if call.content is not None:
+            return {
+                "content": call.content,
+                "headers": {"Content-Type": call.content_type or "application/octet-stream"},
+                "params": call.params,
+                "timeout": self._timeout + call.hold_s,
+            }
         return {
             "json": call.json,
             "params": call.params,
@@ -187,6 +201,47 @@ class Client(_ClientCore):
         """One page of this tenant's jobs, newest first: ``{"jobs": [...], "next_cursor"}``."""
         return self._send(list_call(status=status, limit=limit, cursor=cursor))
 
+    def submit_batch(
+        self,
+        kind: str,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> dict[str, Any]:
+        """Store a batch (sent as NDJSON); its items enter the live queue as room allows.
+        A fresh idempotency key unless given, so a retried upload never stores it twice."""
+        key = idempotency_key or new_idempotency_key()
+        return self._send(submit_batch_call(kind, items, idempotency_key=key,
+                                            max_attempts=max_attempts))
+
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        """The batch now: counts by state, ``status``, ``estimated_finish_s``."""
+        return self._send(batch_call(batch_id))
+
+    def list_batches(self, *, limit: int = 50) -> dict[str, Any]:
+        return self._send(list_batches_call(limit=limit))
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._send(cancel_batch_call(batch_id))
+
+    def batch_results(self, batch_id: str, *, after: int = -1) -> Iterator[dict[str, Any]]:
+        """The finished items past ``after``, one dict a line as the server streams them."""
+        call = batch_results_call(batch_id, after=after)
+        try:
+            with self._http.stream(call.method, call.path, params=call.params,
+                                   timeout=self._timeout) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise error_from_response(response.status_code, response.headers,
+                                              response.content)
+                for line in response.iter_lines():
+                    if line.strip():
+                        item: dict[str, Any] = json.loads(line)
+                        yield item
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
+
     def wait(
         self,
         job_id: str,
@@ -279,6 +334,45 @@ class AsyncClient(_ClientCore):
 
     async def queues(self) -> dict[str, Any]:
         return await self._send(queues_call())
+
+    async def submit_batch(
+        self,
+        kind: str,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> dict[str, Any]:
+        key = idempotency_key or new_idempotency_key()
+        return await self._send(submit_batch_call(kind, items, idempotency_key=key,
+                                                  max_attempts=max_attempts))
+
+    async def batch(self, batch_id: str) -> dict[str, Any]:
+        return await self._send(batch_call(batch_id))
+
+    async def list_batches(self, *, limit: int = 50) -> dict[str, Any]:
+        return await self._send(list_batches_call(limit=limit))
+
+    async def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return await self._send(cancel_batch_call(batch_id))
+
+    async def batch_results(
+        self, batch_id: str, *, after: int = -1
+    ) -> AsyncIterator[dict[str, Any]]:
+        call = batch_results_call(batch_id, after=after)
+        try:
+            async with self._http.stream(call.method, call.path, params=call.params,
+                                         timeout=self._timeout) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise error_from_response(response.status_code, response.headers,
+                                              response.content)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        item: dict[str, Any] = json.loads(line)
+                        yield item
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
 
     async def list_jobs(self, *, status: str | None = None, limit: int = 50,
                    cursor: str | None = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import json
 import math
 import random
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -99,6 +99,9 @@ class Call:
     params: Mapping[str, str] | None = None
     # The server may hold the request this long (long poll): added to the read timeout.
     hold_s: float = 0.0
+    # A body that is not JSON (a batch's NDJSON), with its content type.
+    content: bytes | None = None
+    content_type: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +163,48 @@ def list_call(*, status: str | None = None, limit: int = 50, cursor: str | None 
     if cursor is not None:
         params["cursor"] = cursor
     return Call(method="GET", path="/v1/jobs", params=params)
+
+
+def _batch_path(batch_id: str) -> str:
+    return f"/v1/batches/{quote(batch_id, safe='')}"
+
+
+def ndjson(items: Iterable[Mapping[str, Any]]) -> bytes:
+    """Items as NDJSON, one compact JSON object a line."""
+    return b"".join(json.dumps(dict(item), separators=(",", ":")).encode() + b"\n"
+                    for item in items)
+
+
+def submit_batch_call(
+    kind: str,
+    items: Iterable[Mapping[str, Any]],
+    *,
+    idempotency_key: str,
+    max_attempts: int | None = None,
+) -> Call:
+    """A batch as NDJSON (the server reads it as it streams)."""
+    params = {"kind": kind, "idempotency_key": idempotency_key}
+    if max_attempts is not None:
+        params["max_attempts"] = str(max_attempts)
+    return Call(method="POST", path="/v1/batches", params=params, content=ndjson(items),
+                content_type="application/x-ndjson")
+
+
+def batch_call(batch_id: str) -> Call:
+    return Call(method="GET", path=_batch_path(batch_id))
+
+
+def batch_results_call(batch_id: str, *, after: int = -1) -> Call:
+    return Call(method="GET", path=_batch_path(batch_id) + "/results",
+                params={"after": str(after)})
+
+
+def cancel_batch_call(batch_id: str) -> Call:
+    return Call(method="POST", path=_batch_path(batch_id) + "/cancel")
+
+
+def list_batches_call(*, limit: int = 50) -> Call:
+    return Call(method="GET", path="/v1/batches", params={"limit": str(limit)})
 
 
 def queues_call() -> Call:

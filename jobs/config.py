@@ -103,6 +103,8 @@ class ApiSettings(BaseModel):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
     # ``POST /v1/documents`` takes files up to this size (the multipart body, all told).
     max_document_bytes: Annotated[int, Field(ge=1024)] = 20 * 1024 * 1024
+    # Bodies of POST /v1/batches: a batch is many payloads in one request.
+    max_batch_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
 
 
 class Settings(BaseSettings):

@@ -1,7 +1,7 @@
 """The dispatcher: fills free pool slots with the best runnable jobs, and keeps the index honest.
 
-A round dispatches (4). Every ``MAINTENANCE_PERIOD_S`` a round also does the upkeep (1-3 and
-5) after its first dispatch, then dispatches again into what reaping freed; the first round
+A round dispatches (4). Every ``MAINTENANCE_PERIOD_S`` a round also does the upkeep (1-3, 6 and
+7) after its first dispatch, then dispatches again into what reaping freed; the first round
 of a dispatcher does 1-3 before anything:
 
 1. caps: recompute tier caps from the pool's capacity and push them to the index when they
@@ -14,9 +14,11 @@ of a dispatcher does 1-3 before anything:
    the pool is full;
 4. dispatch: pop as many jobs as there are free slots (never more), mark them ``dispatched``
    in one statement and publish each to its tier's broker queue;
-5. reconcile, every ``RECONCILE_PERIOD_S``: one bounded round of ``jobs.reconciler``, which
+5. feed, every ``FEED_PERIOD_S``: waiting batch items enter their tier's live queue as room
+   allows (``jobs.batch_feeder``), and the round dispatches again into what they filled;
+6. reconcile, every ``RECONCILE_PERIOD_S``: one bounded round of ``jobs.reconciler``, which
    makes the index converge to SQL whatever two-step change was interrupted;
-6. prune, every ``PRUNE_PERIOD_S`` (every upkeep while a backlog remains): one bounded round
+7. prune, every ``PRUNE_PERIOD_S`` (every upkeep while a backlog remains): one bounded round
    of ``jobs.retention``, deleting finished jobs past their tier's retention.
 
 ``serve`` loops ``run_once`` and sleeps on the doorbell (``jobs.wake``) between rounds, so a
@@ -46,6 +48,7 @@ import sqlalchemy.exc
 from sqlalchemy.orm import Session
 
 from jobs import capacity, counters, notify, wake
+from jobs.batch_feeder import FEED_PERIOD_S, BatchFeeder
 from jobs.config import Settings
 from jobs.db import repository
 from jobs.db.repository import Claimed
@@ -99,6 +102,10 @@ class DispatchStats:
     reconciled: ReconcileStats | None = None
     # The retention round, when one ran.
     pruned: PruneStats | None = None
+    # Batch items the feeder admitted to the live queue this round.
+    fed: int = 0
+    # Batch items are waiting: the next round should come within ``FEED_PERIOD_S``.
+    feed_pending: bool = False
 
     @property
     def saturated(self) -> bool:
@@ -135,6 +142,8 @@ class Dispatcher:
         if self._retention is None:
             self._retention = Retention(self.runtime.sessions, self.runtime.policy)
         return self._retention
+    _feeder: BatchFeeder | None = field(default=None, init=False)
+    _fed_at: float = field(default=float("-inf"), init=False)
 
     @property
     def reconciler(self) -> Reconciler:
@@ -155,6 +164,9 @@ class Dispatcher:
             self._dispatch_free(now, stats)
             self._maintain(now, stats)
         self._dispatch_free(now, stats)
+        if now - self._fed_at >= FEED_PERIOD_S:
+            self._feed(now, stats)
+        stats.feed_pending = self._feeder is not None and self._feeder.pending
         if maintain and now - self._reconciled_at >= RECONCILE_PERIOD_S:
             self._reconciled_at = now
             stats.reconciled = self.reconciler.run_once(
@@ -184,6 +196,15 @@ class Dispatcher:
                 self.runtime.index.pool_capacity(now=now))
         if self._capacity > 0:
             self._dispatch(now, stats)
+
+    def _feed(self, now: float, stats: DispatchStats) -> None:
+        """Waiting batch items into the live queue; a dispatch then fills slots with them."""
+        if self._feeder is None:
+            self._feeder = BatchFeeder(self.runtime)
+        self._fed_at = now
+        stats.fed = self._feeder.run_once(now).admitted
+        if stats.fed:
+            self._dispatch_free(now, stats)
 
     def maintenance_due(self, now: float) -> bool:
         return self._capacity is None or now - self._maintained_at >= MAINTENANCE_PERIOD_S
@@ -327,6 +348,11 @@ class Dispatcher:
                     (retry_later if young else drop).append(lease)
                 elif self._expire_late(session, job, now, stats):
                     drop.append(lease)
+                elif job.status is Status.QUEUED:
+                    # Its INSERT committed after the claim's statement read (READ
+                    # COMMITTED): offer it again, not drop it (its entry would be lost
+                    # until the reconciler's grace).
+                    retry_later.append(lease)
                 elif job.status is not Status.DISPATCHED and job.status is not Status.RUNNING:
                     drop.append(lease)
         self._announce([*claimed, *jobs])  # claimed, or expired at the claim
@@ -477,6 +503,8 @@ def run_forever(
                 stop.wait(PUBLISH_RETRY_S)  # the broker is down: do not spin on it
             elif not (stats.saturated or stats.rebuilt):
                 period = min(MAINTENANCE_PERIOD_S, leadership.wait_s)
+                if stats.feed_pending:
+                    period = min(period, FEED_PERIOD_S)
                 wake.wait(runtime.redis, runtime.settings.key_prefix, period)
         except TRANSIENT as exc:
             logger.warning("dispatcher.unavailable", extra={"error": str(exc), "retry_s": backoff})

@@ -111,6 +111,9 @@ class Job:
     starts: int = 0
     updated_at: float | None = None
     result_fetched_at: float | None = None  # the first 200 of its result (None: never)
+    # The batch this job is an item of, and its place there (None: a single job).
+    batch_id: str | None = None
+    batch_index: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -143,4 +146,6 @@ class Job:
             starts=row.starts,
             updated_at=_epoch(row.updated_at),
             result_fetched_at=_epoch(row.result_fetched_at),
+            batch_id=getattr(row, "batch_id", None),
+            batch_index=getattr(row, "batch_index", None),
         )

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
+    WAITING = "waiting"  # a batch item stored but not yet admitted to its tier's live queue
     QUEUED = "queued"  # accepted, committed and indexed; waiting for a slot
     DISPATCHED = "dispatched"  # leased and published to its tier's broker queue
     RUNNING = "running"  # a worker holds the lease and runs the handler
@@ -27,6 +28,9 @@ TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.
 
 TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
     {
+        # A batch item admitted by the feeder as room allows; its ageing starts then.
+        (Status.WAITING, Status.QUEUED),
+        (Status.WAITING, Status.CANCELLED),
         (Status.QUEUED, Status.DISPATCHED),
         (Status.QUEUED, Status.CANCELLED),
         (Status.QUEUED, Status.EXPIRED),

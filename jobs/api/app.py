@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
-from jobs.api import routes_admin, routes_documents, routes_jobs, routes_queues
+from jobs.api import routes_admin, routes_batches, routes_documents, routes_jobs, routes_queues
 from jobs.api.body_limit import BodyLimit
 from jobs.api.errors import CatchAll, install_error_handlers
 from jobs.api.openapi import install_openapi
@@ -80,7 +80,8 @@ def create_app(
     app.state.metrics = AppMetrics(active)
     app.state.listener = listener
     app.state.tenant_cache = cache
-    routers = (routes_jobs.router, routes_documents.router, routes_queues.router,
+    routers = (routes_jobs.router, routes_batches.router, routes_documents.router,
+               routes_queues.router,
                routes_admin.router)
     for router in routers:
         app.include_router(router)
@@ -89,6 +90,8 @@ def create_app(
     install_openapi(app, tiers=sorted(active.policy.tiers), kinds=kinds)
     documents = settings.api.max_document_bytes + routes_documents.MULTIPART_OVERHEAD_BYTES
     app.add_middleware(BodyLimit, max_body_bytes=settings.api.max_body_bytes,
-                       path_limits={routes_documents.router.prefix: documents})
+                       path_limits={routes_documents.router.prefix: documents,
+                                    routes_batches.router.prefix:
+                                    settings.api.max_batch_body_bytes})
     app.add_middleware(CatchAll)
     return app

@@ -1,4 +1,4 @@
-"""The SQL schema: tenants and jobs (SQLAlchemy 2.0 typed declarative).
+"""The SQL schema: tenants, jobs and batches (SQLAlchemy 2.0 typed declarative).
 
 Portable between SQLite (the embedded default) and PostgreSQL:
 
@@ -104,6 +104,10 @@ class JobRow(Base):
         sa.Index("ix_jobs_tier_started_at", "tier", "started_at"),
         # Retention: a tier's finished jobs, oldest first (only terminal rows have one).
         sa.Index("ix_jobs_tier_finished_at", "tier", "finished_at"),
+        # Batches: a batch's items in order (counts, results), and the feeder's walk of the
+        # waiting items of each batch.
+        sa.Index("ix_jobs_batch_id_batch_index", "batch_id", "batch_index"),
+        sa.Index("ix_jobs_status_batch_id_batch_index", "status", "batch_id", "batch_index"),
     )
 
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
@@ -134,6 +138,33 @@ class JobRow(Base):
     # The first time the result was handed out (200 on /result): a succeeded job pruned
     # while this is NULL was abandoned, its work paid for and never collected.
     result_fetched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # The batch this job is an item of (None: a single job), and its place in the batch.
+    batch_id: Mapped[str | None] = mapped_column(sa.String(36), sa.ForeignKey("batches.id"))
+    batch_index: Mapped[int | None] = mapped_column(sa.Integer())
+
+
+class BatchRow(Base):
+    """A batch: its items are ``jobs`` rows (``batch_id``), stored ``waiting`` and fed into
+    the tier's live queue as room allows (``jobs.batch_feeder``)."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        sa.CheckConstraint("total >= 1", name="total_positive"),
+        sa.UniqueConstraint("tenant_id", "idempotency_key"),
+        sa.Index("ix_batches_tenant_id_id", "tenant_id", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(36), sa.ForeignKey("tenants.id"))
+    tier: Mapped[str] = mapped_column(sa.String(64))
+    kind: Mapped[str] = mapped_column(sa.String(100))
+    total: Mapped[int] = mapped_column(sa.Integer())
+    max_attempts: Mapped[int] = mapped_column(sa.Integer())
+    idempotency_key: Mapped[str | None] = mapped_column(sa.String(255))
+    # sha256 of the kind and the validated items: what an idempotent resubmit is compared by.
+    content_hash: Mapped[str] = mapped_column(sa.String(64))
+    cancelled: Mapped[bool] = mapped_column(sa.Boolean())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class IndexStateRow(Base):

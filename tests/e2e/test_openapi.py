@@ -173,7 +173,7 @@ def test_tiers_kinds_statuses_and_bounds(document: dict[str, Any]) -> None:
     tiers = ["free", "premium", "standard"]
     assert _branch(schemas["TenantCreateRequest"]["properties"]["tier"])["enum"] == tiers
     assert _branch(schemas["TenantPatchRequest"]["properties"]["tier"])["enum"] == tiers
-    assert schemas["Status"]["enum"] == ["queued", "dispatched", "running", "succeeded",
+    assert schemas["Status"]["enum"] == ["waiting", "queued", "dispatched", "running", "succeeded",
                                          "failed", "cancelled", "expired"]
     submit = schemas["SubmitRequest"]["properties"]
     assert _bounds(submit["max_wait_s"]) == (0, 30 * 24 * 3600)

@@ -10,11 +10,12 @@ from jobs.states import NEW_ATTEMPT, TERMINAL, TRANSITIONS, Status, is_legal
 
 pytestmark = pytest.mark.unit
 
-Q, D, R = Status.QUEUED, Status.DISPATCHED, Status.RUNNING
+W, Q, D, R = Status.WAITING, Status.QUEUED, Status.DISPATCHED, Status.RUNNING
 S, F, C, E = Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED
 
 # Written out independently of jobs.states, so a change to the table has to change this too.
 EXPECTED = {
+    (W, Q), (W, C),
     (Q, D), (Q, C), (Q, E),
     (D, Q), (D, R), (D, C), (D, E), (D, F),
     (R, S), (R, F), (R, C), (R, Q),
@@ -40,10 +41,10 @@ def test_terminal_states_have_no_way_out(state: Status) -> None:
 
 def test_terminal_set() -> None:
     assert TERMINAL == {S, F, C, E}
-    assert [s for s in Status if not s.terminal] == [Q, D, R]
+    assert [s for s in Status if not s.terminal] == [W, Q, D, R]
 
 
-@pytest.mark.parametrize("state", [Q, D, R])
+@pytest.mark.parametrize("state", [W, Q, D, R])
 def test_every_live_state_can_be_cancelled_and_can_end(state: Status) -> None:
     assert is_legal(state, C)
     assert any(dst.terminal for dst in Status if is_legal(state, dst))
@@ -55,11 +56,12 @@ def test_no_state_moves_to_itself() -> None:
 
 def test_new_attempt_moves_are_the_returns_to_the_queue() -> None:
     assert NEW_ATTEMPT <= TRANSITIONS
-    assert {(src, dst) for src, dst in TRANSITIONS if dst is Q} == NEW_ATTEMPT
+    # The feeder's admission of a batch item is the first attempt, not a new one.
+    assert {(src, dst) for src, dst in TRANSITIONS if dst is Q and src is not W} == NEW_ATTEMPT
 
 
-def test_every_state_is_reachable_from_queued() -> None:
-    seen, frontier = {Q}, [Q]
+def test_every_state_is_reachable_from_waiting() -> None:
+    seen, frontier = {W}, [W]
     while frontier:
         src = frontier.pop()
         for dst in Status:

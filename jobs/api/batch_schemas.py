@@ -1,0 +1,94 @@
+"""Request and response bodies of ``/v1/batches`` (``docs/api.md``, "Batches")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, rfc3339
+from jobs.batches import MAX_BATCH_ITEMS, BatchProgress
+from jobs.db.batch_repository import Batch
+
+BATCH_ID = "the batch's id (a UUID)"
+
+
+class BatchRequest(BaseModel):
+    """A batch as one JSON document; the same items as NDJSON (one per line, ``?kind=``)
+    are read as they stream."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"kind": "sleep", "items": [{"seconds": 1}, {"seconds": 2}], "idempotency_key": "run-8"},
+    ]})
+
+    kind: Annotated[str, Field(min_length=1, max_length=100,
+                               description="the handler that runs every item")]
+    items: list[Any] = Field(max_length=MAX_BATCH_ITEMS,
+                             description="the items' payloads, JSON objects the kind's handler "
+                                         "validates; a bad one is a 422 naming its index")
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None, description="unique per tenant: the same key with the same kind and "
+                                  "items answers 200 with the first batch; other content, 409")
+    max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] | None = Field(
+        default=None, description="starts allowed per item before it fails")
+
+
+class BatchLinks(BaseModel):
+    """Where a batch's state and results are."""
+
+    self: str = Field(description="/v1/batches/<id>")
+    results: str = Field(description="/v1/batches/<id>/results")
+
+
+class BatchSubmitResponse(BaseModel):
+    """A stored batch: its items wait for room in the tier's live queue."""
+
+    id: str = Field(description=BATCH_ID)
+    kind: str = Field(description="the handler that runs every item")
+    tier: str = Field(description="the tenant's tier")
+    status: str = Field(description="accepted | running | finished | cancelled")
+    total: int = Field(description="items in the batch")
+    links: BatchLinks = Field(description="where its state and results are")
+
+    @classmethod
+    def of(cls, batch: Batch) -> BatchSubmitResponse:
+        return cls(id=batch.id, kind=batch.kind, tier=batch.tier, status="accepted",
+                   total=batch.total, links=links(batch.id))
+
+
+class BatchResponse(BaseModel):
+    """A batch as it is now."""
+
+    id: str = Field(description=BATCH_ID)
+    kind: str = Field(description="the handler that runs every item")
+    tier: str = Field(description="the tenant's tier")
+    status: str = Field(description="accepted (nothing started yet) | running | finished | "
+                                    "cancelled")
+    total: int = Field(description="items in the batch")
+    counts: dict[str, int] = Field(description="items by state: waiting, queued, running, "
+                                               "succeeded, failed, cancelled, expired")
+    created_at: str | None = Field(description="when it was stored (RFC 3339, UTC)")
+    finished_at: str | None = Field(description="when its last item finished (null: not yet)")
+    estimated_finish_s: float | None = Field(
+        description="seconds until every item is finished, at the rate the batch has been "
+                    "served so far (null: no item finished yet)")
+    links: BatchLinks = Field(description="where its state and results are")
+
+    @classmethod
+    def of(cls, progress: BatchProgress) -> BatchResponse:
+        batch = progress.batch
+        return cls(id=batch.id, kind=batch.kind, tier=batch.tier, status=progress.status,
+                   total=batch.total, counts=progress.counts,
+                   created_at=rfc3339(batch.created_at),
+                   finished_at=rfc3339(progress.finished_at),
+                   estimated_finish_s=progress.estimated_finish_s, links=links(batch.id))
+
+
+class BatchListResponse(BaseModel):
+    """The tenant's batches, newest first."""
+
+    batches: list[BatchResponse] = Field(description="this tenant's batches, newest first")
+
+
+def links(batch_id: str) -> BatchLinks:
+    return BatchLinks(self=f"/v1/batches/{batch_id}", results=f"/v1/batches/{batch_id}/results")
