@@ -12,7 +12,9 @@ A tombstone keeps a pruned job's id and owner for one more retention period, so 
 owner is answered ``410 job_gone`` (status, result and cancel) instead of ``404``; another
 tenant still gets ``404``, as for any id that is not theirs. Tombstones are pruned the same
 way, so under a steady load both tables stay near ``rate x retention`` rows, whatever the
-uptime.
+uptime. A batch goes once every one of its items is gone (``batch_repository.prune_emptied``),
+so the batches table stays bounded too; a batch's items are pruned one by one as they come
+due, so the results of a long batch lose its oldest items first.
 
 A succeeded job pruned before anybody fetched its result is **abandoned**: counted per tier
 (``tierq_jobs_abandoned_total``) beside every prune (``tierq_jobs_pruned_total``), in SQL, in
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.db import repository
+from jobs.db import batch_repository, repository
 from jobs.policy import Policy, prune_before
 
 logger = logging.getLogger("tierq.retention")
@@ -44,6 +46,8 @@ class PruneStats:
     pruned: dict[str, int] = field(default_factory=dict)
     abandoned: dict[str, int] = field(default_factory=dict)
     tombstones: int = 0
+    # Batches whose every item was pruned: they go too.
+    batches: int = 0
     # A batch came back full: more is due now (the dispatcher prunes again next upkeep).
     more: bool = False
 
@@ -66,9 +70,10 @@ class Retention:
             if before is None:
                 continue
             self._prune_tier(name, before, now, stats)
-        if stats.total or stats.tombstones:
+        if stats.total or stats.tombstones or stats.batches:
             logger.info("jobs.pruned", extra={
                 "event": "jobs.pruned", "pruned": stats.total, "tombstones": stats.tombstones,
+                "batches": stats.batches,
                 "abandoned": sum(stats.abandoned.values()), "more": stats.more,
             })
         return stats
@@ -83,8 +88,13 @@ class Retention:
             gone = repository.prune_tombstones(
                 session, tier=tier, before=before, limit=self.batch_size
             )
+        with self.sessions.begin() as session:
+            emptied = batch_repository.prune_emptied(
+                session, tier=tier, before=before, limit=self.batch_size
+            )
+        stats.batches += emptied
         if done.pruned:
             stats.pruned[tier] = done.pruned
             stats.abandoned[tier] = done.abandoned
         stats.tombstones += gone
-        stats.more = stats.more or done.pruned >= self.batch_size or gone >= self.batch_size
+        stats.more = stats.more or max(done.pruned, gone, emptied) >= self.batch_size

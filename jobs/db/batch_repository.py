@@ -222,3 +222,21 @@ def live_items(session: Session, batch_id: str) -> list[Job]:
         JobRow.status.in_([Status.QUEUED.value, Status.DISPATCHED.value, Status.RUNNING.value]),
     )).all()
     return [Job.from_row(row) for row in rows]
+
+
+def prune_emptied(session: Session, *, tier: str, before: float, limit: int) -> int:
+    """Delete up to ``limit`` of the tier's batches created before ``before`` whose items
+    have all been pruned (``jobs.retention``): a batch outlives none of its items."""
+    items = sa.select(JOBS.c.id).where(JOBS.c.batch_id == BATCHES.c.id)
+    due = (
+        sa.select(BATCHES.c.id)
+        .where(BATCHES.c.tier == tier, BATCHES.c.created_at < _dt(before), ~items.exists())
+        .order_by(BATCHES.c.created_at)
+        .limit(limit)
+    )
+    ids = list(session.scalars(due))
+    if not ids:
+        return 0
+    session.execute(sa.delete(BATCHES).where(BATCHES.c.id.in_(ids))
+                    .execution_options(synchronize_session=False))
+    return len(ids)

@@ -323,3 +323,27 @@ def _metrics(client: ApiClient) -> dict[str, float]:
     samples = (line.rsplit(" ", 1) for line in text.splitlines()
                if line.startswith("tierq_jobs_"))
     return {name: float(value) for name, value in samples}
+
+
+def test_a_batch_goes_once_every_one_of_its_items_is_gone(runtime: Runtime) -> None:
+    from jobs.db import batch_repository
+    from jobs.db.models import BatchRow
+
+    owner = tenant(runtime, "evals", "free")
+    batch = batch_repository.Batch(
+        id="01a00000-0000-7000-8000-0000000000b1", tenant_id=owner, tier="free", kind="echo",
+        total=2, max_attempts=3, idempotency_key=None, content_hash="0" * 64, cancelled=False,
+        created_at=T0)
+    with runtime.sessions.begin() as s:
+        assert batch_repository.insert_batch(s, batch)
+        items = [job(s, owner, "free", at=T0), job(s, owner, "free", at=T0 + 50)]
+        for index, item in enumerate(items):
+            s.execute(sa.update(JobRow).where(JobRow.id == item)
+                      .values(batch_id=batch.id, batch_index=index))
+    retention = Retention(runtime.sessions, runtime.policy)
+
+    assert retention.run_once(T0 + 101).pruned == {"free": 1}  # the first item only
+    assert ids_left(runtime, BatchRow) == {batch.id}  # one item left: the batch stays
+    stats = retention.run_once(T0 + 151)
+    assert (stats.pruned, stats.batches) == ({"free": 1}, 1)
+    assert ids_left(runtime, BatchRow) == set() and ids_left(runtime) == set()
