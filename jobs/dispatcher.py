@@ -30,8 +30,9 @@ requeue, release, rebuild), which refuse it once another process leads (``NotLea
 steps down at once). Before its first round, and whenever the index's epoch is gone (Redis
 flushed or restarted empty), the leader makes a full pass (``jobs.rebuild``), renewing its
 lock between batches: leases of in-flight jobs come back before anything more is
-dispatched, so no tenant goes over its cap. An index restored from an older snapshot is
-caught by the reconciler's epoch check within a round.
+dispatched, so no tenant goes over its cap. An index restored from an older snapshot shows
+an epoch other than the one the leader last wrote, and is rebuilt the same way before the
+next round (the reconciler's epoch check catches it too, for a leader that wrote none yet).
 """
 
 from __future__ import annotations
@@ -219,8 +220,14 @@ class Dispatcher:
         self._maintained_at = now
 
     def needs_rebuild(self) -> bool:
-        """Not rebuilt by this process yet, or the index lost its data since."""
-        return not self._rebuilt or self.runtime.index.generation() is None
+        """Not rebuilt by this process yet, or the index lost its data since, or came back
+        from an older snapshot (its epoch is not the one this leader last wrote): checked
+        before every round, so no lease a snapshot lacks lets a tenant over its cap."""
+        if not self._rebuilt:
+            return True
+        found = self.runtime.index.generation()
+        written = self.reconciler.written
+        return found is None or (written is not None and found != written)
 
     def rebuild(self, now: float) -> None:
         """The reconciler's full pass (at leadership, or once Redis lost its data)."""

@@ -73,6 +73,9 @@ class Reconciler:
     _sweep_started: float = field(default=float("-inf"), init=False)
     _flight_cursor: str = field(default="", init=False)
     _entry_cursor: int = field(default=0, init=False)
+    # The epoch this process last wrote to the index: an index that shows another one came
+    # back from an older snapshot (or was changed by ``tierq repair``) since.
+    written: str | None = field(default=None, init=False)
 
     def run_once(
         self,
@@ -134,6 +137,7 @@ class Reconciler:
             moved = repository.advance_epoch(session, expected=epoch, epoch=new)
         if moved:
             self.runtime.index.set_generation(str(new), fence=fence)
+            self.written = str(new)
 
     # -- 2. in flight without a lease ----------------------------------------------------
 

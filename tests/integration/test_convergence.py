@@ -223,6 +223,29 @@ def test_an_index_restored_from_an_older_snapshot_is_rebuilt(
     assert not reconciler.run_once(now + 3).full
 
 
+def test_the_leader_rebuilds_before_dispatching_on_an_index_from_an_older_snapshot(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """Without waiting for the reconciler's round: the very next round must not dispatch on
+    an index that lacks the leases of jobs still running (a tenant would go over its cap)."""
+    now = time.time()
+    dispatcher.rebuild(now)
+    old_epoch = runtime.index.generation()
+    dispatcher.reconciler.run_once(now)  # the epoch moves on: old_epoch is a past one
+    job = queue_job(runtime, tenant_id, at=now)
+    dispatcher.run_once(now, maintain=False)
+    assert runtime.index.entries_of([job.id])[job.id].leased
+    assert not dispatcher.needs_rebuild()
+    runtime.index.set_generation(str(old_epoch))  # the snapshot, taken before the dispatch
+    runtime.index.release(job.id)
+
+    assert dispatcher.needs_rebuild()
+    dispatcher.rebuild(now + 1)
+    assert runtime.index.entries_of([job.id])[job.id].leased
+    assert runtime.index.tenant_inflight(tenant_id) == 1
+    assert not dispatcher.needs_rebuild()
+
+
 # -- leases belong to an attempt ----------------------------------------------------------------
 
 
