@@ -1,6 +1,6 @@
 """The broker of the end-to-end systems: Redis unless a test is parametrised over
 ``BROKERS`` (``@pytest.mark.parametrize("broker", BROKERS, indirect=True)``). The RabbitMQ
-variant skips, saying why, where no RabbitMQ answers, and fails instead under CI."""
+variant starts the machine's RabbitMQ where none answers (``tests.services.require_rabbitmq``)."""
 
 from __future__ import annotations
 

@@ -17,13 +17,11 @@ import redis
 from tests.e2e.harness import System, running, system_env, wait_terminal
 from tests.pdf_for_tests import make_pdf
 from tests.services import RedisServer
-from workers.embedding import models_installed
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.models,
     pytest.mark.timeout(180),
-    pytest.mark.skipif(not models_installed(), reason="needs the models extra"),
 ]
 
 MAX_DOCUMENT_BYTES = 4096

@@ -13,7 +13,6 @@ import pytest
 from tests.e2e.harness import drain, free_port, start_up, stop_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models, pytest.mark.timeout(240)]
-pytest.importorskip("sentence_transformers", reason="the models extra is not installed")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -16,7 +16,6 @@ from workers.model_handlers import DocumentEmbedHandler, SimilarityHandler
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.models,
-    pytest.mark.skipif(not embedding.models_installed(), reason="needs the models extra"),
 ]
 
 # Five pairs from "very close" to "unrelated", with labels of that order (0–5, as in STS-B).
