@@ -1,5 +1,5 @@
-"""The fleet's broker: the machine's RabbitMQ. Skipped, saying why, where none answers;
-under CI (``CI`` set) the test fails instead."""
+"""The fleet's broker: the machine's RabbitMQ, started where none answers
+(``tests.services.require_rabbitmq``)."""
 
 from __future__ import annotations
 
