@@ -128,6 +128,8 @@ class Dispatcher:
     fence: str | None = field(default=None, init=False)
     # Renews the leader lock during long work (a full pass); raises NotLeader once deposed.
     keep_lead: Callable[[], None] | None = field(default=None, init=False)
+    # The token this process last wrote to SQL's ``leadership`` row (``_claim_lead``).
+    _claimed: str | None = field(default=None, init=False)
     _rebuilt: bool = field(default=False, init=False)
     _reconciler: Reconciler | None = field(default=None, init=False)
     _reconciled_at: float = field(default=float("-inf"), init=False)
@@ -157,6 +159,7 @@ class Dispatcher:
         capacity of the last maintenance: caps, reaping, expiry and the reconciler run on
         their own period, not once per ring."""
         stats = DispatchStats()
+        self._claim_lead()
         if self._capacity is None:  # the first round: caps and capacity before anything
             self._maintain(now, stats)
         elif maintain:
@@ -229,8 +232,25 @@ class Dispatcher:
         written = self.reconciler.written
         return found is None or (written is not None and found != written)
 
+    def _claim_lead(self) -> None:
+        """A new leader names itself in SQL before it reads anything there to restore leases
+        from: a deposed leader's reaping decision still in flight then either committed
+        first (and is read) or is refused (``repository.holds_lead``)."""
+        if self.fence is None or self.fence == self._claimed:
+            return
+        with self.runtime.sessions.begin() as session:
+            repository.claim_lead(session, self.fence)
+        self._claimed = self.fence
+
+    def _check_lead(self, session: Session) -> None:
+        """In a transaction that decides jobs from leases this leader reaped: refuse once
+        another leader has claimed SQL (it may have restored those leases since)."""
+        if self.fence is not None and not repository.holds_lead(session, self.fence):
+            raise NotLeader("another dispatcher has claimed the lead in SQL")
+
     def rebuild(self, now: float) -> None:
         """The reconciler's full pass (at leadership, or once Redis lost its data)."""
+        self._claim_lead()
         self.reconciler.full_pass(now, fence=self.fence, keep_lead=self.keep_lead)
         self._rebuilt = True
         self._reconciled_at = now
@@ -260,7 +280,9 @@ class Dispatcher:
         the SQL transaction. Interrupted before it, the leases go back (lapsed: the next
         round reaps them again); after it, an entry that did not make it into the index is
         found by the reconciler (a queued row not indexed, or an in-flight one without a
-        lease)."""
+        lease). The transaction first checks that SQL still names this leader: a successor
+        may have restored these leases since reap.lua took them, and a worker started on
+        one must not see its job re-queued under it."""
         index = self.runtime.index
         leases = index.reap(now=now, limit=self.batch_size, fence=self.fence)
         if not leases:
@@ -268,6 +290,7 @@ class Dispatcher:
         entries: list[IndexedJob] = []
         try:
             with self.runtime.sessions.begin() as session:
+                self._check_lead(session)
                 jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
                 for lease in leases:
                     entry = self._recover(session, lease, jobs.get(lease.job_id), now, stats)

@@ -12,7 +12,10 @@ pause, a partition) may believe it leads while another does; but the token is ch
 atomically where it matters: the index's ``dispatch``, ``reap`` and ``expire_due`` refuse a
 token that is not the lock's (``NotLeader``), so a deposed leader hands out no lease and
 reclaims none; and the SQL compare-and-set queued → dispatched on ``(status, attempt)``
-succeeds once per attempt, so no job attempt is published twice.
+succeeds once per attempt, so no job attempt is published twice. The decisions the reaper and
+the reconciler take in SQL from a lease they found lapsed are fenced in SQL as well: a new
+leader names its token in the ``leadership`` row first, and those transactions commit only
+while it still names theirs (``docs/states.md``).
 """
 
 from __future__ import annotations

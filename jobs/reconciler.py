@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 from jobs.db import repository
 from jobs.domain import Job
-from jobs.index.base import Entry, IndexedJob
+from jobs.index.base import Entry, IndexedJob, NotLeader
 from jobs.rebuild import IN_FLIGHT, RebuildStats, may_be_uncommitted, rebuild
 from jobs.recovery import indexed, recover
 from jobs.runtime import Runtime
@@ -158,6 +158,10 @@ class Reconciler:
             return
         entries: list[IndexedJob] = []
         with self.runtime.sessions.begin() as session:
+            if fence is not None and not repository.holds_lead(session, fence):
+                # A successor claimed SQL and may have restored these leases since they
+                # were read: its own round decides.
+                raise NotLeader("another dispatcher has claimed the lead in SQL")
             for job in orphans:
                 outcome = recover(session, job, now)
                 if outcome.entry is not None:

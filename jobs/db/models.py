@@ -177,6 +177,16 @@ class IndexStateRow(Base):
     epoch: Mapped[int] = mapped_column(sa.BigInteger())
 
 
+class LeadershipRow(Base):
+    """One row: the fencing token of the leader that last claimed SQL. The reaper's and the
+    reconciler's decisions commit only while it still names their token."""
+
+    __tablename__ = "leadership"
+
+    id: Mapped[int] = mapped_column(sa.Integer(), primary_key=True)
+    holder: Mapped[str] = mapped_column(sa.String(255))
+
+
 class JobTombstoneRow(Base):
     """A pruned job, kept one more retention period so that its owner is told ``410
     job_gone`` rather than ``404``; only the id, the owner and the time are kept."""

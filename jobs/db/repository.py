@@ -37,6 +37,7 @@ from jobs.db.models import (
     IndexStateRow,
     JobRow,
     JobTombstoneRow,
+    LeadershipRow,
     RetentionTotalRow,
     TenantRow,
 )
@@ -502,6 +503,29 @@ def advance_epoch(session: Session, *, expected: int | None, epoch: int) -> bool
         sa.update(IndexStateRow)
         .where(IndexStateRow.id == 1, IndexStateRow.epoch == expected)
         .values(epoch=epoch)
+    )
+    return _rowcount(session, stmt) == 1
+
+
+# -- the leader's claim ------------------------------------------------------------------------
+
+
+def claim_lead(session: Session, token: str) -> None:
+    """Name ``token`` the leader in SQL. Waits for a deposed leader's decision in progress
+    (it holds the row), so what the caller reads afterwards includes it."""
+    stmt = sa.update(LeadershipRow).where(LeadershipRow.id == 1).values(holder=token)
+    if _rowcount(session, stmt) == 0:
+        session.add(LeadershipRow(id=1, holder=token))
+        session.flush()
+
+
+def holds_lead(session: Session, token: str) -> bool:
+    """True while SQL names ``token`` the leader; holds the row until the caller's
+    transaction ends, so no successor claims SQL while the caller decides."""
+    stmt = (
+        sa.update(LeadershipRow)
+        .where(LeadershipRow.id == 1, LeadershipRow.holder == token)
+        .values(holder=token)
     )
     return _rowcount(session, stmt) == 1
 

@@ -455,3 +455,75 @@ def test_an_entry_expired_before_its_row_was_visible_is_found_and_expired(
     dispatcher.run_once(now + 2 + QUEUED_GRACE_S + 2)
 
     assert load(runtime, new.id).status is Status.EXPIRED
+
+
+# -- a deposed leader's decision on a lease its successor restored ---------------------------
+
+
+def test_a_deposed_leaders_reap_cannot_requeue_a_job_its_successor_gave_back_its_lease(
+    runtime: Runtime, tenant_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's reap.lua took a lapsed lease, then its SQL step stalled (the database
+    paused); meanwhile its lock lapsed, the next leader's full pass restored the lease from
+    the row, and the worker started and renewed it. The stalled step must not re-queue the
+    job under the running worker (it would run to completion twice)."""
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    old = Dispatcher(runtime, RecordingPublisher())
+    old.fence = runtime.index.acquire_leadership("old", ttl_s=60, now=now)
+    assert old.run_once(now).dispatched == 1
+    reap = runtime.index.reap
+
+    def reap_then_stall(**kw: Any) -> list[Any]:
+        leases = reap(**kw)
+        monkeypatch.setattr(runtime.index, "reap", reap)
+        assert [lease.job_id for lease in leases] == [job.id]
+        assert old.fence is not None and runtime.index.resign_leadership(old.fence, now=now)
+        new = Dispatcher(runtime, RecordingPublisher())
+        new.fence = runtime.index.acquire_leadership("new", ttl_s=60, now=now)
+        new.rebuild(now + TTL + 1)  # restores the lease of the dispatched row
+        started = move(runtime, load(runtime, job.id), Status.RUNNING, now + TTL + 1)
+        assert runtime.index.renew(job.id, attempt=started.attempt, ttl_s=TTL)
+        return leases
+
+    monkeypatch.setattr(runtime.index, "reap", reap_then_stall)
+    with pytest.raises(NotLeader):
+        old.run_once(now + TTL + 1)
+
+    row = load(runtime, job.id)
+    assert (row.status, row.attempt) == (Status.RUNNING, 1)
+    assert runtime.index.renew(job.id, attempt=1, ttl_s=TTL)  # the worker keeps its lease
+
+
+def test_a_deposed_leaders_reconciler_cannot_recover_an_orphan_its_successor_restored(
+    runtime: Runtime, tenant_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race through the reconciler: it read a running row and found no lease, then
+    stalled; the successor restored the lease and the worker renewed it."""
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    old = Dispatcher(runtime, RecordingPublisher())
+    old.fence = runtime.index.acquire_leadership("old", ttl_s=60, now=now)
+    old.rebuild(now)
+    assert old.run_once(now).dispatched == 1
+    running = move(runtime, load(runtime, job.id), Status.RUNNING, now)
+    runtime.index.release(job.id, attempt=running.attempt)  # the lease is lost with Redis
+    entries_of = runtime.index.entries_of
+
+    def read_then_stall(job_ids: Any) -> Any:
+        held = entries_of(job_ids)
+        monkeypatch.setattr(runtime.index, "entries_of", entries_of)
+        assert old.fence is not None and runtime.index.resign_leadership(old.fence, now=now)
+        new = Dispatcher(runtime, RecordingPublisher())
+        new.fence = runtime.index.acquire_leadership("new", ttl_s=60, now=now)
+        new.rebuild(now + 1)
+        assert runtime.index.renew(job.id, attempt=running.attempt, ttl_s=TTL)
+        return held
+
+    monkeypatch.setattr(runtime.index, "entries_of", read_then_stall)
+    with pytest.raises(NotLeader):
+        old.reconciler.run_once(now + 1, fence=old.fence)
+
+    row = load(runtime, job.id)
+    assert (row.status, row.attempt) == (Status.RUNNING, 1)
+    assert runtime.index.renew(job.id, attempt=1, ttl_s=TTL)
