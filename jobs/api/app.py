@@ -20,7 +20,14 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
-from jobs.api import routes_admin, routes_batches, routes_documents, routes_jobs, routes_queues
+from jobs.api import (
+    routes_admin,
+    routes_batches,
+    routes_documents,
+    routes_jobs,
+    routes_queues,
+    routes_workers,
+)
 from jobs.api.body_limit import BodyLimit
 from jobs.api.errors import CatchAll, install_error_handlers
 from jobs.api.openapi import install_openapi
@@ -82,7 +89,7 @@ def create_app(
     app.state.tenant_cache = cache
     routers = (routes_jobs.router, routes_batches.router, routes_documents.router,
                routes_queues.router,
-               routes_admin.router)
+               routes_admin.router, routes_workers.router)
     for router in routers:
         app.include_router(router)
     install_error_handlers(app, [route for router in routers for route in router.routes])

@@ -142,6 +142,16 @@ class Entry:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LiveWorker:
+    """A worker whose registration has not expired: the slots it brings, on which device."""
+
+    worker_id: str
+    slots: int
+    device: str
+    expires_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class TierDepth:
     queued: int
     oldest_order_key: float | None
@@ -320,9 +330,15 @@ class DispatchIndex(Protocol):
         ...
 
     def register_worker(
-        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
+        device: str = "cpu",
     ) -> None:
-        """Record a live worker's slots until ``now + ttl_s`` (its heartbeat renews it)."""
+        """Record a live worker's slots and device until ``now + ttl_s`` (its heartbeat
+        renews it)."""
+        ...
+
+    def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
+        """The workers whose registration has not expired at ``now``, by id."""
         ...
 
     def unregister_worker(self, worker_id: str) -> None:

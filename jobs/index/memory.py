@@ -27,6 +27,7 @@ from jobs.index.base import (
     Entry,
     IndexedJob,
     Lease,
+    LiveWorker,
     NotLeader,
     Renewal,
     TierDepth,
@@ -80,6 +81,7 @@ class MemoryIndex:
         self._tenant_tier: dict[str, str] = {}
         self._tenant_delayed: dict[str, int] = {}
         self._workers: dict[str, tuple[float, int]] = {}
+        self._devices: dict[str, str] = {}
         self._leader: tuple[str, float] | None = None  # token, expires_at
         self._leader_epoch = 0
         self._generation: str | None = None
@@ -546,17 +548,28 @@ class MemoryIndex:
         return depths
 
     def register_worker(
-        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
+        device: str = "cpu",
     ) -> None:
         expires_at = self._at(now) + ttl_s
         self._workers[worker_id] = (expires_at, int(slots))
+        self._devices[worker_id] = device or "cpu"
 
     def unregister_worker(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
+        self._devices.pop(worker_id, None)
+
+    def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
+        self.pool_capacity(now=now)  # drops the expired ones
+        return [LiveWorker(worker_id=worker, slots=slots,
+                           device=self._devices.get(worker, "cpu"), expires_at=expires_at)
+                for worker, (expires_at, slots) in sorted(self._workers.items())]
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         now = self._at(now)
         self._workers = {w: entry for w, entry in self._workers.items() if entry[0] > now}
+        if len(self._devices) > len(self._workers):
+            self._devices = {w: d for w, d in self._devices.items() if w in self._workers}
         return sum(slots for _, slots in self._workers.values())
 
     def inflight(self) -> int:

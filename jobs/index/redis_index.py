@@ -42,6 +42,7 @@ from jobs.index.base import (
     Entry,
     IndexedJob,
     Lease,
+    LiveWorker,
     NotLeader,
     Renewal,
     TierDepth,
@@ -58,6 +59,8 @@ _PRELUDES: dict[str, tuple[str, ...]] = {
     "admit_new": ("token_bucket", "workers", "admit_job"),
 }
 _LEADERSHIP = ("lead", "renew_lead", "resign")
+# A worker's device is kept beside its slots, under its id and this suffix (workers.lua).
+DEVICE_SUFFIX = "#device"
 # Jobs per requeue script call when loading many (keeps each call short).
 REQUEUE_CHUNK = 5000
 
@@ -134,6 +137,7 @@ class RedisIndex:
         }
         self._pool_capacity = client.register_script(_lua("pool_capacity", "workers"))
         self._register_worker = client.register_script(_lua("register_worker"))
+        self._live_workers = client.register_script(_lua("live_workers", "workers"))
         self._set_generation = client.register_script(_lua("set_generation"))
         self._leadership = {name: client.register_script(_lua(name)) for name in _LEADERSHIP}
 
@@ -403,19 +407,29 @@ class RedisIndex:
         return depths
 
     def register_worker(
-        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
+        device: str = "cpu",
     ) -> None:
         self._register_worker(
             keys=self._keys.worker_keys(),
-            args=[worker_id, int(slots), _score(ttl_s), _now(now)],
+            args=[worker_id, int(slots), _score(ttl_s), _now(now), device],
         )
 
     def unregister_worker(self, worker_id: str) -> None:
         workers, slot_hash = self._keys.worker_keys()
         pipe = self._client.pipeline(transaction=True)
         pipe.zrem(workers, worker_id)
-        pipe.hdel(slot_hash, worker_id)
+        pipe.hdel(slot_hash, worker_id, worker_id + DEVICE_SUFFIX)
         pipe.execute()
+
+    def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
+        rows = self._live_workers(keys=self._keys.worker_keys(), args=[_now(now)])
+        return sorted(
+            (LiveWorker(worker_id=_text(worker), slots=int(slots), device=_text(device),
+                        expires_at=float(_text(expires_at)))
+             for worker, slots, device, expires_at in rows),
+            key=lambda worker: worker.worker_id,
+        )
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         return int(self._pool_capacity(keys=self._keys.worker_keys(), args=[_now(now)]))
