@@ -48,7 +48,7 @@ import redis
 from sqlalchemy.orm import Session
 
 from jobs import notify, wake
-from jobs.blobs import BLOBS_DIR, BlobStore
+from jobs.blobs import BlobStore, store_url
 from jobs.db import repository
 from jobs.domain import Job
 from jobs.index.base import IndexedJob
@@ -322,7 +322,7 @@ class _Attempt:
         if len(data) <= settings.result_inline_bytes:
             return {"result": json.loads(encoded)}
         try:
-            store = blob_store(settings.blob_url or str(settings.home() / BLOBS_DIR))
+            store = blob_store(store_url(settings))
             sha256 = store_blob(self.runtime.sessions, store, data, now=self.clock())
         except Exception:
             self._log(logging.WARNING, "job.result_blob_failed", exc_info=True,
