@@ -527,10 +527,9 @@ def record_blob(session: Session, sha256: str, *, size: int, now: float) -> None
 def take_unreferenced_blobs(session: Session, *, before: float, limit: int) -> list[str]:
     """Blobs stored before ``before`` that no job names, oldest first, locked until the
     caller's transaction ends (PostgreSQL: rows another pruner holds are skipped)."""
-    jobs = JOBS
     named = sa.or_(
-        sa.exists().where(jobs.c.blob == BlobRow.sha256),
-        sa.exists().where(jobs.c.result_blob == BlobRow.sha256),
+        sa.exists().where(JOBS.c.blob == BlobRow.sha256),
+        sa.exists().where(JOBS.c.result_blob == BlobRow.sha256),
     )
     stmt = (
         sa.select(BlobRow.sha256)
