@@ -339,6 +339,11 @@ class DispatchIndex(Protocol):
     def tenant_inflight(self, tenant: str) -> int:
         ...
 
+    def inflight_by_tenant(self) -> dict[str, int]:
+        """Leases held now, by tenant (tenants holding none are left out). Reads every lease:
+        as many as the pool has slots, not a walk of the queue."""
+        ...
+
     def tenant_queued(self, tenant: str) -> int:
         ...
 

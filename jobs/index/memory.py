@@ -565,6 +565,9 @@ class MemoryIndex:
     def tenant_inflight(self, tenant: str) -> int:
         return len(self._tenant_leases.get(tenant, ()))
 
+    def inflight_by_tenant(self) -> dict[str, int]:
+        return {tenant: len(leases) for tenant, leases in self._tenant_leases.items() if leases}
+
     def tenant_queued(self, tenant: str) -> int:
         return len(self._queues.get(tenant, ())) + self._tenant_delayed.get(tenant, 0)
 

@@ -426,6 +426,18 @@ class RedisIndex:
     def tenant_inflight(self, tenant: str) -> int:
         return int(self._client.zcard(self._keys.tenant_leases(tenant)))
 
+    def inflight_by_tenant(self) -> dict[str, int]:
+        leased = [_text(job) for job in self._client.zrange(self._keys.leases, 0, -1)]
+        if not leased:
+            return {}
+        counts: dict[str, int] = {}
+        # A lease released between the two reads has no entry left: not counted.
+        for meta in self._client.hmget(self._keys.meta, leased):
+            if meta is not None:
+                tenant = str(json.loads(_text(meta))[0])
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
+
     def tenant_queued(self, tenant: str) -> int:
         pipe = self._client.pipeline(transaction=True)
         pipe.zcard(self._keys.tenant_queue(tenant))
