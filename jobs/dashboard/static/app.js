@@ -6,6 +6,7 @@
 
   const REFRESH_MS = 2000;
   const HISTORY_MS = 5 * 60 * 1000;
+  const MIN_SPAN_MS = 30 * 1000;
   const KEY_ITEM = "tierq.dashboard.key";
   const COLORS = ["#2f5bd3", "#e07b00", "#2e7d32", "#8e24aa", "#00838f", "#c62828"];
   const API = "v1/dashboard"; // relative: /v1/dashboard beside /dashboard, behind any prefix
@@ -118,7 +119,11 @@
 
   function tierCard(tier, index, view) {
     const wait = tier.wait_p95_s === null ? 0 : tier.wait_p95_s / tier.max_wait_s;
-    const age = tier.oldest_age_s === null ? 0 : tier.oldest_age_s / tier.ageing_guarantee_s;
+    // The best tier's guarantee is 0 s (nothing can overtake it): its own max wait instead.
+    const ageLimit = tier.ageing_guarantee_s > 0 ? tier.ageing_guarantee_s : tier.max_wait_s;
+    const ageLabel = tier.ageing_guarantee_s > 0
+      ? "oldest job / ageing guarantee" : "oldest job / max wait (best tier)";
+    const age = tier.oldest_age_s === null ? 0 : tier.oldest_age_s / ageLimit;
     const refusals = el("ul", { class: "refusals", dataset: { field: "refusals" } });
     if (tier.refusals.length === 0) {
       refusals.append(el("li", { class: "none", text: "no refusals in the last "
@@ -137,8 +142,7 @@
         el("small", { text: "tenant cap " + tier.tenant_cap })),
       metric("queued", "queued / bound", String(tier.queued), tier.queued / Math.max(1, tier.bound),
         String(tier.bound)),
-      metric("oldest", "oldest job / ageing guarantee", seconds(tier.oldest_age_s),
-        age, seconds(tier.ageing_guarantee_s)),
+      metric("oldest", ageLabel, seconds(tier.oldest_age_s), age, seconds(ageLimit)),
       metric("wait-p95", "wait p95 (p50 " + seconds(tier.wait_p50_s) + ", "
         + tier.waits_counted + " started) / max wait", seconds(tier.wait_p95_s), wait,
         seconds(tier.max_wait_s)),
@@ -216,7 +220,7 @@
       return card;
     }
     const rows = own.recent_jobs.slice(0, 8).map((job) => el("tr", {},
-      el("td", { class: "id", text: job.id.slice(0, 8) }), el("td", { text: job.kind }),
+      el("td", { class: "id", text: "…" + job.id.slice(-10), title: job.id }), el("td", { text: job.kind }),
       el("td", { text: job.status }), el("td", { class: "num", text: seconds(job.wait_s) })));
     card.append(el("table", {},
       el("thead", {}, el("tr", {}, el("th", { text: "job" }), el("th", { text: "kind" }),
@@ -257,10 +261,13 @@
     ctx.clearRect(0, 0, width, height);
     const left = 34, right = 8, top = 8, bottom = 18;
     const now = Date.now();
-    let max = 1;
+    // The x axis spans the samples kept (at least MIN_SPAN_MS, at most HISTORY_MS).
+    const first = samples.length ? samples[0].t : now;
+    const span = Math.min(HISTORY_MS, Math.max(MIN_SPAN_MS, now - first));
+    let max = 2;
     for (const point of samples) for (const name of names) max = Math.max(max, pick(point)[name] || 0);
     max = niceCeiling(max);
-    const x = (t) => left + (width - left - right) * (1 - (now - t) / HISTORY_MS);
+    const x = (t) => left + (width - left - right) * (1 - (now - t) / span);
     const y = (v) => top + (height - top - bottom) * (1 - v / max);
     ctx.font = "11px system-ui, sans-serif";
     ctx.fillStyle = "#667085";
@@ -274,8 +281,11 @@
       ctx.stroke();
       ctx.fillText(String(Math.round(value)), 4, y(value) + 4);
     }
-    for (const minute of [5, 4, 3, 2, 1, 0]) {
-      ctx.fillText(minute ? "−" + minute + " min" : "now", x(now - minute * 60000) - 12, height - 4);
+    const tick = span > 120000 ? 60000 : span > 60000 ? 30000 : 10000;
+    for (let back = 0; back <= span; back += tick) {
+      const label = back === 0 ? "now"
+        : tick === 60000 ? "−" + back / 60000 + " min" : "−" + back / 1000 + " s";
+      ctx.fillText(label, Math.max(left, x(now - back) - 14), height - 4);
     }
     legend.replaceChildren();
     names.forEach((name, index) => {
@@ -314,11 +324,14 @@
     document.body.dataset.view = body.view;
     $("view-name").textContent = body.view === "fleet"
       ? "fleet" : "tenant " + body.tenant.use.name;
-    $("tiers").replaceChildren(...body.tiers.map((tier, i) => tierCard(tier, i, body)));
-    const side = body.view === "fleet"
-      ? [poolCard(body.pool), tenantsCard(body.tenants)]
-      : [ownCard(body.tenant), jobsCard(body.tenant)];
-    $("side").replaceChildren(...side);
+    const cards = body.tiers.map((tier, i) => tierCard(tier, i, body));
+    if (body.view === "fleet") {
+      $("tiers").replaceChildren(...cards);
+      $("side").replaceChildren(poolCard(body.pool), tenantsCard(body.tenants));
+    } else {
+      $("tiers").replaceChildren(...cards, ownCard(body.tenant));
+      $("side").replaceChildren(jobsCard(body.tenant));
+    }
     remember(body);
     const tierNames = body.tiers.map((tier) => tier.name);
     const queueNames = body.view === "fleet" ? tierNames : [...tierNames, "yours"];
