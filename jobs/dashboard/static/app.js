@@ -279,7 +279,7 @@
       ctx.moveTo(left, y(value));
       ctx.lineTo(width - right, y(value));
       ctx.stroke();
-      ctx.fillText(String(Math.round(value)), 4, y(value) + 4);
+      ctx.fillText(Number.isInteger(value) ? String(value) : value.toFixed(1), 4, y(value) + 4);
     }
     const tick = span > 120000 ? 60000 : span > 60000 ? 30000 : 10000;
     for (let back = 0; back <= span; back += tick) {
