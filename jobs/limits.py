@@ -17,9 +17,8 @@ time), read in that same call, so they are the figures of the moment of the deci
 index derives them as ``jobs.policy`` does and returns them, and the refusal is explained
 from them here.
 
-Each refusal leaves nothing behind in the queue (a rate refusal only spends the token it
-was refused for), is counted for the dashboard (``jobs.dashboard.refusals``) and carries a
-``Retry-After`` from ``jobs.admission``. An accepted job gets its
+Each refusal leaves nothing behind (a rate refusal only spends the token it was refused
+for) and carries a ``Retry-After`` from ``jobs.admission``. An accepted job gets its
 place and its estimate (``jobs.estimates``).
 """
 
@@ -30,7 +29,6 @@ import logging
 from jobs import capacity, estimates, policy
 from jobs.admission import Refusal, idle_retry_s, rate_refused, refused
 from jobs.capacity import PoolFigures
-from jobs.dashboard import refusals
 from jobs.domain import NewJob, Tenant
 from jobs.estimates import Placement
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
@@ -52,7 +50,7 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
     )
     rate = admit_terms.rate
     if admission.reason == "rate" and rate is not None:
-        _count_refusal(runtime, tenant, new.tier, "tenant_limit", "rate")
+        _log_refusal(tenant, new.tier, "tenant_limit", "rate")
         raise rate_refused(
             tier=new.tier, tenant_name=tenant.name, position=admission.position,
             rate_per_s=rate.rate_per_s, burst=rate.burst, next_token_s=admission.next_token_s,
@@ -64,9 +62,8 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
                                  ahead=max(0, admission.tenant_queued - 1))
         return estimates.placement(figures, position=admission.position, load=load)
     reason = admission.reason or "capacity"
-    _count_refusal(runtime, tenant, new.tier,
-                   "tenant_limit" if reason == "tenant_limit" else "capacity",
-                   {"capacity": "bound", "tenant_limit": "quota"}.get(reason, reason))
+    _log_refusal(tenant, new.tier, "tenant_limit" if reason == "tenant_limit" else "capacity",
+                 {"capacity": "bound", "tenant_limit": "quota"}.get(reason, reason))
     raise refused(_refusal(
         runtime, tenant, new, figures, reason=reason, position=admission.position,
         tier_queued=admission.tier_queued, max_position=admission.max_position,
@@ -132,9 +129,6 @@ def _quota(tenant: Tenant, figures: PoolFigures, tier: str) -> int:
     return tenant.max_queued if tenant.max_queued is not None else figures.quotas[tier]
 
 
-def _count_refusal(runtime: Runtime, tenant: Tenant, tier: str, cause: str, limit: str) -> None:
-    """Log the refusal and count it for the dashboard (``jobs.dashboard.refusals``)."""
+def _log_refusal(tenant: Tenant, tier: str, cause: str, limit: str) -> None:
     logger.info("job.refused", extra={"event": "job.refused", "tenant": tenant.id,
                                       "tier": tier, "reason": cause, "limit": limit})
-    refusals.record(runtime.redis, runtime.settings.key_prefix, now=runtime.clock(), tier=tier,
-                    tenant_id=tenant.id, cause=cause, limit=limit)

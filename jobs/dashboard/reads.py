@@ -4,7 +4,7 @@ bounded SQL queries, handed to the pure ``jobs.dashboard.figures``.
 What one refresh costs:
 
 - fleet: the reads of ``/v1/queues`` (``jobs.metrics``: a few Redis round trips and one
-  indexed query per tier), the refusal buckets (one round trip), every lease's tenant (as
+  indexed query per tier), the refusal counts (one round trip), every lease's tenant (as
   many leases as the pool has slots), the queued counts of the tenants shown (at most
   ``NEAREST_TENANTS``) and their records (one query by primary key);
 - tenant: the same index figures, its tier's recent waits (one indexed query), its own
@@ -28,7 +28,7 @@ def fleet(runtime: Runtime) -> figures.FleetView:
     now = runtime.clock()
     view = read_index_view(runtime, now=now)
     waits = recent_waits(runtime, now=now)
-    recent = refusals.read_recent(runtime.redis, runtime.settings.key_prefix, now=now)
+    recent = refusals.read_recent(runtime.index, now=now, window_s=WAIT_WINDOW_S)
     inflight = runtime.index.inflight_by_tenant()
     with runtime.sessions() as session:
         holding = repository.tenants_by_ids(session, inflight)
@@ -45,7 +45,7 @@ def fleet(runtime: Runtime) -> figures.FleetView:
 def of_tenant(runtime: Runtime, tenant: Tenant) -> figures.TenantView:
     now = runtime.clock()
     view = read_index_view(runtime, now=now)
-    recent = refusals.read_recent(runtime.redis, runtime.settings.key_prefix, now=now)
+    recent = refusals.read_recent(runtime.index, now=now, window_s=WAIT_WINDOW_S)
     card = None
     with runtime.sessions() as session:
         jobs = repository.latest_jobs(session, tenant_id=tenant.id, limit=TENANT_JOBS)

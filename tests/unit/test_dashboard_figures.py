@@ -3,14 +3,12 @@ their cap, a tenant's cap and quota use with its overrides, its waits and jobs b
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from jobs import capacity, policy
 from jobs.config import load_settings
 from jobs.dashboard import figures
-from jobs.dashboard.refusals import RefusalCount, minute_of, tally
+from jobs.dashboard.refusals import RefusalCount, tally, window_minutes
 from jobs.domain import JobSummary, Tenant
 from jobs.metrics import TierFigures
 from jobs.states import Status
@@ -33,30 +31,25 @@ def tenant(name: str, tier: str, **overrides: int) -> Tenant:
                   **overrides)
 
 
-def field(*parts: str) -> bytes:
-    return json.dumps(list(parts)).encode()
-
-
-def test_buckets_sum_by_tier_and_by_tenant_most_first() -> None:
-    buckets = [
-        {field("tier", "free", "capacity", "bound"): b"2",
-         field("tier", "free", "tenant_limit", "rate"): b"1",
-         field("tenant", "t1", "tenant_limit", "rate"): b"1"},
-        {field("tier", "free", "tenant_limit", "rate"): b"4",
-         field("tenant", "t1", "tenant_limit", "rate"): b"4"},
-        {},
-    ]
-    recent = tally(buckets)
+def test_counts_sum_by_tier_and_by_tenant_named_as_the_429s() -> None:
+    recent = tally({
+        ("tier", "free", "capacity"): 2, ("tier", "free", "rate"): 5,
+        ("tier", "free", "deadline"): 1, ("tenant", "t1", "rate"): 5,
+        ("tenant", "t1", "tenant_limit"): 5,
+    })
     assert recent.of_tier("free") == [
         RefusalCount(cause="tenant_limit", limit="rate", count=5),
         RefusalCount(cause="capacity", limit="bound", count=2),
+        RefusalCount(cause="capacity", limit="deadline", count=1),
     ]
-    assert recent.of_tenant("t1") == [RefusalCount(cause="tenant_limit", limit="rate", count=5)]
+    assert recent.of_tenant("t1") == [RefusalCount(cause="tenant_limit", limit="quota", count=5),
+                                      RefusalCount(cause="tenant_limit", limit="rate", count=5)]
     assert recent.of_tier("premium") == [] and recent.of_tenant("t2") == []
 
 
-def test_a_minute_is_sixty_seconds_of_the_epoch() -> None:
-    assert minute_of(119.9) == 1 and minute_of(120.0) == 2
+def test_the_window_is_its_last_five_minutes() -> None:
+    assert window_minutes(600.0) == [6, 7, 8, 9, 10]
+    assert window_minutes(659.9, 120.0) == [9, 10]
 
 
 def test_tenants_nearest_their_cap_by_share_then_slots(pool: capacity.PoolFigures) -> None:
