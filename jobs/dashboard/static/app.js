@@ -184,7 +184,7 @@
     card.append(el("table", {},
       el("thead", {}, el("tr", {},
         el("th", { text: "tenant" }), el("th", { text: "tier" }),
-        el("th", { class: "num", text: "in flight / cap" }), el("th", { class: "num", text: "cap" }),
+        el("th", { class: "num", text: "in flight / cap" }), el("th", { class: "num", text: "cap use" }),
         el("th", { class: "num", text: "queued / quota" }))),
       el("tbody", {}, ...rows)));
     return card;
