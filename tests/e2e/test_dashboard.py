@@ -6,8 +6,8 @@ The admin's page shows a card per tier; after tenants of every tier submit work 
 move (queued, in flight, a refusal, the tenants nearest their cap) without a reload. A
 tenant's page shows its own tier and figures and no other tenant. A screenshot of the fleet's
 page is kept with the test's files; with ``TIERQ_SCREENSHOT_DIR`` set it is also written
-there (``make`` nothing: ``TIERQ_SCREENSHOT_DIR=docs/img pytest tests/e2e/test_dashboard.py``
-renews the README's picture).
+there: ``TIERQ_SCREENSHOT_DIR=docs/img .venv/bin/pytest tests/e2e/test_dashboard.py`` renews
+the README's picture.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.e2e.harness import ADMIN_KEY, System, running, system_env
+from tests.e2e.harness import ADMIN_KEY, System, running, system_env, wait_until
 from tests.services import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -97,8 +97,8 @@ def test_the_fleet_and_a_tenant_in_the_browser(
     acme = system.tenant("acme", "premium")
     globex = system.tenant("globex", "standard")
     initech = system.tenant("initech", "free")
-    system.wait_for_capacity(acme, 4)
     with system.admin() as admin:  # acme may run two at once; initech may queue five
+        wait_until(lambda: admin.get("/v1/dashboard").json()["pool"]["capacity"] >= 4)
         ids = {t["name"]: t["id"] for t in admin.get("/v1/admin/tenants").json()["tenants"]}
         for name, change in (("acme", {"cap": 2}), ("initech", {"max_queued": 5})):
             answer = admin.patch(f"/v1/admin/tenants/{ids[name]}", json=change)
