@@ -155,3 +155,26 @@ class Job:
             blob=getattr(row, "blob", None),
             result_blob=getattr(row, "result_blob", None),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSummary:
+    """A job's identity, state and times, without its payload or result (the dashboard's
+    list of a tenant's latest jobs)."""
+
+    id: str
+    kind: str
+    tier: str
+    status: Status
+    created_at: float
+    enqueued_at: float
+    started_at: float | None = None
+
+    @classmethod
+    def from_columns(
+        cls, *, id: str, kind: str, tier: str, status: str, created_at: datetime,
+        enqueued_at: datetime, started_at: datetime | None,
+    ) -> JobSummary:
+        return cls(id=id, kind=kind, tier=tier, status=Status(status),
+                   created_at=_epoch_required(created_at),
+                   enqueued_at=_epoch_required(enqueued_at), started_at=_epoch(started_at))

@@ -42,7 +42,7 @@ from jobs.db.models import (
     RetentionTotalRow,
     TenantRow,
 )
-from jobs.domain import Job, NewJob, Tenant
+from jobs.domain import Job, JobSummary, NewJob, Tenant
 from jobs.errors import DuplicateJob, IllegalTransition, InvalidRequest, Unavailable
 from jobs.states import NEW_ATTEMPT, TERMINAL, Status, is_legal
 
@@ -121,6 +121,16 @@ def _tenant_where(session: Session, criterion: sa.ColumnElement[bool]) -> Tenant
 def list_tenants(session: Session) -> list[Tenant]:
     rows = session.scalars(sa.select(TenantRow).order_by(TenantRow.name), execution_options=FRESH)
     return [Tenant.from_row(row) for row in rows]
+
+
+def tenants_by_ids(session: Session, tenant_ids: Iterable[str]) -> dict[str, Tenant]:
+    """The tenants of these ids that exist, by id (one query, by primary key)."""
+    ids = sorted(set(tenant_ids))
+    if not ids:
+        return {}
+    stmt = sa.select(TenantRow).where(TenantRow.id.in_(ids))
+    return {row.id: Tenant.from_row(row)
+            for row in session.scalars(stmt, execution_options=FRESH)}
 
 
 def update_tenant(
@@ -246,6 +256,22 @@ def list_jobs(
     page = [Job.from_row(row) for row in rows[:limit]]
     next_cursor = _encode_cursor(page[-1].id) if len(rows) > limit else None
     return page, next_cursor
+
+
+def latest_jobs(session: Session, *, tenant_id: str, limit: int) -> list[JobSummary]:
+    """The tenant's latest ``limit`` jobs, newest first, without payloads or results."""
+    stmt = (
+        sa.select(JobRow.id, JobRow.kind, JobRow.tier, JobRow.status, JobRow.created_at,
+                  JobRow.enqueued_at, JobRow.started_at)
+        .where(JobRow.tenant_id == tenant_id)
+        .order_by(JobRow.id.desc())
+        .limit(limit)
+    )
+    return [
+        JobSummary.from_columns(id=id_, kind=kind, tier=tier, status=status,
+                                created_at=created, enqueued_at=enqueued, started_at=started)
+        for id_, kind, tier, status, created, enqueued, started in session.execute(stmt)
+    ]
 
 
 def queued_order(session: Session, tenant_id: str) -> list[tuple[float, str]]:

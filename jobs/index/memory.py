@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from jobs import policy
 from jobs.index.base import (
+    REFUSAL_BUCKET_S,
+    REFUSALS_KEEP_S,
     Admission,
     AdmissionTerms,
     Admitted,
@@ -31,6 +33,7 @@ from jobs.index.base import (
     NotLeader,
     Renewal,
     TierDepth,
+    refusal_minute,
 )
 from jobs.index.keys import PROMOTE_LIMIT
 from jobs.index.rate_limit import MemoryRateLimiter
@@ -86,6 +89,8 @@ class MemoryIndex:
         self._leader_epoch = 0
         self._generation: str | None = None
         self._buckets = MemoryRateLimiter()
+        # The ``refusals:<minute>`` hashes: (scope, name, reason) -> count, by minute.
+        self._refusals: dict[int, dict[tuple[str, str, str], int]] = {}
         # The twin of the ``service_mean`` hash ``jobs.service_rate`` publishes in Redis:
         # the measured mean service time and its samples.
         self.service_mean: tuple[float, int] | None = None
@@ -237,6 +242,28 @@ class MemoryIndex:
                         position=position)
 
     def admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
+        admission = self._admit_new(job, terms)
+        if not admission.accepted and admission.reason is not None:
+            self._count_refusal(job, admission.reason, now=terms.now)
+        return admission
+
+    def _count_refusal(self, job: IndexedJob, reason: str, *, now: float) -> None:
+        minute = refusal_minute(now)
+        kept = minute - REFUSALS_KEEP_S // REFUSAL_BUCKET_S
+        for old in [m for m in self._refusals if m < kept]:  # EXPIRE's twin
+            del self._refusals[old]
+        bucket = self._refusals.setdefault(minute, {})
+        for key in (("tier", job.tier, reason), ("tenant", job.tenant, reason)):
+            bucket[key] = bucket.get(key, 0) + 1
+
+    def refusal_counts(self, minutes: Sequence[int]) -> dict[tuple[str, str, str], int]:
+        counts: dict[tuple[str, str, str], int] = {}
+        for minute in minutes:
+            for key, count in self._refusals.get(minute, {}).items():
+                counts[key] = counts.get(key, 0) + count
+        return counts
+
+    def _admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
         _check(job)
         duplicate = job.job_id in self._meta
         ahead = self._queued.rank_at(job.order_key, "\U0010ffff")  # ZCOUNT -inf order_key
@@ -577,6 +604,9 @@ class MemoryIndex:
 
     def tenant_inflight(self, tenant: str) -> int:
         return len(self._tenant_leases.get(tenant, ()))
+
+    def inflight_by_tenant(self) -> dict[str, int]:
+        return {tenant: len(leases) for tenant, leases in self._tenant_leases.items() if leases}
 
     def tenant_queued(self, tenant: str) -> int:
         return len(self._queues.get(tenant, ())) + self._tenant_delayed.get(tenant, 0)

@@ -36,6 +36,7 @@ from redis.commands.core import Script
 
 from jobs import policy
 from jobs.index.base import (
+    REFUSALS_KEEP_S,
     Admission,
     AdmissionTerms,
     Admitted,
@@ -46,6 +47,7 @@ from jobs.index.base import (
     NotLeader,
     Renewal,
     TierDepth,
+    refusal_minute,
 )
 from jobs.index.keys import PROMOTE_LIMIT, IndexKeys
 
@@ -184,10 +186,11 @@ class RedisIndex:
             _score(policy.useful_wait_s(tier, terms.client_timeout_s)),
             _score(queued_share), _score(tier.tenant_share),
             _opt_int(terms.tenant_cap), _opt_int(terms.tenant_quota),
-            _opt_score(terms.max_wait_s),
+            _opt_score(terms.max_wait_s), str(REFUSALS_KEEP_S),
         ]
         keys = [*self._fenced, *self._keys.worker_keys(), self._keys.service_mean,
-                self._keys.rate_bucket(job.tenant)]
+                self._keys.rate_bucket(job.tenant),
+                self._keys.refusals(refusal_minute(terms.now))]
         raw = self._scripts["admit_new"](keys=keys, args=args)
         mean, samples = _text(raw[9]), _text(raw[10])
         return Admission(
@@ -206,6 +209,18 @@ class RedisIndex:
             quota=int(raw[13]),
             max_position=None if _text(raw[14]) == "" else int(raw[14]),
         )
+
+    def refusal_counts(self, minutes: Sequence[int]) -> dict[tuple[str, str, str], int]:
+        pipe = self._client.pipeline(transaction=False)
+        for minute in minutes:
+            pipe.hgetall(self._keys.refusals(minute))
+        counts: dict[tuple[str, str, str], int] = {}
+        for bucket in pipe.execute() if minutes else []:
+            for raw, value in bucket.items():
+                scope, name, reason = (str(part) for part in json.loads(_text(raw)))
+                key = (scope, name, reason)
+                counts[key] = counts.get(key, 0) + int(value)
+        return counts
 
     def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:
         self._run("requeue", [fence or "", *_job_args(job)])
@@ -439,6 +454,18 @@ class RedisIndex:
 
     def tenant_inflight(self, tenant: str) -> int:
         return int(self._client.zcard(self._keys.tenant_leases(tenant)))
+
+    def inflight_by_tenant(self) -> dict[str, int]:
+        leased = [_text(job) for job in self._client.zrange(self._keys.leases, 0, -1)]
+        if not leased:
+            return {}
+        counts: dict[str, int] = {}
+        # A lease released between the two reads has no entry left: not counted.
+        for meta in self._client.hmget(self._keys.meta, leased):
+            if meta is not None:
+                tenant = str(json.loads(_text(meta))[0])
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
 
     def tenant_queued(self, tenant: str) -> int:
         pipe = self._client.pipeline(transaction=True)

@@ -183,6 +183,19 @@ def test_set_caps_raising_a_cap_unblocks(index: DispatchIndex) -> None:
     assert index.tenant_inflight("a") == 4
 
 
+def test_inflight_by_tenant_counts_each_tenants_leases(index: DispatchIndex) -> None:
+    assert index.inflight_by_tenant() == {}
+    index.set_caps({"free": 2})
+    fill(index, job("a1", "a", key=1.0), job("a2", "a", key=2.0), job("a3", "a", key=3.0),
+         job("b1", "b", key=4.0), job("c1", "c", key=5.0))
+    assert ids(index.dispatch(3, now=0.0, lease_ttl_s=TTL)) == ["a1", "a2", "b1"]
+    assert index.inflight_by_tenant() == {"a": 2, "b": 1}
+    assert index.release("b1", attempt=1) is False
+    assert index.inflight_by_tenant() == {"a": 2}
+    assert ids(index.reap(now=TTL + 1)) == ["a1", "a2"]
+    assert index.inflight_by_tenant() == {}
+
+
 def test_set_caps_overrides_replace_and_lowered_caps_block(index: DispatchIndex) -> None:
     fill(index, *(job(f"a{i}", "a", key=float(i)) for i in range(5)))
     index.set_caps({"free": 1}, {"a": 2})
