@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -10,6 +11,7 @@ from jobs.api.schemas import TIMESTAMP, rfc3339
 from jobs.capacity import PoolFigures
 from jobs.dashboard.figures import FleetView, JobLine, TenantUse, TenantView, TierCard
 from jobs.dashboard.refusals import RefusalCount
+from jobs.index.base import LiveWorker
 from jobs.states import Status
 
 
@@ -56,6 +58,14 @@ class TierCardView(BaseModel):
         )
 
 
+class WorkerLine(BaseModel):
+    """A live worker: the device it runs jobs on and the slots it brings."""
+
+    id: str = Field(description="the worker's name (name@host)")
+    device: str = Field(description="cuda:N or cpu")
+    slots: int = Field(description="jobs it runs at once")
+
+
 class PoolCard(BaseModel):
     """The worker pool, fleet-wide."""
 
@@ -66,13 +76,16 @@ class PoolCard(BaseModel):
     mean_service_s: float = Field(description="mean service time behind μ")
     service_measured: bool = Field(description="true when mean_service_s is measured from "
                                    "finished jobs, false while it is the configured fallback")
+    workers: list[WorkerLine] = Field(description="the live workers, by id")
 
     @classmethod
-    def of(cls, pool: PoolFigures) -> PoolCard:
+    def of(cls, pool: PoolFigures, workers: Sequence[LiveWorker] = ()) -> PoolCard:
         return cls(capacity=pool.capacity, inflight=pool.inflight,
                    utilisation=pool.utilisation, service_rate=pool.service_rate,
                    mean_service_s=pool.mean_service_s,
-                   service_measured=pool.service_samples > 0)
+                   service_measured=pool.service_samples > 0,
+                   workers=[WorkerLine(id=w.worker_id, device=w.device, slots=w.slots)
+                            for w in workers])
 
 
 class TenantUseView(BaseModel):
@@ -153,7 +166,7 @@ class DashboardResponse(BaseModel):
     def of_fleet(cls, view: FleetView) -> DashboardResponse:
         return cls(view="fleet", at=rfc3339(view.at) or "", window_s=view.window_s,
                    tiers=[TierCardView.of(card) for card in view.tiers],
-                   pool=PoolCard.of(view.pool),
+                   pool=PoolCard.of(view.pool, view.workers),
                    tenants=[TenantUseView.of(use) for use in view.tenants], tenant=None)
 
     @classmethod

@@ -10,12 +10,13 @@ quota use, its waits and its recent jobs; nothing about any other tenant.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jobs import estimates, policy
 from jobs.capacity import PoolFigures
 from jobs.dashboard.refusals import RefusalCount
 from jobs.domain import JobSummary, Tenant
+from jobs.index.base import LiveWorker
 from jobs.metrics import IndexView, TierFigures, percentile
 from jobs.states import Status
 
@@ -82,6 +83,8 @@ class FleetView:
     tiers: list[TierCard]
     pool: PoolFigures
     tenants: list[TenantUse]
+    # The live workers: the device each runs on and the slots it brings.
+    workers: list[LiveWorker] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,11 +144,12 @@ def nearest_cap(
 def fleet_view(
     pol: policy.Policy, *, at: float, window_s: float, view: IndexView,
     waits: Mapping[str, Sequence[float]], refusals: Mapping[str, list[RefusalCount]],
-    tenants: list[TenantUse],
+    tenants: list[TenantUse], workers: Sequence[LiveWorker] = (),
 ) -> FleetView:
     cards = [tier_card(pol, tier, waits.get(tier.name, []), refusals.get(tier.name, []))
              for tier in view.tiers]
-    return FleetView(at=at, window_s=window_s, tiers=cards, pool=view.pool, tenants=tenants)
+    return FleetView(at=at, window_s=window_s, tiers=cards, pool=view.pool, tenants=tenants,
+                     workers=list(workers))
 
 
 def job_lines(jobs: Sequence[JobSummary], *, limit: int = RECENT_JOBS) -> list[JobLine]:

@@ -39,7 +39,8 @@ def fleet(runtime: Runtime) -> figures.FleetView:
         for tenant_id in shown
     ]
     return figures.fleet_view(runtime.policy, at=now, window_s=WAIT_WINDOW_S, view=view,
-                              waits=waits, refusals=recent.by_tier, tenants=uses)
+                              waits=waits, refusals=recent.by_tier, tenants=uses,
+                              workers=runtime.index.live_workers(now=now))
 
 
 def of_tenant(runtime: Runtime, tenant: Tenant) -> figures.TenantView:

@@ -74,7 +74,7 @@ def test_the_admin_key_sees_the_fleet(client: ApiClient, busy: dict[str, str]) -
         {"cause": "tenant_limit", "limit": "quota", "count": 1}]
     assert body["pool"] == {
         "capacity": 4, "inflight": 1, "utilisation": 0.25, "service_rate": pytest.approx(4 / 6),
-        "mean_service_s": 6.0, "service_measured": False,
+        "mean_service_s": 6.0, "service_measured": False, "workers": [],
     }
     # Only acme holds a slot: at its cap of 1, with 1 of its standard quota queued.
     [acme] = body["tenants"]

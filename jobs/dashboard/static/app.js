@@ -166,7 +166,19 @@
           el("b", { text: pool.service_rate.toFixed(2), dataset: { field: "service-rate" } }))),
         el("div", { class: "metric" }, el("div", { class: "label" },
           el("span", { text: "mean service time" }),
-          el("b", { text: seconds(pool.mean_service_s), dataset: { field: "service-time" } })))));
+          el("b", { text: seconds(pool.mean_service_s), dataset: { field: "service-time" } })))),
+      el("div", { class: "hint", dataset: { field: "workers" },
+        text: workersText(pool.workers || []) }));
+  }
+
+  // "2 workers: 1 slot on cuda:0, 4 slots on cpu": what the pool is made of.
+  function workersText(workers) {
+    if (!workers.length) return "no live workers";
+    const byDevice = new Map();
+    for (const w of workers) byDevice.set(w.device, (byDevice.get(w.device) || 0) + w.slots);
+    const parts = [...byDevice].map(([device, slots]) =>
+      `${slots} slot${slots === 1 ? "" : "s"} on ${device}`);
+    return `${workers.length} worker${workers.length === 1 ? "" : "s"}: ${parts.join(", ")}`;
   }
 
   function tenantsCard(tenants) {
