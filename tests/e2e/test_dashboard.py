@@ -112,7 +112,8 @@ def test_the_fleet_and_a_tenant_in_the_browser(
     assert [shown(page, tier, "queued") for tier in TIERS] == ["0", "0", "0"]
     assert page.inner_text('[data-card="pool"] [data-field="inflight"]') == "0"
     # The live worker of this host: its slots on its device.
-    assert page.inner_text('[data-card="pool"] [data-field="workers"]') == "1 worker: 4 slots on cpu"
+    workers = page.inner_text('[data-card="pool"] [data-field="workers"]')
+    assert workers == "1 worker: 4 slots on cpu"
 
     assert submit(acme, 5, 2.0) == [202] * 5
     assert submit(globex, 6, 2.0) == [202] * 6
