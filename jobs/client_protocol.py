@@ -81,6 +81,9 @@ class Unauthorized(ApiError):
 class Unreachable(ApiError):
     """No HTTP answer (connection refused, timeout); ``status`` is 0."""
 
+    def __str__(self) -> str:
+        return f"the API did not answer: {self.message}"
+
 
 _ERROR_CLASSES: dict[int, type[ApiError]] = {
     401: Unauthorized,
