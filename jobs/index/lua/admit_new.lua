@@ -21,10 +21,23 @@
 -- (refused: 'rate', at the position ZCOUNT gives), the tenant's own deadline (its jobs in
 -- flight and queued under its cap: 'deadline', at the same position), then admit_job.
 -- A job already indexed takes no token and is checked against nothing.
+-- Counted (jobs.counters): a refusal in counters:rejections under 'tier|cause|limit', a new
+-- job accepted as 'queued' in counters:jobs; a duplicate is neither.
 local job, tenant, tier, order_key = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_or_server(ARGV[6])
 local max_wait = tonumber(ARGV[17])
 local duplicate = meta_of(job) ~= nil
+
+local REFUSED_AS = {rate = 'tenant_limit|rate', tenant_limit = 'tenant_limit|quota',
+                    capacity = 'capacity|bound', deadline = 'capacity|deadline'}
+local function count(accepted, reason, dup)
+  if accepted == 1 then
+    if dup == 0 then redis.call('HINCRBY', PREFIX .. 'counters:jobs', 'queued', 1) end
+  else
+    redis.call('HINCRBY', PREFIX .. 'counters:rejections',
+               tier .. '|' .. (REFUSED_AS[reason] or ('capacity|' .. reason)), 1)
+  end
+end
 
 local function ahead_at(score) return redis.call('ZCOUNT', QUEUED, '-inf', score) end
 
@@ -32,6 +45,7 @@ local rate = tonumber(ARGV[7])
 if rate and not duplicate then
   local allowed, wait = take_token(KEYS[17], rate, tonumber(ARGV[8]), now)
   if allowed == 0 then
+    count(0, 'rate', 0)
     return {0, 'rate', 0, 0, ahead_at(order_key), 0, 0, 0, 0, '', '',
             string.format('%.17g', wait), 0, 0, ''}
   end
@@ -60,6 +74,7 @@ if max_wait and mu > 0 then
 end
 
 local function verdict(r)
+  count(r[1], r[5], r[6])
   local measured_out = measured_mean and string.format('%.17g', measured_mean) or ''
   return {r[1], r[5], r[2], r[3], r[4], r[6], tenant_inflight, capacity, inflight,
           measured_out, samples or '', '0', bound, quota, max_position or ''}
