@@ -19,7 +19,6 @@ from tests.integration.api_harness import (
     auth,
     dispatch_one,
     make_settings,
-    move,
     queue_of,
     rt,
     running_api,
