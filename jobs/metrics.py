@@ -47,6 +47,9 @@ QUANTILES = (0.5, 0.95)
 # The states tierq_jobs_entered_total lists (0 until the first), and the repairs.
 ENTERED = ("queued", "dispatched", "running", "succeeded", "failed", "cancelled", "expired")
 REPAIRS = ("full_pass", "orphan_recovered", "reindexed", "entry_removed")
+# Every (cause, limit) a refusal can have: listed at 0 for every tier until the first.
+REFUSALS = (("capacity", "bound"), ("capacity", "deadline"), ("tenant_limit", "quota"),
+            ("tenant_limit", "rate"), ("tenant_limit", "batches"))
 # Refusals admit_new.lua counts itself (the ``limit`` of the 429).
 COUNTED_BY_ADMIT = frozenset({"bound", "deadline", "quota", "rate"})
 
@@ -173,7 +176,7 @@ class FleetCollector:
         waits = recent_waits(runtime, now=now)
         yield from _queue_families(view, runtime.policy)
         yield from _pool_families(view.pool)
-        yield from _counter_families(found)
+        yield from _counter_families(found, names)
         yield _histogram("tierq_queue_wait_seconds",
                          "Queue wait (started - enqueued) of each start, per tier", found.waits)
         yield _histogram("tierq_dispatch_latency_seconds",
@@ -252,15 +255,16 @@ def _pool_families(pool: PoolFigures) -> Iterable[Metric]:
         value=pool.mean_service_s)
 
 
-def _counter_families(found: counters.FleetCounters) -> Iterable[Metric]:
+def _counter_families(found: counters.FleetCounters, tiers: list[str]) -> Iterable[Metric]:
     yield CounterMetricFamily(
         "tierq_leases_reclaimed",
         "Leases the reaper took back unrenewed (worker killed, machine gone, message lost)",
         value=found.reclaimed,
     )
     live = GaugeMetricFamily(
-        "tierq_jobs", "Jobs in each live state (queued, dispatched, running), counted by the "
-        "leading dispatcher every reconciler period", labels=["status"])
+        "tierq_jobs", "Jobs in each live state (waiting, queued, dispatched, running), counted "
+        "by the leading dispatcher every reconciler period (absent until its first count)",
+        labels=["status"])
     for status, n in sorted(found.live.items()):
         live.add_metric([status], n)
     yield live
@@ -275,7 +279,8 @@ def _counter_families(found: counters.FleetCounters) -> Iterable[Metric]:
         "Submissions refused with a 429, by tier, cause (capacity, tenant_limit) and the "
         "limit hit (bound, deadline; quota, rate, batches)",
         labels=["tier", "cause", "limit"])
-    for (tier, cause, limit), n in sorted(found.rejections.items()):
+    refused = {(tier, *kind): 0 for tier in tiers for kind in REFUSALS} | found.rejections
+    for (tier, cause, limit), n in sorted(refused.items()):
         rejections.add_metric([tier, cause, limit], n)
     yield rejections
     repairs = CounterMetricFamily(

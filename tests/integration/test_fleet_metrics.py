@@ -4,10 +4,14 @@ figures agree, the queue wait is a cumulative histogram whose rate answers
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.dispatcher import Dispatcher
@@ -196,3 +200,20 @@ def test_every_transition_is_counted_once_fleet_wide(
     assert value(samples, "tierq_jobs_entered_total", status="cancelled") == 1
     assert value(samples, "tierq_jobs_entered_total", status="queued") == 3
     assert rt(b).index.position(waiting) is None  # dispatched
+
+
+def test_every_metric_the_alerts_and_grafana_read_is_in_a_real_scrape(
+    replicas: tuple[ApiClient, ApiClient, Clock],
+) -> None:
+    a, _, clock = replicas
+    run_one(a, a.tenant_key("acme", "free"), clock, wait_s=2.0)
+    Dispatcher(rt(a), NoPublisher()).run_once(clock.now)  # the leader counts the live states
+    exported = {name for name, _ in scrape(a)}
+    root = Path(__file__).resolve().parents[2]
+    alerts = yaml.safe_load((root / "deploy" / "prometheus" / "alerts.yml").read_text())
+    exprs = [rule["expr"] for group in alerts["groups"] for rule in group["rules"]]
+    board = json.loads((root / "deploy" / "grafana" / "tierq.json").read_text())
+    exprs += [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
+    used = {name for expr in exprs for name in re.findall(r"\btierq_[a-z_]+", expr)}
+    assert len(used) >= 15
+    assert used <= exported, used - exported
