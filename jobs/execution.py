@@ -174,7 +174,8 @@ class _Attempt:
         if job is None:
             return self._not_started()
         self.job = job
-        self._log(logging.DEBUG, "job.started", kind=job.kind)
+        self._log(logging.DEBUG, "job.started", kind=job.kind,
+                  wait_s=None if job.started_at is None else job.started_at - job.enqueued_at)
         ctx = JobContext(
             job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
         )
@@ -318,7 +319,8 @@ class _Attempt:
         heartbeat.stop()  # no renewal may follow the release
         self._release(dst)
         level = logging.WARNING if dst is Status.FAILED else logging.INFO
-        self._log(level, f"job.{dst.value}", error=fields.get("error"))
+        self._log(level, f"job.{dst.value}", error=fields.get("error"),
+                  duration_s=self._run_time())
         return dst.value
 
     def _retry(self, error: str, heartbeat: Heartbeat) -> str:
@@ -379,6 +381,11 @@ class _Attempt:
         if moved and announce:
             self._announce()
         return moved
+
+    def _run_time(self) -> float | None:
+        """Seconds since this attempt started (the ``duration_s`` of its ending)."""
+        started = self._job.started_at
+        return None if started is None else round(max(0.0, self.clock() - started), 6)
 
     def _announce(self) -> None:
         """After a commit: wake long-polls of this job (best effort)."""

@@ -74,7 +74,8 @@ TENANTS = {"premium": 2, "standard": 2, "free": 3}
 JOBS_PER_TENANT = 36  # 252 submissions in all
 MIN_ACCEPTED = 120  # the rest refused at a bound or a quota
 TAKEOVER_TIMEOUT_S = 2 * 2 + 8  # twice the leader TTL, and room for a loaded machine
-DISPATCHED = re.compile(r"jobs\.dispatched .*jobs=(\S+)")
+# A jobs.dispatched line, JSON (as the processes log into files) or text.
+DISPATCHED = re.compile(r'jobs\.dispatched.*?jobs(?:=|": ")([^\s"]+)')
 
 
 @pytest.fixture
