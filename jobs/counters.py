@@ -36,6 +36,9 @@ from jobs.index.keys import IndexKeys
 
 logger = logging.getLogger("tierq.counters")
 
+# How long the leader's count of the live states stands without a new one.
+LIVE_TTL_S = 60
+
 @dataclass(frozen=True, kw_only=True)
 class FleetCounters:
     """Everything ``/metrics`` reads from the counters, in one round trip."""
@@ -88,12 +91,15 @@ def read(client: redis.Redis, prefix: str, tiers: Sequence[str]) -> FleetCounter
 
 
 def store_live(client: redis.Redis, prefix: str, counts: Mapping[str, int]) -> None:
-    """Replace the snapshot of jobs in each live state (the leader's, ``jobs.dispatcher``)."""
+    """Replace the snapshot of jobs in each live state (the leader's, ``jobs.dispatcher``).
+    It lapses after ``LIVE_TTL_S`` unless counted again: with no leader counting, the
+    series goes absent rather than showing stale figures."""
     key = IndexKeys(prefix).live_jobs
     pipe = client.pipeline(transaction=True)
     pipe.delete(key)
     if counts:
         pipe.hset(key, mapping={status: str(n) for status, n in counts.items()})
+        pipe.expire(key, LIVE_TTL_S)
     pipe.execute()
 
 

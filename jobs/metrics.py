@@ -263,7 +263,7 @@ def _counter_families(found: counters.FleetCounters, tiers: list[str]) -> Iterab
     )
     live = GaugeMetricFamily(
         "tierq_jobs", "Jobs in each live state (waiting, queued, dispatched, running), counted "
-        "by the leading dispatcher every reconciler period (absent until its first count)",
+        "by the leading dispatcher every reconciler period (absent without a recent count)",
         labels=["status"])
     for status, n in sorted(found.live.items()):
         live.add_metric([status], n)
