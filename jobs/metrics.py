@@ -270,7 +270,7 @@ def _counter_families(found: counters.FleetCounters, tiers: list[str]) -> Iterab
     yield live
     entered = CounterMetricFamily(
         "tierq_jobs_entered", "Jobs that entered each state, counted at the transition "
-        "(queued: accepted submissions)", labels=["status"])
+        "(queued: accepted submissions and batch items let in)", labels=["status"])
     for status in ENTERED:
         entered.add_metric([status], found.jobs.get(status, 0))
     yield entered
