@@ -19,7 +19,6 @@ from jobs.histograms import (
 )
 from tests.unit.test_alerts import run
 
-
 pytestmark = pytest.mark.unit
 
 
