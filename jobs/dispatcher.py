@@ -206,6 +206,7 @@ class Dispatcher:
             jobs={"dispatched": stats.dispatched, "expired": stats.expired,
                   "failed": stats.failed},
             repairs=repairs,
+            reclaimed=stats.reaped,
         )
 
     def _prune(self, now: float, stats: DispatchStats) -> None:
@@ -333,11 +334,7 @@ class Dispatcher:
         stats.reaped += len(leases)
         self._announce(lease.job_id for lease in leases)
         index.requeue_many(entries, fence=self.fence)
-        try:
-            counters.incr_reclaimed(self.runtime.redis, self.runtime.settings.key_prefix,
-                                    len(leases))
-        except redis.RedisError:  # a metric must never strand the jobs it counts
-            logger.warning("counter.failed", extra={"event": "counter.failed"})
+        # Counted with the round's other transitions (``_count``), one round trip.
 
     def _recover(
         self, session: Session, lease: Lease, job: Job | None, now: float, stats: DispatchStats

@@ -8,5 +8,5 @@
 -- counters:jobs (jobs.counters); a refusal here is no 429 (a batch item waits for room).
 local r = admit_job(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7]),
                     tonumber(ARGV[8]), tonumber(ARGV[9]))
-if r[1] == 1 and r[6] == 0 then redis.call('HINCRBY', PREFIX .. 'counters:jobs', 'queued', 1) end
+if r[1] == 1 and r[6] == 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'queued', 1) end
 return r

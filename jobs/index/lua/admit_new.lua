@@ -32,9 +32,9 @@ local REFUSED_AS = {rate = 'tenant_limit|rate', tenant_limit = 'tenant_limit|quo
                     capacity = 'capacity|bound', deadline = 'capacity|deadline'}
 local function count(accepted, reason, dup)
   if accepted == 1 then
-    if dup == 0 then redis.call('HINCRBY', PREFIX .. 'counters:jobs', 'queued', 1) end
+    if dup == 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'queued', 1) end
   else
-    redis.call('HINCRBY', PREFIX .. 'counters:rejections',
+    redis.pcall('HINCRBY', PREFIX .. 'counters:rejections',
                tier .. '|' .. (REFUSED_AS[reason] or ('capacity|' .. reason)), 1)
   end
 end

@@ -13,7 +13,7 @@ if fenced_out(ARGV[3]) then return redis.error_reply(NOT_LEADER) end
 local job = ARGV[1]
 if ARGV[5] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
 if ARGV[6] ~= nil and ARGV[6] ~= '' then
-  redis.call('HINCRBY', PREFIX .. 'counters:jobs', ARGV[6], 1)
+  redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[6], 1)
 end
 if not redis.call('ZSCORE', LEASES, job) then return 0 end
 local m = meta_of(job)

@@ -7,7 +7,8 @@
 --         wait's bucket and value, the dispatch latency's bucket and value ('' none), the
 --         window of recent waits in seconds and how many of them to keep. Recorded only when
 --         the lease is held: counts 'running' in counters:jobs and adds to the tier's
---         histograms (hist:wait:<tier>, hist:dispatch:<tier>) and its recent waits.
+--         histograms (hist:wait:<tier>, hist:dispatch:<tier>) and its recent waits, each
+--         with redis.pcall: a metric that cannot be written never fails the renewal.
 -- Returns 0 when the lease is gone or belongs to another attempt (the caller has lost it
 -- and must stop), 1 when renewed, 2 when renewed and a cancel was requested for the job
 -- (flag_cancel.lua): the renewal is how a running job learns of it, with no SQL read.
@@ -24,21 +25,21 @@ if expires_at > tonumber(current) then
 end
 if ARGV[6] ~= nil and ARGV[6] ~= '' then
   local tier = m[2]
-  redis.call('HINCRBY', PREFIX .. 'counters:jobs', 'running', 1)
+  redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'running', 1)
   local waits = PREFIX .. 'hist:wait:' .. tier
-  redis.call('HINCRBY', waits, ARGV[6], 1)
-  redis.call('HINCRBYFLOAT', waits, 'sum', ARGV[7])
+  redis.pcall('HINCRBY', waits, ARGV[6], 1)
+  redis.pcall('HINCRBYFLOAT', waits, 'sum', ARGV[7])
   if ARGV[8] ~= '' then
     local latency = PREFIX .. 'hist:dispatch:' .. tier
-    redis.call('HINCRBY', latency, ARGV[8], 1)
-    redis.call('HINCRBYFLOAT', latency, 'sum', ARGV[9])
+    redis.pcall('HINCRBY', latency, ARGV[8], 1)
+    redis.pcall('HINCRBYFLOAT', latency, 'sum', ARGV[9])
   end
   local now = now_or_server(ARGV[4])
   local recent = PREFIX .. 'recent_waits:' .. tier
-  redis.call('ZADD', recent, now, ARGV[7] .. '|' .. job)
+  redis.pcall('ZADD', recent, now, ARGV[7] .. '|' .. job)
   local oldest = string.format('%.17g', now - tonumber(ARGV[10]))
-  redis.call('ZREMRANGEBYSCORE', recent, '-inf', '(' .. oldest)
-  redis.call('ZREMRANGEBYRANK', recent, 0, -(tonumber(ARGV[11]) + 1))
+  redis.pcall('ZREMRANGEBYSCORE', recent, '-inf', '(' .. oldest)
+  redis.pcall('ZREMRANGEBYRANK', recent, 0, -(tonumber(ARGV[11]) + 1))
 end
 if m[7] == 1 then return 2 end
 return 1
