@@ -4,11 +4,11 @@ A per-process Prometheus counter would live and die with the process that increm
 a standby that takes over would start again from zero); these live under the key prefix, next
 to the index (``jobs.index.keys``), and ``/metrics`` on any API replica reads the same values.
 
-Most increments ride on a round trip that happens anyway: the admit script counts refusals
-and accepted submissions, the worker's start renewal records the queue wait and the dispatch
-latency, its release counts how the job ended. The dispatcher counts what a round committed
-(dispatched, expired, failed, leases reclaimed, repairs) in one pipelined call per round that did
-something. Every increment is best effort: in a script it is a ``redis.pcall`` (an error
+Most increments ride on a round trip that happens anyway: the admit scripts count refusals
+and accepted submissions, the dispatch script the leases it hands out, the worker's start
+renewal records the queue wait and the dispatch latency, its release counts how the job
+ended. The dispatcher counts what its upkeep committed (expired, failed, leases reclaimed,
+repairs) in one pipelined call per round that did any. Every increment is best effort: in a script it is a ``redis.pcall`` (an error
 there fails nothing else the script does), in Python a failure is logged and never raised
 into the step it counts, so a metric can lose a count but never strand a job.
 
