@@ -8,9 +8,11 @@ Most increments ride on a round trip that happens anyway: the admit scripts coun
 and accepted submissions, the dispatch script the leases it hands out, the worker's start
 renewal records the queue wait and the dispatch latency, its release counts how the job
 ended. The dispatcher counts what its upkeep committed (expired, failed, leases reclaimed,
-repairs) in one pipelined call per round that did any. Every increment is best effort: in a script it is a ``redis.pcall`` (an error
-there fails nothing else the script does), in Python a failure is logged and never raised
-into the step it counts, so a metric can lose a count but never strand a job.
+repairs) in one pipelined call per round that did any.
+
+Every increment is best effort: in a script it is a ``redis.pcall`` (an error there fails
+nothing else the script does), in Python a failure is logged and never raised into the step
+it counts, so a metric can lose a count but never strand a job.
 
 Histograms are stored as one hash per tier: each bucket's own count (not cumulative; the
 reader adds them up, so an observation is one ``HINCRBY``) and ``sum``.
