@@ -14,9 +14,12 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from jobs import counters
 from jobs.dispatcher import Dispatcher
 from jobs.execution import SUCCEEDED, execute
 from jobs.histograms import WAIT_BUCKETS_S, histogram_quantile
+from jobs.index.base import IndexedJob
+from jobs.index.redis_index import RedisIndex
 from jobs.metrics import percentile
 from jobs.states import Status
 from tests.integration.api_harness import (
@@ -217,3 +220,20 @@ def test_every_metric_the_alerts_and_grafana_read_is_in_a_real_scrape(
     used = {name for expr in exprs for name in re.findall(r"\btierq_[a-z_]+", expr)}
     assert len(used) >= 15
     assert used <= exported, used - exported
+
+
+def test_the_scripts_count_new_jobs_once_and_duplicates_never(
+    redis_client: Any, key_prefix: str
+) -> None:
+    """The batch feeder's admit (``admit.lua``) counts a job it lets in as entering queued;
+    admitting it again (a duplicate) counts nothing; a dispatch counts its leases."""
+    index = RedisIndex(redis_client, key_prefix)
+    item = IndexedJob(job_id="j-1", tenant="t-1", tier="free", order_key=1.0)
+    assert index.admit(item, bound=10).accepted
+    assert index.admit(item, bound=10).duplicate
+    assert not index.admit(IndexedJob(job_id="j-2", tenant="t-1", tier="free", order_key=2.0),
+                           bound=1).accepted  # no room: it waits, no 429, nothing counted
+    assert [lease.job_id for lease in index.dispatch(5, lease_ttl_s=30)] == ["j-1"]
+    found = counters.read(redis_client, key_prefix, ["free"])
+    assert found.jobs == {"queued": 1, "dispatched": 1}
+    assert found.rejections == {}
