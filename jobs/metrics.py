@@ -36,7 +36,8 @@ from prometheus_client.core import (
 from jobs import counters
 from jobs.capacity import PoolFigures, live_pool
 from jobs.db import repository
-from jobs.histograms import WAIT_WINDOW_S, Histogram
+from jobs.histograms import WAIT_WINDOW_S as WAIT_WINDOW_S  # the window, re-exported
+from jobs.histograms import Histogram
 from jobs.index.keys import IndexKeys
 from jobs.policy import Policy
 from jobs.runtime import Runtime
