@@ -115,26 +115,11 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
-class _KeyValueFormatter(logging.Formatter):
-    """``time level logger event key=value …``: the structured extras stay readable."""
-
-    _standard = frozenset(
-        [*logging.LogRecord("", 0, "", 0, "", None, None).__dict__, "message", "asctime", "event"]
-    )
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        extras = [f"{k}={v}" for k, v in record.__dict__.items() if k not in self._standard]
-        return " ".join([text, *extras])
-
-
 def configure_logging(level: str = "INFO") -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(_KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        root.addHandler(handler)
-    root.setLevel(level.upper())
+    """JSON lines in a container, text in a terminal (``jobs.logs``)."""
+    from jobs.logs import configure_logging as configure
+
+    configure(level)
 
 
 # --- running the parts ------------------------------------------------------------------
@@ -171,6 +156,8 @@ def up(
 
 def api_app() -> FastAPI:
     """Zero-argument factory for uvicorn (``jobs.cli:api_app``), also in its worker processes."""
+    if not logging.getLogger().handlers:  # a server process of its own (--workers)
+        configure_logging()
     from jobs.api.app import create_app
 
     return create_app(load_settings())
@@ -189,8 +176,10 @@ def api(
     settings = load_settings()  # refuse a bad configuration, or no system, before serving
     _target(settings.describe_target())
     configure_logging(log_level)
+    # log_config=None: uvicorn's own lines go through the root handler too, in the same
+    # format as tierq's; each server process configures it in ``api_app``.
     uvicorn.run("jobs.cli:api_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level)
+                log_level=log_level, log_config=None)
 
 
 @_friendly

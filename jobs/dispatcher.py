@@ -178,9 +178,39 @@ class Dispatcher:
             stats.reconciled = self.reconciler.run_once(
                 now, fence=self.fence, keep_lead=self.keep_lead
             )
+            self._count_live()
         if maintain and (self._prune_backlog or now - self._pruned_at >= PRUNE_PERIOD_S):
             self._prune(now, stats)
+        self._count(stats)
         return stats
+
+    def _count_live(self) -> None:
+        """Jobs in each live state, counted in SQL once a reconciler period by the leader
+        (not by every scrape of every API replica) and kept in Redis for ``/metrics``."""
+        try:
+            with self.runtime.sessions() as session:
+                live = repository.count_live(session)
+            counters.store_live(self.runtime.redis, self.runtime.settings.key_prefix,
+                                {status.value: n for status, n in live.items()})
+        except Exception:  # a metric must never stop dispatching
+            logger.warning("counter.failed", exc_info=True, extra={"event": "counter.failed"})
+
+    def _count(self, stats: DispatchStats) -> None:
+        """What the round's upkeep committed (expired, failed, reclaimed, repaired) in the
+        fleet-wide counters (``jobs.counters``): one pipelined round trip for the round,
+        none when it changed nothing (a dispatch is counted by the dispatch script itself,
+        so the hot path pays nothing); best effort."""
+        repairs: dict[str, int] = {}
+        if stats.reconciled is not None:
+            found = stats.reconciled
+            repairs = {"full_pass": int(found.full), "orphan_recovered": found.orphans_recovered,
+                       "reindexed": found.reindexed, "entry_removed": found.removed}
+        counters.count(
+            self.runtime.redis, self.runtime.settings.key_prefix,
+            jobs={"expired": stats.expired, "failed": stats.failed},
+            repairs=repairs,
+            reclaimed=stats.reaped,
+        )
 
     def _prune(self, now: float, stats: DispatchStats) -> None:
         """One bounded retention round (SQL only, one transaction per batch: an interruption
@@ -254,6 +284,8 @@ class Dispatcher:
         """The reconciler's full pass (at leadership, or once Redis lost its data)."""
         self._claim_lead()
         self.reconciler.full_pass(now, fence=self.fence, keep_lead=self.keep_lead)
+        counters.count(self.runtime.redis, self.runtime.settings.key_prefix,
+                       repairs={"full_pass": 1})
         self._rebuilt = True
         self._reconciled_at = now
         self._caps = None  # pushed again next round, whatever the index held
@@ -305,11 +337,7 @@ class Dispatcher:
         stats.reaped += len(leases)
         self._announce(lease.job_id for lease in leases)
         index.requeue_many(entries, fence=self.fence)
-        try:
-            counters.incr_reclaimed(self.runtime.redis, self.runtime.settings.key_prefix,
-                                    len(leases))
-        except redis.RedisError:  # a metric must never strand the jobs it counts
-            logger.warning("counter.failed", extra={"event": "counter.failed"})
+        # Counted with the round's other transitions (``_count``), one round trip.
 
     def _recover(
         self, session: Session, lease: Lease, job: Job | None, now: float, stats: DispatchStats

@@ -51,6 +51,7 @@ from jobs import notify, wake
 from jobs.blobs import BlobStore, store_url
 from jobs.db import repository
 from jobs.domain import Job
+from jobs.histograms import StartFigures
 from jobs.index.base import IndexedJob
 from jobs.leases import CANCEL_POLL_S, Heartbeat, LeaseKeeper, SqlUnreachable, retry_sql
 from jobs.policy import retry_backoff_s
@@ -176,7 +177,8 @@ class _Attempt:
         if job is None:
             return self._not_started()
         self.job = job
-        self._log(logging.DEBUG, "job.started", kind=job.kind)
+        self._log(logging.DEBUG, "job.started", kind=job.kind,
+                  wait_s=None if job.started_at is None else job.started_at - job.enqueued_at)
         ctx = JobContext(
             job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
         )
@@ -184,7 +186,7 @@ class _Attempt:
         # The lease is checked after the start, in the round trip that announces it: one
         # reaped while the message waited in the broker (or lost with Redis) means the
         # handler must not run, and the start is undone.
-        heartbeat.renew_now(announce=True)
+        heartbeat.renew_now(announce=True, start=start_figures(job))
         if ctx.lease_lost():
             return self._hand_back(Status.RUNNING)
         heartbeat.start()
@@ -288,7 +290,7 @@ class _Attempt:
         if not self._transition(Status.DISPATCHED, dst, announce=False):  # the release does
             self._log(logging.INFO, "job.stale", reason="not dispatched any more")
             return STALE
-        self._release()
+        self._release(dst)
         self._log(logging.INFO, f"job.{dst.value}", before_start=True)
         return dst.value
 
@@ -335,9 +337,10 @@ class _Attempt:
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
         heartbeat.stop()  # no renewal may follow the release
-        self._release()
+        self._release(dst)
         level = logging.WARNING if dst is Status.FAILED else logging.INFO
-        self._log(level, f"job.{dst.value}", error=fields.get("error"))
+        self._log(level, f"job.{dst.value}", error=fields.get("error"),
+                  duration_s=self._run_time())
         return dst.value
 
     def _retry(self, error: str, heartbeat: Heartbeat) -> str:
@@ -399,17 +402,24 @@ class _Attempt:
             self._announce()
         return moved
 
+    def _run_time(self) -> float | None:
+        """Seconds since this attempt started (the ``duration_s`` of its ending)."""
+        started = self._job.started_at
+        return None if started is None else round(max(0.0, self.clock() - started), 6)
+
     def _announce(self) -> None:
         """After a commit: wake long-polls of this job (best effort)."""
         notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [self.job_id])
 
-    def _release(self) -> None:
-        """After an ending's commit: release, wake the dispatcher and announce the change, one
-        round trip. Best effort: a lease that cannot be released now expires and is reaped
-        (a lost announcement costs a long-poll its safety-net period)."""
+    def _release(self, outcome: Status) -> None:
+        """After an ending's commit: release, wake the dispatcher, announce the change and
+        count the outcome, one round trip. Best effort: a lease that cannot be released now
+        expires and is reaped (a lost announcement costs a long-poll its safety-net period,
+        a lost count one job in ``tierq_jobs_entered_total``)."""
         try:
             self.runtime.index.release(
-                self.job_id, attempt=self.attempt, ring=True, announce=True
+                self.job_id, attempt=self.attempt, ring=True, announce=True,
+                outcome=outcome.value,
             )
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)
@@ -428,6 +438,15 @@ class _Attempt:
 def blob_store(url: str) -> BlobStore:
     """One store per URL and process: results are written where documents are read."""
     return BlobStore(url)
+
+
+def start_figures(job: Job) -> StartFigures | None:
+    """The queue wait (started - enqueued) and dispatch latency (started - dispatched) of a
+    start, as recorded with the renewal that announces it."""
+    if job.started_at is None:
+        return None
+    dispatch_s = None if job.dispatched_at is None else job.started_at - job.dispatched_at
+    return StartFigures(wait_s=job.started_at - job.enqueued_at, dispatch_s=dispatch_s)
 
 
 def _entry(job: Job, *, attempt: int, not_before: float | None = None) -> IndexedJob:

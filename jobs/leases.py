@@ -28,6 +28,7 @@ import sqlalchemy.exc
 import tenacity
 
 from jobs.errors import TierqError
+from jobs.histograms import StartFigures
 from jobs.index.base import Renewal
 from jobs.runtime import Runtime
 from workers.handlers import JobContext
@@ -175,11 +176,12 @@ class Heartbeat:
         """Not lost, and renewed within its TTL: this attempt may still record its outcome."""
         return not self._ctx.lease_lost() and time.monotonic() - self._renewed_at < self._ttl
 
-    def renew_now(self, *, announce: bool = False) -> None:
+    def renew_now(self, *, announce: bool = False, start: StartFigures | None = None) -> None:
         """Renew at once; ``announce``: also publish that the job's status moved (the
-        worker's start), in the same round trip."""
+        worker's start), in the same round trip; ``start``: record the start's figures
+        (``jobs.counters``) in it too."""
         if not self._ctx.lease_lost():
-            self._renew(time.monotonic(), announce=announce)
+            self._renew(time.monotonic(), announce=announce, start=start)
 
     def _loop(self) -> None:
         while not self._stopping.wait(self.renew_every_s):
@@ -191,11 +193,13 @@ class Heartbeat:
                     extra={"event": "job.heartbeat_error", "job_id": self._ctx.job_id},
                 )
 
-    def _renew(self, now: float, *, announce: bool = False) -> None:
+    def _renew(
+        self, now: float, *, announce: bool = False, start: StartFigures | None = None
+    ) -> None:
         try:
             renewal = self._runtime.index.renew_checked(
                 self._ctx.job_id, attempt=self._ctx.attempt, ttl_s=self._ttl,
-                now=_virtual_now(self._clock), announce=announce,
+                now=_virtual_now(self._clock), announce=announce, start=start,
             )
         except redis.RedisError:
             self._warn("job.renew_failed", exc_info=True)

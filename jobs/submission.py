@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 import redis
 import sqlalchemy.exc as sa_exc
 
-from jobs import estimates, limits, notify, wake
+from jobs import counters, estimates, limits, notify, wake
 from jobs.capacity import live_pool
 from jobs.db import repository
 from jobs.domain import Job, NewJob, Tenant
@@ -433,6 +433,7 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
     except REDIS_OUTAGE:
         logger.warning("job.unindex_failed", extra={"event": "job.unindex_failed",
                                                     "job_id": job.id})
+    counters.count(runtime.redis, runtime.settings.key_prefix, jobs={"cancelled": 1})
     _log_cancel(job, "job.cancelled")
     return CancelOutcome(job=dataclasses.replace(job, status=Status.CANCELLED), pending=False)
 

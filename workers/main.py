@@ -7,13 +7,13 @@ environment (``TIERQ_DATABASE_URL``, ``TIERQ_REDIS_URL``, ``TIERQ_KEY_PREFIX``, 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
 import sys
 import uuid
 from collections.abc import Sequence
 
+from jobs import logs
 from jobs.config import Settings, load_settings
 from jobs.errors import ConfigError
 from workers import stopping
@@ -23,33 +23,9 @@ from workers.tasks import resources_of
 # Celery pools by the names the CLI takes; threads wake the event loop as a task ends.
 POOLS = {"threads": "workers.pool:TaskPool"}
 
-# Keys shown after the message when a log record carries them (``extra=``).
-LOG_KEYS = (
-    "event", "job_id", "tenant", "tier", "attempt", "worker_id", "status", "reason", "error",
-    "step", "device",
-)
-
-
-class KeyValueFormatter(logging.Formatter):
-    """``<time> <level> <logger> <message> key=value ...`` for the stable log keys."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        text = super().formatMessage(record)
-        pairs = [
-            f"{key}={getattr(record, key)}"
-            for key in LOG_KEYS
-            if key != "event" and getattr(record, key, None) is not None
-        ]
-        return f"{text} {' '.join(pairs)}" if pairs else text
-
-
 def configure_logging(loglevel: str) -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        root.addHandler(handler)
-    root.setLevel(loglevel.upper())
+    """JSON lines in a container, text in a terminal (``jobs.logs``)."""
+    logs.configure_logging(loglevel)
 
 
 def worker_hostname() -> str:

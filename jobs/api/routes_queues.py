@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
+from jobs import estimates
 from jobs.api.deps import PrincipalDep, RuntimeDep, refuse_unknown_query
 from jobs.api.errors import OUTAGE_RETRY_AFTER_S, error_response, error_responses
 from jobs.api.schemas import (
@@ -19,9 +20,17 @@ from jobs.api.schemas import (
     PoolView,
     QueuesResponse,
     ReadyResponse,
+    TenantUsage,
     TierQueue,
+    WorkerView,
 )
-from jobs.metrics import AppMetrics, percentile, read_index_view, recent_waits
+from jobs.metrics import (
+    AppMetrics,
+    TierFigures,
+    percentile,
+    read_index_view,
+    recent_waits,
+)
 from jobs.runtime import Runtime
 
 router = APIRouter(tags=["queues and health"], dependencies=[Depends(refuse_unknown_query)])
@@ -33,34 +42,41 @@ READY_TIMEOUT_S = 2.0
     "/v1/queues",
     response_model=QueuesResponse,
     summary="Each tier's queue and the pool, as they are now",
-    description="The published figures, fleet-wide: each tier's queue, bound, tenant cap and "
-    "recent waits, and the pool's capacity and service rate. Any valid key.",
+    description="The published figures. The admin key sees the fleet: every tier's queue, "
+    "bound, tenant cap and recent waits, the pool and its live workers. A tenant key sees its "
+    "own tier's figures, the pool, and its own usage (queued, in flight, cap, quota); never "
+    "another tenant's name or counts.",
     responses=error_responses("unauthorized", "unavailable"),
 )
-def get_queues(_: PrincipalDep, runtime: RuntimeDep) -> QueuesResponse:
+def get_queues(principal: PrincipalDep, runtime: RuntimeDep) -> QueuesResponse:
     now = runtime.clock()
     view = read_index_view(runtime, now=now)
     waits = recent_waits(runtime, now=now)
     pool = view.pool
-    return QueuesResponse(
-        tiers=[
-            TierQueue(
-                name=tier.name,
-                queued=tier.queued,
-                bound=tier.bound,
-                oldest_age_s=tier.oldest_age_s,
-                tenant_cap=tier.tenant_cap,
-                wait_p50_s=percentile(waits[tier.name], 0.50),
-                wait_p95_s=percentile(waits[tier.name], 0.95),
-            )
-            for tier in view.tiers
-        ],
-        pool=PoolView(
-            capacity=pool.capacity,
-            inflight=pool.inflight,
-            utilisation=pool.utilisation,
-            service_rate=pool.service_rate,
-        ),
+    tenant = principal.tenant
+    tiers = [_tier_queue(tier, waits[tier.name]) for tier in view.tiers
+             if tenant is None or tier.name == tenant.tier]
+    pool_view = PoolView(capacity=pool.capacity, inflight=pool.inflight,
+                         utilisation=pool.utilisation, service_rate=pool.service_rate)
+    if tenant is None:
+        workers = [WorkerView.of(w, now) for w in runtime.index.live_workers(now=now)]
+        return QueuesResponse(scope="fleet", tiers=tiers, pool=pool_view, workers=workers)
+    usage = TenantUsage(
+        tenant=tenant.id, tier=tenant.tier,
+        queued=runtime.index.tenant_queued(tenant.id),
+        inflight=runtime.index.tenant_inflight(tenant.id),
+        cap=estimates.tenant_cap(tenant, pool),
+        quota=tenant.max_queued if tenant.max_queued is not None
+        else pool.quotas.get(tenant.tier, 1),
+    )
+    return QueuesResponse(scope="tenant", tiers=tiers, pool=pool_view, usage=usage)
+
+
+def _tier_queue(tier: TierFigures, waits: list[float]) -> TierQueue:
+    return TierQueue(
+        name=tier.name, queued=tier.queued, bound=tier.bound, oldest_age_s=tier.oldest_age_s,
+        tenant_cap=tier.tenant_cap, wait_p50_s=percentile(waits, 0.50),
+        wait_p95_s=percentile(waits, 0.95),
     )
 
 

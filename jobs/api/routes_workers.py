@@ -8,19 +8,10 @@ from pydantic import BaseModel, Field
 
 from jobs.api.deps import AdminDep, RuntimeDep, refuse_unknown_query
 from jobs.api.errors import error_responses
+from jobs.api.schemas import WorkerView
 
 router = APIRouter(prefix="/v1/admin/workers", tags=["workers"],
                    dependencies=[Depends(refuse_unknown_query)])
-
-
-class WorkerView(BaseModel):
-    """A live worker."""
-
-    id: str = Field(description="the worker's name (Celery's hostname: name@host)")
-    device: str = Field(description="what it runs jobs on: cuda:N or cpu")
-    slots: int = Field(ge=0, description="jobs it runs at once: what it adds to the pool")
-    expires_in_s: float = Field(description="seconds until its registration lapses unless "
-                                "renewed (it renews every third of that)")
 
 
 class WorkerListResponse(BaseModel):
@@ -43,8 +34,6 @@ def list_workers(_: AdminDep, runtime: RuntimeDep) -> WorkerListResponse:
     now = runtime.index.now()
     live = runtime.index.live_workers(now=now)
     return WorkerListResponse(
-        workers=[WorkerView(id=w.worker_id, device=w.device, slots=w.slots,
-                            expires_in_s=round(max(0.0, w.expires_at - now), 3))
-                 for w in live],
+        workers=[WorkerView.of(w, now) for w in live],
         slots=sum(w.slots for w in live),
     )

@@ -10,10 +10,11 @@ carries a description: the OpenAPI document is the reference a client reads.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobs.index.base import LiveWorker
 from jobs.policy import (
     MAX_TENANT_BURST,
     MAX_TENANT_CAP,
@@ -294,11 +295,47 @@ class PoolView(BaseModel):
                                 "over the measured mean service time")
 
 
-class QueuesResponse(BaseModel):
-    """Each tier's queue and the pool."""
+class TenantUsage(BaseModel):
+    """The calling tenant's own figures (a tenant key only)."""
 
-    tiers: list[TierQueue] = Field(description="best tier first")
+    tenant: str = Field(description="the tenant's id")
+    tier: str = Field(description="its tier")
+    queued: int = Field(description="its jobs queued (delayed retries included)")
+    inflight: int = Field(description="its jobs holding a slot (dispatched or running)")
+    cap: int = Field(description="jobs it may run at once: its own cap, else its tier's")
+    quota: int = Field(description="jobs it may hold queued: its own max_queued, else its "
+                       "tier's share of the bound")
+
+
+class WorkerView(BaseModel):
+    """One live worker (the admin key only)."""
+
+    id: str = Field(description="the worker's id (Celery hostname: name@host)")
+    device: str = Field(description="what it runs jobs on: cuda:N or cpu")
+    slots: int = Field(ge=0, description="jobs it runs at once: what it adds to the pool")
+    expires_in_s: float = Field(description="seconds until its registration lapses unless "
+                                "renewed (it renews every third of that)")
+
+    @classmethod
+    def of(cls, worker: LiveWorker, now: float) -> WorkerView:
+        return cls(id=worker.worker_id, device=worker.device, slots=worker.slots,
+                   expires_in_s=round(max(0.0, worker.expires_at - now), 3))
+
+
+class QueuesResponse(BaseModel):
+    """Each tier's queue and the pool: the fleet for the admin key, the caller's own tier and
+    usage for a tenant key."""
+
+    scope: Literal["fleet", "tenant"] = Field(
+        default="fleet", description="fleet: every tier (the admin key); tenant: the caller's "
+        "tier and its own usage, nothing of other tenants")
+    tiers: list[TierQueue] = Field(description="best tier first; a tenant sees its own tier "
+                                   "only")
     pool: PoolView = Field(description="the pool serving every tier")
+    usage: TenantUsage | None = Field(default=None, description="the tenant's own figures; "
+                                      "null for the admin key")
+    workers: list[WorkerView] | None = Field(default=None, description="live workers by id; "
+                                             "null for a tenant key")
 
 
 class HealthResponse(BaseModel):

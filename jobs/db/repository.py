@@ -438,6 +438,21 @@ def jobs_in_status(session: Session, statuses: Iterable[Status]) -> list[Job]:
     return [Job.from_row(row) for row in session.scalars(stmt, execution_options=FRESH)]
 
 
+LIVE = (Status.WAITING, Status.QUEUED, Status.DISPATCHED, Status.RUNNING)
+
+
+def count_live(session: Session) -> dict[Status, int]:
+    """Jobs in each live state (waiting, queued, dispatched, running; 0 included): a range of the
+    index on ``(status, ...)``, as long as the live jobs, never the whole table."""
+    counts = dict.fromkeys(LIVE, 0)
+    stmt = (sa.select(JobRow.status, sa.func.count())
+            .where(JobRow.status.in_([status.value for status in LIVE]))
+            .group_by(JobRow.status))
+    for status, count in session.execute(stmt):
+        counts[Status(status)] = count
+    return counts
+
+
 def count_by_status(session: Session) -> dict[Status, int]:
     """Every state with its number of jobs (0 included)."""
     counts = dict.fromkeys(Status, 0)

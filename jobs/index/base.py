@@ -32,6 +32,7 @@ from enum import IntEnum
 from typing import Protocol
 
 from jobs.errors import TierqError
+from jobs.histograms import StartFigures
 from jobs.policy import RateLimit, Tier
 
 # Refusals of ``admit_new`` are counted by minute (seconds since the epoch // 60, on the
@@ -256,10 +257,13 @@ class DispatchIndex(Protocol):
         ttl_s: float,
         now: float | None = None,
         announce: bool = False,
+        start: StartFigures | None = None,
     ) -> Renewal:
         """``renew``, also telling whether a cancel was requested for the job: a running job
         learns of a cancel with its renewals, never by reading SQL. ``announce``: publish
-        that the job's status moved (``jobs.notify``) in the same round trip."""
+        that the job's status moved (``jobs.notify``) in the same round trip. ``start``: the
+        worker's start: record its queue wait and dispatch latency (``jobs.counters``) with
+        the renewal, when the lease is held."""
         ...
 
     def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
@@ -275,12 +279,14 @@ class DispatchIndex(Protocol):
         fence: str | None = None,
         ring: bool = False,
         announce: bool = False,
+        outcome: str | None = None,
     ) -> bool:
         """Drop a lease of ``attempt`` (None: whichever attempt holds it: maintenance of a
         finished job). True when its tenant became runnable again. ``ring``: wake the
         dispatcher in the same round trip when a lease was dropped (``jobs.wake``).
         ``announce``: publish that the job's status moved (``jobs.notify``), also in the
-        same round trip."""
+        same round trip. ``outcome``: the status the job just moved to, counted
+        (``jobs.counters``) in the same round trip."""
         ...
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:

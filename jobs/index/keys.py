@@ -34,6 +34,16 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``counters:leases_reclaimed``  counter: leases the reaper took back
 - ``refusals:<minute>``  hash JSON [scope, tier or tenant, reason] -> count: the refusals
                        ``admit_new`` made in one minute of the epoch, kept ten minutes
+- ``counters:jobs``    hash status -> jobs that entered it (``jobs.counters``)
+- ``counters:rejections``  hash ``tier|cause|limit`` -> submissions refused with a 429
+- ``counters:repairs`` hash kind -> the reconciler's repairs
+- ``jobs_live``        hash status -> jobs in it (queued, dispatched, running): the leader's
+                       count, refreshed every reconciler period
+- ``hist:wait:<tier>`` hash bucket (``le``) -> starts whose queue wait fell in it (not
+                       cumulative), ``sum`` -> their total wait: the queue wait histogram
+- ``hist:dispatch:<tier>``  the same for dispatch latency (dispatched -> started)
+- ``recent_waits:<tier>``  zset ``wait|job`` -> start time: the tier's latest waits, for the
+                       windowed percentiles of ``/v1/queues``
 
 Two pub/sub channels share the prefix (channels, not keys: nothing stores them):
 ``changed`` carries ids of jobs whose status moved, ``tenants`` ids of tenants whose record
@@ -109,6 +119,35 @@ class IndexKeys:
     def refusals(self, minute: int) -> str:
         """The refusals ``admit_new`` counted in one minute (``base.refusal_minute``)."""
         return self._fixed(f"refusals:{minute}")
+
+    @property
+    def job_counts(self) -> str:
+        """Hash status -> jobs that entered it (``jobs.counters``)."""
+        return self._fixed("counters:jobs")
+
+    @property
+    def rejections(self) -> str:
+        """Hash ``tier|cause|limit`` -> refusals (``jobs.counters``)."""
+        return self._fixed("counters:rejections")
+
+    @property
+    def repairs(self) -> str:
+        """Hash kind -> the reconciler's repairs (``jobs.counters``)."""
+        return self._fixed("counters:repairs")
+
+    @property
+    def live_jobs(self) -> str:
+        """Hash status -> jobs in each live state, the leader's snapshot (``jobs.counters``)."""
+        return self._fixed("jobs_live")
+
+    def wait_histogram(self, tier: str) -> str:
+        return f"{self.prefix}hist:wait:{tier}"
+
+    def dispatch_histogram(self, tier: str) -> str:
+        return f"{self.prefix}hist:dispatch:{tier}"
+
+    def recent_waits(self, tier: str) -> str:
+        return f"{self.prefix}recent_waits:{tier}"
 
     @property
     def changed(self) -> str:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from jobs import policy
+from jobs.histograms import StartFigures
 from jobs.index.base import (
     REFUSAL_BUCKET_S,
     REFUSALS_KEEP_S,
@@ -423,7 +424,9 @@ class MemoryIndex:
         ttl_s: float,
         now: float | None = None,
         announce: bool = False,
+        start: StartFigures | None = None,
     ) -> Renewal:
+        """``start`` records nothing here: the twin keeps no metrics."""
         current = self._leases.score(job_id)
         if current is None or self._meta[job_id].attempt != attempt:
             return Renewal.LOST
@@ -449,8 +452,10 @@ class MemoryIndex:
         fence: str | None = None,
         ring: bool = False,
         announce: bool = False,
+        outcome: str | None = None,
     ) -> bool:
-        """``ring`` and ``announce`` reach nobody here: nothing waits on a twin."""
+        """``ring`` and ``announce`` reach nobody here: nothing waits on a twin; nor does
+        ``outcome`` count anything (the twin keeps no metrics)."""
         self._check_fence(fence, None, "release")
         if self._leases.score(job_id) is None:
             return False

@@ -35,6 +35,7 @@ import redis
 from redis.commands.core import Script
 
 from jobs import policy
+from jobs.histograms import StartFigures
 from jobs.index.base import (
     REFUSALS_KEEP_S,
     Admission,
@@ -295,9 +296,11 @@ class RedisIndex:
         ttl_s: float,
         now: float | None = None,
         announce: bool = False,
+        start: StartFigures | None = None,
     ) -> Renewal:
+        figures = [] if start is None else start.script_args()
         answer = self._run("renew", [job_id, int(attempt), _score(ttl_s), _now(now),
-                                     "1" if announce else ""])
+                                     "1" if announce else "", *figures])
         return Renewal(int(answer))
 
     def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
@@ -312,9 +315,10 @@ class RedisIndex:
         fence: str | None = None,
         ring: bool = False,
         announce: bool = False,
+        outcome: str | None = None,
     ) -> bool:
         which = "" if attempt is None else str(int(attempt))
-        flags = ["1" if ring else "", "1" if announce else ""]
+        flags = ["1" if ring else "", "1" if announce else "", outcome or ""]
         return bool(self._run("release", [job_id, which, fence or "", *flags]))
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:

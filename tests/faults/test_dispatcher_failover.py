@@ -37,7 +37,8 @@ base_priority = 10
 max_wait_s = 300
 tenant_share = 0.5
 """
-DISPATCHED = re.compile(r"jobs\.dispatched .*jobs=(\S+)")
+# A jobs.dispatched line, JSON (as the processes log into files) or text.
+DISPATCHED = re.compile(r'jobs\.dispatched.*?jobs(?:=|": ")([^\s"]+)')
 
 
 def leader_pid(redis_server: ThrowawayRedis, prefix: str) -> int | None:

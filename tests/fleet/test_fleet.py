@@ -23,6 +23,7 @@ import redis
 from jobs.counters import read_reclaimed
 from jobs.index.keys import IndexKeys
 from tests.e2e.harness import (
+    ADMIN_KEY,
     Broker,
     Process,
     System,
@@ -73,7 +74,8 @@ TENANTS = {"premium": 2, "standard": 2, "free": 3}
 JOBS_PER_TENANT = 36  # 252 submissions in all
 MIN_ACCEPTED = 120  # the rest refused at a bound or a quota
 TAKEOVER_TIMEOUT_S = 2 * 2 + 8  # twice the leader TTL, and room for a loaded machine
-DISPATCHED = re.compile(r"jobs\.dispatched .*jobs=(\S+)")
+# A jobs.dispatched line, JSON (as the processes log into files) or text.
+DISPATCHED = re.compile(r'jobs\.dispatched.*?jobs(?:=|": ")([^\s"]+)')
 
 
 @pytest.fixture
@@ -154,11 +156,18 @@ def test_a_fleet_holds_caps_and_bounds_and_loses_nothing_when_its_leader_dies(
     with running(fleet) as system:
         urls, standby = start_fleet(system, redis_client)
         tenants = tenants_on(system, urls)
-        figures = tenants[0].clients[1].get("/v1/queues").json()["tiers"]
+        # Every tier's figures are the admin's view (a tenant sees its own tier only).
+        admins = [httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                               timeout=30)
+                  for url in urls]
+        system.clients.extend(admins)
+        figures = admins[1].get("/v1/queues").json()["tiers"]
         assert {t["name"]: (t["bound"], t["tenant_cap"]) for t in figures} == {
             tier: (BOUNDS[tier], CAPS[tier]) for tier in TENANTS}
+        own = tenants[0].clients[1].get("/v1/queues").json()["tiers"]
+        assert [t["name"] for t in own] == [tenants[0].tier]
 
-        sampler = DepthSampler(clients=tenants[0].clients)
+        sampler = DepthSampler(clients=admins)
         start = threading.Event()
         threads = [threading.Thread(target=t.run, args=(start,), name=t.name) for t in tenants]
         threads.append(threading.Thread(target=sampler.run, name="sampler"))

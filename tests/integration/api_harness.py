@@ -23,6 +23,8 @@ from jobs import notify
 from jobs.api.app import create_app
 from jobs.config import Settings, load_settings
 from jobs.db import repository
+from jobs.execution import start_figures
+from jobs.index.base import Renewal
 from jobs.runtime import Runtime
 from jobs.states import Status
 
@@ -173,6 +175,21 @@ def dispatch_one(client: ApiClient, job_id: str) -> None:
     leases = rt(client).index.dispatch(1, now=rt(client).clock(), lease_ttl_s=30)
     assert [lease.job_id for lease in leases] == [job_id]
     move(client, job_id, Status.DISPATCHED)
+
+
+def start_one(client: ApiClient, job_id: str) -> None:
+    """Move a dispatched job to running and record its start as a worker does: the renewal
+    that announces it carries its queue wait and dispatch latency (``jobs.counters``)."""
+    move(client, job_id, Status.RUNNING)
+    runtime = rt(client)
+    with runtime.sessions() as session:
+        job = repository.get_job(session, job_id)
+    assert job is not None
+    renewal = runtime.index.renew_checked(
+        job_id, attempt=job.attempt, ttl_s=30, now=runtime.clock(), announce=True,
+        start=start_figures(job),
+    )
+    assert renewal is not Renewal.LOST
 
 
 def queue_of(client: ApiClient, key: str, tier: str) -> dict[str, Any]:

@@ -19,10 +19,10 @@ from tests.integration.api_harness import (
     auth,
     dispatch_one,
     make_settings,
-    move,
     queue_of,
     rt,
     running_api,
+    start_one,
 )
 from tests.services import RedisServer
 from workers.registration import WorkerRegistration
@@ -225,33 +225,58 @@ def test_a_tenant_over_its_quota_is_refused_while_others_are_admitted(
 # -- queues, health, metrics -----------------------------------------------------------------
 
 
-def test_queues_publish_depth_age_bound_cap_and_waits(client: ApiClient, clock: Clock) -> None:
+def _queues_scene(client: ApiClient, clock: Clock) -> tuple[str, str]:
+    """acme (standard) has a job that waited 4 s and runs; other (standard) one queued for
+    5 s. Returns acme's key and the queued job's id."""
     key = client.tenant_key("acme", "standard")
     t0 = clock.now
     started = client.submit(key).json()["id"]
     clock.now = t0 + 3
     dispatch_one(client, started)
     clock.now = t0 + 4
-    move(client, started, Status.RUNNING)  # waited 4 s
+    start_one(client, started)  # waited 4 s, 1 s of it dispatched
     waiting = client.submit(client.tenant_key("other", "standard")).json()["id"]
     clock.now = t0 + 9
+    return key, waiting
 
+
+# pool 4 at 6 s: mu = 2/3; standard bound floor(2/3 * 20) = 13, cap max(1, 0.4) = 1.
+STANDARD = {"name": "standard", "queued": 1, "bound": 13, "oldest_age_s": 5.0, "tenant_cap": 1,
+            "wait_p50_s": 4.0, "wait_p95_s": 4.0}
+POOL = {"capacity": 4, "inflight": 1, "utilisation": 0.25, "service_rate": pytest.approx(4 / 6)}
+
+
+def test_queues_show_a_tenant_its_tier_and_its_own_usage_only(
+    client: ApiClient, clock: Clock
+) -> None:
+    key, waiting = _queues_scene(client, clock)
     answer = client.get("/v1/queues", headers=auth(key))
     assert answer.status_code == 200
     body = answer.json()
-    assert [tier["name"] for tier in body["tiers"]] == ["premium", "standard", "free"]
-    standard = body["tiers"][1]
-    # pool 4 at 6 s: mu = 2/3; standard bound floor(2/3 * 20) = 13, cap max(1, 0.4) = 1.
-    assert standard == {
-        "name": "standard", "queued": 1, "bound": 13, "oldest_age_s": 5.0, "tenant_cap": 1,
-        "wait_p50_s": 4.0, "wait_p95_s": 4.0,
-    }
-    assert body["tiers"][2]["oldest_age_s"] is None and body["tiers"][2]["wait_p50_s"] is None
-    assert body["pool"] == {"capacity": 4, "inflight": 1, "utilisation": 0.25,
-                            "service_rate": pytest.approx(4 / 6)}
-    assert client.get("/v1/queues", headers=auth(ADMIN_KEY)).status_code == 200
+    assert body["scope"] == "tenant"
+    assert body["tiers"] == [STANDARD]
+    assert body["pool"] == POOL
+    acme = next(t for t in client.get("/v1/admin/tenants", headers=auth(ADMIN_KEY)).json()[
+        "tenants"] if t["name"] == "acme")
+    # standard quota: floor(13 * 0.10) = 1
+    assert body["usage"] == {"tenant": acme["id"], "tier": "standard", "queued": 0,
+                             "inflight": 1, "cap": 1, "quota": 1}
+    assert body["workers"] is None
+    assert "other" not in answer.text  # never another tenant's name (nor its id)
     assert client.get("/v1/queues").status_code == 401
     assert rt(client).index.position(waiting) == 0
+
+
+def test_queues_show_the_admin_the_fleet(client: ApiClient, clock: Clock) -> None:
+    _queues_scene(client, clock)
+    rt(client).index.register_worker("w-1@host", slots=2, ttl_s=30, now=clock.now)
+    body = client.get("/v1/queues", headers=auth(ADMIN_KEY)).json()
+    assert body["scope"] == "fleet" and body["usage"] is None
+    assert [tier["name"] for tier in body["tiers"]] == ["premium", "standard", "free"]
+    assert body["tiers"][1] == STANDARD
+    assert body["tiers"][2]["oldest_age_s"] is None and body["tiers"][2]["wait_p50_s"] is None
+    assert body["pool"] == POOL  # configured pool_concurrency 4: the worker adds nothing
+    assert body["workers"] == [{"id": "w-1@host", "slots": 2, "expires_in_s": 30.0}]
 
 
 def test_health_ready_and_metrics(client: ApiClient) -> None:
@@ -268,7 +293,7 @@ def test_health_ready_and_metrics(client: ApiClient) -> None:
     for line in (
         'tierq_queue_depth{tier="free"} 1.0',
         'tierq_queue_bound{tier="free"} 40.0',
-        'tierq_jobs{status="queued"} 1.0',
+        'tierq_jobs_entered_total{status="queued"} 1.0',
         "tierq_pool_capacity 4.0",
         'tierq_rejections_total{cause="tenant_limit",limit="quota",tier="free"} 1.0',
         'tierq_backend_up{backend="redis"} 1.0',

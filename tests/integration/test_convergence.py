@@ -20,8 +20,10 @@ from jobs.db.engine import make_engine, make_sessionmaker
 from jobs.dispatcher import Dispatcher
 from jobs.domain import Job, NewJob
 from jobs.execution import execute
+from jobs.histograms import StartFigures
 from jobs.ids import new_job_id
 from jobs.index.base import IndexedJob, NotLeader, Renewal
+from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.leases import Heartbeat
 from jobs.rebuild import rebuild
@@ -369,23 +371,52 @@ def test_a_long_full_pass_renews_the_lead_between_batches(
 # -- every two-step change is safe to interrupt ----------------------------------------------
 
 
-def test_a_failing_reclaim_counter_strands_no_reaped_job(
-    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str, monkeypatch: pytest.MonkeyPatch
+def break_counters(runtime: Runtime) -> None:
+    """Make every metric's Redis write fail for real: each counter key holds a value of the
+    wrong type, so its INCRBY, HINCRBY or ZADD answers an error (WRONGTYPE, not an integer)."""
+    keys = IndexKeys(runtime.settings.key_prefix)
+    runtime.redis.set(keys.leases_reclaimed, "not a number")
+    for key in (keys.job_counts, keys.rejections, keys.repairs, keys.live_jobs):
+        runtime.redis.set(key, "not a hash")
+    for tier in runtime.policy.tiers:
+        for key in (keys.wait_histogram(tier), keys.dispatch_histogram(tier),
+                    keys.recent_waits(tier)):
+            runtime.redis.set(key, "wrong type")
+
+
+def test_failing_counters_strand_no_reaped_job(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
 ) -> None:
     now = time.time()
     job = queue_job(runtime, tenant_id, at=now)
     dispatcher.run_once(now)
+    break_counters(runtime)
 
-    def broken(*_: Any) -> None:
-        raise redis.ConnectionError("the metric's Redis call failed")
-
-    monkeypatch.setattr("jobs.counters.incr_reclaimed", broken)
     stats = dispatcher.run_once(now + TTL + 1)
 
     assert stats.requeued == 1
     back = load(runtime, job.id)
     assert (back.status, back.attempt) == (Status.DISPATCHED, 2)  # and dispatched again
     assert runtime.index.entries_of([job.id])[job.id].leased
+
+
+def test_failing_counters_stop_no_start_and_no_release(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """The start renewal and the release count in the same script as they renew and release:
+    a counter that cannot be written changes neither."""
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now)
+    dispatcher.run_once(now)
+    job = move(runtime, load(runtime, job.id), Status.RUNNING, now)
+    break_counters(runtime)
+
+    started = StartFigures(wait_s=1.0, dispatch_s=0.1)
+    assert runtime.index.renew_checked(job.id, attempt=1, ttl_s=TTL, announce=True,
+                                       start=started) is Renewal.HELD
+    assert runtime.index.release(job.id, attempt=1, ring=True, outcome="succeeded") is False
+    assert job.id not in runtime.index.entries_of([job.id])  # released all the same
+    assert runtime.index.inflight() == 0
 
 
 def test_a_cancel_request_whose_flag_was_lost_reaches_the_running_job(

@@ -160,6 +160,7 @@ def test_docker_compose_config_accepts_it_and_requires_the_admin_key() -> None:
 def test_the_expected_services_are_declared() -> None:
     assert set(services()) == {
         "postgres", "redis", "migrate", "api", "dispatcher", "worker", "flower", "prometheus",
+        "grafana",
     }
     assert set(tierq_services()) == {"migrate", "api", "dispatcher", "worker", "flower"}
 

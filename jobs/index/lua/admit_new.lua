@@ -20,8 +20,11 @@
 -- in doubles; the index contract suite holds the two equal. Checks, in order: the rate
 -- (refused: 'rate', at the position ZCOUNT gives), the tenant's own deadline (its jobs in
 -- flight and queued under its cap: 'deadline', at the same position), then admit_job.
--- A job already indexed takes no token and is checked against nothing. A refusal adds one
--- to its tier's and its tenant's count of its reason in KEYS[18] (the dashboard reads them).
+-- A job already indexed takes no token and is checked against nothing.
+-- Counted (jobs.counters): a refusal in counters:rejections under 'tier|cause|limit', a new
+-- job accepted as 'queued' in counters:jobs; a duplicate is neither. A refusal also adds one
+-- to its tier's and its tenant's count of its reason in KEYS[18], one hash per minute (the
+-- dashboard reads the last minutes). Counting uses pcall: a count never fails an admission.
 local job, tenant, tier, order_key = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_or_server(ARGV[6])
 local max_wait = tonumber(ARGV[17])
@@ -30,16 +33,28 @@ local duplicate = meta_of(job) ~= nil
 local function ahead_at(score) return redis.call('ZCOUNT', QUEUED, '-inf', score) end
 
 local function count_refusal(reason)
-  redis.call('HINCRBY', KEYS[18], cjson.encode({'tier', tier, reason}), 1)
-  redis.call('HINCRBY', KEYS[18], cjson.encode({'tenant', tenant, reason}), 1)
-  redis.call('EXPIRE', KEYS[18], tonumber(ARGV[18]))
+  redis.pcall('HINCRBY', KEYS[18], cjson.encode({'tier', tier, reason}), 1)
+  redis.pcall('HINCRBY', KEYS[18], cjson.encode({'tenant', tenant, reason}), 1)
+  redis.pcall('EXPIRE', KEYS[18], tonumber(ARGV[18]))
+end
+
+local REFUSED_AS = {rate = 'tenant_limit|rate', tenant_limit = 'tenant_limit|quota',
+                    capacity = 'capacity|bound', deadline = 'capacity|deadline'}
+local function count(accepted, reason, dup)
+  if accepted == 1 then
+    if dup == 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'queued', 1) end
+  else
+    redis.pcall('HINCRBY', PREFIX .. 'counters:rejections',
+               tier .. '|' .. (REFUSED_AS[reason] or ('capacity|' .. reason)), 1)
+    count_refusal(reason)
+  end
 end
 
 local rate = tonumber(ARGV[7])
 if rate and not duplicate then
   local allowed, wait = take_token(KEYS[17], rate, tonumber(ARGV[8]), now)
   if allowed == 0 then
-    count_refusal('rate')
+    count(0, 'rate', 0)
     return {0, 'rate', 0, 0, ahead_at(order_key), 0, 0, 0, 0, '', '',
             string.format('%.17g', wait), 0, 0, ''}
   end
@@ -68,7 +83,7 @@ if max_wait and mu > 0 then
 end
 
 local function verdict(r)
-  if r[1] == 0 then count_refusal(r[5]) end
+  count(r[1], r[5], r[6])
   local measured_out = measured_mean and string.format('%.17g', measured_mean) or ''
   return {r[1], r[5], r[2], r[3], r[4], r[6], tenant_inflight, capacity, inflight,
           measured_out, samples or '', '0', bound, quota, max_position or ''}

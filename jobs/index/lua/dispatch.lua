@@ -5,6 +5,8 @@
 -- ARGV[4] promote limit  ARGV[5] the caller's fencing token ('' unfenced)
 -- ARGV[6] the pool's capacity ('' none): n is cut to the slots it leaves free, counted here,
 --         so a dispatch round needs no round trip to count the leases first
+-- The leases handed out are counted as 'dispatched' in counters:jobs (jobs.counters; with
+-- redis.pcall: a metric never fails the dispatch).
 -- Returns {{job, tenant, tier, order_key, attempt, expires_at}, ...} in dispatch order; a
 -- lease belongs to the attempt its entry was indexed with. Fails NOTLEADER, changing
 -- nothing, when the token is not the leader's.
@@ -51,4 +53,5 @@ while #out < n do
     out[#out + 1] = {job, tenant, m[2], m[3], attempt_of(m), string.format('%.17g', expires_at)}
   end
 end
+if #out > 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'dispatched', #out) end
 return out

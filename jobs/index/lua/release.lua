@@ -5,11 +5,16 @@
 -- ARGV[4] '1': a slot was freed, wake the dispatcher (jobs.wake) in this same round trip
 -- ARGV[5] '1': the job's status just moved (its SQL commit came first): publish its id on
 --         the 'changed' channel (jobs.notify), whether or not a lease was still held
+-- ARGV[6] the status the job just moved to ('' none): counted in counters:jobs
+--         (jobs.counters), whether or not a lease was still held
 -- Returns 1 when the tenant moved from blocked to runnable, else 0 (also: no such lease, or
 -- the lease belongs to another attempt, which is left alone).
 if fenced_out(ARGV[3]) then return redis.error_reply(NOT_LEADER) end
 local job = ARGV[1]
 if ARGV[5] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
+if ARGV[6] ~= nil and ARGV[6] ~= '' then
+  redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[6], 1)
+end
 if not redis.call('ZSCORE', LEASES, job) then return 0 end
 local m = meta_of(job)
 if ARGV[2] ~= '' and attempt_of(m) ~= tonumber(ARGV[2]) then return 0 end

@@ -3,6 +3,12 @@
 -- ARGV[1] job  ARGV[2] attempt  ARGV[3] ttl in seconds  ARGV[4] now ('' Redis's clock)
 -- ARGV[5] '1': the job's status just moved (a worker's start, committed first): publish its
 --         id on the 'changed' channel (jobs.notify) in this same round trip
+-- ARGV[6..11] (a start only, '' or absent otherwise; jobs.counters.StartFigures): the queue
+--         wait's bucket and value, the dispatch latency's bucket and value ('' none), the
+--         window of recent waits in seconds and how many of them to keep. Recorded only when
+--         the lease is held: counts 'running' in counters:jobs and adds to the tier's
+--         histograms (hist:wait:<tier>, hist:dispatch:<tier>) and its recent waits, each
+--         with redis.pcall: a metric that cannot be written never fails the renewal.
 -- Returns 0 when the lease is gone or belongs to another attempt (the caller has lost it
 -- and must stop), 1 when renewed, 2 when renewed and a cancel was requested for the job
 -- (flag_cancel.lua): the renewal is how a running job learns of it, with no SQL read.
@@ -16,6 +22,24 @@ local expires_at = now_or_server(ARGV[4]) + tonumber(ARGV[3])
 if expires_at > tonumber(current) then
   redis.call('ZADD', LEASES, 'XX', expires_at, job)
   redis.call('ZADD', lkey(m[1]), 'XX', expires_at, job)
+end
+if ARGV[6] ~= nil and ARGV[6] ~= '' then
+  local tier = m[2]
+  redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'running', 1)
+  local waits = PREFIX .. 'hist:wait:' .. tier
+  redis.pcall('HINCRBY', waits, ARGV[6], 1)
+  redis.pcall('HINCRBYFLOAT', waits, 'sum', ARGV[7])
+  if ARGV[8] ~= '' then
+    local latency = PREFIX .. 'hist:dispatch:' .. tier
+    redis.pcall('HINCRBY', latency, ARGV[8], 1)
+    redis.pcall('HINCRBYFLOAT', latency, 'sum', ARGV[9])
+  end
+  local now = now_or_server(ARGV[4])
+  local recent = PREFIX .. 'recent_waits:' .. tier
+  redis.pcall('ZADD', recent, now, ARGV[7] .. '|' .. job)
+  local oldest = string.format('%.17g', now - tonumber(ARGV[10]))
+  redis.pcall('ZREMRANGEBYSCORE', recent, '-inf', '(' .. oldest)
+  redis.pcall('ZREMRANGEBYRANK', recent, 0, -(tonumber(ARGV[11]) + 1))
 end
 if m[7] == 1 then return 2 end
 return 1
