@@ -9,15 +9,14 @@ from typing import Any
 
 import pytest
 
-from jobs.states import Status
 from tests.integration.api_harness import (
     ADMIN_KEY,
     ApiClient,
     Clock,
     auth,
     dispatch_one,
-    move,
     queue_of,
+    start_one,
 )
 
 pytestmark = pytest.mark.integration
@@ -46,7 +45,7 @@ def busy(client: ApiClient, clock: Clock) -> dict[str, str]:
     clock.now = t0 + 3
     dispatch_one(client, running)
     clock.now = t0 + 4
-    move(client, running, Status.RUNNING)  # waited 4 s
+    start_one(client, running)  # waited 4 s
     assert client.submit(acme["api_key"]).status_code == 202
     assert client.submit(rival["api_key"]).status_code == 202
     refused = client.submit(rival["api_key"])  # over its queued quota of 1
