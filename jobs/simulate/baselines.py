@@ -73,9 +73,11 @@ class _Baseline:
         tenant = traffic.tenant[job]
         tier = traffic.tenant_tier[tenant]
         if self.bounded and self._tier_queued[tier] >= self._bounds[tier]:
-            return Verdict(accepted=False, cause="capacity", limit="bound")
+            return Verdict(accepted=False, cause="capacity", limit="bound",
+                           count=self._tier_queued[tier], limit_value=self._bounds[tier])
         if self.bounded and self._tenant_queued[tenant] >= self._quotas[tier]:
-            return Verdict(accepted=False, cause="tenant_limit", limit="quota")
+            return Verdict(accepted=False, cause="tenant_limit", limit="quota",
+                           count=self._tenant_queued[tenant], limit_value=self._quotas[tier])
         self._count(job, 1)
         self._push(job, 1, now)
         return ACCEPTED

@@ -25,6 +25,10 @@ class Verdict:
     cause: str | None = None
     limit: str | None = None
     told_wait_s: float | None = None  # the estimate the client is told (None: none)
+    # A refusal's figures: what the limit counts (queued jobs of the tier or the tenant,
+    # jobs ahead) and the limit's value, as the index read them.
+    count: int | None = None
+    limit_value: int | None = None
 
 
 ACCEPTED = Verdict(accepted=True)

@@ -51,6 +51,8 @@ class Run:
     start: list[float]  # first start (nan: never started)
     status: bytearray
     refusal: list[str | None]  # "cause/limit" of a refused job
+    # A refused job's (count, limit value) as the contender read them (see ``Verdict``).
+    refusal_figures: dict[int, tuple[int | None, int | None]]
     told_wait_s: list[float | None]
     overtaken_wait_s: list[float]  # per tier, see jobs.simulate.overtaking
     overtaken_gap_s: list[float]
@@ -79,7 +81,8 @@ class Engine:
         self.run = Run(
             policy=contender.name, horizon_s=self.horizon, enqueued=context.enqueued,
             start=[NAN] * n,
-            status=bytearray(n), refusal=[None] * n, told_wait_s=[None] * n,
+            status=bytearray(n), refusal=[None] * n, refusal_figures={},
+            told_wait_s=[None] * n,
             overtaken_wait_s=[], overtaken_gap_s=[], peak=[0] * len(traffic.tenants),
             caps=[], cap_exceeded=0, busy_s=0.0, capacity_s=0.0)
         self.tracker = Overtaking(
@@ -192,6 +195,7 @@ class Engine:
         if not verdict.accepted:
             self.run.status[job] = REFUSED
             self.run.refusal[job] = f"{verdict.cause}/{verdict.limit}"
+            self.run.refusal_figures[job] = (verdict.count, verdict.limit_value)
             return False
         self.run.told_wait_s[job] = verdict.told_wait_s
         self._wait(job)

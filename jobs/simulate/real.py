@@ -19,7 +19,7 @@ import math
 
 from jobs import capacity, policy
 from jobs.capacity import PoolFigures
-from jobs.index.base import AdmissionTerms, IndexedJob
+from jobs.index.base import Admission, AdmissionTerms, IndexedJob
 from jobs.index.memory import MemoryIndex
 from jobs.policy import RateLimit, Tier
 from jobs.service_rate import MeasuredMean
@@ -32,6 +32,19 @@ BATCH = 256  # jobs per dispatch call at most (the dispatcher's batch)
 def job_id(job: int) -> str:
     """Ids that sort in arrival order, as tierq's time-ordered ids do."""
     return f"{job:010d}"
+
+
+def _refused(admission: Admission) -> Verdict:
+    """The refusal as ``jobs.limits`` types it, with the figures it was decided on."""
+    reason = admission.reason or "capacity"
+    figures = {
+        "capacity": (admission.tier_queued, admission.bound),
+        "tenant_limit": (admission.tenant_queued, admission.quota),
+        "deadline": (admission.position, admission.max_position),
+    }.get(reason, (None, None))
+    return Verdict(accepted=False,
+                   cause="tenant_limit" if reason in ("tenant_limit", "rate") else "capacity",
+                   limit=_LIMITS.get(reason, reason), count=figures[0], limit_value=figures[1])
 
 
 class TierqContender:
@@ -92,9 +105,7 @@ class TierqContender:
             pool_concurrency=pol.pool_concurrency, rate=self._rates[tier_index],
             max_wait_s=max_wait))
         if not admission.accepted:
-            reason = admission.reason or "capacity"
-            cause = "tenant_limit" if reason in ("tenant_limit", "rate") else "capacity"
-            return Verdict(accepted=False, cause=cause, limit=_LIMITS.get(reason, reason))
+            return _refused(admission)
         figures = self._figures(admission.capacity, admission.measured)
         load = policy.TenantLoad(cap=figures.caps[tier.name],
                                  inflight=admission.tenant_inflight,
