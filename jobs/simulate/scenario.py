@@ -25,7 +25,7 @@ so one scenario checks any configuration. The named scenarios ship in
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -139,10 +139,16 @@ def _service(data: dict[str, Any], where: str) -> ServiceTime:
 
 
 def _known(data: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
-    allowed = set(cls.__dataclass_fields__)
-    unknown = sorted(set(data) - allowed)
+    """``data`` when it names only ``cls``'s fields and all its required ones."""
+    fields = cls.__dataclass_fields__
+    unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    missing = [name for name, f in fields.items()
+               if name not in data and f.default is MISSING and f.default_factory is MISSING
+               and name not in ("changes", "name")]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)}")
     return dict(data)
 
 
