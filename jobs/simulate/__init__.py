@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from jobs.policy import Policy
 from jobs.simulate.baselines import RescoreContender, StrictContender
-from jobs.simulate.contender import Context, Contender
+from jobs.simulate.contender import Contender, Context
 from jobs.simulate.engine import Engine, Run
 from jobs.simulate.real import TierqContender
 from jobs.simulate.report import PolicyReport, report

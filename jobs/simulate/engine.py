@@ -22,7 +22,7 @@ from jobs import policy
 from jobs.batch_feeder import FEED_PERIOD_S, ITEMS_PER_ROUND
 from jobs.dispatcher import MAINTENANCE_PERIOD_S
 from jobs.service_rate import REFRESH_S, WINDOW, MeasuredMean, weighted_mean
-from jobs.simulate.contender import Context, Contender
+from jobs.simulate.contender import Contender, Context
 from jobs.simulate.overtaking import Overtaking
 from jobs.simulate.scenario import Pool
 

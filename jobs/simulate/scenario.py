@@ -24,6 +24,7 @@ so one scenario checks any configuration. The named scenarios ship in
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import MISSING, dataclass, field
 from importlib import resources
@@ -138,9 +139,9 @@ def _service(data: dict[str, Any], where: str) -> ServiceTime:
     return service
 
 
-def _known(data: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
-    """``data`` when it names only ``cls``'s fields and all its required ones."""
-    fields = cls.__dataclass_fields__
+def _known(data: dict[str, Any], cls: Any, where: str) -> dict[str, Any]:
+    """``data`` when it names only the dataclass ``cls``'s fields and all its required ones."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")

@@ -42,7 +42,7 @@ def test_incremental_measure_equals_its_definition(steps: list[tuple[str, int, i
                 continue
             starter = min(mine, key=lambda j: (waiting[j][1], j))
             arrival = waiting[starter][1]
-            for other, (t, at) in waiting.items():
+            for t, at in waiting.values():
                 cap = CAPS[t]
                 room = cap is None or inflight[t] < cap
                 if RANK[TENANT_TIER[t]] > RANK[TENANT_TIER[tenant]] and room and at < arrival:
