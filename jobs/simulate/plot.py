@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 MISSING = "--plot needs matplotlib: pip install 'tierq[plot]'"
 POINTS = 400  # points per curve: enough for the eye, quick for a million jobs
+# The baseline that mostly coincides with tierq is dashed, so that both show.
+STYLE = {"rescore": "--"}
 
 
 def available() -> bool:
@@ -44,7 +46,7 @@ def _cdf(ax: Any, waits: list[float], admitted: int, label: str) -> None:
     top = max(waits[-1] if waits else 1.0, 1.0)
     xs = [top * i / POINTS for i in range(POINTS + 1)]
     ys = [bisect.bisect_right(waits, x) / admitted for x in xs]
-    ax.plot(xs, ys, label=label)
+    ax.plot(xs, ys, STYLE.get(label, "-"), label=label)
 
 
 def _smooth(values: list[float], width: int = 5) -> list[float]:
@@ -91,7 +93,8 @@ def draw(pol: Policy, comparison: Comparison, path: Path) -> None:
     ax = axes[2][0]
     for run in runs:
         busy = [s.busy / s.capacity if s.capacity else 0.0 for s in run.samples]
-        ax.plot([s.at_s for s in run.samples], _smooth(busy), label=run.policy)
+        ax.plot([s.at_s for s in run.samples], _smooth(busy), STYLE.get(run.policy, "-"),
+                label=run.policy)
     ax.set_ylim(0, 1.05)
     ax.set(title="pool utilisation", xlabel="time (s)", ylabel="busy slots / capacity")
     ax.legend(fontsize="small")
