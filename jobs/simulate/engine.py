@@ -57,8 +57,9 @@ class Run:
     overtaken_wait_s: list[float]  # per tier, see jobs.simulate.overtaking
     overtaken_gap_s: list[float]
     peak: list[int]  # per tenant: most jobs running at once
-    caps: list[int | None]  # per tenant, at the end
+    caps: list[int | None]  # per tenant, the largest cap it had (None: no cap)
     cap_exceeded: int  # starts that took a tenant over its cap
+    restarts: int  # starts of a second or later attempt (retried or reaped)
     busy_s: float  # slot-seconds of work
     capacity_s: float  # slot-seconds of pool
     samples: list[Sample] = field(default_factory=list)
@@ -84,7 +85,8 @@ class Engine:
             status=bytearray(n), refusal=[None] * n, refusal_figures={},
             told_wait_s=[None] * n,
             overtaken_wait_s=[], overtaken_gap_s=[], peak=[0] * len(traffic.tenants),
-            caps=[], cap_exceeded=0, busy_s=0.0, capacity_s=0.0)
+            caps=[None] * len(traffic.tenants), cap_exceeded=0, restarts=0, busy_s=0.0,
+            capacity_s=0.0)
         self.tracker = Overtaking(
             tenant_tier=traffic.tenant_tier,
             tier_rank=[t.base_priority for t in context.tiers], cap=contender.cap)
@@ -101,6 +103,7 @@ class Engine:
         self._sample_dt = self.horizon / samples if self.horizon > 0 else math.inf
         self._ttl = context.policy.lease_ttl_s
         self._held: dict[int, deque[int]] = {}  # tenant → batch items not admitted yet
+        self._backoff: dict[int, int] = {}  # job → the attempt that waits out its backoff
 
     def _push(self, at: float, kind: int, job: int = 0, attempt: int = 0) -> None:
         heapq.heappush(self._events, (at, next(self._seq), kind, job, attempt))
@@ -109,8 +112,16 @@ class Engine:
         for _ in range(count):
             self._workers[f"w{self._next_worker}"] = self.pool.slots
             self._next_worker += 1
+        self._pool_changed(now)
+
+    def _pool_changed(self, now: float) -> None:
         self._capacity = self.c.set_workers(dict(self._workers), now)
         self.tracker.refresh_all()
+        caps = self.run.caps
+        for tenant in range(len(caps)):
+            cap, seen = self.c.cap(tenant), caps[tenant]
+            if cap is not None and (seen is None or cap > seen):
+                caps[tenant] = cap
 
     def simulate(self) -> Run:
         began = time.perf_counter()
@@ -156,7 +167,6 @@ class Engine:
         run.capacity_s += self._capacity * (self.horizon - last)
         run.overtaken_wait_s = list(self.tracker.wait_max)
         run.overtaken_gap_s = list(self.tracker.gap_max)
-        run.caps = [self.c.cap(t) for t in range(len(traffic.tenants))]
         run.wall_s = time.perf_counter() - began
         return run
 
@@ -170,7 +180,8 @@ class Engine:
             self._renew(job, attempt, now)
             return False
         if kind == _WAKE:
-            self._wait(job)
+            if self._backoff.pop(job, None) == attempt:  # not expired meanwhile
+                self._wait(job)
             return True
         if kind == _FEED:
             return self._feed(now)
@@ -231,6 +242,7 @@ class Engine:
         traffic = self.context.traffic
         for job in jobs:
             self.run.status[job] = EXPIRED
+            self._backoff.pop(job, None)
             self.tracker.unwait(job, traffic.tenant[job], self.context.enqueued[job])
 
     def _start(self, job: int, attempt: int, now: float) -> None:
@@ -239,6 +251,8 @@ class Engine:
         if math.isnan(run.start[job]):
             run.start[job] = now
             run.status[job] = SERVED
+        if attempt > 1:
+            run.restarts += 1
         self._busy += 1
         running = self._tenant_running[tenant] = self._tenant_running[tenant] + 1
         if running > run.peak[tenant]:
@@ -285,6 +299,7 @@ class Engine:
         if not_before is None:
             self._wait(job)
         else:
+            self._backoff[job] = attempt + 1
             self._push(not_before, _WAKE, job, attempt + 1)
 
     def _renew(self, job: int, attempt: int, now: float) -> None:
@@ -306,7 +321,7 @@ class Engine:
         before = self._capacity
         for worker in leaving:
             del self._workers[worker]
-        self._capacity = self.c.set_workers(dict(self._workers), now)
+        self._pool_changed(now)
         if change.crash and before:
             lost_slots = len(leaving) * self.pool.slots
             for job in list(self._running)[: math.ceil(len(self._running) * lost_slots / before)]:
@@ -314,4 +329,3 @@ class Engine:
                 self._stop(job)
                 self.c.lose(job, attempt, now)
             self._push(now + self._ttl, _REAP)
-        self.tracker.refresh_all()

@@ -77,7 +77,10 @@ class Overtaking:
         self._refresh(tenant)
 
     def unwait(self, job: int, tenant: int, arrival: float) -> None:
-        del self._live[job]
+        """``job`` stopped waiting without starting (expired); a job not waiting (a retry
+        still in its backoff) is left as it is."""
+        if self._live.pop(job, None) is None:
+            return
         head = self._head_of[tenant]
         if head is not None and head[1] == job:
             self._refresh(tenant)

@@ -40,7 +40,7 @@ class TierReport:
     overtaken_gap_s: float
     tenants: int
     peak: int  # most jobs one tenant ran at once
-    cap: int | None  # the tenants' cap at the end (None: no cap)
+    cap: int | None  # the largest cap its tenants had (None: no cap)
     # |waited − told| of served jobs that were told an estimate (None: none told)
     told_error: Waits | None
 
