@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jobs.simulate.engine import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run
 from jobs.simulate.traffic import Traffic
@@ -80,38 +80,66 @@ def waits_by_tier(run: Run, traffic: Traffic) -> list[list[float]]:
     return out
 
 
-def report(run: Run, traffic: Traffic) -> PolicyReport:
+@dataclass
+class _Row:
+    """What one row of the report gathers as the jobs are walked."""
+
+    counts: Counter[int] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)
+    oldest_waiting: float = math.inf
+    waits: list[float] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)  # |waited - told|
+    tenants: set[int] = field(default_factory=set)
+
+
+def _walk(run: Run, traffic: Traffic) -> list[_Row]:
+    """Rows ``0 .. tiers-1`` for the tiers' interactive jobs, ``tiers + t`` for tier t's batch
+    items: a batch waits for its tenant's quota, interactive work should not."""
     ntiers = len(traffic.tiers)
-    counts = [Counter[int]() for _ in range(ntiers)]
-    refused = [Counter[str]() for _ in range(ntiers)]
-    oldest_waiting = [math.inf] * ntiers
-    errors: list[list[float]] = [[] for _ in range(ntiers)]
+    rows = [_Row() for _ in range(2 * ntiers)]
     for job, status in enumerate(run.status):
-        tier = traffic.tenant_tier[traffic.tenant[job]]
-        counts[tier][status] += 1
+        tenant = traffic.tenant[job]
+        row = rows[traffic.tenant_tier[tenant] + (ntiers if traffic.batch[job] else 0)]
+        row.counts[status] += 1
+        row.tenants.add(tenant)
+        start = run.start[job]
+        if start == start:  # not nan: started
+            row.waits.append(start - run.enqueued[job])
         if status == REFUSED:
-            refused[tier][run.refusal[job] or "?"] += 1
+            row.refused[run.refusal[job] or "?"] += 1
         elif status == WAITING:
-            oldest_waiting[tier] = min(oldest_waiting[tier], run.enqueued[job])
+            row.oldest_waiting = min(row.oldest_waiting, run.enqueued[job])
         told = run.told_wait_s[job]
         if told is not None and status in (SERVED, FAILED):
-            errors[tier].append(abs(run.start[job] - run.enqueued[job] - told))
-    per_tier = waits_by_tier(run, traffic)
+            row.errors.append(abs(start - run.enqueued[job] - told))
+    return rows
+
+
+def report(run: Run, traffic: Traffic) -> PolicyReport:
+    ntiers = len(traffic.tiers)
+    rows = _walk(run, traffic)
     tiers = []
-    for t, name in enumerate(traffic.tiers):
-        members = [n for n, tier in enumerate(traffic.tenant_tier) if tier == t]
-        caps = {run.caps[n] for n in members}
+    for r, row in enumerate(rows):
+        if not row.counts:
+            continue
+        t = r % ntiers
+        batch = r >= ntiers
+        counts = row.counts
+        caps = [run.caps[n] for n in row.tenants]
         tiers.append(TierReport(
-            tier=name, policy=run.policy, submitted=sum(counts[t].values()),
-            served=counts[t][SERVED] + counts[t][FAILED], refused=dict(refused[t]),
-            expired=counts[t][EXPIRED], failed=counts[t][FAILED], waiting=counts[t][WAITING],
-            held=counts[t][HELD],
-            waiting_max_s=max(0.0, run.horizon_s - oldest_waiting[t]),
-            waits=waits(per_tier[t]), overtaken_wait_s=run.overtaken_wait_s[t],
-            overtaken_gap_s=run.overtaken_gap_s[t], tenants=len(members),
-            peak=max((run.peak[n] for n in members), default=0),
+            tier=traffic.tiers[t] + (" batch" if batch else ""), policy=run.policy,
+            submitted=sum(counts.values()), served=counts[SERVED] + counts[FAILED],
+            refused=dict(row.refused), expired=counts[EXPIRED], failed=counts[FAILED],
+            waiting=counts[WAITING], held=counts[HELD],
+            waiting_max_s=max(0.0, run.horizon_s - row.oldest_waiting),
+            waits=waits(row.waits),
+            # Overtaking is measured per tier, on its interactive row.
+            overtaken_wait_s=math.nan if batch else run.overtaken_wait_s[t],
+            overtaken_gap_s=math.nan if batch else run.overtaken_gap_s[t],
+            tenants=len(row.tenants), peak=max((run.peak[n] for n in row.tenants), default=0),
             cap=max((c for c in caps if c is not None), default=None),
-            told_error=waits(errors[t])))
+            told_error=waits(row.errors)))
+    tiers.sort(key=lambda tier: traffic.tiers.index(tier.tier.removesuffix(" batch")))
     return PolicyReport(policy=run.policy, jobs=len(traffic), tiers=tiers,
                         utilisation=run.utilisation, cap_exceeded=run.cap_exceeded,
                         wall_s=run.wall_s)

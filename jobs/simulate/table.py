@@ -80,10 +80,11 @@ def pool_table(reports: list[PolicyReport]) -> Table:
 def guarantee_lines(pol: Policy, reports: list[PolicyReport]) -> list[str]:
     """One line per tier below the best: its ageing guarantee and the worst overtaking seen
     under each policy."""
-    tiers = [pol.tier(t.tier) for t in reports[0].tiers]
-    best = min(tiers, key=lambda t: t.base_priority)
+    rows = [(i, pol.tier(t.tier)) for i, t in enumerate(reports[0].tiers)
+            if not t.tier.endswith(" batch")]
+    best = min((tier for _, tier in rows), key=lambda t: t.base_priority)
     lines = []
-    for i, tier in enumerate(tiers):
+    for i, tier in rows:
         if tier.base_priority == best.base_priority:
             continue
         after = policy.ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)

@@ -192,3 +192,18 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile(values, 1.0) == 100.0
     assert percentile([3.0], 0.99) == 3.0
     assert EXPIRED != FAILED  # distinct outcomes
+
+
+def test_a_batch_does_not_hold_up_interactive_work(pol: Policy) -> None:
+    """``batch``: 50,000 items of one standard tenant among interactive traffic. Fed as its
+    quota has room and run at its cap, the batch leaves interactive standard work its wait;
+    in one priority queue it takes the pool and interactive work waits behind it."""
+    batch = compare(pol, scenario.load("batch"), jobs=60_000, seed=1,
+                    policies=["strict", "tierq"])
+    interactive = _tier(batch, "tierq", "standard")
+    items = _tier(batch, "tierq", "standard batch")
+    assert interactive.waits is not None
+    assert interactive.waits.p99 <= pol.tier("standard").max_wait_s
+    assert items.peak == items.cap and items.held > 0
+    starved = _tier(batch, "strict", "standard")
+    assert starved.waiting > 0.5 * starved.submitted
