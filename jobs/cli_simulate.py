@@ -49,6 +49,7 @@ def simulate(
     from jobs.simulate import plot as plotting
     from jobs.simulate import scenario as scenarios
     from jobs.simulate import table
+    from jobs.simulate.report import busiest_tenants
 
     if plot is not None and not plotting.available():
         _fail(plotting.MISSING, 2)
@@ -69,6 +70,7 @@ def simulate(
     console.print(table.tier_table(
         comparison.reports,
         f"{chosen.name}: {count:,} jobs over {horizon:,.0f} simulated seconds"))
+    console.print(table.tenant_table(busiest_tenants(comparison.runs, comparison.traffic)))
     console.print(table.pool_table(comparison.reports))
     for line in table.guarantee_lines(pol, comparison.reports):
         console.print(line)

@@ -143,3 +143,33 @@ def report(run: Run, traffic: Traffic) -> PolicyReport:
     return PolicyReport(policy=run.policy, jobs=len(traffic), tiers=tiers,
                         utilisation=run.utilisation, cap_exceeded=run.cap_exceeded,
                         wall_s=run.wall_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantReport:
+    """One tenant across the policies: jobs served and the most it ran at once, by policy."""
+
+    tenant: str
+    tier: str
+    submitted: int
+    served: dict[str, int]
+    peak: dict[str, int]
+    cap: dict[str, int | None]
+
+
+def busiest_tenants(runs: list[Run], traffic: Traffic, top: int = 5) -> list[TenantReport]:
+    """The ``top`` tenants by jobs submitted (ties: the better tier, then the name)."""
+    submitted = Counter(traffic.tenant)
+    chosen = sorted(submitted, key=lambda n: (-submitted[n], traffic.tenant_tier[n],
+                                              traffic.tenants[n]))[:top]
+    served = {run.policy: Counter[int]() for run in runs}
+    for run in runs:
+        mine = served[run.policy]
+        for job, start in enumerate(run.start):
+            if start == start:
+                mine[traffic.tenant[job]] += 1
+    return [TenantReport(
+        tenant=traffic.tenants[n], tier=traffic.tiers[traffic.tenant_tier[n]],
+        submitted=submitted[n], served={run.policy: served[run.policy][n] for run in runs},
+        peak={run.policy: run.peak[n] for run in runs},
+        cap={run.policy: run.caps[n] for run in runs}) for n in chosen]

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from jobs import policy
 from jobs.policy import Policy
-from jobs.simulate.report import PolicyReport, TierReport, Waits
+from jobs.simulate.report import PolicyReport, TenantReport, TierReport, Waits
 
 NONE = "-"
 
@@ -74,6 +74,26 @@ def pool_table(reports: list[PolicyReport]) -> Table:
         rate = rep.jobs / rep.wall_s if rep.wall_s else 0.0
         table.add_row(rep.policy, f"{rep.utilisation:.1%}", f"{rep.cap_exceeded:,}", error,
                       f"{rep.wall_s:.2f}", f"{rate:,.0f}")
+    return table
+
+
+def tenant_table(tenants: list[TenantReport]) -> Table:
+    """The busiest tenants: what each policy served them and the most they ran at once."""
+    table = Table(title="busiest tenants")
+    table.add_column("tenant")
+    table.add_column("tier")
+    table.add_column("submitted", justify="right")
+    policies = list(tenants[0].served) if tenants else []
+    for name in policies:
+        table.add_column(f"{name}\nserved", justify="right")
+        table.add_column(f"{name}\npeak / cap", justify="right")
+    for tenant in tenants:
+        cells = []
+        for name in policies:
+            cap = tenant.cap[name]
+            cells += [f"{tenant.served[name]:,}",
+                      f"{tenant.peak[name]} / {NONE if cap is None else cap}"]
+        table.add_row(tenant.tenant, tenant.tier, f"{tenant.submitted:,}", *cells)
     return table
 
 

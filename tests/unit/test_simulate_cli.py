@@ -120,3 +120,17 @@ def test_simulate_has_help(app: typer.Typer) -> None:
     assert result.exit_code == 0
     for option in ("--scenario", "--config", "--jobs", "--seed", "--plot", "--policies"):
         assert option in result.stdout
+
+
+def test_the_busiest_tenants_show_their_peaks_against_their_caps(app: typer.Typer) -> None:
+    result = CliRunner().invoke(
+        app, ["simulate", "--scenario", "noisy", "--jobs", "6000", "--policies", "strict,tierq"],
+        env=ENV)
+    assert result.exit_code == 0, result.output
+    loud = next(line for line in result.stdout.splitlines() if line.startswith("│ noisy-0"))
+    cells = [cell.strip() for cell in loud.split("│")[1:-1]]
+    # tenant, tier, submitted, strict served, strict peak / cap, tierq served, tierq peak / cap
+    assert cells[1] == "premium"
+    assert int(cells[4].split(" / ")[0]) > 6 and cells[4].endswith("/ -")
+    assert cells[6] == "6 / 6"
+    assert int(cells[5].replace(",", "")) < int(cells[3].replace(",", ""))
