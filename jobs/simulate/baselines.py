@@ -62,7 +62,15 @@ class _Baseline:
         self._refigure()
 
     def cap(self, tenant: int) -> int | None:
-        return self._caps[self.context.traffic.tenant_tier[tenant]] if self.capped else None
+        if not self.capped:
+            return None
+        traffic = self.context.traffic
+        own = traffic.overrides.get(tenant, (None, None))[0]
+        return own if own is not None else self._caps[traffic.tenant_tier[tenant]]
+
+    def _quota(self, tenant: int, tier: int) -> int:
+        own = self.context.traffic.overrides.get(tenant, (None, None))[1]
+        return own if own is not None else self._quotas[tier]
 
     def _room(self, tenant: int) -> bool:
         cap = self.cap(tenant)
@@ -75,9 +83,10 @@ class _Baseline:
         if self.bounded and self._tier_queued[tier] >= self._bounds[tier]:
             return Verdict(accepted=False, cause="capacity", limit="bound",
                            count=self._tier_queued[tier], limit_value=self._bounds[tier])
-        if self.bounded and self._tenant_queued[tenant] >= self._quotas[tier]:
+        if self.bounded and self._tenant_queued[tenant] >= self._quota(tenant, tier):
             return Verdict(accepted=False, cause="tenant_limit", limit="quota",
-                           count=self._tenant_queued[tenant], limit_value=self._quotas[tier])
+                           count=self._tenant_queued[tenant],
+                           limit_value=self._quota(tenant, tier))
         self._count(job, 1)
         self._push(job, 1, now)
         return ACCEPTED

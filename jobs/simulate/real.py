@@ -78,14 +78,22 @@ class TierqContender:
         self._capacity = self.policy.pool_concurrency or self.index.pool_capacity(now=now)
         figures = capacity.figures(self.policy, capacity=self._capacity, inflight=0)
         self._caps = [figures.caps[name] for name in self._tier_names]
-        self.index.set_caps(figures.caps)
+        traffic = self.context.traffic
+        own_caps = {traffic.tenants[t]: cap for t, (cap, _) in traffic.overrides.items()
+                    if cap is not None}
+        self.index.set_caps(figures.caps, own_caps)
         return self._capacity
 
     def measured(self, mean: MeasuredMean, now: float) -> None:
         self.index.service_mean = (mean.mean_s, mean.samples)
 
     def cap(self, tenant: int) -> int | None:
-        return self._caps[self.context.traffic.tenant_tier[tenant]]
+        own = self._own(tenant)[0]
+        return own if own is not None else self._caps[self.context.traffic.tenant_tier[tenant]]
+
+    def _own(self, tenant: int) -> tuple[int | None, int | None]:
+        """The tenant's own (cap, max_queued), as its record would hold them."""
+        return self.context.traffic.overrides.get(tenant, (None, None))
 
     # -- submit --
 
@@ -95,6 +103,7 @@ class TierqContender:
         tier_index = traffic.tier_of(job)
         tier = self._tiers[tier_index]
         max_wait = traffic.max_wait_s[job]
+        own_cap, own_quota = self._own(traffic.tenant[job])
         entry = IndexedJob(
             job_id=job_id(job), tenant=traffic.tenants[traffic.tenant[job]], tier=tier.name,
             order_key=policy.order_key(now, tier.base_priority, pol.ageing_rate_s),
@@ -103,11 +112,11 @@ class TierqContender:
             now=now, tier=tier, mean_service_s=pol.mean_service_s,
             service_samples_min=pol.service_samples_min, client_timeout_s=pol.client_timeout_s,
             pool_concurrency=pol.pool_concurrency, rate=self._rates[tier_index],
-            max_wait_s=max_wait))
+            tenant_cap=own_cap, tenant_quota=own_quota, max_wait_s=max_wait))
         if not admission.accepted:
             return _refused(admission)
         figures = self._figures(admission.capacity, admission.measured)
-        load = policy.TenantLoad(cap=figures.caps[tier.name],
+        load = policy.TenantLoad(cap=own_cap or figures.caps[tier.name],
                                  inflight=admission.tenant_inflight,
                                  ahead=max(0, admission.tenant_queued - 1))
         told = policy.expected_wait_s(
@@ -134,10 +143,12 @@ class TierqContender:
         traffic = self.context.traffic
         tier = self._tiers[traffic.tier_of(job)]
         figures = self._figures(self._capacity, self.index.service_mean)
+        own_quota = self._own(traffic.tenant[job])[1]
         outcome = self.index.admit(
             IndexedJob(job_id=job_id(job), tenant=traffic.tenants[traffic.tenant[job]],
                        tier=tier.name, order_key=self.policy.order_key(tier.name, now)),
-            bound=figures.bounds[tier.name], tenant_quota=figures.quotas[tier.name])
+            bound=figures.bounds[tier.name],
+            tenant_quota=own_quota or figures.quotas[tier.name])
         return outcome.accepted
 
     # -- dispatch and the leases --

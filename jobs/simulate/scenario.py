@@ -89,6 +89,10 @@ class Stream:
     # Uploaded as a batch: the batch feeder admits the jobs as their tenant has room, and
     # their wait (and ageing) starts then.
     batch: bool = False
+    # The tenants' own overrides of their tier's cap and queued quota (as `tierq tenants
+    # update --cap N --max-queued N` sets them); None: the tier's.
+    cap: int | None = None
+    max_queued: int | None = None
     service: ServiceTime | None = None  # None: the scenario's
 
 
@@ -176,6 +180,8 @@ def _stream(data: dict[str, Any], i: int, base: Path | None) -> Stream:
         raise ConfigError(f"{where}: a {stream.pattern} stream needs rate_per_s > 0")
     if stream.pattern == "burst" and stream.size <= 0:
         raise ConfigError(f"{where}: a burst stream needs size > 0")
+    if any(v is not None and v < 1 for v in (stream.cap, stream.max_queued)):
+        raise ConfigError(f"{where}: cap and max_queued are at least 1")
     return stream
 
 

@@ -15,7 +15,7 @@ import itertools
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jobs.errors import ConfigError
 from jobs.simulate.scenario import Scenario, ServiceTime, Stream
@@ -39,6 +39,8 @@ class Traffic:
     failures: list[int]  # attempts that fail before one succeeds
     max_wait_s: list[float | None]
     batch: bytearray  # 1: a batch item, fed as its tenant has room
+    # tenant → its own (cap, max_queued) overrides, either None for the tier's
+    overrides: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -145,9 +147,14 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
         failures.append(fails)
         max_wait_s.append(max_wait)
         batch.append(fed)
+    overrides = {
+        tenants[f"{s.name}-{i}"]: (s.cap, s.max_queued)
+        for s in scenario.streams if s.cap is not None or s.max_queued is not None
+        for i in range(s.tenants) if f"{s.name}-{i}" in tenants
+    }
     return Traffic(tiers=list(tiers), tenants=list(tenants), tenant_tier=tenant_tier,
                    arrival=arrival, tenant=tenant, service_s=service_s, failures=failures,
-                   max_wait_s=max_wait_s, batch=batch)
+                   max_wait_s=max_wait_s, batch=batch, overrides=overrides)
 
 
 def ordered(traffic: Traffic, rank: dict[str, float]) -> Traffic:

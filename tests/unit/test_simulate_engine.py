@@ -104,3 +104,22 @@ def test_the_batch_is_fed_within_its_tenants_quota(everything: Comparison) -> No
             assert fed[-1] > fed[0]
             assert run.peak[eval_tenant] <= (run.caps[eval_tenant] or 0)
             assert run.cap_exceeded == 0
+
+
+def test_a_tenants_own_cap_and_quota_apply(pol: Policy) -> None:
+    own = scenario.parse({
+        "pool": {"workers": 2, "slots": 8},
+        "streams": [
+            {"tier": "free", "name": "big", "rate_per_s": 2.0, "cap": 5},
+            {"tier": "free", "name": "small", "rate_per_s": 2.0, "max_queued": 3},
+        ]}, "own", None)
+    comparison = compare(pol, own, jobs=3_000, seed=1, policies=["rescore", "tierq"])
+    traffic = comparison.traffic
+    big, small = traffic.tenants.index("big-0"), traffic.tenants.index("small-0")
+    for run in comparison.runs:
+        assert run.caps[big] == 5 and run.peak[big] == 5  # free's own cap would be 1
+        assert run.caps[small] == 1 and run.peak[small] == 1
+        assert run.cap_exceeded == 0
+        quota = {run.refusal_figures[j] for j in range(len(traffic))
+                 if traffic.tenant[j] == small and run.refusal[j] == "tenant_limit/quota"}
+        assert quota == {(3, 3)}, run.policy
