@@ -16,6 +16,7 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from jobs import policy
@@ -104,6 +105,10 @@ class Engine:
         self._ttl = context.policy.lease_ttl_s
         self._held: dict[int, deque[int]] = {}  # tenant → batch items not admitted yet
         self._backoff: dict[int, int] = {}  # job → the attempt that waits out its backoff
+        self._last = 0.0  # the time of the last event
+        self._next_sample, self._next_measure = 0.0, REFRESH_S
+        self._next_upkeep = MAINTENANCE_PERIOD_S
+        self._measured_at = 0  # completions behind the last measure
 
     def _push(self, at: float, kind: int, job: int = 0, attempt: int = 0) -> None:
         heapq.heappush(self._events, (at, next(self._seq), kind, job, attempt))
@@ -125,50 +130,62 @@ class Engine:
 
     def simulate(self) -> Run:
         began = time.perf_counter()
-        traffic, run = self.context.traffic, self.run
-        arrival, n = traffic.arrival, len(traffic)
+        run = self.run
         self._add_workers(self.pool.workers, 0.0)
         for i, change in enumerate(self.pool.changes):
             self._push(change.at_s, _POOL, i)
-        i, last, next_measure, next_sample = 0, 0.0, REFRESH_S, 0.0
-        next_upkeep = MAINTENANCE_PERIOD_S
-        measured_at = 0  # completions behind the last measure
-        while True:
-            if self._events and (i >= n or self._events[0][0] <= arrival[i]):
-                now = self._events[0][0]
-                if now > self.horizon:
-                    break
-                _, _, kind, job, attempt = heapq.heappop(self._events)
-            elif i < n:
-                now, kind, job, attempt = arrival[i], -1, i, 0
-                i += 1
-            else:
-                break
-            run.busy_s += self._busy * (now - last)
-            run.capacity_s += self._capacity * (now - last)
-            last = now
-            while now >= next_sample:
-                run.samples.append(Sample(at_s=next_sample, queued=self.c.queued(),
-                                          busy=self._busy, capacity=self._capacity))
-                next_sample += self._sample_dt
-            if now >= next_measure:
-                next_measure = now + REFRESH_S
-                if self._completions != measured_at:
-                    measured_at = self._completions
-                    self.c.measured(MeasuredMean(mean_s=weighted_mean(self._run_times),
-                                                 samples=len(self._run_times)), now)
-            if now >= next_upkeep:  # the dispatcher's maintenance: expiry
-                next_upkeep = now + MAINTENANCE_PERIOD_S
-                self._expire(self.c.expire(now))
+        for now, kind, job, attempt in self._timeline():
+            self._upkeep(now)
             # A dispatch can start nothing while every slot is busy.
             if self._handle(kind, job, attempt, now) and self._busy < self._capacity:
                 self._dispatch(now)
-        run.busy_s += self._busy * (self.horizon - last)
-        run.capacity_s += self._capacity * (self.horizon - last)
+        self._account(self.horizon)
         run.overtaken_wait_s = list(self.tracker.wait_max)
         run.overtaken_gap_s = list(self.tracker.gap_max)
         run.wall_s = time.perf_counter() - began
         return run
+
+    def _timeline(self) -> Iterator[tuple[float, int, int, int]]:
+        """Arrivals and events in time order, up to the last arrival: (time, kind, job,
+        attempt), kind -1 for an arrival."""
+        arrival, n, i = self.context.traffic.arrival, len(self.context.traffic), 0
+        events = self._events
+        while True:
+            if events and (i >= n or events[0][0] <= arrival[i]):
+                if events[0][0] > self.horizon:
+                    return
+                at, _, kind, job, attempt = heapq.heappop(events)
+                yield at, kind, job, attempt
+            elif i < n:
+                i += 1
+                yield arrival[i - 1], -1, i - 1, 0
+            else:
+                return
+
+    def _account(self, now: float) -> None:
+        """Slot-seconds busy and offered since the last event."""
+        elapsed = now - self._last
+        self.run.busy_s += self._busy * elapsed
+        self.run.capacity_s += self._capacity * elapsed
+        self._last = now
+
+    def _upkeep(self, now: float) -> None:
+        """What runs on timers: the samples for the picture, the dispatcher's measure of the
+        mean service time (``REFRESH_S``) and its expiry sweep (``MAINTENANCE_PERIOD_S``)."""
+        self._account(now)
+        while now >= self._next_sample:
+            self.run.samples.append(Sample(at_s=self._next_sample, queued=self.c.queued(),
+                                           busy=self._busy, capacity=self._capacity))
+            self._next_sample += self._sample_dt
+        if now >= self._next_measure:
+            self._next_measure = now + REFRESH_S
+            if self._completions != self._measured_at:
+                self._measured_at = self._completions
+                self.c.measured(MeasuredMean(mean_s=weighted_mean(self._run_times),
+                                             samples=len(self._run_times)), now)
+        if now >= self._next_upkeep:
+            self._next_upkeep = now + MAINTENANCE_PERIOD_S
+            self._expire(self.c.expire(now))
 
     def _handle(self, kind: int, job: int, attempt: int, now: float) -> bool:
         """Play one event; True when a dispatch may start something."""
