@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from jobs.errors import ConfigError
 from jobs.policy import Policy
 from jobs.simulate.baselines import RescoreContender, StrictContender
 from jobs.simulate.contender import Contender, Context
@@ -41,8 +42,6 @@ def traffic_for(pol: Policy, scenario: Scenario, *, jobs: int, seed: int) -> Tra
     traffic = draw(scenario, jobs, seed)
     missing = [name for name in traffic.tiers if name not in pol.tiers]
     if missing:
-        from jobs.errors import ConfigError
-
         raise ConfigError(f"scenario {scenario.name!r} sends tier(s) {', '.join(missing)} "
                           f"that the configuration lacks (it has {', '.join(pol.tiers)})")
     return ordered(traffic, {name: tier.base_priority for name, tier in pol.tiers.items()})

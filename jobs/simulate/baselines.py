@@ -6,8 +6,8 @@
   once per simulated second, a job of a tenant at its cap popped and pushed back (skipped);
   the tier bounds and quotas and the caps of ``jobs.capacity.figures``.
 
-Both expire a job popped past its own deadline and retry as tierq does. Neither tells an
-estimate.
+Both expire a job popped past its own deadline and retry as tierq does. Neither has a rate
+limit or refuses a job for its own deadline, and neither tells an estimate.
 """
 
 from __future__ import annotations
