@@ -25,11 +25,11 @@ def simulate(
     config: Annotated[
         Path | None,
         typer.Option("--config", show_default=False,
-                     help="The TOML configuration whose policy is simulated [env TIERQ_CONFIG]."),
+                     help="The TOML configuration whose policy is simulated (env TIERQ_CONFIG)."),
     ] = None,
     jobs: Annotated[
         int | None, typer.Option("--jobs", min=1, show_default=False,
-                                 help="Jobs to simulate [default: the scenario's].")
+                                 help="Jobs to simulate (default: the scenario's).")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random draws.")] = 1,
     plot: Annotated[

@@ -120,6 +120,8 @@ def test_simulate_has_help(app: typer.Typer) -> None:
     assert result.exit_code == 0
     for option in ("--scenario", "--config", "--jobs", "--seed", "--plot", "--policies"):
         assert option in result.stdout
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert "(env TIERQ_CONFIG)" in text and "(default: the scenario's)" in text
 
 
 def test_the_busiest_tenants_show_their_peaks_against_their_caps(app: typer.Typer) -> None:
