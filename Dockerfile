@@ -11,13 +11,19 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY jobs ./jobs
 COPY workers ./workers
+# Extras to install with it: `docker compose build --build-arg TIERQ_EXTRAS=models` gives the
+# workers the document.embed and eval.similarity handlers (PyTorch and the model).
+ARG TIERQ_EXTRAS=""
 # The wheel is the product: built and installed, then the sources go; migrations ship inside.
 RUN pip wheel --no-deps --wheel-dir /tmp/wheels . \
-    && pip install /tmp/wheels/tierq-*.whl \
+    && wheel="$(ls /tmp/wheels/tierq-*.whl)" \
+    && pip install "${wheel}${TIERQ_EXTRAS:+[$TIERQ_EXTRAS]}" \
     && rm -rf /tmp/wheels /app/* \
     && useradd --create-home --uid 10001 tierq
 USER tierq
 WORKDIR /home/tierq
+# The blob store's mount point, owned by tierq, so that the named volume mounted here is too.
+RUN mkdir -p /home/tierq/blobs
 EXPOSE 8000 5555
 # docker stop sends SIGTERM: workers leave the pool and finish their jobs, a leading
 # dispatcher resigns, the API lets open requests finish (compose sets the grace periods).

@@ -8,6 +8,8 @@ PYTEST_ARGS ?=
 SUBMIT_BENCH_ARGS ?=
 # e.g. make bench E2E_BENCH_ARGS='--jobs 200 --reps 1 --samples 20 --queued 2000 --tenants 4'
 E2E_BENCH_ARGS ?=
+# e.g. make bench BATCH_BENCH_ARGS='--items 2000 --singles 20'
+BATCH_BENCH_ARGS ?=
 # e.g. make bench SIMULATE_BENCH_ARGS='--jobs 100000 --policies tierq'
 SIMULATE_BENCH_ARGS ?=
 
@@ -40,6 +42,7 @@ bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
 	$(BIN)/python bench/index_ceiling.py
 	$(BIN)/python bench/submit.py $(SUBMIT_BENCH_ARGS)
 	$(BIN)/python bench/e2e.py $(E2E_BENCH_ARGS)
+	$(BIN)/python bench/batches.py $(BATCH_BENCH_ARGS)
 	$(BIN)/python bench/simulate.py $(SIMULATE_BENCH_ARGS)
 
 clean: ## remove the virtual environment and local data

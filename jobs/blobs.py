@@ -48,7 +48,7 @@ class BlobStore:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BlobStore:
-        return cls(settings.blob_url or str(settings.home() / BLOBS_DIR))
+        return cls(store_url(settings))
 
     def path_of(self, sha256: str) -> str:
         if not is_digest(sha256):
@@ -83,6 +83,11 @@ class BlobStore:
         path = self.path_of(sha256)
         if self._fs.exists(path):
             self._fs.rm_file(path)
+
+
+def store_url(settings: Settings) -> str:
+    """The configured store, else ``blobs`` in the data directory."""
+    return settings.blob_url or str(settings.home() / BLOBS_DIR)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

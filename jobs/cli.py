@@ -43,7 +43,7 @@ P = ParamSpec("P")
 ApiUrl = Annotated[
     str | None,
     typer.Option("--api", envvar="TIERQ_API_URL",
-                 help="Base URL of the tierq API [default: that of the running `tierq up`].",
+                 help="Base URL of the tierq API (default: that of the running `tierq up`).",
                  show_default=False),
 ]
 ApiKey = Annotated[
@@ -147,7 +147,7 @@ def up(
     concurrency: Annotated[int, typer.Option(min=1, help="Worker slots.")] = 2,
     data_dir: Annotated[
         Path | None,
-        typer.Option(help="SQLite file, Redis socket, keys [default: ./.tierq].",
+        typer.Option(help="SQLite file, Redis socket, keys (default: ./.tierq).",
                      show_default=False),
     ] = None,
     grace: Annotated[
@@ -155,7 +155,7 @@ def up(
         typer.Option(min=0.1, max=86400, show_default=False,
                      help="Seconds a stop waits for running jobs before killing; jobs that "
                           "cannot finish in it go back to the queue, uncharged "
-                          "[default: policy.stop_grace_s, 10]."),
+                          "(default: policy.stop_grace_s, 10)."),
     ] = None,
 ) -> None:
     """Run the whole system on this machine: API, dispatcher, worker (and Redis)."""
@@ -208,8 +208,8 @@ def dispatcher() -> None:
 def worker(
     concurrency: Annotated[int | None, typer.Option(
         min=1, show_default=False,
-        help="Jobs run at once [default: 1 on a GPU, 2 on a CPU; TIERQ_DEVICE names the "
-             "device].")] = None,
+        help="Jobs run at once (default: 1 on a GPU, 2 on a CPU; TIERQ_DEVICE names the "
+             "device).")] = None,
     pool: Annotated[Literal["threads", "prefork", "solo"], typer.Option(help="Celery pool.")] = (
         "threads"
     ),

@@ -9,7 +9,7 @@ or the live workers' slots) and the mean service time the dispatcher measured, o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.table import Table
@@ -18,6 +18,7 @@ from jobs import capacity, policy
 from jobs.capacity import PoolFigures
 from jobs.config import Settings
 from jobs.errors import ConfigError
+from jobs.index.base import LiveWorker
 from jobs.service_rate import MeasuredMean
 
 NONE = "-"
@@ -28,6 +29,7 @@ class LiveView:
     figures: PoolFigures
     worker_slots: int
     measured: MeasuredMean | None
+    workers: list[LiveWorker] = field(default_factory=list)
 
 
 def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, str]:
@@ -49,7 +51,7 @@ def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, 
         measured = read_measured(client, settings.key_prefix)
         figures = capacity.read_pool(pol, index, now=now, measured=measured)
         view = LiveView(figures=figures, worker_slots=index.pool_capacity(now=now),
-                        measured=measured)
+                        measured=measured, workers=index.live_workers(now=now))
         return view, ""
     except (redis.RedisError, OSError):
         return None, f"Redis at {url} is not reachable: configured figures only."
@@ -95,6 +97,17 @@ def pool_table(pol: policy.Policy, configured: PoolFigures | None,
     return table
 
 
+def workers_table(live: LiveView) -> Table:
+    """The live workers: the device each runs on and the slots it brings to the pool."""
+    table = Table(title="live workers")
+    table.add_column("worker")
+    table.add_column("device")
+    table.add_column("slots", justify="right")
+    for worker in live.workers:
+        table.add_row(worker.worker_id, worker.device, str(worker.slots))
+    return table
+
+
 def tier_table(pol: policy.Policy, configured: PoolFigures | None,
                live: LiveView | None) -> Table:
     best = min(pol.tiers.values(), key=lambda t: t.base_priority)
@@ -123,6 +136,8 @@ def print_policy(settings: Settings, console: Console) -> None:
     configured = configured_figures(pol)
     live, note = read_live(settings, pol)
     console.print(pool_table(pol, configured, live))
+    if live is not None and live.workers:
+        console.print(workers_table(live))
     console.print(tier_table(pol, configured, live))
     best = min(pol.tiers.values(), key=lambda t: t.base_priority)
     for name, tier in pol.tiers.items():

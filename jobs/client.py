@@ -47,10 +47,12 @@ from jobs.client_protocol import (
     cancel_call,
     error_from_response,
     get_call,
+    linked_result_call,
     list_batches_call,
     list_call,
     new_idempotency_key,
     parse_response,
+    parse_value,
     queues_call,
     result_call,
     retry_delay_s,
@@ -187,8 +189,13 @@ class Client(_ClientCore):
         return self._send(get_call(job_id, wait=wait))
 
     def result(self, job_id: str) -> dict[str, Any]:
-        """The result (``status`` succeeded), or the status while it is not finished."""
-        return self._send(result_call(job_id))
+        """The result (``status`` succeeded), or the status while it is not finished. A
+        result kept in the blob store (``result_url``) is fetched into ``result``."""
+        body = self._send(result_call(job_id))
+        linked = linked_result_call(body)
+        if linked is not None:
+            body = {**body, "result": self._send_value(linked)}
+        return body
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._send(cancel_call(job_id))
@@ -269,11 +276,18 @@ class Client(_ClientCore):
         return result
 
     def _send_once(self, call: Call) -> dict[str, Any]:
+        body = self._send_value_once(call)
+        return body if isinstance(body, dict) else {}
+
+    def _send_value(self, call: Call) -> Any:
+        return Retrying(**self._retrying_args())(self._send_value_once, call)
+
+    def _send_value_once(self, call: Call) -> Any:
         try:
             response = self._http.request(call.method, call.path, **self._request_args(call))
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
-        return parse_response(response.status_code, response.headers, response.content)
+        return parse_value(response.status_code, response.headers, response.content)
 
 
 def _upload_retryable(exc: BaseException) -> bool:
@@ -326,8 +340,13 @@ class AsyncClient(_ClientCore):
         return await self._send(get_call(job_id, wait=wait))
 
     async def result(self, job_id: str) -> dict[str, Any]:
-        """The result (``status`` succeeded), or the status while it is not finished."""
-        return await self._send(result_call(job_id))
+        """The result (``status`` succeeded), or the status while it is not finished. A
+        result kept in the blob store (``result_url``) is fetched into ``result``."""
+        body = await self._send(result_call(job_id))
+        linked = linked_result_call(body)
+        if linked is not None:
+            body = {**body, "result": await self._send_value(linked)}
+        return body
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         return await self._send(cancel_call(job_id))
@@ -407,10 +426,17 @@ class AsyncClient(_ClientCore):
         return result
 
     async def _send_once(self, call: Call) -> dict[str, Any]:
+        body = await self._send_value_once(call)
+        return body if isinstance(body, dict) else {}
+
+    async def _send_value(self, call: Call) -> Any:
+        return await AsyncRetrying(**self._retrying_args())(self._send_value_once, call)
+
+    async def _send_value_once(self, call: Call) -> Any:
         try:
             response = await self._http.request(
                 call.method, call.path, **self._request_args(call)
             )
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
-        return parse_response(response.status_code, response.headers, response.content)
+        return parse_value(response.status_code, response.headers, response.content)

@@ -81,6 +81,9 @@ class Unauthorized(ApiError):
 class Unreachable(ApiError):
     """No HTTP answer (connection refused, timeout); ``status`` is 0."""
 
+    def __str__(self) -> str:
+        return f"the API did not answer: {self.message}"
+
 
 _ERROR_CLASSES: dict[int, type[ApiError]] = {
     401: Unauthorized,
@@ -229,10 +232,21 @@ def _number(value: Any) -> float | None:
 
 def parse_response(status: int, headers: Mapping[str, str], content: bytes) -> dict[str, Any]:
     """The JSON object of a 2xx answer; any other answer raises its typed ``ApiError``."""
+    body = parse_value(status, headers, content)
+    return body if isinstance(body, dict) else {}
+
+
+def parse_value(status: int, headers: Mapping[str, str], content: bytes) -> Any:
+    """The JSON value of a 2xx answer (a result behind ``result_url`` may be any JSON)."""
     if 200 <= status < 300:
-        body = _decode(content)
-        return body if isinstance(body, dict) else {}
+        return _decode(content)
     raise error_from_response(status, headers, content)
+
+
+def linked_result_call(body: Mapping[str, Any]) -> Call | None:
+    """The call that fetches a result kept in the blob store, when ``/result`` linked one."""
+    url = body.get("result_url")
+    return Call(method="GET", path=str(url)) if url else None
 
 
 def error_from_response(status: int, headers: Mapping[str, str], content: bytes) -> ApiError:

@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     # Where uploaded documents live (``jobs.blobs``): a directory or any fsspec URL; None:
     # ``blobs`` in the data directory. API and workers must see the same store.
     blob_url: str | None = None
+    # A result whose JSON is larger than this is kept in the blob store, and
+    # ``GET /v1/jobs/<id>/result`` links to it instead of carrying it.
+    result_inline_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
     # Every Redis key tierq writes starts with this; one hash tag keeps them in one slot.
     key_prefix: str = "{tierq}:"
     config: Path | None = None

@@ -50,6 +50,7 @@ from sqlalchemy.orm import Session
 
 from jobs import capacity, counters, notify, wake
 from jobs.batch_feeder import FEED_PERIOD_S, BatchFeeder
+from jobs.blobs import BlobStore
 from jobs.config import Settings
 from jobs.db import repository
 from jobs.db.repository import Claimed
@@ -143,7 +144,8 @@ class Dispatcher:
     @property
     def retention(self) -> Retention:
         if self._retention is None:
-            self._retention = Retention(self.runtime.sessions, self.runtime.policy)
+            self._retention = Retention(self.runtime.sessions, self.runtime.policy,
+                                        blobs=BlobStore.from_settings(self.runtime.settings))
         return self._retention
     _feeder: BatchFeeder | None = field(default=None, init=False)
     _fed_at: float = field(default=float("-inf"), init=False)

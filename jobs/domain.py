@@ -70,6 +70,7 @@ class NewJob:
     max_wait_s: float | None = None
     idempotency_key: str | None = None
     created_at: float | None = None  # None: the same as enqueued_at
+    blob: str | None = None  # the document the job reads (sha256 in the blob store)
     id: str = field(default_factory=new_job_id)
 
     @property
@@ -114,6 +115,9 @@ class Job:
     # The batch this job is an item of, and its place there (None: a single job).
     batch_id: str | None = None
     batch_index: int | None = None
+    # The document it reads, and the blob holding a result too large to keep inline.
+    blob: str | None = None
+    result_blob: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -148,4 +152,29 @@ class Job:
             result_fetched_at=_epoch(row.result_fetched_at),
             batch_id=getattr(row, "batch_id", None),
             batch_index=getattr(row, "batch_index", None),
+            blob=getattr(row, "blob", None),
+            result_blob=getattr(row, "result_blob", None),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSummary:
+    """A job's identity, state and times, without its payload or result (the dashboard's
+    list of a tenant's latest jobs)."""
+
+    id: str
+    kind: str
+    tier: str
+    status: Status
+    created_at: float
+    enqueued_at: float
+    started_at: float | None = None
+
+    @classmethod
+    def from_columns(
+        cls, *, id: str, kind: str, tier: str, status: str, created_at: datetime,
+        enqueued_at: datetime, started_at: datetime | None,
+    ) -> JobSummary:
+        return cls(id=id, kind=kind, tier=tier, status=Status(status),
+                   created_at=_epoch_required(created_at),
+                   enqueued_at=_epoch_required(enqueued_at), started_at=_epoch(started_at))

@@ -36,6 +36,7 @@ duplicated or stale message, or a late result after the lease was reaped, change
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -47,6 +48,7 @@ import redis
 from sqlalchemy.orm import Session
 
 from jobs import notify, wake
+from jobs.blobs import BlobStore, store_url
 from jobs.db import repository
 from jobs.domain import Job
 from jobs.index.base import IndexedJob
@@ -54,6 +56,7 @@ from jobs.leases import CANCEL_POLL_S, Heartbeat, LeaseKeeper, SqlUnreachable, r
 from jobs.policy import retry_backoff_s
 from jobs.runtime import Runtime
 from jobs.states import NEW_ATTEMPT, Status
+from jobs.stored_blobs import store_blob
 from workers.handlers import (
     HandlerRegistry,
     JobCancelled,
@@ -301,14 +304,31 @@ class _Attempt:
             return self._retry(ending.error or "RetryableError", heartbeat)
         if ending.kind == SUCCEEDED:
             try:
-                result = json.loads(json.dumps(ending.result, allow_nan=False))
+                encoded = json.dumps(ending.result, allow_nan=False, separators=(",", ":"))
             except (TypeError, ValueError) as exc:
                 error = f"result is not JSON-serialisable: {describe_error(exc)}"
                 return self._end(Status.FAILED, heartbeat, error=_cut(error))
-            return self._end(Status.SUCCEEDED, heartbeat, result=result)
+            return self._end(Status.SUCCEEDED, heartbeat, **self._result_fields(encoded))
         if ending.kind == FAILED:
             return self._end(Status.FAILED, heartbeat, error=ending.error)
         return self._end(Status.CANCELLED, heartbeat)
+
+    def _result_fields(self, encoded: str) -> dict[str, Any]:
+        """The result inline, or, when larger than ``result_inline_bytes``, stored in the
+        blob store (recorded first: ``jobs.stored_blobs``) and named by ``result_blob``. A
+        blob store that fails keeps it inline: a result in hand is never thrown away."""
+        settings = self.runtime.settings
+        data = encoded.encode()
+        if len(data) <= settings.result_inline_bytes:
+            return {"result": json.loads(encoded)}
+        try:
+            store = blob_store(store_url(settings))
+            sha256 = store_blob(self.runtime.sessions, store, data, now=self.clock())
+        except Exception:
+            self._log(logging.WARNING, "job.result_blob_failed", exc_info=True,
+                      bytes=len(data))
+            return {"result": json.loads(encoded)}
+        return {"result": None, "result_blob": sha256}
 
     def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
         if not self._transition(Status.RUNNING, dst, announce=False, **fields):  # release does
@@ -402,6 +422,12 @@ class _Attempt:
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         _log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)
+
+
+@functools.lru_cache(maxsize=4)
+def blob_store(url: str) -> BlobStore:
+    """One store per URL and process: results are written where documents are read."""
+    return BlobStore(url)
 
 
 def _entry(job: Job, *, attempt: int, not_before: float | None = None) -> IndexedJob:

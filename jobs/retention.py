@@ -20,6 +20,10 @@ A succeeded job pruned before anybody fetched its result is **abandoned**: count
 (``tierq_jobs_abandoned_total``) beside every prune (``tierq_jobs_pruned_total``), in SQL, in
 the same transaction as the delete, so no crash loses or doubles a count.
 
+Blobs go the same round: an uploaded document, or a result too large to keep inline, is
+deleted once no job names it any more (its jobs were pruned) and a grace has passed since it
+was stored (``jobs.stored_blobs``), at most ``PRUNE_BLOBS_BATCH`` a round.
+
 No fence is needed: a delete of what is due is the same whoever runs it, and two pruners
 racing on a row delete and count it once (``DELETE ... RETURNING``).
 """
@@ -31,8 +35,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.blobs import BlobStore
 from jobs.db import batch_repository, repository
 from jobs.policy import Policy, prune_before
+from jobs.stored_blobs import PRUNE_BLOBS_BATCH, prune_blobs
 
 logger = logging.getLogger("tierq.retention")
 
@@ -48,6 +54,8 @@ class PruneStats:
     tombstones: int = 0
     # Batches whose every item was pruned: they go too.
     batches: int = 0
+    # Blobs no job names any more: deleted from the blob store.
+    blobs: int = 0
     # A batch came back full: more is due now (the dispatcher prunes again next upkeep).
     more: bool = False
 
@@ -61,6 +69,8 @@ class Retention:
     sessions: sessionmaker[Session]
     policy: Policy
     batch_size: int = PRUNE_BATCH
+    # The blob store of documents and large results (None: blobs are not pruned here).
+    blobs: BlobStore | None = None
 
     def run_once(self, now: float) -> PruneStats:
         """One bounded round: at most ``batch_size`` jobs and as many tombstones per tier."""
@@ -70,10 +80,13 @@ class Retention:
             if before is None:
                 continue
             self._prune_tier(name, before, now, stats)
-        if stats.total or stats.tombstones or stats.batches:
+        if self.blobs is not None:
+            stats.blobs = prune_blobs(self.sessions, self.blobs, now=now)
+            stats.more = stats.more or stats.blobs >= PRUNE_BLOBS_BATCH
+        if stats.total or stats.tombstones or stats.batches or stats.blobs:
             logger.info("jobs.pruned", extra={
                 "event": "jobs.pruned", "pruned": stats.total, "tombstones": stats.tombstones,
-                "batches": stats.batches,
+                "batches": stats.batches, "blobs": stats.blobs,
                 "abandoned": sum(stats.abandoned.values()), "more": stats.more,
             })
         return stats

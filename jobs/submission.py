@@ -94,6 +94,7 @@ class Submission:
     idempotency_key: str | None = None
     max_wait_s: float | None = None
     max_attempts: int | None = None
+    blob: str | None = None  # the stored document the job reads (``jobs.stored_blobs``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +148,7 @@ def submit(
         max_attempts=submission.max_attempts or runtime.policy.max_attempts,
         max_wait_s=submission.max_wait_s,
         idempotency_key=submission.idempotency_key,
+        blob=submission.blob,
     )
     place = limits.admit(runtime, tenant, new)
     job = _persist(runtime, new)

@@ -398,10 +398,11 @@ def _print_banner(console: Console, options: UpOptions, data_dir: Path, url: str
     tierq = "tierq" if default else f"tierq --data-dir {data_dir}"
     console.print(f"[bold green]tierq is up[/]  data in {data_dir}", highlight=False)
     lines = [
-        f"  API      {url}",
-        f"  docs     {url}/docs",
-        f"  flower   {tierq} flower --port 5555",
-        *([f"  admin    key in {data_dir / 'admin.key'}"] if key_file else []),
+        f"  API        {url}",
+        f"  docs       {url}/docs",
+        f"  dashboard  {url}/dashboard (paste the admin key, or a tenant's)",
+        f"  flower     {tierq} flower --port 5555",
+        *([f"  admin      key in {data_dir / 'admin.key'}"] if key_file else []),
         f"Create a tenant:  {tierq} tenants create acme --tier premium",
         "                  export TIERQ_API_KEY=<the key it prints>",
         f"Submit a job:     {tierq} submit echo --payload '{{\"a\": 1}}' --wait",

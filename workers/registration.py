@@ -69,7 +69,8 @@ class WorkerRegistration:
     def register_once(self) -> None:
         """Register until the index's clock + TTL (``clock``: a virtual one, in tests)."""
         now = None if self._clock is None else self._clock()
-        self._index.register_worker(self.worker_id, slots=self.slots, ttl_s=self._ttl_s, now=now)
+        self._index.register_worker(self.worker_id, slots=self.slots, ttl_s=self._ttl_s, now=now,
+                                    device=self.device)
 
     def start(self) -> None:
         """Register now (new capacity: ring the dispatcher), then keep renewing."""

@@ -1,8 +1,9 @@
 """The application factory: ``create_app(settings)`` wires routes, errors and middleware.
 
 The OpenAPI document names this deployment's tiers and job kinds (``jobs.api.openapi``);
-``/docs`` and ``/redoc`` serve their assets from the ``fastapi_offline`` package, so they
-work where no CDN can be reached.
+``/docs`` and ``/redoc`` serve their assets from the ``fastapi_offline`` package, and
+``/dashboard`` its own from this one (``jobs.api.routes_dashboard``), so all three work where
+no CDN can be reached.
 
 Middleware, outermost first: ``CatchAll`` (a bug becomes a typed, logged 500), then
 ``BodyLimit`` (413 before parsing). A runtime built here is closed on shutdown; one passed
@@ -20,7 +21,15 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
-from jobs.api import routes_admin, routes_batches, routes_documents, routes_jobs, routes_queues
+from jobs.api import (
+    routes_admin,
+    routes_batches,
+    routes_dashboard,
+    routes_documents,
+    routes_jobs,
+    routes_queues,
+    routes_workers,
+)
 from jobs.api.body_limit import BodyLimit
 from jobs.api.errors import CatchAll, install_error_handlers
 from jobs.api.openapi import install_openapi
@@ -81,10 +90,11 @@ def create_app(
     app.state.listener = listener
     app.state.tenant_cache = cache
     routers = (routes_jobs.router, routes_batches.router, routes_documents.router,
-               routes_queues.router,
-               routes_admin.router)
+               routes_queues.router, routes_dashboard.router,
+               routes_admin.router, routes_workers.router)
     for router in routers:
         app.include_router(router)
+    app.mount(routes_dashboard.ASSETS_PATH, routes_dashboard.assets(), name="dashboard-assets")
     install_error_handlers(app, [route for router in routers for route in router.routes])
     kinds = validator.kinds() if isinstance(validator, KindCatalog) else None
     install_openapi(app, tiers=sorted(active.policy.tiers), kinds=kinds)

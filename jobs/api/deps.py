@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from jobs.api.auth import Principal, authenticate, require_admin, require_tenant
+from jobs.blobs import BlobStore
 from jobs.domain import Tenant
 from jobs.errors import InvalidRequest
 from jobs.notify import Listener
@@ -55,6 +56,17 @@ def get_tenant_cache(request: Request) -> TenantCache:
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def blob_store(request: Request, runtime: RuntimeDep) -> BlobStore:
+    """The app's blob store, built on first use from the runtime's settings."""
+    store: BlobStore | None = getattr(request.app.state, "blob_store", None)
+    if store is None:
+        store = request.app.state.blob_store = BlobStore.from_settings(runtime.settings)
+    return store
+
+
+BlobStoreDep = Annotated[BlobStore, Depends(blob_store)]
 ValidatorDep = Annotated[PayloadValidator, Depends(get_validator)]
 ListenerDep = Annotated[Listener, Depends(get_listener)]
 TenantCacheDep = Annotated[TenantCache, Depends(get_tenant_cache)]

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Form, Request, Response, UploadFile
+from fastapi import APIRouter, Depends, Form, Response, UploadFile
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs import content_type, submission
-from jobs.api.deps import RuntimeDep, TenantDep, ValidatorDep, refuse_unknown_query
+from jobs.api.deps import BlobStoreDep, RuntimeDep, TenantDep, ValidatorDep, refuse_unknown_query
 from jobs.api.errors import error_responses
 from jobs.api.schemas import MAX_WAIT_LIMIT_S, SubmitResponse
-from jobs.blobs import BlobStore, digest
+from jobs.blobs import digest
 from jobs.errors import PayloadTooLarge, UnsupportedMediaType
 from jobs.runtime import Runtime
+from jobs.stored_blobs import store_blob
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"],
                    dependencies=[Depends(refuse_unknown_query)])
@@ -58,17 +59,6 @@ class DocumentSubmitResponse(SubmitResponse):
     document: DocumentInfo = Field(description="the stored file")
 
 
-def blob_store(request: Request, runtime: RuntimeDep) -> BlobStore:
-    """The app's blob store, built on first use from the runtime's settings."""
-    store: BlobStore | None = getattr(request.app.state, "blob_store", None)
-    if store is None:
-        store = request.app.state.blob_store = BlobStore.from_settings(runtime.settings)
-    return store
-
-
-BlobStoreDep = Annotated[BlobStore, Depends(blob_store)]
-
-
 @router.post(
     "",
     status_code=202,
@@ -102,10 +92,11 @@ def upload_document(
             readable=list(content_type.READABLE),
         )
     payload = validator.validate(form.kind, {"blob": digest(data)})
-    sha256 = store.put(data)
+    sha256 = store_blob(runtime.sessions, store, data, now=runtime.clock())
     submitted = submission.submit(
         runtime, validator, tenant,
-        submission.Submission(kind=form.kind, payload=payload, max_wait_s=form.max_wait_s),
+        submission.Submission(kind=form.kind, payload=payload, max_wait_s=form.max_wait_s,
+                              blob=sha256),
     )
     job_id = submitted.progress.job.id
     response.headers["Location"] = f"/v1/jobs/{job_id}"

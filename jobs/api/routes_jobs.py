@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from jobs import submission
 from jobs.admission import result_retry_after_s
 from jobs.api.deps import (
+    BlobStoreDep,
     ListenerDep,
     RuntimeDep,
     TenantDep,
@@ -36,7 +37,10 @@ from jobs.api.schemas import (
     SubmitRequest,
     SubmitResponse,
 )
+from jobs.blobs import BlobNotFound
+from jobs.db import repository
 from jobs.domain import Job, Tenant
+from jobs.errors import JobGone, NotFound, Unavailable
 from jobs.notify import Listener
 from jobs.runtime import Runtime
 from jobs.states import Status
@@ -213,6 +217,10 @@ def get_result(
     job = submission.load_job(runtime, tenant, job_id)
     if job.terminal:
         result = submission.hand_out_result(runtime, job)
+        if job.result_blob is not None:
+            return ResultResponse(id=job.id, status=job.status,
+                                  result_url=f"/v1/jobs/{job.id}/result/blob",
+                                  result_bytes=blob_size(runtime, job.result_blob))
         return ResultResponse(id=job.id, status=job.status, result=result)
     progress = submission.progress(runtime, tenant, job)
     retry_after = result_retry_after_s(
@@ -230,6 +238,38 @@ def get_result(
         pending.model_dump(mode="json"), status_code=202,
         headers={"Retry-After": str(retry_after)},
     )
+
+
+@router.get(
+    "/{job_id}/result/blob",
+    summary="A result too large to keep inline",
+    description="The result's JSON, when /result answered result_url instead of result. 404 "
+    "when the job's result is inline (or the job is not the caller's); the other answers as "
+    "for /result.",
+    response_class=Response,
+    responses={
+        200: {"description": "the result's JSON",
+              "content": {"application/json": {"schema": {}}}},
+        **error_responses(*_READ, "job_failed", "job_cancelled", "job_expired"),
+    },
+)
+def get_result_blob(
+    job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, store: BlobStoreDep
+) -> Response:
+    job = submission.load_job(runtime, tenant, job_id)
+    if job.terminal:
+        submission.finished_result(job)  # the typed error of a job that did not succeed
+    if job.result_blob is None:
+        raise NotFound("this job has no result blob: its result is inline at /result, or "
+                       "it has not finished", job_id=job.id)
+    try:
+        data = store.get(job.result_blob)
+    except BlobNotFound:
+        raise JobGone("the result is gone from the blob store", type="job_gone",
+                      job_id=job.id) from None
+    except OSError as exc:
+        raise Unavailable("the blob store cannot be read; retry", retry_after_s=5) from exc
+    return Response(content=data, media_type="application/json")
 
 
 @router.post(
@@ -254,3 +294,9 @@ def cancel_job(
         response.status_code = 202
     job = outcome.job
     return CancelResponse(id=job.id, status=job.status, cancel_requested=job.cancel_requested)
+
+
+def blob_size(runtime: Runtime, sha256: str) -> int | None:
+    """The size of a stored blob, as recorded when it was written."""
+    with runtime.sessions() as session:
+        return repository.blob_size(session, sha256)

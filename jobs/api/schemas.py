@@ -239,7 +239,13 @@ class ResultResponse(BaseModel):
 
     id: str = Field(description=JOB_ID)
     status: Status = Field(description="succeeded")
-    result: Any = Field(default=None, description="what the handler returned (JSON)")
+    result: Any = Field(default=None, description="what the handler returned (JSON); null "
+                        "when result_url is set")
+    result_url: str | None = Field(
+        default=None, description="set instead of result when the result is larger than "
+        "result_inline_bytes: GET it (same key) for the result's JSON")
+    result_bytes: int | None = Field(default=None, ge=0,
+                                     description="the size of the result behind result_url")
 
 
 class PendingResultResponse(BaseModel):

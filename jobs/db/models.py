@@ -108,6 +108,9 @@ class JobRow(Base):
         # waiting items of each batch.
         sa.Index("ix_jobs_batch_id_batch_index", "batch_id", "batch_index"),
         sa.Index("ix_jobs_status_batch_id_batch_index", "status", "batch_id", "batch_index"),
+        # Blob pruning: is a blob still named by a job?
+        sa.Index("ix_jobs_blob", "blob"),
+        sa.Index("ix_jobs_result_blob", "result_blob"),
     )
 
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
@@ -141,6 +144,23 @@ class JobRow(Base):
     # The batch this job is an item of (None: a single job), and its place in the batch.
     batch_id: Mapped[str | None] = mapped_column(sa.String(36), sa.ForeignKey("batches.id"))
     batch_index: Mapped[int | None] = mapped_column(sa.Integer())
+    # The document the job reads, and the blob holding a result too large to keep inline
+    # (sha256 digests in the blob store): a blob no job names is pruned.
+    blob: Mapped[str | None] = mapped_column(sa.String(64))
+    result_blob: Mapped[str | None] = mapped_column(sa.String(64))
+
+
+class BlobRow(Base):
+    """A blob in the blob store, recorded before its bytes are written: the pruner finds
+    every blob, including one whose job never committed."""
+
+    __tablename__ = "blobs"
+    __table_args__ = (sa.Index("ix_blobs_stored_at", "stored_at"),)
+
+    sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    bytes: Mapped[int] = mapped_column(sa.BigInteger())
+    # The last time these bytes were stored: a blob is kept a grace period after it.
+    stored_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class BatchRow(Base):

@@ -34,6 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobs.db.models import (
+    BlobRow,
     IndexStateRow,
     JobRow,
     JobTombstoneRow,
@@ -41,7 +42,7 @@ from jobs.db.models import (
     RetentionTotalRow,
     TenantRow,
 )
-from jobs.domain import Job, NewJob, Tenant
+from jobs.domain import Job, JobSummary, NewJob, Tenant
 from jobs.errors import DuplicateJob, IllegalTransition, InvalidRequest, Unavailable
 from jobs.states import NEW_ATTEMPT, TERMINAL, Status, is_legal
 
@@ -56,7 +57,8 @@ FRESH: Mapping[str, Any] = {"populate_existing": True}
 
 TENANT_FIELDS = frozenset({"tier", "api_key_hash", "cap", "max_queued", "rate_per_s", "rate_burst"})
 TRANSITION_FIELDS = frozenset(
-    {"result", "error", "not_before", "cancel_requested", "max_attempts", "starts", "started_at"}
+    {"result", "result_blob", "error", "not_before", "cancel_requested", "max_attempts", "starts",
+     "started_at"}
 )
 TIME_FIELDS = frozenset({"not_before", "started_at"})
 
@@ -119,6 +121,16 @@ def _tenant_where(session: Session, criterion: sa.ColumnElement[bool]) -> Tenant
 def list_tenants(session: Session) -> list[Tenant]:
     rows = session.scalars(sa.select(TenantRow).order_by(TenantRow.name), execution_options=FRESH)
     return [Tenant.from_row(row) for row in rows]
+
+
+def tenants_by_ids(session: Session, tenant_ids: Iterable[str]) -> dict[str, Tenant]:
+    """The tenants of these ids that exist, by id (one query, by primary key)."""
+    ids = sorted(set(tenant_ids))
+    if not ids:
+        return {}
+    stmt = sa.select(TenantRow).where(TenantRow.id.in_(ids))
+    return {row.id: Tenant.from_row(row)
+            for row in session.scalars(stmt, execution_options=FRESH)}
 
 
 def update_tenant(
@@ -194,6 +206,8 @@ def _new_values(new: NewJob) -> dict[str, Any]:
         "starts": 0,
         "updated_at": created_at,
         "result_fetched_at": None,
+        "blob": new.blob,
+        "result_blob": None,
     }
 
 
@@ -242,6 +256,22 @@ def list_jobs(
     page = [Job.from_row(row) for row in rows[:limit]]
     next_cursor = _encode_cursor(page[-1].id) if len(rows) > limit else None
     return page, next_cursor
+
+
+def latest_jobs(session: Session, *, tenant_id: str, limit: int) -> list[JobSummary]:
+    """The tenant's latest ``limit`` jobs, newest first, without payloads or results."""
+    stmt = (
+        sa.select(JobRow.id, JobRow.kind, JobRow.tier, JobRow.status, JobRow.created_at,
+                  JobRow.enqueued_at, JobRow.started_at)
+        .where(JobRow.tenant_id == tenant_id)
+        .order_by(JobRow.id.desc())
+        .limit(limit)
+    )
+    return [
+        JobSummary.from_columns(id=id_, kind=kind, tier=tier, status=status,
+                                created_at=created, enqueued_at=enqueued, started_at=started)
+        for id_, kind, tier, status, created, enqueued, started in session.execute(stmt)
+    ]
 
 
 def queued_order(session: Session, tenant_id: str) -> list[tuple[float, str]]:
@@ -505,6 +535,47 @@ def advance_epoch(session: Session, *, expected: int | None, epoch: int) -> bool
         .values(epoch=epoch)
     )
     return _rowcount(session, stmt) == 1
+
+
+# -- blobs -------------------------------------------------------------------------------------
+
+
+def record_blob(session: Session, sha256: str, *, size: int, now: float) -> None:
+    """Record a blob about to be written (again): its grace starts over. Waits for a pruner
+    holding the row, so a blob is never deleted under a writer that recorded it."""
+    values = {"sha256": sha256, "bytes": size, "stored_at": _dt(now)}
+    insert = (pg_insert(BlobRow) if session.get_bind().dialect.name == "postgresql"
+              else sqlite_insert(BlobRow))
+    session.execute(insert.values(values).on_conflict_do_update(
+        index_elements=[BlobRow.sha256], set_={"stored_at": values["stored_at"]}))
+
+
+def take_unreferenced_blobs(session: Session, *, before: float, limit: int) -> list[str]:
+    """Blobs stored before ``before`` that no job names, oldest first, locked until the
+    caller's transaction ends (PostgreSQL: rows another pruner holds are skipped)."""
+    named = sa.or_(
+        sa.exists().where(JOBS.c.blob == BlobRow.sha256),
+        sa.exists().where(JOBS.c.result_blob == BlobRow.sha256),
+    )
+    stmt = (
+        sa.select(BlobRow.sha256)
+        .where(BlobRow.stored_at < _dt(before), ~named)
+        .order_by(BlobRow.stored_at)
+        .limit(limit)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    return list(session.scalars(stmt))
+
+
+def blob_size(session: Session, sha256: str) -> int | None:
+    row = session.get(BlobRow, sha256)
+    return None if row is None else row.bytes
+
+
+def forget_blobs(session: Session, digests: Sequence[str]) -> None:
+    if digests:
+        session.execute(sa.delete(BlobRow).where(BlobRow.sha256.in_(list(digests))))
 
 
 # -- the leader's claim ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ leader that has not noticed yet changes nothing. The lock's TTL runs on Redis's 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -32,6 +33,15 @@ from typing import Protocol
 
 from jobs.errors import TierqError
 from jobs.policy import RateLimit, Tier
+
+# Refusals of ``admit_new`` are counted by minute (seconds since the epoch // 60, on the
+# admission's clock), each minute's counts kept this long.
+REFUSAL_BUCKET_S = 60
+REFUSALS_KEEP_S = 600
+
+
+def refusal_minute(now: float) -> int:
+    return math.floor(now / REFUSAL_BUCKET_S)
 
 
 class NotLeader(TierqError):
@@ -142,6 +152,16 @@ class Entry:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LiveWorker:
+    """A worker whose registration has not expired: the slots it brings, on which device."""
+
+    worker_id: str
+    slots: int
+    device: str
+    expires_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class TierDepth:
     queued: int
     oldest_order_key: float | None
@@ -168,7 +188,16 @@ class DispatchIndex(Protocol):
         bucket, read the pool's figures, refuse a job its tenant's own cap would start after
         its ``max_wait_s``, then ``admit`` under the bound, quota and latest useful position
         that follow from the figures (``jobs.policy``). A refusal leaves nothing but the
-        spent token. ``job`` is a new job (attempt 1, no ``not_before``)."""
+        spent token and one more in the counts of its reason (``refusal_counts``) for its
+        tier and its tenant, in the minute of ``terms.now``. ``job`` is a new job (attempt
+        1, no ``not_before``)."""
+        ...
+
+    def refusal_counts(self, minutes: Sequence[int]) -> dict[tuple[str, str, str], int]:
+        """The refusals ``admit_new`` counted in these minutes (``refusal_minute``; those
+        older than ``REFUSALS_KEEP_S`` are gone), summed by ``(scope, name, reason)``:
+        scope ``tier`` (name: the tier) or ``tenant`` (name: its id), reason as
+        ``Admission.reason``."""
         ...
 
     def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:
@@ -320,9 +349,15 @@ class DispatchIndex(Protocol):
         ...
 
     def register_worker(
-        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
+        device: str = "cpu",
     ) -> None:
-        """Record a live worker's slots until ``now + ttl_s`` (its heartbeat renews it)."""
+        """Record a live worker's slots and device until ``now + ttl_s`` (its heartbeat
+        renews it)."""
+        ...
+
+    def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
+        """The workers whose registration has not expired at ``now``, by id."""
         ...
 
     def unregister_worker(self, worker_id: str) -> None:
@@ -337,6 +372,11 @@ class DispatchIndex(Protocol):
         ...
 
     def tenant_inflight(self, tenant: str) -> int:
+        ...
+
+    def inflight_by_tenant(self) -> dict[str, int]:
+        """Leases held now, by tenant (tenants holding none are left out). Reads every lease:
+        as many as the pool has slots, not a walk of the queue."""
         ...
 
     def tenant_queued(self, tenant: str) -> int:

@@ -32,6 +32,8 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``service_mean``     hash mean_s, samples, at: the measured mean service time
 - ``wake``             list: the dispatcher's doorbell (a few tokens at most)
 - ``counters:leases_reclaimed``  counter: leases the reaper took back
+- ``refusals:<minute>``  hash JSON [scope, tier or tenant, reason] -> count: the refusals
+                       ``admit_new`` made in one minute of the epoch, kept ten minutes
 
 Two pub/sub channels share the prefix (channels, not keys: nothing stores them):
 ``changed`` carries ids of jobs whose status moved, ``tenants`` ids of tenants whose record
@@ -103,6 +105,10 @@ class IndexKeys:
     def leases_reclaimed(self) -> str:
         """Counter of leases the reaper took back (``jobs.counters``)."""
         return self._fixed("counters:leases_reclaimed")
+
+    def refusals(self, minute: int) -> str:
+        """The refusals ``admit_new`` counted in one minute (``base.refusal_minute``)."""
+        return self._fixed(f"refusals:{minute}")
 
     @property
     def changed(self) -> str:

@@ -21,15 +21,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from jobs import policy
 from jobs.index.base import (
+    REFUSAL_BUCKET_S,
+    REFUSALS_KEEP_S,
     Admission,
     AdmissionTerms,
     Admitted,
     Entry,
     IndexedJob,
     Lease,
+    LiveWorker,
     NotLeader,
     Renewal,
     TierDepth,
+    refusal_minute,
 )
 from jobs.index.keys import PROMOTE_LIMIT
 from jobs.index.rate_limit import MemoryRateLimiter
@@ -80,11 +84,14 @@ class MemoryIndex:
         self._tenant_tier: dict[str, str] = {}
         self._tenant_delayed: dict[str, int] = {}
         self._workers: dict[str, tuple[float, int]] = {}
+        self._devices: dict[str, str] = {}
         self._pool: tuple[int, float] | None = None  # pool_capacity's (slots, valid until)
         self._leader: tuple[str, float] | None = None  # token, expires_at
         self._leader_epoch = 0
         self._generation: str | None = None
         self._buckets = MemoryRateLimiter()
+        # The ``refusals:<minute>`` hashes: (scope, name, reason) -> count, by minute.
+        self._refusals: dict[int, dict[tuple[str, str, str], int]] = {}
         # The twin of the ``service_mean`` hash ``jobs.service_rate`` publishes in Redis:
         # the measured mean service time and its samples.
         self.service_mean: tuple[float, int] | None = None
@@ -234,6 +241,28 @@ class MemoryIndex:
                         position=ahead)
 
     def admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
+        admission = self._admit_new(job, terms)
+        if not admission.accepted and admission.reason is not None:
+            self._count_refusal(job, admission.reason, now=terms.now)
+        return admission
+
+    def _count_refusal(self, job: IndexedJob, reason: str, *, now: float) -> None:
+        minute = refusal_minute(now)
+        kept = minute - REFUSALS_KEEP_S // REFUSAL_BUCKET_S
+        for old in [m for m in self._refusals if m < kept]:  # EXPIRE's twin
+            del self._refusals[old]
+        bucket = self._refusals.setdefault(minute, {})
+        for key in (("tier", job.tier, reason), ("tenant", job.tenant, reason)):
+            bucket[key] = bucket.get(key, 0) + 1
+
+    def refusal_counts(self, minutes: Sequence[int]) -> dict[tuple[str, str, str], int]:
+        counts: dict[tuple[str, str, str], int] = {}
+        for minute in minutes:
+            for key, count in self._refusals.get(minute, {}).items():
+                counts[key] = counts.get(key, 0) + count
+        return counts
+
+    def _admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
         _check(job)
         duplicate = job.job_id in self._meta
         if terms.rate is not None and not duplicate:
@@ -552,20 +581,31 @@ class MemoryIndex:
         return depths
 
     def register_worker(
-        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
+        device: str = "cpu",
     ) -> None:
         expires_at = self._at(now) + ttl_s
         self._workers[worker_id] = (expires_at, int(slots))
+        self._devices[worker_id] = device or "cpu"
         self._pool = None
 
     def unregister_worker(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
+        self._devices.pop(worker_id, None)
         self._pool = None
+
+    def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
+        self.pool_capacity(now=now)  # drops the expired ones
+        return [LiveWorker(worker_id=worker, slots=slots,
+                           device=self._devices.get(worker, "cpu"), expires_at=expires_at)
+                for worker, (expires_at, slots) in sorted(self._workers.items())]
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         now = self._at(now)
         if self._pool is None or now >= self._pool[1]:
             self._workers = {w: entry for w, entry in self._workers.items() if entry[0] > now}
+            if len(self._devices) > len(self._workers):
+                self._devices = {w: d for w, d in self._devices.items() if w in self._workers}
             # The sum, and when it next changes by itself (the first registration to lapse).
             self._pool = (sum(slots for _, slots in self._workers.values()),
                           min((entry[0] for entry in self._workers.values()), default=math.inf))
@@ -576,6 +616,9 @@ class MemoryIndex:
 
     def tenant_inflight(self, tenant: str) -> int:
         return len(self._tenant_leases.get(tenant, ()))
+
+    def inflight_by_tenant(self) -> dict[str, int]:
+        return {tenant: len(leases) for tenant, leases in self._tenant_leases.items() if leases}
 
     def tenant_queued(self, tenant: str) -> int:
         return len(self._queues.get(tenant, ())) + self._tenant_delayed.get(tenant, 0)

@@ -36,15 +36,18 @@ from redis.commands.core import Script
 
 from jobs import policy
 from jobs.index.base import (
+    REFUSALS_KEEP_S,
     Admission,
     AdmissionTerms,
     Admitted,
     Entry,
     IndexedJob,
     Lease,
+    LiveWorker,
     NotLeader,
     Renewal,
     TierDepth,
+    refusal_minute,
 )
 from jobs.index.keys import PROMOTE_LIMIT, IndexKeys
 
@@ -58,6 +61,8 @@ _PRELUDES: dict[str, tuple[str, ...]] = {
     "admit_new": ("token_bucket", "workers", "admit_job"),
 }
 _LEADERSHIP = ("lead", "renew_lead", "resign")
+# A worker's device is kept beside its slots, under its id and this suffix (workers.lua).
+DEVICE_SUFFIX = "#device"
 # Jobs per requeue script call when loading many (keeps each call short).
 REQUEUE_CHUNK = 5000
 
@@ -134,6 +139,7 @@ class RedisIndex:
         }
         self._pool_capacity = client.register_script(_lua("pool_capacity", "workers"))
         self._register_worker = client.register_script(_lua("register_worker"))
+        self._live_workers = client.register_script(_lua("live_workers", "workers"))
         self._set_generation = client.register_script(_lua("set_generation"))
         self._leadership = {name: client.register_script(_lua(name)) for name in _LEADERSHIP}
 
@@ -180,10 +186,11 @@ class RedisIndex:
             _score(policy.useful_wait_s(tier, terms.client_timeout_s)),
             _score(queued_share), _score(tier.tenant_share),
             _opt_int(terms.tenant_cap), _opt_int(terms.tenant_quota),
-            _opt_score(terms.max_wait_s),
+            _opt_score(terms.max_wait_s), str(REFUSALS_KEEP_S),
         ]
         keys = [*self._fenced, *self._keys.worker_keys(), self._keys.service_mean,
-                self._keys.rate_bucket(job.tenant)]
+                self._keys.rate_bucket(job.tenant),
+                self._keys.refusals(refusal_minute(terms.now))]
         raw = self._scripts["admit_new"](keys=keys, args=args)
         mean, samples = _text(raw[9]), _text(raw[10])
         return Admission(
@@ -202,6 +209,18 @@ class RedisIndex:
             quota=int(raw[13]),
             max_position=None if _text(raw[14]) == "" else int(raw[14]),
         )
+
+    def refusal_counts(self, minutes: Sequence[int]) -> dict[tuple[str, str, str], int]:
+        pipe = self._client.pipeline(transaction=False)
+        for minute in minutes:
+            pipe.hgetall(self._keys.refusals(minute))
+        counts: dict[tuple[str, str, str], int] = {}
+        for bucket in pipe.execute() if minutes else []:
+            for raw, value in bucket.items():
+                scope, name, reason = (str(part) for part in json.loads(_text(raw)))
+                key = (scope, name, reason)
+                counts[key] = counts.get(key, 0) + int(value)
+        return counts
 
     def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:
         self._run("requeue", [fence or "", *_job_args(job)])
@@ -403,19 +422,29 @@ class RedisIndex:
         return depths
 
     def register_worker(
-        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
+        device: str = "cpu",
     ) -> None:
         self._register_worker(
             keys=self._keys.worker_keys(),
-            args=[worker_id, int(slots), _score(ttl_s), _now(now)],
+            args=[worker_id, int(slots), _score(ttl_s), _now(now), device],
         )
 
     def unregister_worker(self, worker_id: str) -> None:
         workers, slot_hash = self._keys.worker_keys()
         pipe = self._client.pipeline(transaction=True)
         pipe.zrem(workers, worker_id)
-        pipe.hdel(slot_hash, worker_id)
+        pipe.hdel(slot_hash, worker_id, worker_id + DEVICE_SUFFIX)
         pipe.execute()
+
+    def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
+        rows = self._live_workers(keys=self._keys.worker_keys(), args=[_now(now)])
+        return sorted(
+            (LiveWorker(worker_id=_text(worker), slots=int(slots), device=_text(device),
+                        expires_at=float(_text(expires_at)))
+             for worker, slots, device, expires_at in rows),
+            key=lambda worker: worker.worker_id,
+        )
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         return int(self._pool_capacity(keys=self._keys.worker_keys(), args=[_now(now)]))
@@ -425,6 +454,18 @@ class RedisIndex:
 
     def tenant_inflight(self, tenant: str) -> int:
         return int(self._client.zcard(self._keys.tenant_leases(tenant)))
+
+    def inflight_by_tenant(self) -> dict[str, int]:
+        leased = [_text(job) for job in self._client.zrange(self._keys.leases, 0, -1)]
+        if not leased:
+            return {}
+        counts: dict[str, int] = {}
+        # A lease released between the two reads has no entry left: not counted.
+        for meta in self._client.hmget(self._keys.meta, leased):
+            if meta is not None:
+                tenant = str(json.loads(_text(meta))[0])
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
 
     def tenant_queued(self, tenant: str) -> int:
         pipe = self._client.pipeline(transaction=True)

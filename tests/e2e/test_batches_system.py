@@ -3,8 +3,9 @@ worker on PostgreSQL + Redis) while another tenant submits single jobs.
 
 The batch is fed into the live queue as room allows, so the other tenant's jobs never queue
 behind it: each one starts while the batch still has items waiting. No item is lost: every
-index comes back in the results exactly once. (The 20,000-item run and its timings are in
-bench/batches.py; this test keeps to a size that runs in seconds here.)
+index comes back in the results exactly once. The first test runs the 20,000-item batch;
+bench/batches.py measures the same run (items accepted per second, the single jobs' wait
+beside the batch and without it).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from jobs.client import Client
 from tests.e2e.harness import Broker, System, running, system_env, wait_terminal, wait_until
 from tests.services import RedisServer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-ITEMS = 1000
+ITEMS = 20_000
 CONFIG = """
 [policy]
 mean_service_s = 0.01
@@ -82,7 +83,7 @@ def test_a_batch_completes_beside_single_jobs_that_do_not_wait_behind_it(
                 assert job["status"] == "succeeded"
                 singles.append(job)
                 waiting_after.append(client.batch(batch_id)["counts"]["waiting"])
-            final = wait_until(lambda: _finished(client.batch(batch_id)), timeout=150, every=0.5)
+            final = wait_until(lambda: _finished(client.batch(batch_id)), timeout=480, every=1.0)
             lines = list(client.batch_results(batch_id))
             items = _all_jobs(bulk)
 

@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
-# Routes that need no key (everything else declares 401).
-OPEN = {("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics")}
+# Routes that need no key (everything else declares 401): the dashboard's page asks for one.
+OPEN = {("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics"), ("get", "/dashboard")}
 
 
 @pytest.fixture(scope="module")

@@ -105,6 +105,9 @@ def test_tierq_up_from_the_wheel_runs_a_job(installed: Path, tmp_path: Path) -> 
                               start_new_session=True)
     try:
         wait_until(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, timeout=90)
+        for page in ("/dashboard", "/dashboard/assets/app.js", "/dashboard/assets/style.css"):
+            shipped = httpx.get(f"{url}{page}", timeout=10)  # the page's files are in the wheel
+            assert shipped.status_code == 200 and shipped.content, page
 
         def run(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([tierq, *args], cwd=tmp_path, env=env, capture_output=True,

@@ -322,7 +322,8 @@ def test_policy_command_shows_the_live_figures_next_to_the_configured(
     _, redis_url, prefix = urls
     with api(urls, clock) as served:
         runtime = rt(served)
-        runtime.index.register_worker("w1", slots=8, ttl_s=3600, now=clock.now)
+        runtime.index.register_worker("w1", slots=8, ttl_s=3600, now=clock.now,
+                                      device="cuda:0")
         publish(redis_client, prefix, MeasuredMean(mean_s=3.0, samples=25), now=clock.now)
         env = {"TIERQ_REDIS_URL": redis_url, "TIERQ_KEY_PREFIX": prefix,
                "COLUMNS": "200"}
@@ -331,6 +332,7 @@ def test_policy_command_shows_the_live_figures_next_to_the_configured(
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
             for line in result.stdout.splitlines() if line.startswith("│")}
     assert rows["capacity"] == ["-", "8 (live workers)"]
+    assert rows["w1"] == ["cuda:0", "8"]  # the live workers' table: device and slots
     assert rows["mean service time"] == ["6 s", "3 s (measured, 25 runs)"]
     assert rows["service rate μ"] == ["-", "2.67 jobs/s"]
     # free: bound floor(8/3 × 60) = 160, cap 1, quota floor(160 × 0.04) = 6

@@ -25,6 +25,7 @@ from tests.integration.api_harness import (
     running_api,
 )
 from tests.services import RedisServer
+from workers.registration import WorkerRegistration
 
 pytestmark = pytest.mark.integration
 
@@ -294,3 +295,26 @@ def test_happy_path_on_sqlite(
         assert api.post(f"/v1/jobs/{job_id}/cancel", headers=auth(key)).json()["status"] == (
             "cancelled")
         assert api.get("/readyz").status_code == 200
+
+
+def test_the_admin_sees_each_live_worker_with_its_device_and_slots(client: ApiClient) -> None:
+    index = rt(client).index
+    gpu = WorkerRegistration(index, worker_id="gpu@host-a", slots=1, ttl_s=30.0,
+                             device="cuda:0")
+    cpu = WorkerRegistration(index, worker_id="cpu@host-b", slots=2, ttl_s=30.0)
+    gpu.start()
+    cpu.start()
+    try:
+        body = client.get("/v1/admin/workers", headers=auth(ADMIN_KEY)).json()
+        assert [(w["id"], w["device"], w["slots"]) for w in body["workers"]] == [
+            ("cpu@host-b", "cpu", 2), ("gpu@host-a", "cuda:0", 1)]
+        assert body["slots"] == 3
+        assert all(0 < w["expires_in_s"] <= 30 for w in body["workers"])
+        tenant_key = client.tenant_key("acme")
+        assert client.get("/v1/admin/workers",
+                          headers=auth(tenant_key)).json()["error"]["type"] == "forbidden"
+    finally:
+        gpu.stop()
+    body = client.get("/v1/admin/workers", headers=auth(ADMIN_KEY)).json()
+    assert [w["id"] for w in body["workers"]] == ["cpu@host-b"]  # a clean stop leaves at once
+    cpu.stop()

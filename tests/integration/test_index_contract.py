@@ -14,6 +14,7 @@ from jobs.index import (
     DispatchIndex,
     IndexedJob,
     Lease,
+    LiveWorker,
     MemoryIndex,
     RedisIndex,
     Renewal,
@@ -180,6 +181,19 @@ def test_set_caps_raising_a_cap_unblocks(index: DispatchIndex) -> None:
     index.set_caps({"free": 3}, {"a": 4})
     assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL)) == ["a3"]
     assert index.tenant_inflight("a") == 4
+
+
+def test_inflight_by_tenant_counts_each_tenants_leases(index: DispatchIndex) -> None:
+    assert index.inflight_by_tenant() == {}
+    index.set_caps({"free": 2})
+    fill(index, job("a1", "a", key=1.0), job("a2", "a", key=2.0), job("a3", "a", key=3.0),
+         job("b1", "b", key=4.0), job("c1", "c", key=5.0))
+    assert ids(index.dispatch(3, now=0.0, lease_ttl_s=TTL)) == ["a1", "a2", "b1"]
+    assert index.inflight_by_tenant() == {"a": 2, "b": 1}
+    assert index.release("b1", attempt=1) is False
+    assert index.inflight_by_tenant() == {"a": 2}
+    assert ids(index.reap(now=TTL + 1)) == ["a1", "a2"]
+    assert index.inflight_by_tenant() == {}
 
 
 def test_set_caps_overrides_replace_and_lowered_caps_block(index: DispatchIndex) -> None:
@@ -435,6 +449,26 @@ def test_pool_capacity_with_expiry(index: DispatchIndex) -> None:
     index.unregister_worker("w2")
     index.unregister_worker("never")
     assert index.pool_capacity(now=0.0) == 0
+
+
+def test_live_workers_say_their_device_and_slots_until_they_expire(
+    index: DispatchIndex,
+) -> None:
+    assert index.live_workers(now=0.0) == []
+    index.register_worker("gpu-host@1", slots=1, ttl_s=10.0, now=0.0, device="cuda:0")
+    index.register_worker("cpu-host@2", slots=4, ttl_s=20.0, now=0.0)
+    assert index.live_workers(now=5.0) == [
+        LiveWorker(worker_id="cpu-host@2", slots=4, device="cpu", expires_at=20.0),
+        LiveWorker(worker_id="gpu-host@1", slots=1, device="cuda:0", expires_at=10.0),
+    ]
+    assert [w.worker_id for w in index.live_workers(now=10.0)] == ["cpu-host@2"]
+    index.register_worker("gpu-host@1", slots=2, ttl_s=30.0, now=10.0, device="cuda:1")
+    assert index.live_workers(now=10.0)[1] == LiveWorker(
+        worker_id="gpu-host@1", slots=2, device="cuda:1", expires_at=40.0)
+    assert index.pool_capacity(now=10.0) == 6  # the device is no slot
+    index.unregister_worker("gpu-host@1")
+    assert [w.worker_id for w in index.live_workers(now=10.0)] == ["cpu-host@2"]
+    assert index.pool_capacity(now=10.0) == 4
 
 
 def test_names_and_scores_round_trip(index: DispatchIndex) -> None:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from jobs import policy
 from jobs.index import IndexedJob, MemoryIndex, RedisIndex
-from jobs.index.base import Admission, AdmissionTerms, DispatchIndex
+from jobs.index.base import Admission, AdmissionTerms, DispatchIndex, refusal_minute
 from jobs.index.keys import IndexKeys
 
 pytestmark = pytest.mark.integration
@@ -100,6 +100,8 @@ def test_the_script_decides_as_the_policy_does(
     _set_scene(real, scene, redis_client, key_prefix)
     _set_scene(twin, scene, redis_client, key_prefix)
     assert _verdicts(real, scene) == _verdicts(twin, scene)
+    minutes = [refusal_minute(NOW), refusal_minute(NOW + 3)]
+    assert real.refusal_counts(minutes) == twin.refusal_counts(minutes)
 
 
 def test_a_refusal_for_the_rate_takes_nothing_else(
@@ -120,3 +122,40 @@ def test_a_refusal_for_the_rate_takes_nothing_else(
         assert (second.accepted, second.reason, second.position) == (False, "rate", 1)
         assert second.next_token_s == pytest.approx(0.5)
         assert index.tenant_queued("a") == 1
+        # Counted for its tier and its tenant, in its minute only.
+        assert index.refusal_counts([refusal_minute(NOW)]) == {
+            ("tier", "std", "rate"): 1, ("tenant", "a", "rate"): 1}
+        assert index.refusal_counts([refusal_minute(NOW) + 1]) == {}
+
+
+def _submit(index: DispatchIndex, job_id: str, tenant: str, at: AdmissionTerms) -> Admission:
+    return index.admit_new(IndexedJob(job_id=job_id, tenant=tenant, tier="std",
+                                      order_key=at.now), at)
+
+
+def test_refusals_are_counted_by_tier_tenant_reason_and_minute(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    tier = policy.Tier(name="std", base_priority=0, max_wait_s=2, tenant_share=0.5)
+    for index in (RedisIndex(redis_client, key_prefix), MemoryIndex()):
+        index.clear()
+        # One slot, 1 s a job, 2 s useful: the bound is 2 and the quota 1 (share 0.5).
+        terms = AdmissionTerms(now=NOW, tier=tier, mean_service_s=1.0, service_samples_min=20,
+                               pool_concurrency=1)
+        later = AdmissionTerms(now=NOW + 60, tier=tier, mean_service_s=1.0,
+                               service_samples_min=20, pool_concurrency=1)
+
+        assert _submit(index, "a1", "a", terms).accepted
+        assert _submit(index, "a1", "a", terms).duplicate  # a replay is no refusal
+        assert _submit(index, "a2", "a", terms).reason == "tenant_limit"
+        assert _submit(index, "b1", "b", terms).accepted
+        assert _submit(index, "b2", "b", terms).reason == "capacity"
+        assert _submit(index, "b3", "b", later).reason == "capacity"
+        first, second = refusal_minute(NOW), refusal_minute(NOW + 60)
+        assert index.refusal_counts([first]) == {
+            ("tier", "std", "tenant_limit"): 1, ("tenant", "a", "tenant_limit"): 1,
+            ("tier", "std", "capacity"): 1, ("tenant", "b", "capacity"): 1}
+        assert index.refusal_counts([first, second]) == {
+            ("tier", "std", "tenant_limit"): 1, ("tenant", "a", "tenant_limit"): 1,
+            ("tier", "std", "capacity"): 2, ("tenant", "b", "capacity"): 2}
+        assert index.refusal_counts([]) == {}

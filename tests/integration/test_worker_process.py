@@ -239,6 +239,8 @@ def test_a_worker_runs_jobs_and_holds_its_slots_while_it_lives(
 ) -> None:
     worker = start_worker(2)
     wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 2, worker)
+    (registered,) = runtime.index.live_workers()
+    assert (registered.device, registered.slots) == ("cpu", 2)  # no GPU on this host
 
     done = run_to_end(runtime, publisher, worker, tenant, "echo", {"hello": "world"})
     failed = run_to_end(runtime, publisher, worker, tenant, "sleep", {"seconds": 0, "fail": True})

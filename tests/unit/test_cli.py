@@ -234,6 +234,24 @@ def test_migrate_waits_for_the_database_then_says_why_in_one_line(
     assert "Traceback" not in result.output
 
 
+def test_debug_shows_the_error_a_line_stands_for(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one line hides a traceback; ``--debug`` lets it through, for a bug report."""
+    from jobs import cli
+
+    monkeypatch.setitem(cli._DEBUG, "on", False)  # restored after: --debug sets it
+    monkeypatch.setenv("TIERQ_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nothing")
+    plain = CliRunner().invoke(app, ["migrate", "--wait", "0.2"])
+    debug = CliRunner().invoke(app, ["--debug", "migrate", "--wait", "0.2"])
+
+    assert plain.exit_code == 1 and isinstance(plain.exception, SystemExit)
+    assert "Traceback" not in plain.output
+    assert debug.exit_code == 1 and not isinstance(debug.exception, SystemExit)
+    assert "127.0.0.1" in str(debug.exception)  # the driver's own error, with its traceback
+    assert debug.exc_info is not None and debug.exc_info[2] is not None
+
+
 # -- one way to find the system --------------------------------------------------------------
 
 NEEDS_THE_SYSTEM = [

@@ -280,6 +280,15 @@ def test_flower_is_opt_in_and_cannot_start_unprotected() -> None:
     require_auth(address, interpolate(env, {**ENV, "FLOWER_BASIC_AUTH": "ops:long-password"}))
 
 
+def test_api_workers_and_dispatcher_share_one_blob_store() -> None:
+    """A document the API stores is read by a worker and pruned by the dispatcher."""
+    for name in ("api", "worker", "dispatcher"):
+        service = services()[name]
+        url = environment(service)["TIERQ_BLOB_URL"]
+        assert f"blobs:{url}" in service["volumes"], name
+    assert "blobs" in raw()["volumes"]
+
+
 # -- Prometheus ----------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 -- live figures, the bounds that follow from them, the tenant's own deadline and the admit.
 -- KEYS: the layout of common.lua (prepended, then token_bucket.lua, workers.lua and
 -- admit_job.lua), then KEYS[14] workers  KEYS[15] worker_slots  KEYS[16] service_mean
--- KEYS[17] the tenant's rate bucket.
+-- KEYS[17] the tenant's rate bucket  KEYS[18] the refusals of this minute (a hash).
 -- ARGV[1] job  ARGV[2] tenant  ARGV[3] tier  ARGV[4] order_key  ARGV[5] start_by ('' none)
 -- ARGV[6] now (the bucket's and the registrations' clock; '' Redis's)
 -- ARGV[7] rate per second ('' no rate limit)  ARGV[8] burst
@@ -10,7 +10,7 @@
 -- time  ARGV[11] samples a measured mean needs  ARGV[12] the tier's useful wait (bound)
 -- ARGV[13] the tier's queued share (quota)  ARGV[14] the tier's tenant share (cap)
 -- ARGV[15] the tenant's cap ('' the tier's)  ARGV[16] the tenant's quota ('' the tier's)
--- ARGV[17] the job's max_wait_s ('' none)
+-- ARGV[17] the job's max_wait_s ('' none)  ARGV[18] seconds to keep KEYS[18]
 -- Returns {accepted 0/1, reason or '', tier_queued, tenant_queued, position, duplicate 0/1,
 -- tenant_inflight, capacity, inflight, measured mean ('' none), measured samples ('' none),
 -- seconds until the next token ('0'), bound, quota, max_position ('' none)}.
@@ -20,7 +20,8 @@
 -- in doubles; the index contract suite holds the two equal. Checks, in order: the rate
 -- (refused: 'rate', at the position ZCOUNT gives), the tenant's own deadline (its jobs in
 -- flight and queued under its cap: 'deadline', at the same position), then admit_job.
--- A job already indexed takes no token and is checked against nothing.
+-- A job already indexed takes no token and is checked against nothing. A refusal adds one
+-- to its tier's and its tenant's count of its reason in KEYS[18] (the dashboard reads them).
 local job, tenant, tier, order_key = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_or_server(ARGV[6])
 local max_wait = tonumber(ARGV[17])
@@ -28,10 +29,17 @@ local duplicate = meta_of(job) ~= nil
 
 local function ahead_at(score) return redis.call('ZCOUNT', QUEUED, '-inf', score) end
 
+local function count_refusal(reason)
+  redis.call('HINCRBY', KEYS[18], cjson.encode({'tier', tier, reason}), 1)
+  redis.call('HINCRBY', KEYS[18], cjson.encode({'tenant', tenant, reason}), 1)
+  redis.call('EXPIRE', KEYS[18], tonumber(ARGV[18]))
+end
+
 local rate = tonumber(ARGV[7])
 if rate and not duplicate then
   local allowed, wait = take_token(KEYS[17], rate, tonumber(ARGV[8]), now)
   if allowed == 0 then
+    count_refusal('rate')
     return {0, 'rate', 0, 0, ahead_at(order_key), 0, 0, 0, 0, '', '',
             string.format('%.17g', wait), 0, 0, ''}
   end
@@ -60,6 +68,7 @@ if max_wait and mu > 0 then
 end
 
 local function verdict(r)
+  if r[1] == 0 then count_refusal(r[5]) end
   local measured_out = measured_mean and string.format('%.17g', measured_mean) or ''
   return {r[1], r[5], r[2], r[3], r[4], r[6], tenant_inflight, capacity, inflight,
           measured_out, samples or '', '0', bound, quota, max_position or ''}

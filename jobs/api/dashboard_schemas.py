@@ -1,0 +1,177 @@
+"""The body of ``GET /v1/dashboard``: the fleet's view (admin key) or a tenant's own view."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from jobs.api.schemas import TIMESTAMP, rfc3339
+from jobs.capacity import PoolFigures
+from jobs.dashboard.figures import FleetView, JobLine, TenantUse, TenantView, TierCard
+from jobs.dashboard.refusals import RefusalCount
+from jobs.index.base import LiveWorker
+from jobs.states import Status
+
+
+class RefusalTally(BaseModel):
+    """Submits refused with a 429 in the window, of one cause and limit."""
+
+    cause: str = Field(description="`capacity` (ours to fix) or `tenant_limit` (the client's)")
+    limit: str = Field(description="the limit hit: `bound`, `deadline`, `quota` or `rate`")
+    count: int = Field(description="refusals of this cause and limit in the window")
+
+    @classmethod
+    def of(cls, refusal: RefusalCount) -> RefusalTally:
+        return cls(cause=refusal.cause, limit=refusal.limit, count=refusal.count)
+
+
+class TierCardView(BaseModel):
+    """One tier: its queue against its bound, its oldest job against its ageing guarantee,
+    its recent waits against its max_wait_s, and its recent refusals."""
+
+    name: str = Field(description="the tier")
+    queued: int = Field(description="jobs queued in it now")
+    bound: int = Field(description="queued jobs beyond which submits are refused (429 capacity)")
+    oldest_age_s: float | None = Field(description="seconds its oldest queued job has waited; "
+                                       "null when none is queued")
+    ageing_guarantee_s: float = Field(description="seconds after which one of its jobs ties "
+                                      "with fresh work of the best tier")
+    max_wait_s: float = Field(description="the longest wait still useful to the tier")
+    tenant_cap: int = Field(description="jobs one tenant of the tier may run at once")
+    wait_p50_s: float | None = Field(description="median wait of its jobs that started in the "
+                                     "window; null when none did")
+    wait_p95_s: float | None = Field(description="95th percentile of the same waits")
+    waits_counted: int = Field(description="jobs of the tier that started in the window")
+    refusals: list[RefusalTally] = Field(description="its refusals in the window, by cause and "
+                                         "limit, most first (a tenant's view: its own only)")
+
+    @classmethod
+    def of(cls, card: TierCard) -> TierCardView:
+        return cls(
+            name=card.name, queued=card.queued, bound=card.bound, oldest_age_s=card.oldest_age_s,
+            ageing_guarantee_s=card.ageing_guarantee_s, max_wait_s=card.max_wait_s,
+            tenant_cap=card.tenant_cap, wait_p50_s=card.waits.p50_s,
+            wait_p95_s=card.waits.p95_s, waits_counted=card.waits.count,
+            refusals=[RefusalTally.of(r) for r in card.refusals],
+        )
+
+
+class WorkerLine(BaseModel):
+    """A live worker: the device it runs jobs on and the slots it brings."""
+
+    id: str = Field(description="the worker's name (name@host)")
+    device: str = Field(description="cuda:N or cpu")
+    slots: int = Field(description="jobs it runs at once")
+
+
+class PoolCard(BaseModel):
+    """The worker pool, fleet-wide."""
+
+    capacity: int = Field(description="worker slots: configured, or the sum over live workers")
+    inflight: int = Field(description="jobs holding a slot (dispatched or running)")
+    utilisation: float = Field(description="inflight / capacity")
+    service_rate: float = Field(description="μ, jobs per second the pool finishes")
+    mean_service_s: float = Field(description="mean service time behind μ")
+    service_measured: bool = Field(description="true when mean_service_s is measured from "
+                                   "finished jobs, false while it is the configured fallback")
+    workers: list[WorkerLine] = Field(description="the live workers, by id")
+
+    @classmethod
+    def of(cls, pool: PoolFigures, workers: Sequence[LiveWorker] = ()) -> PoolCard:
+        return cls(capacity=pool.capacity, inflight=pool.inflight,
+                   utilisation=pool.utilisation, service_rate=pool.service_rate,
+                   mean_service_s=pool.mean_service_s,
+                   service_measured=pool.service_samples > 0,
+                   workers=[WorkerLine(id=w.worker_id, device=w.device, slots=w.slots)
+                            for w in workers])
+
+
+class TenantUseView(BaseModel):
+    """A tenant's jobs in flight against its cap, and queued against its quota."""
+
+    name: str = Field(description="the tenant")
+    tier: str = Field(description="its tier")
+    inflight: int = Field(description="its jobs holding a slot now")
+    cap: int = Field(description="its concurrency cap (its own, else its tier's)")
+    cap_use: float = Field(description="inflight / cap")
+    queued: int = Field(description="its jobs queued now (retry backoffs included)")
+    quota: int = Field(description="queued jobs beyond which its submits are refused")
+    quota_use: float = Field(description="queued / quota")
+
+    @classmethod
+    def of(cls, use: TenantUse) -> TenantUseView:
+        return cls(name=use.name, tier=use.tier, inflight=use.inflight, cap=use.cap,
+                   cap_use=use.cap_use, queued=use.queued, quota=use.quota,
+                   quota_use=use.quota_use)
+
+
+class RecentJob(BaseModel):
+    """One of the tenant's latest jobs."""
+
+    id: str = Field(description="the job")
+    kind: str = Field(description="its kind")
+    status: Status = Field(description="its status now")
+    created_at: str = Field(description=f"when it was submitted ({TIMESTAMP})")
+    wait_s: float | None = Field(description="seconds it waited before it started; null "
+                                 "until it starts")
+
+    @classmethod
+    def of(cls, line: JobLine) -> RecentJob:
+        return cls(id=line.id, kind=line.kind, status=line.status,
+                   created_at=rfc3339(line.created_at) or "", wait_s=line.wait_s)
+
+
+class OwnFigures(BaseModel):
+    """The calling tenant's own figures."""
+
+    use: TenantUseView = Field(description="its cap and quota use")
+    wait_p50_s: float | None = Field(description="median wait of its jobs that started in the "
+                                     "window; null when none did")
+    wait_p95_s: float | None = Field(description="95th percentile of the same waits")
+    waits_counted: int = Field(description="its jobs that started in the window")
+    jobs_by_status: dict[Status, int] = Field(description="its latest `jobs_counted` jobs by "
+                                              "status")
+    jobs_counted: int = Field(description="how many of its latest jobs `jobs_by_status` counts "
+                              "(at most 500)")
+    recent_jobs: list[RecentJob] = Field(description="its latest jobs, newest first")
+
+    @classmethod
+    def of(cls, view: TenantView) -> OwnFigures:
+        return cls(
+            use=TenantUseView.of(view.use), wait_p50_s=view.waits.p50_s,
+            wait_p95_s=view.waits.p95_s, waits_counted=view.waits.count,
+            jobs_by_status=dict(view.by_status),
+            jobs_counted=view.counted, recent_jobs=[RecentJob.of(j) for j in view.recent],
+        )
+
+
+class DashboardResponse(BaseModel):
+    """What the dashboard shows: the fleet (admin key) or the calling tenant's own view."""
+
+    view: Literal["fleet", "tenant"] = Field(description="`fleet` for the admin key, "
+                                             "`tenant` for a tenant's key")
+    at: str = Field(description=f"when the figures were read ({TIMESTAMP})")
+    window_s: float = Field(description="seconds of the window of waits and refusals")
+    tiers: list[TierCardView] = Field(description="fleet: every tier, best first; tenant: its "
+                                      "own tier")
+    pool: PoolCard | None = Field(description="the pool (fleet view only)")
+    tenants: list[TenantUseView] = Field(description="fleet: the tenants using the largest "
+                                         "share of their cap, most first; tenant: empty")
+    tenant: OwnFigures | None = Field(description="the calling tenant's own figures (tenant "
+                                      "view only)")
+
+    @classmethod
+    def of_fleet(cls, view: FleetView) -> DashboardResponse:
+        return cls(view="fleet", at=rfc3339(view.at) or "", window_s=view.window_s,
+                   tiers=[TierCardView.of(card) for card in view.tiers],
+                   pool=PoolCard.of(view.pool, view.workers),
+                   tenants=[TenantUseView.of(use) for use in view.tenants], tenant=None)
+
+    @classmethod
+    def of_tenant(cls, view: TenantView) -> DashboardResponse:
+        tiers = [] if view.tier is None else [TierCardView.of(view.tier)]
+        return cls(view="tenant", at=rfc3339(view.at) or "", window_s=view.window_s,
+                   tiers=tiers, pool=None, tenants=[], tenant=OwnFigures.of(view))
+

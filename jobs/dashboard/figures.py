@@ -1,0 +1,186 @@
+"""What the dashboard shows, assembled from figures read elsewhere: pure, no I/O.
+
+Two views. The fleet's (the admin key): a card per tier (queued against its bound, the
+oldest job's age against the tier's ageing guarantee, recent waits against ``max_wait_s``,
+recent refusals by cause and limit), the pool, and the tenants nearest their concurrency cap.
+A tenant's (its own key): its tier's public card with only its own refusals, its cap and
+quota use, its waits and its recent jobs; nothing about any other tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from jobs import estimates, policy
+from jobs.capacity import PoolFigures
+from jobs.dashboard.refusals import RefusalCount
+from jobs.domain import JobSummary, Tenant
+from jobs.index.base import LiveWorker
+from jobs.metrics import IndexView, TierFigures, percentile
+from jobs.states import Status
+
+NEAREST_TENANTS = 8
+RECENT_JOBS = 12
+
+
+@dataclass(frozen=True, kw_only=True)
+class Waits:
+    """Queue waits of jobs that started in the window."""
+
+    p50_s: float | None
+    p95_s: float | None
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierCard:
+    name: str
+    queued: int
+    bound: int
+    oldest_age_s: float | None
+    # Seconds after which a job of this tier ties with fresh work of the best tier.
+    ageing_guarantee_s: float
+    max_wait_s: float
+    tenant_cap: int
+    waits: Waits
+    refusals: list[RefusalCount]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantUse:
+    """A tenant's jobs in flight against its cap, and queued against its quota."""
+
+    name: str
+    tier: str
+    inflight: int
+    cap: int
+    queued: int
+    quota: int
+
+    @property
+    def cap_use(self) -> float:
+        return self.inflight / self.cap if self.cap else 0.0
+
+    @property
+    def quota_use(self) -> float:
+        return self.queued / self.quota if self.quota else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobLine:
+    id: str
+    kind: str
+    status: Status
+    created_at: float
+    wait_s: float | None  # started - enqueued; None until it started
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetView:
+    at: float
+    window_s: float
+    tiers: list[TierCard]
+    pool: PoolFigures
+    tenants: list[TenantUse]
+    # The live workers: the device each runs on and the slots it brings.
+    workers: list[LiveWorker] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantView:
+    at: float
+    window_s: float
+    tier: TierCard | None  # None only when its tier left the configuration
+    use: TenantUse
+    waits: Waits
+    # Its latest ``counted`` jobs by status (every status, 0 included).
+    by_status: dict[Status, int]
+    counted: int
+    recent: list[JobLine]
+
+
+def waits_of(values: Sequence[float]) -> Waits:
+    return Waits(p50_s=percentile(values, 0.50), p95_s=percentile(values, 0.95),
+                 count=len(values))
+
+
+def tier_card(
+    pol: policy.Policy, tier: TierFigures, waits: Sequence[float],
+    refusals: list[RefusalCount],
+) -> TierCard:
+    config = pol.tiers[tier.name]
+    return TierCard(
+        name=tier.name, queued=tier.queued, bound=tier.bound, oldest_age_s=tier.oldest_age_s,
+        ageing_guarantee_s=policy.ageing_guarantee_s(config, pol.tiers, pol.ageing_rate_s),
+        max_wait_s=config.max_wait_s, tenant_cap=tier.tenant_cap, waits=waits_of(waits),
+        refusals=refusals,
+    )
+
+
+def tenant_use(tenant: Tenant, figures: PoolFigures, *, inflight: int, queued: int) -> TenantUse:
+    """Its use of its own cap and quota (its overrides, else its tier's)."""
+    quota = tenant.max_queued if tenant.max_queued is not None else figures.quotas.get(
+        tenant.tier, 1)
+    return TenantUse(name=tenant.name, tier=tenant.tier, inflight=inflight,
+                     cap=estimates.tenant_cap(tenant, figures), queued=queued, quota=quota)
+
+
+def nearest_cap(
+    tenants: Mapping[str, Tenant], inflight: Mapping[str, int], figures: PoolFigures,
+    *, limit: int = NEAREST_TENANTS,
+) -> list[str]:
+    """Ids of the ``limit`` tenants (among ``tenants``) using the largest share of their cap,
+    then the most slots, then by name."""
+    def share(tenant_id: str) -> tuple[float, int, str]:
+        tenant = tenants[tenant_id]
+        cap = estimates.tenant_cap(tenant, figures)
+        held = inflight.get(tenant_id, 0)
+        return (-(held / cap if cap else 0.0), -held, tenant.name)
+
+    return sorted(tenants, key=share)[:limit]
+
+
+def fleet_view(
+    pol: policy.Policy, *, at: float, window_s: float, view: IndexView,
+    waits: Mapping[str, Sequence[float]], refusals: Mapping[str, list[RefusalCount]],
+    tenants: list[TenantUse], workers: Sequence[LiveWorker] = (),
+) -> FleetView:
+    cards = [tier_card(pol, tier, waits.get(tier.name, []), refusals.get(tier.name, []))
+             for tier in view.tiers]
+    return FleetView(at=at, window_s=window_s, tiers=cards, pool=view.pool, tenants=tenants,
+                     workers=list(workers))
+
+
+def job_lines(jobs: Sequence[JobSummary], *, limit: int = RECENT_JOBS) -> list[JobLine]:
+    return [
+        JobLine(id=job.id, kind=job.kind, status=job.status, created_at=job.created_at,
+                wait_s=None if job.started_at is None else max(0.0, job.started_at
+                                                               - job.enqueued_at))
+        for job in jobs[:limit]
+    ]
+
+
+def status_counts(jobs: Sequence[JobSummary]) -> dict[Status, int]:
+    counts = dict.fromkeys(Status, 0)
+    for job in jobs:
+        counts[job.status] += 1
+    return counts
+
+
+def started_waits(jobs: Sequence[JobSummary], *, since: float) -> list[float]:
+    """Waits of the jobs that started at or after ``since``."""
+    return [max(0.0, job.started_at - job.enqueued_at) for job in jobs
+            if job.started_at is not None and job.started_at >= since]
+
+
+def tenant_view(
+    *, at: float, window_s: float, tier: TierCard | None, use: TenantUse,
+    jobs: Sequence[JobSummary],
+) -> TenantView:
+    """``jobs``: the tenant's latest jobs, newest first."""
+    return TenantView(
+        at=at, window_s=window_s, tier=tier, use=use,
+        waits=waits_of(started_waits(jobs, since=at - window_s)),
+        by_status=status_counts(jobs), counted=len(jobs), recent=job_lines(jobs),
+    )

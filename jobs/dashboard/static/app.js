@@ -1,0 +1,376 @@
+// The tierq dashboard: reads /v1/dashboard every REFRESH_MS with the key kept in this tab,
+// draws one card per tier, the pool or the tenant's own figures, and two line charts of the
+// last HISTORY_MS. Plain DOM and canvas; no library, nothing loaded from elsewhere.
+(() => {
+  "use strict";
+
+  const REFRESH_MS = 2000;
+  const HISTORY_MS = 5 * 60 * 1000;
+  const MIN_SPAN_MS = 30 * 1000;
+  const KEY_ITEM = "tierq.dashboard.key";
+  const COLORS = ["#2f5bd3", "#e07b00", "#2e7d32", "#8e24aa", "#00838f", "#c62828"];
+  const API = "v1/dashboard"; // relative: /v1/dashboard beside /dashboard, behind any prefix
+
+  const $ = (id) => document.getElementById(id);
+  const samples = []; // [{t, queued: {tier: n}, inflight: {name: n}}], oldest first
+  let timer = null;
+
+  // -- the key ------------------------------------------------------------------------------
+
+  function keyFromFragment() {
+    const match = /(?:^#|&)key=([^&]+)/.exec(window.location.hash);
+    if (!match) return;
+    sessionStorage.setItem(KEY_ITEM, decodeURIComponent(match[1]));
+    window.history.replaceState(null, "", window.location.pathname);
+  }
+
+  function askForKey(message) {
+    sessionStorage.removeItem(KEY_ITEM);
+    if (timer !== null) clearTimeout(timer);
+    timer = null;
+    $("board").hidden = true;
+    $("forget-key").hidden = true;
+    $("key-form").hidden = false;
+    $("key-error").hidden = !message;
+    $("key-error").textContent = message || "";
+    $("view-name").textContent = "";
+    setStatus("idle", "not connected");
+    $("key-input").focus();
+  }
+
+  function setStatus(state, text) {
+    $("status").dataset.state = state;
+    $("status").textContent = text;
+  }
+
+  // -- fetching -----------------------------------------------------------------------------
+
+  async function refresh() {
+    if (timer !== null) clearTimeout(timer);
+    timer = null;
+    const key = sessionStorage.getItem(KEY_ITEM);
+    if (!key) return askForKey("");
+    try {
+      const answer = await fetch(API, {
+        headers: { Authorization: "Bearer " + key, Accept: "application/json" },
+        cache: "no-store",
+      });
+      if (answer.status === 401) return askForKey("That key is not known to this system.");
+      const body = await answer.json();
+      if (!answer.ok) {
+        const error = body && body.error ? body.error.message : answer.statusText;
+        setStatus("error", "figures unavailable: " + error);
+      } else {
+        render(body);
+        setStatus("live", "updated " + new Date().toLocaleTimeString());
+      }
+    } catch (err) {
+      setStatus("error", "cannot reach the API");
+    }
+    timer = setTimeout(refresh, REFRESH_MS);
+  }
+
+  // -- formatting ---------------------------------------------------------------------------
+
+  function seconds(value) {
+    if (value === null || value === undefined) return "–";
+    if (value < 10) return value.toFixed(1) + " s";
+    if (value < 600) return Math.round(value) + " s";
+    return (value / 60).toFixed(1) + " min";
+  }
+
+  function percent(fraction) {
+    return Math.round(fraction * 100) + "%";
+  }
+
+  function level(fraction) {
+    return fraction >= 1 ? "bad" : fraction >= 0.75 ? "warn" : "ok";
+  }
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (name === "text") node.textContent = value;
+      else if (name === "dataset") Object.assign(node.dataset, value);
+      else node.setAttribute(name, value);
+    }
+    for (const child of children) if (child) node.append(child);
+    return node;
+  }
+
+  // A labelled figure with a bar: value / limit, coloured by how close it is to the limit.
+  function metric(field, label, shown, fraction, limitText) {
+    const bar = el("span", { dataset: { level: level(fraction) } });
+    bar.style.width = Math.min(100, Math.max(0, fraction * 100)) + "%";
+    return el("div", { class: "metric" },
+      el("div", { class: "label" },
+        el("span", { text: label }),
+        el("span", {},
+          el("b", { text: shown, dataset: { field } }),
+          limitText ? document.createTextNode(" / " + limitText) : null)),
+      el("div", { class: "bar" }, bar));
+  }
+
+  function color(index) {
+    return COLORS[index % COLORS.length];
+  }
+
+  // -- cards --------------------------------------------------------------------------------
+
+  function tierCard(tier, index, view) {
+    const wait = tier.wait_p95_s === null ? 0 : tier.wait_p95_s / tier.max_wait_s;
+    // The best tier's guarantee is 0 s (nothing can overtake it): its own max wait instead.
+    const ageLimit = tier.ageing_guarantee_s > 0 ? tier.ageing_guarantee_s : tier.max_wait_s;
+    const ageLabel = tier.ageing_guarantee_s > 0
+      ? "oldest job / ageing guarantee" : "oldest job / max wait (best tier)";
+    const age = tier.oldest_age_s === null ? 0 : tier.oldest_age_s / ageLimit;
+    const refusals = el("ul", { class: "refusals", dataset: { field: "refusals" } });
+    if (tier.refusals.length === 0) {
+      refusals.append(el("li", { class: "none", text: "no refusals in the last "
+        + Math.round(view.window_s / 60) + " min" }));
+    }
+    for (const r of tier.refusals) {
+      refusals.append(el("li", {},
+        el("span", { text: r.cause + " · " + r.limit }),
+        el("span", { class: "count", text: String(r.count) })));
+    }
+    const swatch = el("span", { class: "swatch" });
+    swatch.style.background = color(index);
+    return el("article", { class: "card tier", dataset: { tier: tier.name } },
+      el("h2", {},
+        el("span", {}, swatch, document.createTextNode(tier.name)),
+        el("small", { text: "tenant cap " + tier.tenant_cap })),
+      metric("queued", "queued / bound", String(tier.queued), tier.queued / Math.max(1, tier.bound),
+        String(tier.bound)),
+      metric("oldest", ageLabel, seconds(tier.oldest_age_s), age, seconds(ageLimit)),
+      metric("wait-p95", "wait p95 (p50 " + seconds(tier.wait_p50_s) + ", "
+        + tier.waits_counted + " started) / max wait", seconds(tier.wait_p95_s), wait,
+        seconds(tier.max_wait_s)),
+      el("div", { class: "label" }, el("small", { text: view.view === "tenant"
+        ? "your refusals" : "refusals", class: "hint" })),
+      refusals);
+  }
+
+  function poolCard(pool) {
+    return el("article", { class: "card pool", dataset: { card: "pool" } },
+      el("h2", {}, el("span", { text: "Pool" }),
+        el("small", { text: pool.service_measured ? "service time measured" : "configured service time" })),
+      metric("inflight", "in flight / capacity", String(pool.inflight), pool.utilisation,
+        String(pool.capacity)),
+      el("div", { class: "pool-grid" },
+        el("div", { class: "metric" }, el("div", { class: "label" },
+          el("span", { text: "utilisation" }),
+          el("b", { text: percent(pool.utilisation), dataset: { field: "utilisation" } }))),
+        el("div", { class: "metric" }, el("div", { class: "label" },
+          el("span", { text: "μ (jobs/s)" }),
+          el("b", { text: pool.service_rate.toFixed(2), dataset: { field: "service-rate" } }))),
+        el("div", { class: "metric" }, el("div", { class: "label" },
+          el("span", { text: "mean service time" }),
+          el("b", { text: seconds(pool.mean_service_s), dataset: { field: "service-time" } })))),
+      el("div", { class: "hint", dataset: { field: "workers" },
+        text: workersText(pool.workers || []) }));
+  }
+
+  // "2 workers: 1 slot on cuda:0, 4 slots on cpu": what the pool is made of.
+  function workersText(workers) {
+    if (!workers.length) return "no live workers";
+    const byDevice = new Map();
+    for (const w of workers) byDevice.set(w.device, (byDevice.get(w.device) || 0) + w.slots);
+    const parts = [...byDevice].map(([device, slots]) =>
+      `${slots} slot${slots === 1 ? "" : "s"} on ${device}`);
+    return `${workers.length} worker${workers.length === 1 ? "" : "s"}: ${parts.join(", ")}`;
+  }
+
+  function tenantsCard(tenants) {
+    const card = el("article", { class: "card tenants", dataset: { card: "tenants" } },
+      el("h2", {}, el("span", { text: "Tenants nearest their cap" })));
+    if (tenants.length === 0) {
+      card.append(el("p", { class: "empty", text: "no tenant has jobs in flight" }));
+      return card;
+    }
+    const rows = tenants.map((t) => el("tr", { dataset: { tenant: t.name } },
+      el("td", { text: t.name }), el("td", { text: t.tier }),
+      el("td", { class: "num", text: t.inflight + " / " + t.cap }),
+      el("td", { class: "num", text: percent(t.cap_use) }),
+      el("td", { class: "num", text: t.queued + " / " + t.quota })));
+    card.append(el("table", {},
+      el("thead", {}, el("tr", {},
+        el("th", { text: "tenant" }), el("th", { text: "tier" }),
+        el("th", { class: "num", text: "in flight / cap" }), el("th", { class: "num", text: "cap use" }),
+        el("th", { class: "num", text: "queued / quota" }))),
+      el("tbody", {}, ...rows)));
+    return card;
+  }
+
+  function ownCard(own) {
+    const use = own.use;
+    const statuses = el("div", { class: "statuses", dataset: { field: "by-status" } });
+    for (const [status, count] of Object.entries(own.jobs_by_status)) {
+      if (count > 0) statuses.append(el("span", {}, document.createTextNode(status + " "),
+        el("b", { text: String(count) })));
+    }
+    if (!statuses.childElementCount) statuses.append(el("span", { class: "empty", text: "no jobs yet" }));
+    return el("article", { class: "card own", dataset: { card: "own" } },
+      el("h2", {}, el("span", { text: use.name }), el("small", { text: use.tier + " tier" })),
+      metric("own-inflight", "in flight / your cap", String(use.inflight), use.cap_use,
+        String(use.cap)),
+      metric("own-queued", "queued / your quota", String(use.queued), use.quota_use,
+        String(use.quota)),
+      el("div", { class: "metric" }, el("div", { class: "label" },
+        el("span", { text: "your waits, p50 · p95 (" + own.waits_counted + " started)" }),
+        el("b", { text: seconds(own.wait_p50_s) + " · " + seconds(own.wait_p95_s),
+          dataset: { field: "own-waits" } }))),
+      el("div", { class: "hint", text: "your last " + own.jobs_counted + " jobs:" }),
+      statuses);
+  }
+
+  function jobsCard(own) {
+    const card = el("article", { class: "card jobs", dataset: { card: "jobs" } },
+      el("h2", {}, el("span", { text: "Your latest jobs" })));
+    if (own.recent_jobs.length === 0) {
+      card.append(el("p", { class: "empty", text: "none yet" }));
+      return card;
+    }
+    const rows = own.recent_jobs.slice(0, 8).map((job) => el("tr", {},
+      el("td", { class: "id", text: "…" + job.id.slice(-10), title: job.id }), el("td", { text: job.kind }),
+      el("td", { text: job.status }), el("td", { class: "num", text: seconds(job.wait_s) })));
+    card.append(el("table", {},
+      el("thead", {}, el("tr", {}, el("th", { text: "job" }), el("th", { text: "kind" }),
+        el("th", { text: "status" }), el("th", { class: "num", text: "waited" }))),
+      el("tbody", {}, ...rows)));
+    return card;
+  }
+
+  // -- charts -------------------------------------------------------------------------------
+
+  function remember(body) {
+    const now = Date.now();
+    const queued = {};
+    for (const tier of body.tiers) queued[tier.name] = tier.queued;
+    const inflight = {};
+    if (body.pool) {
+      inflight["in flight"] = body.pool.inflight;
+      inflight["capacity"] = body.pool.capacity;
+    }
+    if (body.tenant) {
+      inflight["in flight"] = body.tenant.use.inflight;
+      inflight["cap"] = body.tenant.use.cap;
+      queued["yours"] = body.tenant.use.queued;
+    }
+    samples.push({ t: now, queued, inflight });
+    while (samples.length && samples[0].t < now - HISTORY_MS) samples.shift();
+  }
+
+  // A line per series over the last HISTORY_MS; y from 0 to the largest value seen.
+  function drawChart(canvas, legend, pick, names) {
+    const ratio = window.devicePixelRatio || 1;
+    const width = canvas.clientWidth || canvas.width;
+    const height = canvas.clientHeight || canvas.height;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    const left = 34, right = 8, top = 8, bottom = 18;
+    const now = Date.now();
+    // The x axis spans the samples kept (at least MIN_SPAN_MS, at most HISTORY_MS).
+    const first = samples.length ? samples[0].t : now;
+    const span = Math.min(HISTORY_MS, Math.max(MIN_SPAN_MS, now - first));
+    let max = 2;
+    for (const point of samples) for (const name of names) max = Math.max(max, pick(point)[name] || 0);
+    max = niceCeiling(max);
+    const x = (t) => left + (width - left - right) * (1 - (now - t) / span);
+    const y = (v) => top + (height - top - bottom) * (1 - v / max);
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#667085";
+    ctx.strokeStyle = "#e2e5ea";
+    ctx.lineWidth = 1;
+    for (const fraction of [0, 0.5, 1]) {
+      const value = max * fraction;
+      ctx.beginPath();
+      ctx.moveTo(left, y(value));
+      ctx.lineTo(width - right, y(value));
+      ctx.stroke();
+      ctx.fillText(Number.isInteger(value) ? String(value) : value.toFixed(1), 4, y(value) + 4);
+    }
+    const tick = span > 120000 ? 60000 : span > 60000 ? 30000 : 10000;
+    for (let back = 0; back <= span; back += tick) {
+      const label = back === 0 ? "now"
+        : tick === 60000 ? "−" + back / 60000 + " min" : "−" + back / 1000 + " s";
+      ctx.fillText(label, Math.max(left, x(now - back) - 14), height - 4);
+    }
+    legend.replaceChildren();
+    names.forEach((name, index) => {
+      ctx.strokeStyle = color(index);
+      ctx.lineWidth = 2;
+      ctx.beginPath();
+      let started = false;
+      for (const point of samples) {
+        const value = pick(point)[name];
+        if (value === undefined) continue;
+        if (started) ctx.lineTo(x(point.t), y(value));
+        else ctx.moveTo(x(point.t), y(value));
+        started = true;
+      }
+      ctx.stroke();
+      const last = samples.length ? pick(samples[samples.length - 1])[name] : undefined;
+      const swatch = el("span", { class: "swatch" });
+      swatch.style.background = color(index);
+      legend.append(el("span", {}, swatch,
+        document.createTextNode(name + (last === undefined ? "" : " " + last))));
+    });
+  }
+
+  function niceCeiling(value) {
+    const magnitude = Math.pow(10, Math.floor(Math.log10(value)));
+    for (const step of [1, 2, 5, 10]) if (value <= step * magnitude) return step * magnitude;
+    return 10 * magnitude;
+  }
+
+  // -- the page -----------------------------------------------------------------------------
+
+  function render(body) {
+    $("key-form").hidden = true;
+    $("board").hidden = false;
+    $("forget-key").hidden = false;
+    document.body.dataset.view = body.view;
+    $("view-name").textContent = body.view === "fleet"
+      ? "fleet" : "tenant " + body.tenant.use.name;
+    const cards = body.tiers.map((tier, i) => tierCard(tier, i, body));
+    if (body.view === "fleet") {
+      $("tiers").replaceChildren(...cards);
+      $("side").replaceChildren(poolCard(body.pool), tenantsCard(body.tenants));
+    } else {
+      $("tiers").replaceChildren(...cards, ownCard(body.tenant));
+      $("side").replaceChildren(jobsCard(body.tenant));
+    }
+    remember(body);
+    const tierNames = body.tiers.map((tier) => tier.name);
+    const queueNames = body.view === "fleet" ? tierNames : [...tierNames, "yours"];
+    $("chart-queue-title").textContent = body.view === "fleet"
+      ? "Queued jobs per tier" : "Queued jobs: your tier and yours";
+    drawChart($("chart-queue"), $("legend-queue"), (p) => p.queued, queueNames);
+    $("chart-load-title").textContent = body.view === "fleet"
+      ? "Pool: jobs in flight and capacity" : "Your jobs in flight and your cap";
+    drawChart($("chart-load"), $("legend-load"), (p) => p.inflight,
+      body.view === "fleet" ? ["in flight", "capacity"] : ["in flight", "cap"]);
+  }
+
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const key = $("key-input").value.trim();
+    if (!key) return;
+    sessionStorage.setItem(KEY_ITEM, key);
+    $("key-input").value = "";
+    samples.length = 0;
+    refresh();
+  });
+  $("forget-key").addEventListener("click", () => {
+    samples.length = 0;
+    askForKey("");
+  });
+
+  keyFromFragment();
+  if (sessionStorage.getItem(KEY_ITEM)) refresh();
+  else askForKey("");
+})();
