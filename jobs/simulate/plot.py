@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.policy import Policy, ageing_guarantee_s
-from jobs.simulate.engine import EXPIRED, FAILED, SERVED, WAITING, Run
-from jobs.simulate.report import waits_by_tier
+from jobs.simulate.report import row_waits
 
 if TYPE_CHECKING:
     from jobs.simulate import Comparison
@@ -29,22 +28,14 @@ def available() -> bool:
     return True
 
 
-def _admitted_by_tier(run: Run, tenant_tier: list[int], tenant: list[int], tiers: int) -> list[int]:
-    counts = [0] * tiers
-    admitted = (WAITING, SERVED, EXPIRED, FAILED)
-    for job, status in enumerate(run.status):
-        if status in admitted:
-            counts[tenant_tier[tenant[job]]] += 1
-    return counts
-
-
-def _cdf(ax: Any, waits: list[float], admitted: int, label: str) -> None:
-    """Share of the admitted jobs started within x seconds (never-started ones never)."""
+def _cdf(ax: Any, waits: list[float], admitted: int, top: float, label: str) -> None:
+    """Share of the admitted jobs started within x seconds, for x up to ``top`` (jobs that
+    never started never count: a starved tier stays low)."""
     if not admitted:
         return
     waits = sorted(waits)
-    top = max(waits[-1] if waits else 1.0, 1.0)
-    xs = [top * i / POINTS for i in range(POINTS + 1)]
+    # Spaced as the symlog axis draws them: linear up to 1 s, geometric above.
+    xs = [i / 50 for i in range(51)] + [top ** (k / POINTS) for k in range(1, POINTS + 1)]
     ys = [bisect.bisect_right(waits, x) / admitted for x in xs]
     ax.plot(xs, ys, STYLE.get(label, "-"), label=label)
 
@@ -65,20 +56,21 @@ def draw(pol: Policy, comparison: Comparison, path: Path) -> None:
 
     traffic, runs = comparison.traffic, comparison.runs
     tiers = traffic.tiers
-    cols = max(len(tiers), len(runs))
+    per_run = [(run, row_waits(run, traffic)) for run in runs]
+    names = [row.name for row in per_run[0][1]]
+    cols = max(len(names), len(runs))
     fig, axes = plt.subplots(3, cols, figsize=(4.4 * cols, 11), squeeze=False)
-    per_run = [(run, waits_by_tier(run, traffic),
-                _admitted_by_tier(run, traffic.tenant_tier, traffic.tenant, len(tiers)))
-               for run in runs]
-    for t, name in enumerate(tiers):
-        ax = axes[0][t]
-        for run, waits, admitted in per_run:
-            _cdf(ax, waits[t], admitted[t], run.policy)
-        guarantee = ageing_guarantee_s(pol.tier(name), pol.tiers, pol.ageing_rate_s)
+    for r, name in enumerate(names):
+        ax = axes[0][r]
+        top = max([1.0] + [max(rows[r].waits, default=0.0) for _, rows in per_run])
+        for run, rows in per_run:
+            _cdf(ax, rows[r].waits, rows[r].admitted, top, run.policy)
+        tier = pol.tier(name.removesuffix(" batch"))
+        guarantee = ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)
         if guarantee > 0:
-            ax.axvline(guarantee, linestyle="--", color="grey", label="ageing guarantee")
+            ax.axvline(guarantee, linestyle=":", color="grey", label="ageing guarantee")
         ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_xlim(left=0)
+        ax.set_xlim(0, top)
         ax.set_ylim(0, 1.02)
         ax.set(title=f"{name}: started within a wait", xlabel="wait (s)",
                ylabel="share of admitted jobs")
@@ -98,7 +90,7 @@ def draw(pol: Policy, comparison: Comparison, path: Path) -> None:
     ax.set_ylim(0, 1.05)
     ax.set(title="pool utilisation", xlabel="time (s)", ylabel="busy slots / capacity")
     ax.legend(fontsize="small")
-    for row, used in ((0, len(tiers)), (1, len(runs)), (2, 1)):
+    for row, used in ((0, len(names)), (1, len(runs)), (2, 1)):
         for col in range(used, cols):
             axes[row][col].set_visible(False)
     fig.suptitle(f"tierq simulate: {comparison.scenario.name}, {len(traffic):,} jobs")

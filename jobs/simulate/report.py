@@ -70,16 +70,6 @@ def waits(values: list[float]) -> Waits | None:
                  p99=percentile(values, 0.99), max=values[-1])
 
 
-def waits_by_tier(run: Run, traffic: Traffic) -> list[list[float]]:
-    """The waits of the started jobs, per tier."""
-    out: list[list[float]] = [[] for _ in traffic.tiers]
-    tenant_tier, tenant = traffic.tenant_tier, traffic.tenant
-    for job, start in enumerate(run.start):
-        if start == start:  # not nan
-            out[tenant_tier[tenant[job]]].append(start - run.enqueued[job])
-    return out
-
-
 @dataclass
 class _Row:
     """What one row of the report gathers as the jobs are walked."""
@@ -113,6 +103,28 @@ def _walk(run: Run, traffic: Traffic) -> list[_Row]:
         if told is not None and status in (SERVED, FAILED):
             row.errors.append(abs(start - run.enqueued[job] - told))
     return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowWaits:
+    """A row's waits (of the jobs that started) and how many jobs it admitted."""
+
+    name: str  # the tier, or "<tier> batch"
+    waits: list[float]
+    admitted: int
+
+
+def row_waits(run: Run, traffic: Traffic) -> list[RowWaits]:
+    """Per row of the report (tiers best first, a tier's batch after it)."""
+    ntiers = len(traffic.tiers)
+    out = []
+    for r, row in enumerate(_walk(run, traffic)):
+        if row.counts:
+            admitted = sum(row.counts[s] for s in (WAITING, SERVED, EXPIRED, FAILED))
+            name = traffic.tiers[r % ntiers] + (" batch" if r >= ntiers else "")
+            out.append(RowWaits(name=name, waits=row.waits, admitted=admitted))
+    out.sort(key=lambda row: traffic.tiers.index(row.name.removesuffix(" batch")))
+    return out
 
 
 def report(run: Run, traffic: Traffic) -> PolicyReport:
