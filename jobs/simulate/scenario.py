@@ -90,7 +90,8 @@ class Stream:
     # their wait (and ageing) starts then.
     batch: bool = False
     # The tenants' own overrides of their tier's cap and queued quota (as `tierq tenants
-    # update --cap N --max-queued N` sets them); None: the tier's.
+    # update --cap N --max-queued N` sets them); None: the tier's. They apply to the tenants
+    # the stream names (``name-0`` ...), not to those of a trace file.
     cap: int | None = None
     max_queued: int | None = None
     service: ServiceTime | None = None  # None: the scenario's
