@@ -21,15 +21,15 @@ def _refused(tier: TierReport) -> str:
     if not tier.refused:
         return NONE
     shown = sorted(tier.refused.items(), key=lambda item: -item[1])
-    return ", ".join(f"{count:,} {key.split('/')[-1]}" for key, count in shown)
+    return "\n".join(f"{count:,} {key.split('/')[-1]}" for key, count in shown)
 
 
 def _waiting(tier: TierReport) -> str:
     text = f"{tier.waiting:,}"
     if tier.waiting:
-        text += f" (oldest {seconds(tier.waiting_max_s)} s)"
+        text += f" ({seconds(tier.waiting_max_s)})"
     if tier.held:
-        text += f" +{tier.held:,} batch"
+        text += f"\n+{tier.held:,} in batch"
     return text
 
 
@@ -41,11 +41,13 @@ def _waits(waits: Waits | None) -> list[str]:
 
 def tier_table(reports: list[PolicyReport], title: str) -> Table:
     table = Table(title=title)
-    table.add_column("tier")
-    table.add_column("policy")
-    for column in ("submitted", "served", "refused", "expired", "waiting at end",
-                   "wait p50 s", "p95", "p99", "max", "overtaken\nafter s",
-                   "overtaker\ncame s later", "tenant peak\n/ cap"):
+    table.add_column("tier", no_wrap=True)
+    table.add_column("policy", no_wrap=True)
+    # Expiry only happens to jobs with their own deadline: no column when none expired.
+    expiry = any(t.expired for rep in reports for t in rep.tiers)
+    for column in ("submitted", "served", "refused", *(["expired"] if expiry else []),
+                   "waiting at\nend (oldest\ns)", "wait\np50 s", "p95", "p99", "max",
+                   "overtaken\nafter s", "overtaker\ncame s\nlater", "tenant\npeak\n/ cap"):
         table.add_column(column, justify="right")
     tiers = [t.tier for t in reports[0].tiers]
     for i, name in enumerate(tiers):
@@ -56,9 +58,9 @@ def tier_table(reports: list[PolicyReport], title: str) -> Table:
             cap = NONE if tier.cap is None else str(tier.cap)
             table.add_row(
                 name, rep.policy, f"{tier.submitted:,}", f"{tier.served:,}", _refused(tier),
-                f"{tier.expired:,}", _waiting(tier), *_waits(tier.waits),
-                seconds(tier.overtaken_wait_s), seconds(tier.overtaken_gap_s),
-                f"{tier.peak}/{cap}")
+                *([f"{tier.expired:,}"] if expiry else []), _waiting(tier),
+                *_waits(tier.waits), seconds(tier.overtaken_wait_s),
+                seconds(tier.overtaken_gap_s), f"{tier.peak}/{cap}")
     return table
 
 

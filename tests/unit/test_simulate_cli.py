@@ -36,7 +36,7 @@ def _rows(stdout: str) -> dict[tuple[str, str], list[str]]:
     rows = {}
     for line in stdout.splitlines():
         cells = [cell.strip() for cell in line.split("│")[1:-1]]
-        if len(cells) > 10:
+        if len(cells) > 10 and cells[0]:  # not a cell's second line
             rows[(cells[0], cells[1])] = cells[2:]
     return rows
 
