@@ -40,7 +40,8 @@ class _Baseline:
         self._inflight = 0  # lost leases count until they are reaped, as in the index
         self._lost: list[tuple[float, int, int]] = []  # (lease lapses, job, attempt)
         self._delayed: list[tuple[float, int, int]] = []  # (not_before, job, attempt)
-        self._capacity = 0
+        self._capacity = 0  # what bounds and caps follow from: configured, else the slots
+        self._slots = 0  # the live workers' slots: what the pool can run
         self._measured: MeasuredMean | None = None
         self._bounds = self._quotas = self._caps = [1] * len(traffic.tiers)
 
@@ -53,9 +54,10 @@ class _Baseline:
         self._caps = [figures.caps[n] for n in names]
 
     def set_workers(self, workers: dict[str, int], now: float) -> int:
-        self._capacity = self.context.policy.pool_concurrency or sum(workers.values())
+        self._slots = sum(workers.values())
+        self._capacity = self.context.policy.pool_concurrency or self._slots
         self._refigure()
-        return self._capacity
+        return self._slots
 
     def measured(self, mean: MeasuredMean, now: float) -> None:
         self._measured = mean
@@ -105,8 +107,8 @@ class _Baseline:
             _, job, attempt = heapq.heappop(self._delayed)
             self._push(job, attempt, now)
         out = Dispatched()
-        if self._capacity - self._inflight > 0:
-            self._pop(self._capacity - self._inflight, now, out)
+        if self._slots - self._inflight > 0:
+            self._pop(self._slots - self._inflight, now, out)
         return out
 
     def _popped(self, job: int, attempt: int, now: float, out: Dispatched) -> None:

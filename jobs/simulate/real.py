@@ -7,7 +7,9 @@ drive the real index, on the simulator's virtual clock.
   the told wait is ``policy.expected_wait_s`` on the figures of the admission, as
   ``jobs.limits`` and ``jobs.estimates`` tell it;
 - dispatch: ``dispatch`` under the tier caps of ``jobs.capacity.figures`` (``set_caps`` when
-  the pool changes), a popped job past its ``start_by`` expires, ``expire_due`` sweeps;
+  the pool changes), a popped job past its ``start_by`` expires, ``expire_due`` sweeps. A
+  configured ``pool_concurrency`` sizes the bounds and caps, as in the real system; jobs
+  start only on the slots the scenario's workers have (the rest would wait in the broker);
 - the workers: ``register_worker``, lease ``renew`` (heartbeats of long jobs), ``release``;
   a crashed worker's leases lapse and ``reap`` returns them; retries are ``requeue`` with
   ``not_before`` (``policy.retry_backoff_s``) and the original order key.
@@ -60,7 +62,8 @@ class TierqContender:
         self._tier_names = traffic.tiers
         self._rates: list[RateLimit | None] = [policy.rate_limit(t) for t in self._tiers]
         self._ttl = pol.lease_ttl_s
-        self._capacity = 0
+        self._capacity = 0  # what bounds and caps follow from: configured, else the slots
+        self._slots = 0  # the live workers' slots: what the pool can run
         self._workers: set[str] = set()
         self._figured: tuple[tuple[int, tuple[float, int] | None], PoolFigures] | None = None
         self._caps: list[int] = [1] * len(self._tiers)
@@ -75,14 +78,15 @@ class TierqContender:
         self._workers = set(workers)
         for worker, slots in workers.items():
             self.index.register_worker(worker, slots=slots, ttl_s=math.inf, now=now)
-        self._capacity = self.policy.pool_concurrency or self.index.pool_capacity(now=now)
+        self._slots = self.index.pool_capacity(now=now)
+        self._capacity = self.policy.pool_concurrency or self._slots
         figures = capacity.figures(self.policy, capacity=self._capacity, inflight=0)
         self._caps = [figures.caps[name] for name in self._tier_names]
         traffic = self.context.traffic
         own_caps = {traffic.tenants[t]: cap for t, (cap, _) in traffic.overrides.items()
                     if cap is not None}
         self.index.set_caps(figures.caps, own_caps)
-        return self._capacity
+        return self._slots
 
     def measured(self, mean: MeasuredMean, now: float) -> None:
         self.index.service_mean = (mean.mean_s, mean.samples)
@@ -159,7 +163,7 @@ class TierqContender:
         start_by = self.context.start_by
         while True:
             leases = self.index.dispatch(BATCH, lease_ttl_s=self._ttl, now=now,
-                                         capacity=self._capacity)
+                                         capacity=self._slots)
             late = 0
             for lease in leases:
                 job = int(lease.job_id)

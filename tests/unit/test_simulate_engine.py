@@ -123,3 +123,14 @@ def test_a_tenants_own_cap_and_quota_apply(pol: Policy) -> None:
         quota = {run.refusal_figures[j] for j in range(len(traffic))
                  if traffic.tenant[j] == small and run.refusal[j] == "tenant_limit/quota"}
         assert quota == {(3, 3)}, run.policy
+
+
+def test_a_configured_pool_size_sets_the_caps_not_the_slots(pol: Policy) -> None:
+    """``pool_concurrency = 48`` on a pool of 24 slots: caps and bounds follow the 48, as in
+    the real system, but no more than 24 jobs run at once."""
+    configured = Policy(tiers=pol.tiers, pool_concurrency=48)
+    run = compare(configured, scenario.load("seed"), jobs=5_000, seed=1,
+                  policies=["tierq"]).runs[0]
+    assert all(s.busy <= 24 and s.capacity == 24 for s in run.samples)
+    assert max(s.busy for s in run.samples) == 24
+    assert max(c for c in run.caps if c is not None) == 12  # premium: 48 × 0.25
