@@ -10,6 +10,8 @@ SUBMIT_BENCH_ARGS ?=
 E2E_BENCH_ARGS ?=
 # e.g. make bench BATCH_BENCH_ARGS='--items 2000 --singles 20'
 BATCH_BENCH_ARGS ?=
+# e.g. make bench SIMULATE_BENCH_ARGS='--jobs 100000 --policies tierq'
+SIMULATE_BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install up test lint bench clean
@@ -41,6 +43,7 @@ bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
 	$(BIN)/python bench/submit.py $(SUBMIT_BENCH_ARGS)
 	$(BIN)/python bench/e2e.py $(E2E_BENCH_ARGS)
 	$(BIN)/python bench/batches.py $(BATCH_BENCH_ARGS)
+	$(BIN)/python bench/simulate.py $(SIMULATE_BENCH_ARGS)
 
 clean: ## remove the virtual environment and local data
 	rm -rf $(VENV) .tierq .pytest_cache .mypy_cache .ruff_cache

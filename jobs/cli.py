@@ -807,8 +807,10 @@ def build_app() -> typer.Typer:
     jobs.command("cancel")(jobs_cancel)
     app.add_typer(jobs, name="jobs")
     from jobs.cli_batches import batch_app  # imports this module: built once it is loaded
+    from jobs.cli_simulate import simulate
 
     app.add_typer(batch_app(), name="batch")
+    app.command("simulate")(simulate)
     return app
 
 

@@ -86,6 +86,7 @@ class MemoryIndex:
         self._tenant_delayed: dict[str, int] = {}
         self._workers: dict[str, tuple[float, int]] = {}
         self._devices: dict[str, str] = {}
+        self._pool: tuple[int, float] | None = None  # pool_capacity's (slots, valid until)
         self._leader: tuple[str, float] | None = None  # token, expires_at
         self._leader_epoch = 0
         self._generation: str | None = None
@@ -235,12 +236,10 @@ class MemoryIndex:
         if reason is not None:
             return Admitted(accepted=False, tier_queued=tier_queued, tenant_queued=queued,
                             position=ahead, reason=reason)
-        self._index(dataclasses.replace(job, attempt=1))
-        position = self._queued.rank(job.job_id)
-        if position is None:
-            position = self._queued.rank_at(job.order_key, job.job_id)
+        self._index(job if job.attempt == 1 else dataclasses.replace(job, attempt=1))
+        # Its rank now (queued) or the rank it will have (delayed): the jobs before it.
         return Admitted(accepted=True, tier_queued=tier_queued + 1, tenant_queued=queued + 1,
-                        position=position)
+                        position=ahead)
 
     def admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
         admission = self._admit_new(job, terms)
@@ -267,13 +266,13 @@ class MemoryIndex:
     def _admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
         _check(job)
         duplicate = job.job_id in self._meta
-        ahead = self._queued.rank_at(job.order_key, "\U0010ffff")  # ZCOUNT -inf order_key
         if terms.rate is not None and not duplicate:
             decision = self._buckets.take(job.tenant, rate_per_s=terms.rate.rate_per_s,
                                           burst=terms.rate.burst, now=terms.now)
             if not decision.allowed:
                 return Admission(
-                    accepted=False, reason="rate", duplicate=False, position=ahead,
+                    accepted=False, reason="rate", duplicate=False,
+                    position=self._ahead_of_new(job.order_key),
                     tier_queued=0, tenant_queued=0, tenant_inflight=0, capacity=0,
                     inflight=0, measured=None, next_token_s=decision.retry_after_s,
                     bound=0, quota=0, max_position=None)
@@ -314,10 +313,17 @@ class MemoryIndex:
             load = policy.TenantLoad(cap=cap, inflight=tenant_inflight, ahead=queued)
             if max_excess is not None and load.excess > max_excess:
                 return verdict(Admitted(
-                    accepted=False, reason="deadline", position=ahead, tenant_queued=queued,
+                    accepted=False, reason="deadline",
+                    position=self._ahead_of_new(job.order_key), tenant_queued=queued,
                     tier_queued=len(self._tiers.get(job.tier, ()))))
-        return verdict(self.admit(dataclasses.replace(job, not_before=None), bound=bound,
-                                  tenant_quota=quota, max_position=max_position))
+        if job.not_before is not None:
+            job = dataclasses.replace(job, not_before=None)
+        return verdict(self.admit(job, bound=bound, tenant_quota=quota,
+                                  max_position=max_position))
+
+    def _ahead_of_new(self, order_key: float) -> int:
+        """Queued jobs at or below ``order_key`` (ZCOUNT -inf order_key)."""
+        return self._queued.rank_at(order_key, "\U0010ffff")
 
     def requeue(self, job: IndexedJob, *, fence: str | None = None) -> None:
         self.requeue_many([job], fence=fence)
@@ -586,10 +592,12 @@ class MemoryIndex:
         expires_at = self._at(now) + ttl_s
         self._workers[worker_id] = (expires_at, int(slots))
         self._devices[worker_id] = device or "cpu"
+        self._pool = None
 
     def unregister_worker(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
         self._devices.pop(worker_id, None)
+        self._pool = None
 
     def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
         self.pool_capacity(now=now)  # drops the expired ones
@@ -599,10 +607,14 @@ class MemoryIndex:
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         now = self._at(now)
-        self._workers = {w: entry for w, entry in self._workers.items() if entry[0] > now}
-        if len(self._devices) > len(self._workers):
-            self._devices = {w: d for w, d in self._devices.items() if w in self._workers}
-        return sum(slots for _, slots in self._workers.values())
+        if self._pool is None or now >= self._pool[1]:
+            self._workers = {w: entry for w, entry in self._workers.items() if entry[0] > now}
+            if len(self._devices) > len(self._workers):
+                self._devices = {w: d for w, d in self._devices.items() if w in self._workers}
+            # The sum, and when it next changes by itself (the first registration to lapse).
+            self._pool = (sum(slots for _, slots in self._workers.values()),
+                          min((entry[0] for entry in self._workers.values()), default=math.inf))
+        return self._pool[0]
 
     def inflight(self) -> int:
         return len(self._leases)

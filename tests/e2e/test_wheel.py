@@ -124,3 +124,13 @@ def test_tierq_up_from_the_wheel_runs_a_job(installed: Path, tmp_path: Path) -> 
     finally:
         stop_up(up)
     assert up.returncode == 0, (tmp_path / "up.log").read_text()
+
+
+def test_the_wheel_carries_the_simulator_scenarios(installed: Path, tmp_path: Path) -> None:
+    simulated = subprocess.run(
+        [str(installed / "tierq"), "simulate", "--scenario", "noisy", "--jobs", "500",
+         "--policies", "tierq"],
+        cwd=tmp_path, env={**clean_env(), "COLUMNS": "200"}, capture_output=True, text=True,
+        timeout=120, check=False)
+    assert simulated.returncode == 0, simulated.stdout + simulated.stderr
+    assert "noisy: 500 jobs" in simulated.stdout

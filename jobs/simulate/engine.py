@@ -1,0 +1,348 @@
+"""The discrete-event loop: one contender, the scenario's traffic, a virtual clock.
+
+The engine plays the parts around the queue: clients submitting at their arrival times, a
+pool of workers (joining, leaving, crashing) running each started job for its service time,
+heartbeats for long jobs, the reaper, retries with backoff, and the dispatcher's measure of
+the mean service time (``jobs.service_rate.weighted_mean`` every ``REFRESH_S``). The
+contender decides admission, order and caps. The run ends at the last arrival: what is still
+queued then is reported as waiting, so a policy that starves a tier cannot hide it by
+draining the queue once the traffic stops.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from jobs import policy
+from jobs.batch_feeder import FEED_PERIOD_S, ITEMS_PER_ROUND
+from jobs.dispatcher import MAINTENANCE_PERIOD_S
+from jobs.service_rate import REFRESH_S, WINDOW, MeasuredMean, weighted_mean
+from jobs.simulate.contender import Contender, Context
+from jobs.simulate.overtaking import Overtaking
+from jobs.simulate.scenario import Pool
+
+# Job outcomes (``Run.status``); HELD: a batch item the feeder has not admitted yet.
+WAITING, SERVED, REFUSED, EXPIRED, FAILED, HELD = range(6)
+# Event kinds.
+_FINISH, _RENEW, _POOL, _REAP, _WAKE, _FEED = range(6)
+NAN = math.nan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    at_s: float
+    queued: list[int]  # per tier
+    busy: int
+    capacity: int
+
+
+@dataclass(kw_only=True)
+class Run:
+    """What happened to every job under one contender."""
+
+    policy: str
+    horizon_s: float
+    enqueued: list[float]  # arrival, or a batch item's admission by the feeder
+    start: list[float]  # first start (nan: never started)
+    status: bytearray
+    refusal: list[str | None]  # "cause/limit" of a refused job
+    # A refused job's (count, limit value) as the contender read them (see ``Verdict``).
+    refusal_figures: dict[int, tuple[int | None, int | None]]
+    told_wait_s: list[float | None]
+    overtaken_wait_s: list[float]  # per tier, see jobs.simulate.overtaking
+    overtaken_gap_s: list[float]
+    peak: list[int]  # per tenant: most jobs running at once
+    caps: list[int | None]  # per tenant, the largest cap it had (None: no cap)
+    cap_exceeded: int  # starts that took a tenant over its cap
+    restarts: int  # starts of a second or later attempt (retried or reaped)
+    busy_s: float  # slot-seconds of work
+    capacity_s: float  # slot-seconds of pool
+    samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def utilisation(self) -> float:
+        return self.busy_s / self.capacity_s if self.capacity_s else 0.0
+
+
+class Engine:
+    def __init__(self, contender: Contender, context: Context, pool: Pool,
+                 *, samples: int = 400) -> None:
+        self.c = contender
+        self.context = context
+        self.pool = pool
+        traffic = context.traffic
+        n = len(traffic)
+        self.horizon = traffic.arrival[-1] if n else 0.0
+        self.run = Run(
+            policy=contender.name, horizon_s=self.horizon, enqueued=context.enqueued,
+            start=[NAN] * n,
+            status=bytearray(n), refusal=[None] * n, refusal_figures={},
+            told_wait_s=[None] * n,
+            overtaken_wait_s=[], overtaken_gap_s=[], peak=[0] * len(traffic.tenants),
+            caps=[None] * len(traffic.tenants), cap_exceeded=0, restarts=0, busy_s=0.0,
+            capacity_s=0.0)
+        self.tracker = Overtaking(
+            tenant_tier=traffic.tenant_tier,
+            tier_rank=[t.base_priority for t in context.tiers], cap=contender.cap)
+        self._events: list[tuple[float, int, int, int, int]] = []
+        self._seq = itertools.count()
+        self._running: dict[int, tuple[int, float]] = {}  # job → (attempt, end)
+        self._tenant_running = [0] * len(traffic.tenants)
+        self._run_times: deque[float] = deque(maxlen=WINDOW)  # newest first
+        self._completions = 0
+        self._workers: dict[str, int] = {}
+        self._next_worker = 0
+        self._capacity = 0
+        self._busy = 0
+        self._sample_dt = self.horizon / samples if self.horizon > 0 else math.inf
+        self._ttl = context.policy.lease_ttl_s
+        self._held: dict[int, deque[int]] = {}  # tenant → batch items not admitted yet
+        self._backoff: dict[int, int] = {}  # job → the attempt that waits out its backoff
+        self._last = 0.0  # the time of the last event
+        self._next_sample, self._next_measure = 0.0, REFRESH_S
+        self._next_upkeep = MAINTENANCE_PERIOD_S
+        self._measured_at = 0  # completions behind the last measure
+
+    def _push(self, at: float, kind: int, job: int = 0, attempt: int = 0) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), kind, job, attempt))
+
+    def _add_workers(self, count: int, now: float) -> None:
+        for _ in range(count):
+            self._workers[f"w{self._next_worker}"] = self.pool.slots
+            self._next_worker += 1
+        self._pool_changed(now)
+
+    def _pool_changed(self, now: float) -> None:
+        self._capacity = self.c.set_workers(dict(self._workers), now)
+        self.tracker.refresh_all()
+        caps = self.run.caps
+        for tenant in range(len(caps)):
+            cap, seen = self.c.cap(tenant), caps[tenant]
+            if cap is not None and (seen is None or cap > seen):
+                caps[tenant] = cap
+
+    def simulate(self) -> Run:
+        began = time.perf_counter()
+        run = self.run
+        self._add_workers(self.pool.workers, 0.0)
+        for i, change in enumerate(self.pool.changes):
+            self._push(change.at_s, _POOL, i)
+        for now, kind, job, attempt in self._timeline():
+            self._upkeep(now)
+            # A dispatch can start nothing while every slot is busy.
+            if self._handle(kind, job, attempt, now) and self._busy < self._capacity:
+                self._dispatch(now)
+        self._account(self.horizon)
+        run.overtaken_wait_s = list(self.tracker.wait_max)
+        run.overtaken_gap_s = list(self.tracker.gap_max)
+        run.wall_s = time.perf_counter() - began
+        return run
+
+    def _timeline(self) -> Iterator[tuple[float, int, int, int]]:
+        """Arrivals and events in time order, up to the last arrival: (time, kind, job,
+        attempt), kind -1 for an arrival."""
+        arrival, n, i = self.context.traffic.arrival, len(self.context.traffic), 0
+        events = self._events
+        while True:
+            if events and (i >= n or events[0][0] <= arrival[i]):
+                if events[0][0] > self.horizon:
+                    return
+                at, _, kind, job, attempt = heapq.heappop(events)
+                yield at, kind, job, attempt
+            elif i < n:
+                i += 1
+                yield arrival[i - 1], -1, i - 1, 0
+            else:
+                return
+
+    def _account(self, now: float) -> None:
+        """Slot-seconds busy and offered since the last event."""
+        elapsed = now - self._last
+        self.run.busy_s += self._busy * elapsed
+        self.run.capacity_s += self._capacity * elapsed
+        self._last = now
+
+    def _upkeep(self, now: float) -> None:
+        """What runs on timers: the samples for the picture, the dispatcher's measure of the
+        mean service time (``REFRESH_S``) and its expiry sweep (``MAINTENANCE_PERIOD_S``)."""
+        self._account(now)
+        while now >= self._next_sample:
+            self.run.samples.append(Sample(at_s=self._next_sample, queued=self.c.queued(),
+                                           busy=self._busy, capacity=self._capacity))
+            self._next_sample += self._sample_dt
+        if now >= self._next_measure:
+            self._next_measure = now + REFRESH_S
+            if self._completions != self._measured_at:
+                self._measured_at = self._completions
+                self.c.measured(MeasuredMean(mean_s=weighted_mean(self._run_times),
+                                             samples=len(self._run_times)), now)
+        if now >= self._next_upkeep:
+            self._next_upkeep = now + MAINTENANCE_PERIOD_S
+            self._expire(self.c.expire(now))
+
+    def _handle(self, kind: int, job: int, attempt: int, now: float) -> bool:
+        """Play one event; True when a dispatch may start something."""
+        if kind == -1:
+            return self._arrive(job, now)
+        if kind == _FINISH:
+            return self._finish(job, attempt, now)
+        if kind == _RENEW:
+            self._renew(job, attempt, now)
+            return False
+        if kind == _WAKE:
+            if self._backoff.pop(job, None) == attempt:  # not expired meanwhile
+                self._wait(job)
+            return True
+        if kind == _FEED:
+            return self._feed(now)
+        if kind == _REAP:
+            for lost, lost_attempt in self.c.reap(now):
+                self._retry(lost, lost_attempt, None, now)
+            return True
+        self._change_pool(job, now)
+        return True
+
+    def _wait(self, job: int) -> None:
+        self.tracker.wait(job, self.context.traffic.tenant[job], self.context.enqueued[job])
+
+    def _arrive(self, job: int, now: float) -> bool:
+        if self.context.traffic.batch[job]:
+            if not self._held:
+                self._push(now, _FEED)
+            self._held.setdefault(self.context.traffic.tenant[job], deque()).append(job)
+            self.run.status[job] = HELD
+            return False
+        verdict = self.c.submit(job, now)
+        if not verdict.accepted:
+            self.run.status[job] = REFUSED
+            self.run.refusal[job] = f"{verdict.cause}/{verdict.limit}"
+            self.run.refusal_figures[job] = (verdict.count, verdict.limit_value)
+            return False
+        self.run.told_wait_s[job] = verdict.told_wait_s
+        self._wait(job)
+        return True
+
+    def _feed(self, now: float) -> bool:
+        """A round of the batch feeder: each tenant's items in order until the first one
+        refused, at most ``ITEMS_PER_ROUND`` in all; again a period later while any wait."""
+        budget = ITEMS_PER_ROUND
+        for tenant, items in list(self._held.items()):
+            while items and budget > 0:
+                job = items[0]
+                self.context.enqueued[job] = now
+                if not self.c.feed(job, now):
+                    break
+                items.popleft()
+                budget -= 1
+                self.run.status[job] = WAITING
+                self._wait(job)
+            if not items:
+                del self._held[tenant]
+        if self._held:
+            self._push(now + FEED_PERIOD_S, _FEED)
+        return budget < ITEMS_PER_ROUND
+
+    def _dispatch(self, now: float) -> None:
+        dispatched = self.c.dispatch(now)
+        self._expire(dispatched.expired)
+        for job, attempt in dispatched.started:
+            self._start(job, attempt, now)
+
+    def _expire(self, jobs: list[int]) -> None:
+        traffic = self.context.traffic
+        for job in jobs:
+            self.run.status[job] = EXPIRED
+            self._backoff.pop(job, None)
+            self.tracker.unwait(job, traffic.tenant[job], self.context.enqueued[job])
+
+    def _start(self, job: int, attempt: int, now: float) -> None:
+        traffic, run = self.context.traffic, self.run
+        tenant = traffic.tenant[job]
+        if math.isnan(run.start[job]):
+            run.start[job] = now
+            run.status[job] = SERVED
+        if attempt > 1:
+            run.restarts += 1
+        self._busy += 1
+        running = self._tenant_running[tenant] = self._tenant_running[tenant] + 1
+        if running > run.peak[tenant]:
+            run.peak[tenant] = running
+        cap = self.c.cap(tenant)
+        if cap is not None and running > cap:
+            run.cap_exceeded += 1
+        self.tracker.start(job, tenant, self.context.enqueued[job], now)
+        end = now + traffic.service_s[job]
+        self._running[job] = (attempt, end)
+        self._push(end, _FINISH, job, attempt)
+        if end - now > self._ttl / 2:
+            self._push(now + self._ttl / 3, _RENEW, job, attempt)
+
+    def _stop(self, job: int) -> None:
+        """A running attempt ends (finished or lost): its slot frees."""
+        tenant = self.context.traffic.tenant[job]
+        del self._running[job]
+        self._busy -= 1
+        self._tenant_running[tenant] -= 1
+        self.tracker.finish(tenant)
+
+    def _finish(self, job: int, attempt: int, now: float) -> bool:
+        held = self._running.get(job)
+        if held is None or held[0] != attempt:
+            return False  # lost with its worker
+        self._stop(job)
+        self.c.finish(job, attempt, now)
+        self._run_times.appendleft(self.context.traffic.service_s[job])
+        self._completions += 1
+        if attempt <= self.context.traffic.failures[job]:
+            pol = self.context.policy
+            backoff = policy.retry_backoff_s(attempt, pol.retry_backoff_s,
+                                             pol.retry_backoff_max_s)
+            self._retry(job, attempt, now + backoff, now)
+        return True
+
+    def _retry(self, job: int, attempt: int, not_before: float | None, now: float) -> None:
+        """A failed or lost attempt: queue the next one, if starts are left."""
+        if attempt >= self.context.policy.max_attempts:
+            self.run.status[job] = FAILED
+            return
+        self.c.requeue(job, attempt + 1, not_before, now)
+        if not_before is None:
+            self._wait(job)
+        else:
+            self._backoff[job] = attempt + 1
+            self._push(not_before, _WAKE, job, attempt + 1)
+
+    def _renew(self, job: int, attempt: int, now: float) -> None:
+        held = self._running.get(job)
+        if held is None or held[0] != attempt:
+            return
+        self.c.renew(job, attempt, now)
+        if held[1] - now > self._ttl / 2:
+            self._push(now + self._ttl / 3, _RENEW, job, attempt)
+
+    def _change_pool(self, index: int, now: float) -> None:
+        change = self.pool.changes[index]
+        if change.workers == 0:
+            return
+        if change.workers > 0:
+            self._add_workers(change.workers, now)
+            return
+        leaving = list(self._workers)[change.workers:]
+        before = self._capacity
+        for worker in leaving:
+            del self._workers[worker]
+        self._pool_changed(now)
+        if change.crash and before:
+            lost_slots = len(leaving) * self.pool.slots
+            for job in list(self._running)[: math.ceil(len(self._running) * lost_slots / before)]:
+                attempt = self._running[job][0]
+                self._stop(job)
+                self.c.lose(job, attempt, now)
+            self._push(now + self._ttl, _REAP)

@@ -1,0 +1,208 @@
+"""``tierq`` itself under simulation: the in-memory twin of the dispatch index (the one the
+contract suite holds to Redis's behaviour) driven as the API, the dispatcher and the workers
+drive the real index, on the simulator's virtual clock.
+
+- submit: ``MemoryIndex.admit_new`` with the terms ``jobs.limits.terms`` builds (the tier's
+  bound from the measured μ, the quota, the rate bucket, refuse-if-late on ``max_wait_s``);
+  the told wait is ``policy.expected_wait_s`` on the figures of the admission, as
+  ``jobs.limits`` and ``jobs.estimates`` tell it;
+- dispatch: ``dispatch`` under the tier caps of ``jobs.capacity.figures`` (``set_caps`` when
+  the pool changes), a popped job past its ``start_by`` expires, ``expire_due`` sweeps. A
+  configured ``pool_concurrency`` sizes the bounds and caps, as in the real system; jobs
+  start only on the slots the scenario's workers have (the rest would wait in the broker);
+- the workers: ``register_worker``, lease ``renew`` (heartbeats of long jobs), ``release``;
+  a crashed worker's leases lapse and ``reap`` returns them; retries are ``requeue`` with
+  ``not_before`` (``policy.retry_backoff_s``) and the original order key.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jobs import capacity, policy
+from jobs.capacity import PoolFigures
+from jobs.index.base import Admission, AdmissionTerms, IndexedJob
+from jobs.index.memory import MemoryIndex
+from jobs.policy import RateLimit, Tier
+from jobs.service_rate import MeasuredMean
+from jobs.simulate.contender import Context, Dispatched, Verdict
+
+_LIMITS = {"capacity": "bound", "tenant_limit": "quota"}
+BATCH = 256  # jobs per dispatch call at most (the dispatcher's batch)
+
+
+def job_id(job: int) -> str:
+    """Ids that sort in arrival order, as tierq's time-ordered ids do."""
+    return f"{job:010d}"
+
+
+def _refused(admission: Admission) -> Verdict:
+    """The refusal as ``jobs.limits`` types it, with the figures it was decided on."""
+    reason = admission.reason or "capacity"
+    figures = {
+        "capacity": (admission.tier_queued, admission.bound),
+        "tenant_limit": (admission.tenant_queued, admission.quota),
+        "deadline": (admission.position, admission.max_position),
+    }.get(reason, (None, None))
+    return Verdict(accepted=False,
+                   cause="tenant_limit" if reason in ("tenant_limit", "rate") else "capacity",
+                   limit=_LIMITS.get(reason, reason), count=figures[0], limit_value=figures[1])
+
+
+class TierqContender:
+    name = "tierq"
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.policy = pol = context.policy
+        self._now = 0.0
+        self.index = MemoryIndex(clock=lambda: self._now)
+        traffic = context.traffic
+        self._tiers: list[Tier] = context.tiers
+        self._tier_names = traffic.tiers
+        self._rates: list[RateLimit | None] = [policy.rate_limit(t) for t in self._tiers]
+        self._ttl = pol.lease_ttl_s
+        self._capacity = 0  # what bounds and caps follow from: configured, else the slots
+        self._slots = 0  # the live workers' slots: what the pool can run
+        self._workers: set[str] = set()
+        self._figured: tuple[tuple[int, tuple[float, int] | None], PoolFigures] | None = None
+        self._caps: list[int] = [1] * len(self._tiers)
+        self._deadlines = any(w is not None for w in traffic.max_wait_s)
+
+    # -- the pool --
+
+    def set_workers(self, workers: dict[str, int], now: float) -> int:
+        self._now = now
+        for worker in self._workers - set(workers):
+            self.index.unregister_worker(worker)
+        self._workers = set(workers)
+        for worker, slots in workers.items():
+            self.index.register_worker(worker, slots=slots, ttl_s=math.inf, now=now)
+        self._slots = self.index.pool_capacity(now=now)
+        self._capacity = self.policy.pool_concurrency or self._slots
+        figures = capacity.figures(self.policy, capacity=self._capacity, inflight=0)
+        self._caps = [figures.caps[name] for name in self._tier_names]
+        traffic = self.context.traffic
+        own_caps = {traffic.tenants[t]: cap for t, (cap, _) in traffic.overrides.items()
+                    if cap is not None}
+        self.index.set_caps(figures.caps, own_caps)
+        return self._slots
+
+    def measured(self, mean: MeasuredMean, now: float) -> None:
+        self.index.service_mean = (mean.mean_s, mean.samples)
+
+    def cap(self, tenant: int) -> int | None:
+        own = self._own(tenant)[0]
+        return own if own is not None else self._caps[self.context.traffic.tenant_tier[tenant]]
+
+    def _own(self, tenant: int) -> tuple[int | None, int | None]:
+        """The tenant's own (cap, max_queued), as its record would hold them."""
+        return self.context.traffic.overrides.get(tenant, (None, None))
+
+    # -- submit --
+
+    def submit(self, job: int, now: float) -> Verdict:
+        self._now = now
+        traffic, pol = self.context.traffic, self.policy
+        tier_index = traffic.tier_of(job)
+        tier = self._tiers[tier_index]
+        max_wait = traffic.max_wait_s[job]
+        own_cap, own_quota = self._own(traffic.tenant[job])
+        entry = IndexedJob(
+            job_id=job_id(job), tenant=traffic.tenants[traffic.tenant[job]], tier=tier.name,
+            order_key=policy.order_key(now, tier.base_priority, pol.ageing_rate_s),
+            start_by=None if max_wait is None else now + max_wait)
+        admission = self.index.admit_new(entry, AdmissionTerms(
+            now=now, tier=tier, mean_service_s=pol.mean_service_s,
+            service_samples_min=pol.service_samples_min, client_timeout_s=pol.client_timeout_s,
+            pool_concurrency=pol.pool_concurrency, rate=self._rates[tier_index],
+            tenant_cap=own_cap, tenant_quota=own_quota, max_wait_s=max_wait))
+        if not admission.accepted:
+            return _refused(admission)
+        figures = self._figures(admission.capacity, admission.measured)
+        load = policy.TenantLoad(cap=own_cap or figures.caps[tier.name],
+                                 inflight=admission.tenant_inflight,
+                                 ahead=max(0, admission.tenant_queued - 1))
+        told = policy.expected_wait_s(
+            admission.position, max(0, figures.capacity - admission.inflight),
+            figures.service_rate, tenant=load, capacity=figures.capacity,
+            mean_service_s=figures.mean_service_s)
+        return Verdict(accepted=True, told_wait_s=told if math.isfinite(told) else None)
+
+    def _figures(self, pool: int, measured: tuple[float, int] | None) -> PoolFigures:
+        """``capacity.figures`` of the admission's pool and measure (as ``jobs.limits`` reads
+        them), kept while they stay the same: they change every few seconds, not per job."""
+        if self._figured is None or self._figured[0] != (pool, measured):
+            mean = None if measured is None else MeasuredMean(mean_s=measured[0],
+                                                              samples=measured[1])
+            self._figured = ((pool, measured),
+                             capacity.figures(self.policy, capacity=pool, inflight=0,
+                                              measured=mean))
+        return self._figured[1]
+
+    def feed(self, job: int, now: float) -> bool:
+        """As ``jobs.batch_feeder``: ``admit`` under the bound and quota of the live pool,
+        the order key of the admission."""
+        self._now = now
+        traffic = self.context.traffic
+        tier = self._tiers[traffic.tier_of(job)]
+        figures = self._figures(self._capacity, self.index.service_mean)
+        own_quota = self._own(traffic.tenant[job])[1]
+        outcome = self.index.admit(
+            IndexedJob(job_id=job_id(job), tenant=traffic.tenants[traffic.tenant[job]],
+                       tier=tier.name, order_key=self.policy.order_key(tier.name, now)),
+            bound=figures.bounds[tier.name],
+            tenant_quota=own_quota or figures.quotas[tier.name])
+        return outcome.accepted
+
+    # -- dispatch and the leases --
+
+    def dispatch(self, now: float) -> Dispatched:
+        self._now = now
+        out = Dispatched()
+        start_by = self.context.start_by
+        while True:
+            leases = self.index.dispatch(BATCH, lease_ttl_s=self._ttl, now=now,
+                                         capacity=self._slots)
+            late = 0
+            for lease in leases:
+                job = int(lease.job_id)
+                deadline = start_by(job) if self._deadlines else None
+                if deadline is not None and now >= deadline:
+                    self.index.release(lease.job_id, attempt=lease.attempt)
+                    out.expired.append(job)
+                    late += 1
+                else:
+                    out.started.append((job, lease.attempt))
+            if not late:
+                return out
+
+    def finish(self, job: int, attempt: int, now: float) -> None:
+        self.index.release(job_id(job), attempt=attempt)
+
+    def renew(self, job: int, attempt: int, now: float) -> None:
+        self.index.renew(job_id(job), attempt=attempt, ttl_s=self._ttl, now=now)
+
+    def lose(self, job: int, attempt: int, now: float) -> None:
+        """Nothing to do: the lease simply stops being renewed."""
+
+    def reap(self, now: float) -> list[tuple[int, int]]:
+        return [(int(lease.job_id), lease.attempt)
+                for lease in self.index.reap(now=now, limit=1_000_000)]
+
+    def requeue(self, job: int, attempt: int, not_before: float | None, now: float) -> None:
+        traffic = self.context.traffic
+        self.index.requeue(IndexedJob(
+            job_id=job_id(job), tenant=traffic.tenants[traffic.tenant[job]],
+            tier=self._tier_names[traffic.tier_of(job)], order_key=self.context.order_key(job),
+            start_by=self.context.start_by(job), not_before=not_before, attempt=attempt))
+
+    def expire(self, now: float) -> list[int]:
+        if not self._deadlines:
+            return []
+        return [int(entry.job_id)
+                for entry in self.index.expire_due(now=now, limit=1_000_000)]
+
+    def queued(self) -> list[int]:
+        depths = self.index.tier_depths(self._tier_names)
+        return [depths[name].queued for name in self._tier_names]

@@ -1,0 +1,187 @@
+"""The figures of a run, per tier: what each tier's customers lived through.
+
+Waits are from arrival to the first start, of the jobs that started. Jobs still queued when
+the traffic ended are counted apart (``waiting``) with the longest wait they had reached
+(``waiting_max_s``), so a starved tier shows even though none of its jobs started.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from jobs.simulate.engine import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run
+from jobs.simulate.traffic import Traffic
+
+
+@dataclass(frozen=True, kw_only=True)
+class Waits:
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierReport:
+    tier: str
+    policy: str
+    submitted: int
+    served: int
+    refused: dict[str, int]  # "cause/limit" → jobs
+    expired: int
+    failed: int
+    waiting: int  # still queued at the end
+    held: int  # batch items the feeder had not admitted by the end
+    waiting_max_s: float
+    waits: Waits | None  # None: nothing served
+    overtaken_wait_s: float
+    overtaken_gap_s: float
+    tenants: int
+    peak: int  # most jobs one tenant ran at once
+    cap: int | None  # the largest cap its tenants had (None: no cap)
+    # |waited − told| of served jobs that were told an estimate (None: none told)
+    told_error: Waits | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyReport:
+    policy: str
+    jobs: int
+    tiers: list[TierReport]
+    utilisation: float
+    cap_exceeded: int
+    wall_s: float
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (``q`` in 0..1)."""
+    if not ordered:
+        raise ValueError("no values")
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def waits(values: list[float]) -> Waits | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return Waits(p50=percentile(values, 0.5), p95=percentile(values, 0.95),
+                 p99=percentile(values, 0.99), max=values[-1])
+
+
+@dataclass
+class _Row:
+    """What one row of the report gathers as the jobs are walked."""
+
+    counts: Counter[int] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)
+    oldest_waiting: float = math.inf
+    waits: list[float] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)  # |waited - told|
+    tenants: set[int] = field(default_factory=set)
+
+
+def _walk(run: Run, traffic: Traffic) -> list[_Row]:
+    """Rows ``0 .. tiers-1`` for the tiers' interactive jobs, ``tiers + t`` for tier t's batch
+    items: a batch waits for its tenant's quota, interactive work should not."""
+    ntiers = len(traffic.tiers)
+    rows = [_Row() for _ in range(2 * ntiers)]
+    for job, status in enumerate(run.status):
+        tenant = traffic.tenant[job]
+        row = rows[traffic.tenant_tier[tenant] + (ntiers if traffic.batch[job] else 0)]
+        row.counts[status] += 1
+        row.tenants.add(tenant)
+        start = run.start[job]
+        if start == start:  # not nan: started
+            row.waits.append(start - run.enqueued[job])
+        if status == REFUSED:
+            row.refused[run.refusal[job] or "?"] += 1
+        elif status == WAITING:
+            row.oldest_waiting = min(row.oldest_waiting, run.enqueued[job])
+        told = run.told_wait_s[job]
+        if told is not None and status in (SERVED, FAILED):
+            row.errors.append(abs(start - run.enqueued[job] - told))
+    return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowWaits:
+    """A row's waits (of the jobs that started) and how many jobs it admitted."""
+
+    name: str  # the tier, or "<tier> batch"
+    waits: list[float]
+    admitted: int
+
+
+def row_waits(run: Run, traffic: Traffic) -> list[RowWaits]:
+    """Per row of the report (tiers best first, a tier's batch after it)."""
+    ntiers = len(traffic.tiers)
+    out = []
+    for r, row in enumerate(_walk(run, traffic)):
+        if row.counts:
+            admitted = sum(row.counts[s] for s in (WAITING, SERVED, EXPIRED, FAILED))
+            name = traffic.tiers[r % ntiers] + (" batch" if r >= ntiers else "")
+            out.append(RowWaits(name=name, waits=row.waits, admitted=admitted))
+    out.sort(key=lambda row: traffic.tiers.index(row.name.removesuffix(" batch")))
+    return out
+
+
+def report(run: Run, traffic: Traffic) -> PolicyReport:
+    ntiers = len(traffic.tiers)
+    rows = _walk(run, traffic)
+    tiers = []
+    for r, row in enumerate(rows):
+        if not row.counts:
+            continue
+        t = r % ntiers
+        batch = r >= ntiers
+        counts = row.counts
+        caps = [run.caps[n] for n in row.tenants]
+        tiers.append(TierReport(
+            tier=traffic.tiers[t] + (" batch" if batch else ""), policy=run.policy,
+            submitted=sum(counts.values()), served=counts[SERVED] + counts[FAILED],
+            refused=dict(row.refused), expired=counts[EXPIRED], failed=counts[FAILED],
+            waiting=counts[WAITING], held=counts[HELD],
+            waiting_max_s=max(0.0, run.horizon_s - row.oldest_waiting),
+            waits=waits(row.waits),
+            # Overtaking is measured per tier, on its interactive row.
+            overtaken_wait_s=math.nan if batch else run.overtaken_wait_s[t],
+            overtaken_gap_s=math.nan if batch else run.overtaken_gap_s[t],
+            tenants=len(row.tenants), peak=max((run.peak[n] for n in row.tenants), default=0),
+            cap=max((c for c in caps if c is not None), default=None),
+            told_error=waits(row.errors)))
+    tiers.sort(key=lambda tier: traffic.tiers.index(tier.tier.removesuffix(" batch")))
+    return PolicyReport(policy=run.policy, jobs=len(traffic), tiers=tiers,
+                        utilisation=run.utilisation, cap_exceeded=run.cap_exceeded,
+                        wall_s=run.wall_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantReport:
+    """One tenant across the policies: jobs served and the most it ran at once, by policy."""
+
+    tenant: str
+    tier: str
+    submitted: int
+    served: dict[str, int]
+    peak: dict[str, int]
+    cap: dict[str, int | None]
+
+
+def busiest_tenants(runs: list[Run], traffic: Traffic, top: int = 5) -> list[TenantReport]:
+    """The ``top`` tenants by jobs submitted (ties: the better tier, then the name)."""
+    submitted = Counter(traffic.tenant)
+    chosen = sorted(submitted, key=lambda n: (-submitted[n], traffic.tenant_tier[n],
+                                              traffic.tenants[n]))[:top]
+    served = {run.policy: Counter[int]() for run in runs}
+    for run in runs:
+        mine = served[run.policy]
+        for job, start in enumerate(run.start):
+            if start == start:
+                mine[traffic.tenant[job]] += 1
+    return [TenantReport(
+        tenant=traffic.tenants[n], tier=traffic.tiers[traffic.tenant_tier[n]],
+        submitted=submitted[n], served={run.policy: served[run.policy][n] for run in runs},
+        peak={run.policy: run.peak[n] for run in runs},
+        cap={run.policy: run.caps[n] for run in runs}) for n in chosen]
