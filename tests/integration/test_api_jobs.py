@@ -88,7 +88,8 @@ def test_result_follows_the_job(client: ApiClient) -> None:
     rt(client).index.release(job_id)
     done = result(job_id)
     assert (done.status_code, done.json()) == (
-        200, {"id": job_id, "status": "succeeded", "result": {"x": 1}})
+        200, {"id": job_id, "status": "succeeded", "result": {"x": 1}, "result_url": None,
+              "result_bytes": None})
 
     failed = new_job()
     dispatch_one(client, failed)
