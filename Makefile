@@ -35,6 +35,7 @@ lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/mypy
 
 test: lint ## lint, then the whole test suite (unit, integration, e2e, faults)
+	@sh scripts/test-tools.sh
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
