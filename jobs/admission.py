@@ -32,6 +32,19 @@ from dataclasses import dataclass
 from jobs.errors import CapacityExceeded, Refused, TenantLimitExceeded
 from jobs.policy import TenantLoad, estimated_wait_s, latest_useful_excess, tenant_wait_s
 
+# The index's refusal reasons (``Admission.reason``) as a 429 names them: (cause, limit).
+REFUSAL_NAMES = {
+    "capacity": ("capacity", "bound"),
+    "deadline": ("capacity", "deadline"),
+    "tenant_limit": ("tenant_limit", "quota"),
+    "rate": ("tenant_limit", "rate"),
+}
+
+
+def cause_and_limit(reason: str) -> tuple[str, str]:
+    """The cause and limit of an index refusal (an unknown reason is ours: capacity)."""
+    return REFUSAL_NAMES.get(reason, ("capacity", reason))
+
 # Longest Retry-After we ever advise: beyond this a client should look at /v1/queues.
 MAX_RETRY_AFTER_S = 3600
 # Shortest worker registration period (see workers/registration.py).

@@ -59,7 +59,7 @@ from jobs.index.base import IndexedJob, Lease, NotLeader
 from jobs.leadership import Leadership
 from jobs.rebuild import UNCOMMITTED_GRACE_S, may_be_uncommitted
 from jobs.reconciler import RECONCILE_PERIOD_S, Reconciler, ReconcileStats
-from jobs.recovery import expiry_note, recover
+from jobs.recovery import check_lead, expiry_note, recover
 from jobs.retention import PRUNE_PERIOD_S, PruneStats, Retention
 from jobs.runtime import Runtime
 from jobs.service_rate import ServiceRateTracker
@@ -274,12 +274,6 @@ class Dispatcher:
             repository.claim_lead(session, self.fence)
         self._claimed = self.fence
 
-    def _check_lead(self, session: Session) -> None:
-        """In a transaction that decides jobs from leases this leader reaped: refuse once
-        another leader has claimed SQL (it may have restored those leases since)."""
-        if self.fence is not None and not repository.holds_lead(session, self.fence):
-            raise NotLeader("another dispatcher has claimed the lead in SQL")
-
     def rebuild(self, now: float) -> None:
         """The reconciler's full pass (at leadership, or once Redis lost its data)."""
         self._claim_lead()
@@ -324,7 +318,7 @@ class Dispatcher:
         entries: list[IndexedJob] = []
         try:
             with self.runtime.sessions.begin() as session:
-                self._check_lead(session)
+                check_lead(session, self.fence)
                 jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
                 for lease in leases:
                     entry = self._recover(session, lease, jobs.get(lease.job_id), now, stats)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from jobs import capacity, estimates, policy
-from jobs.admission import Refusal, idle_retry_s, rate_refused, refused
+from jobs.admission import Refusal, cause_and_limit, idle_retry_s, rate_refused, refused
 from jobs.capacity import PoolFigures
 from jobs.domain import NewJob, Tenant
 from jobs.estimates import Placement
@@ -62,8 +62,7 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
                                  ahead=max(0, admission.tenant_queued - 1))
         return estimates.placement(figures, position=admission.position, load=load)
     reason = admission.reason or "capacity"
-    _log_refusal(tenant, new.tier, "tenant_limit" if reason == "tenant_limit" else "capacity",
-                 {"capacity": "bound", "tenant_limit": "quota"}.get(reason, reason))
+    _log_refusal(tenant, new.tier, *cause_and_limit(reason))
     raise refused(_refusal(
         runtime, tenant, new, figures, reason=reason, position=admission.position,
         tier_queued=admission.tier_queued, max_position=admission.max_position,

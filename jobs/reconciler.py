@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 
 from jobs.db import repository
 from jobs.domain import Job
-from jobs.index.base import Entry, IndexedJob, NotLeader
+from jobs.index.base import Entry, IndexedJob
 from jobs.rebuild import IN_FLIGHT, RebuildStats, may_be_uncommitted, rebuild
-from jobs.recovery import indexed, recover
+from jobs.recovery import check_lead, indexed, recover
 from jobs.runtime import Runtime
 from jobs.states import Status
 
@@ -158,10 +158,7 @@ class Reconciler:
             return
         entries: list[IndexedJob] = []
         with self.runtime.sessions.begin() as session:
-            if fence is not None and not repository.holds_lead(session, fence):
-                # A successor claimed SQL and may have restored these leases since they
-                # were read: its own round decides.
-                raise NotLeader("another dispatcher has claimed the lead in SQL")
+            check_lead(session, fence)  # a successor's own round decides, not this one
             for job in orphans:
                 outcome = recover(session, job, now)
                 if outcome.entry is not None:

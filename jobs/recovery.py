@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from jobs.db import repository
 from jobs.domain import Job
-from jobs.index.base import IndexedJob
+from jobs.index.base import IndexedJob, NotLeader
 from jobs.states import Status
 
 logger = logging.getLogger("tierq.dispatcher")
@@ -56,6 +56,14 @@ def indexed(job: Job, not_before: float | None = None, attempt: int | None = Non
         not_before=not_before if not_before is not None else job.not_before,
         attempt=job.attempt if attempt is None else attempt,
     )
+
+
+def check_lead(session: Session, fence: str | None) -> None:
+    """First in a transaction that decides jobs from leases found lapsed: refuse once another
+    dispatcher has claimed the lead in SQL (it may have restored those leases since, and a
+    worker started on one). ``fence`` None: unfenced (a lone dispatcher, ``tierq repair``)."""
+    if fence is not None and not repository.holds_lead(session, fence):
+        raise NotLeader("another dispatcher has claimed the lead in SQL")
 
 
 def recover(session: Session, job: Job, now: float) -> Recovered:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from jobs.api.schemas import TIMESTAMP, rfc3339
+from jobs.api.schemas import TIMESTAMP, PoolView, WorkerView, rfc3339
 from jobs.capacity import PoolFigures
 from jobs.dashboard.figures import FleetView, JobLine, TenantUse, TenantView, TierCard
 from jobs.dashboard.refusals import RefusalCount
@@ -58,34 +58,22 @@ class TierCardView(BaseModel):
         )
 
 
-class WorkerLine(BaseModel):
-    """A live worker: the device it runs jobs on and the slots it brings."""
+class PoolCard(PoolView):
+    """The worker pool, fleet-wide: ``/v1/queues``'s figures, and what is behind them."""
 
-    id: str = Field(description="the worker's name (name@host)")
-    device: str = Field(description="cuda:N or cpu")
-    slots: int = Field(description="jobs it runs at once")
-
-
-class PoolCard(BaseModel):
-    """The worker pool, fleet-wide."""
-
-    capacity: int = Field(description="worker slots: configured, or the sum over live workers")
-    inflight: int = Field(description="jobs holding a slot (dispatched or running)")
-    utilisation: float = Field(description="inflight / capacity")
-    service_rate: float = Field(description="μ, jobs per second the pool finishes")
     mean_service_s: float = Field(description="mean service time behind μ")
     service_measured: bool = Field(description="true when mean_service_s is measured from "
                                    "finished jobs, false while it is the configured fallback")
-    workers: list[WorkerLine] = Field(description="the live workers, by id")
+    workers: list[WorkerView] = Field(description="the live workers, by id")
 
     @classmethod
-    def of(cls, pool: PoolFigures, workers: Sequence[LiveWorker] = ()) -> PoolCard:
+    def of(cls, pool: PoolFigures, workers: Sequence[LiveWorker] = (), *,
+           now: float) -> PoolCard:
         return cls(capacity=pool.capacity, inflight=pool.inflight,
                    utilisation=pool.utilisation, service_rate=pool.service_rate,
                    mean_service_s=pool.mean_service_s,
                    service_measured=pool.service_samples > 0,
-                   workers=[WorkerLine(id=w.worker_id, device=w.device, slots=w.slots)
-                            for w in workers])
+                   workers=[WorkerView.of(w, now) for w in workers])
 
 
 class TenantUseView(BaseModel):
@@ -166,7 +154,7 @@ class DashboardResponse(BaseModel):
     def of_fleet(cls, view: FleetView) -> DashboardResponse:
         return cls(view="fleet", at=rfc3339(view.at) or "", window_s=view.window_s,
                    tiers=[TierCardView.of(card) for card in view.tiers],
-                   pool=PoolCard.of(view.pool, view.workers),
+                   pool=PoolCard.of(view.pool, view.workers, now=view.at),
                    tenants=[TenantUseView.of(use) for use in view.tenants], tenant=None)
 
     @classmethod

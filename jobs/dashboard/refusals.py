@@ -1,28 +1,21 @@
 """Recent refusals (429s) by tier, cause and limit, and by tenant, as the dashboard shows them.
 
-The Prometheus counter of ``jobs.metrics`` lives in each API process and only grows; the
-dashboard wants the last few minutes over every replica. So the index counts each refusal in
-the same atomic step that decides it (``DispatchIndex.admit_new``: no round trip more), by
-minute, for its tier and for its tenant; this module sums the minutes of the window and names
-each reason as the 429 does: its cause (``capacity``: ours to fix; ``tenant_limit``: the
-client's) and the limit hit.
+The Prometheus counter of ``jobs.metrics`` only grows; the dashboard wants the last few
+minutes, for every tier and every tenant. So the index counts each refusal in the same atomic
+step that decides it (``DispatchIndex.admit_new``: no round trip more), by minute, for its
+tier and for its tenant; this module sums the minutes of the window and names each reason as
+the 429 does (``admission.cause_and_limit``): its cause (``capacity``: ours to fix;
+``tenant_limit``: the client's) and the limit hit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jobs.admission import cause_and_limit
 from jobs.index.base import REFUSAL_BUCKET_S, DispatchIndex, refusal_minute
 
 WINDOW_S = 300.0
-
-# Admission.reason -> (cause, limit), as jobs.limits answers them.
-_NAMES = {
-    "capacity": ("capacity", "bound"),
-    "deadline": ("capacity", "deadline"),
-    "tenant_limit": ("tenant_limit", "quota"),
-    "rate": ("tenant_limit", "rate"),
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,10 +49,6 @@ def window_minutes(now: float, window_s: float = WINDOW_S) -> list[int]:
 
 def read_recent(index: DispatchIndex, *, now: float, window_s: float = WINDOW_S) -> RecentRefusals:
     return tally(index.refusal_counts(window_minutes(now, window_s)))
-
-
-def cause_and_limit(reason: str) -> tuple[str, str]:
-    return _NAMES.get(reason, ("capacity", reason))
 
 
 def tally(counts: dict[tuple[str, str, str], int]) -> RecentRefusals:

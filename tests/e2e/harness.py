@@ -203,6 +203,22 @@ def system_env(
 
 
 @contextlib.contextmanager
+def started_system(
+    workdir: Path, *, config: str, concurrency: int, database_url: str, redis_url: str,
+    key_prefix: str,
+) -> Iterator[System]:
+    """API, dispatcher and a worker of ``concurrency`` slots, with ``config`` as their TOML
+    file in ``workdir``; stopped afterwards (their logs printed when the test fails)."""
+    path = workdir / "tierq.toml"
+    path.write_text(config)
+    env = system_env(database_url=database_url, redis_url=redis_url, key_prefix=key_prefix,
+                     extra={"TIERQ_CONFIG": str(path)})
+    with running(System(env=env, workdir=workdir)) as system:
+        system.start_all(concurrency=concurrency)
+        yield system
+
+
+@contextlib.contextmanager
 def running(system: System) -> Iterator[System]:
     try:
         yield system

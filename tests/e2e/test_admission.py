@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from tests.e2e.harness import System, running, system_env, wait_status, wait_until
+from tests.e2e.harness import System, started_system, wait_status, wait_until
 from tests.services import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -28,12 +28,8 @@ def system(
     key_prefix: str,
     redis_client: redis.Redis,  # deletes this test's keys (Celery's too) afterwards
 ) -> Iterator[System]:
-    config = tmp_path / "tierq.toml"
-    config.write_text(CONFIG)
-    env = system_env(database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix,
-                     extra={"TIERQ_CONFIG": str(config)})
-    with running(System(env=env, workdir=tmp_path)) as sys_:
-        sys_.start_all(concurrency=2)
+    with started_system(tmp_path, config=CONFIG, concurrency=2, database_url=pg_url,
+                        redis_url=redis_server.url, key_prefix=key_prefix) as sys_:
         yield sys_
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.e2e.harness import ADMIN_KEY, System, running, system_env, wait_until
+from tests.e2e.harness import ADMIN_KEY, System, started_system, wait_until
 from tests.services import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -62,12 +61,8 @@ def system(
     tmp_path: Path, pg_url: str, redis_server: RedisServer, key_prefix: str,
     redis_client: redis.Redis,  # deletes this test's keys (Celery's too) afterwards
 ) -> Iterator[System]:
-    config = tmp_path / "tierq.toml"
-    config.write_text(CONFIG)
-    env = system_env(database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix,
-                     extra={"TIERQ_CONFIG": str(config)})
-    with running(System(env=env, workdir=tmp_path)) as deployment:
-        deployment.start_all(concurrency=4)
+    with started_system(tmp_path, config=CONFIG, concurrency=4, database_url=pg_url,
+                        redis_url=redis_server.url, key_prefix=key_prefix) as deployment:
         yield deployment
 
 
@@ -129,7 +124,10 @@ def test_the_fleet_and_a_tenant_in_the_browser(
     free = page.locator('[data-tier="free"]')
     assert "tenant_limit · quota" in free.inner_text()
     page.wait_for_selector('[data-card="tenants"] tr[data-tenant="acme"]', timeout=20_000)
-    time.sleep(6)  # a few more refreshes: the charts draw the queues draining
+    # Three more refreshes: the charts draw the queues draining.
+    drawn = int(page.get_attribute("body", "data-refreshes") or 0)
+    page.wait_for_function(f"() => Number(document.body.dataset.refreshes) >= {drawn + 3}",
+                           timeout=20_000)
     screenshot = tmp_path / "dashboard.png"
     page.screenshot(path=str(screenshot))
     assert screenshot.stat().st_size > 10_000

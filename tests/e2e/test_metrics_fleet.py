@@ -12,7 +12,13 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.harness import System, free_port, running, system_env, wait_terminal, wait_until
+from tests.e2e.harness import (
+    System,
+    free_port,
+    started_system,
+    wait_terminal,
+    wait_until,
+)
 from tests.services import RedisServer
 
 pytestmark = pytest.mark.e2e
@@ -33,12 +39,8 @@ def system(
     tmp_path: Path, pg_url: str, redis_server: RedisServer, key_prefix: str,
     redis_client: redis.Redis,  # deletes this test's keys (Celery's too) afterwards
 ) -> Iterator[System]:
-    config = tmp_path / "tierq.toml"
-    config.write_text(CONFIG)
-    env = system_env(database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix,
-                     extra={"TIERQ_CONFIG": str(config)})
-    with running(System(env=env, workdir=tmp_path)) as sys_:
-        sys_.start_all(concurrency=2)
+    with started_system(tmp_path, config=CONFIG, concurrency=2, database_url=pg_url,
+                        redis_url=redis_server.url, key_prefix=key_prefix) as sys_:
         yield sys_
 
 

@@ -3,16 +3,15 @@ pictures it links are in the repository."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-from jobs.config import load_settings
 from jobs.simulate import compare, scenario
 from jobs.simulate.report import TierReport
 from jobs.simulate.table import seconds
+from tests.unit.defaults import default_policy
 
 pytestmark = pytest.mark.unit
 
@@ -36,14 +35,7 @@ def _rows(section: str) -> dict[tuple[str, str], list[str]]:
 
 
 def _reports(name: str) -> dict[tuple[str, str], TierReport]:
-    saved = {k: v for k, v in os.environ.items() if k.startswith("TIERQ_")}
-    for key in saved:
-        del os.environ[key]
-    try:
-        pol = load_settings().build_policy()
-    finally:
-        os.environ.update(saved)
-    comparison = compare(pol, scenario.load(name), policies=["strict", "tierq"])
+    comparison = compare(default_policy(), scenario.load(name), policies=["strict", "tierq"])
     return {(t.tier, rep.policy): t for rep in comparison.reports for t in rep.tiers}
 
 

@@ -3,14 +3,12 @@ joining, failing attempts retried with backoff, clients' own deadlines, a batch.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from jobs.config import load_settings
 from jobs.policy import Policy
 from jobs.simulate import Comparison, compare, scenario
 from jobs.simulate.engine import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING
+from tests.unit.defaults import default_policy
 
 pytestmark = pytest.mark.unit
 
@@ -33,13 +31,7 @@ EVERYTHING = {
 
 @pytest.fixture(scope="module")
 def pol() -> Policy:
-    saved = {k: v for k, v in os.environ.items() if k.startswith("TIERQ_")}
-    for name in saved:
-        del os.environ[name]
-    try:
-        return load_settings().build_policy()
-    finally:
-        os.environ.update(saved)
+    return default_policy()
 
 
 @pytest.fixture(scope="module")

@@ -10,36 +10,25 @@ heap orders as tierq does to within its rescore period.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
 from jobs import policy
-from jobs.config import load_settings
 from jobs.policy import Policy
 from jobs.simulate import Comparison, compare, scenario
 from jobs.simulate.baselines import RESCORE_PERIOD_S
 from jobs.simulate.engine import REFUSED, SERVED, WAITING, Run
 from jobs.simulate.report import PolicyReport, TierReport, percentile
+from tests.unit.defaults import default_policy
 
 pytestmark = pytest.mark.unit
 
 JOBS = 20_000
 
 
-def _policy() -> Policy:
-    saved = {k: v for k, v in os.environ.items() if k.startswith("TIERQ_")}
-    for name in saved:
-        del os.environ[name]
-    try:
-        return load_settings().build_policy()
-    finally:
-        os.environ.update(saved)
-
-
 @pytest.fixture(scope="module")
 def pol() -> Policy:
-    return _policy()
+    return default_policy()
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@
 
   const $ = (id) => document.getElementById(id);
   const samples = []; // [{t, queued: {tier: n}, inflight: {name: n}}], oldest first
+  let refreshes = 0; // answers drawn since the page opened (body[data-refreshes])
   let timer = null;
 
   // -- the key ------------------------------------------------------------------------------
@@ -259,6 +260,8 @@
     }
     samples.push({ t: now, queued, inflight });
     while (samples.length && samples[0].t < now - HISTORY_MS) samples.shift();
+    refreshes += 1;
+    document.body.dataset.refreshes = String(refreshes);
   }
 
   // A line per series over the last HISTORY_MS; y from 0 to the largest value seen.
