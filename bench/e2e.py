@@ -64,7 +64,7 @@ from e2e_stack import TIER, BenchRedis, bench_redis, celery_worker, tierq
 from rich.console import Console
 from submit import postgres_admin_url, throwaway_database
 
-from jobs.ids import new_job_id
+from jobs.core.ids import new_job_id
 from jobs.index import IndexedJob, RedisIndex
 
 T = TypeVar("T")

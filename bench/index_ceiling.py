@@ -40,9 +40,9 @@ from e2e_stack import bench_redis
 from rich.console import Console
 from rich.table import Table
 
+from jobs.core.policy import Tier
 from jobs.index import IndexedJob, RedisIndex
 from jobs.index.base import AdmissionTerms
-from jobs.policy import Tier
 
 PREFIX = "{tierq}:"
 TIER = Tier(name="bench", base_priority=0, max_wait_s=3600, tenant_share=1.0,

@@ -4,7 +4,7 @@ Each policy replays the same jobs (drawn once, timed apart) on the virtual clock
 engine (arrivals, workers, heartbeats, retries, the measured mean) and the policy's queue.
 For ``tierq`` that is the real path, the in-memory twin of the dispatch index
 (``MemoryIndex``: ``admit_new`` per submit, ``dispatch`` under caps, ``release``) and
-``jobs.policy``; ``strict`` and ``rescore`` are the baselines. The figure that matters: the
+``jobs.core.policy``; ``strict`` and ``rescore`` are the baselines. The figure that matters: the
 million jobs under ``tierq`` in under 60 s on a 2-core machine.
 
     python bench/simulate.py                        # 1,000,000 jobs of seed, all policies
@@ -19,7 +19,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from jobs.config import load_settings
+from jobs.process.settings import load_settings
 from jobs.simulate import CONTENDERS, traffic_for
 from jobs.simulate.contender import Context
 from jobs.simulate.engine import Engine

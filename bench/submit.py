@@ -162,7 +162,7 @@ def redis_url() -> Iterator[str]:
 @contextlib.contextmanager
 def throwaway_database(admin_url: sa.URL) -> Iterator[str]:
     """A new, migrated database, dropped afterwards."""
-    from jobs.db.migrate import upgrade
+    from jobs.store.migrate import upgrade
 
     name = f"tierq_bench_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)

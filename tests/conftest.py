@@ -46,7 +46,7 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def pg_template(pg_server: PostgresServer) -> Iterator[str]:
     """A database migrated once per session; each test copies it (much faster than migrating)."""
-    from jobs.db.migrate import upgrade
+    from jobs.store.migrate import upgrade
 
     name = pg_server.create_database()
     upgrade(pg_server.url_for(name))
@@ -70,7 +70,7 @@ def pg_url(pg_server: PostgresServer, pg_template: str) -> Iterator[str]:
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    from jobs.db.migrate import upgrade
+    from jobs.store.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'tierq.db'}"
     upgrade(url)

@@ -19,8 +19,8 @@ from typing import Any
 from celery import Celery, signals
 from kombu.entity import Exchange, Queue
 
-from jobs import wake
-from jobs.config import Settings
+from jobs.index import wake
+from jobs.process.settings import Settings
 from workers import embedding
 from workers.broker import BrokerNames, broker_names, queue_arguments, transport_config
 from workers.registration import WorkerRegistration, registration_ttl_s

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import re
 
-from jobs import content_type
+from jobs.core import content_type
 
 MAX_CHUNK_CHARS = 800
 _PARAGRAPH = re.compile(r"\n\s*\n")

@@ -13,8 +13,8 @@ import ipaddress
 import os
 from collections.abc import Mapping
 
-from jobs.config import Settings
-from jobs.errors import ConfigError
+from jobs.core.errors import ConfigError
+from jobs.process.settings import Settings
 from workers.app import make_celery
 
 LOCALHOST = "127.0.0.1"

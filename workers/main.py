@@ -13,9 +13,9 @@ import sys
 import uuid
 from collections.abc import Sequence
 
-from jobs import logs
-from jobs.config import Settings, load_settings
-from jobs.errors import ConfigError
+from jobs.core.errors import ConfigError
+from jobs.process import logs
+from jobs.process.settings import Settings, load_settings
 from workers import stopping
 from workers.app import make_celery, names_of
 from workers.tasks import resources_of
@@ -24,7 +24,7 @@ from workers.tasks import resources_of
 POOLS = {"threads": "workers.pool:TaskPool"}
 
 def configure_logging(loglevel: str) -> None:
-    """JSON lines in a container, text in a terminal (``jobs.logs``)."""
+    """JSON lines in a container, text in a terminal (``jobs.process.logs``)."""
     logs.configure_logging(loglevel)
 
 

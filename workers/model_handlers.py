@@ -16,9 +16,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from jobs.blobs import SHA256, BlobNotFound, BlobStore
-from jobs.config import load_settings
-from jobs.errors import InvalidRequest
+from jobs.blobs.store import SHA256, BlobNotFound, BlobStore
+from jobs.core.errors import InvalidRequest
+from jobs.process.settings import load_settings
 from workers import embedding
 from workers.documents import chunk_text, extract_text
 from workers.handlers import Handler, JobContext, RetryableError, parse_payload

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.config import Settings
+from jobs.process.settings import Settings
 from workers.app import base_app, names_of
 from workers.tasks import TASK_NAME
 
 
 class CeleryPublisher:
-    """``publish(job_id, attempt, tier)`` for ``jobs.dispatcher.Dispatcher``; one thread
+    """``publish(job_id, attempt, tier)`` for ``jobs.dispatch.dispatcher.Dispatcher``; one thread
     publishes (the dispatcher's loop), so the producer it holds is never shared."""
 
     def __init__(self, settings: Settings) -> None:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import redis
 
+from jobs.core.policy import Policy
 from jobs.index.base import DispatchIndex
-from jobs.policy import Policy
 
 logger = logging.getLogger("tierq.worker")
 

@@ -4,7 +4,7 @@ Whoever stops a worker (``tierq up``, compose, Kubernetes) sends SIGTERM, waits
 ``policy.stop_grace_s``, then kills it. Celery's warm shutdown lets running jobs finish;
 those still running ``handback_after_s(grace)`` after the signal are asked to stop, as a
 cancel asks, and go back to the queue as a new attempt, not charged one
-(``jobs.execution.hand_back_running``). Killed instead, they would wait a lease TTL for the
+(``jobs.execution.attempt.hand_back_running``). Killed instead, they would wait a lease TTL for the
 reaper and be charged the attempt.
 
 The thread pool runs jobs in the worker process, which Celery tells of the stop
@@ -25,9 +25,9 @@ from typing import Any
 
 from celery import signals
 
-from jobs.config import Settings
-from jobs.execution import hand_back_running
-from jobs.policy import handback_after_s
+from jobs.core.policy import handback_after_s
+from jobs.execution.attempt import hand_back_running
+from jobs.process.settings import Settings
 
 logger = logging.getLogger("tierq.worker")
 

@@ -1,4 +1,5 @@
-"""The one Celery task: ``tierq.run_job(job_id, attempt)``. Thin: it calls ``jobs.execution``.
+"""The one Celery task: ``tierq.run_job(job_id, attempt)``. Thin: it calls
+``jobs.execution.attempt``.
 
 The message carries ids, never objects; running it twice is harmless (the compare-and-set
 on ``(status, attempt)`` turns every copy but the first into a no-op).
@@ -21,11 +22,11 @@ from typing import Any
 
 import sqlalchemy.exc
 
-from jobs.config import Settings
-from jobs.db import repository
-from jobs.errors import TierqError
-from jobs.execution import FAILED, execute
-from jobs.runtime import Runtime
+from jobs.core.errors import TierqError
+from jobs.execution.attempt import FAILED, execute
+from jobs.process.runtime import Runtime
+from jobs.process.settings import Settings
+from jobs.store import repository
 from workers.handlers import HandlerRegistry, default_registry
 
 TASK_NAME = "tierq.run_job"

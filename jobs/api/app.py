@@ -2,12 +2,12 @@
 
 The OpenAPI document names this deployment's tiers and job kinds (``jobs.api.openapi``);
 ``/docs`` and ``/redoc`` serve their assets from the ``fastapi_offline`` package, and
-``/dashboard`` its own from this one (``jobs.api.routes_dashboard``), so all three work where
+``/dashboard`` its own from this one (``jobs.api.routes.dashboard``), so all three work where
 no CDN can be reached.
 
 Middleware, outermost first: ``CatchAll`` (a bug becomes a typed, logged 500), then
 ``BodyLimit`` (413 before parsing). A runtime built here is closed on shutdown; one passed
-in belongs to the caller. The process's ``jobs.notify.Listener`` (started on the first
+in belongs to the caller. The process's ``jobs.index.notify.Listener`` (started on the first
 request) and its tenant cache belong to the app, and the listener stops with it.
 """
 
@@ -21,25 +21,37 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
-from jobs.api import (
-    routes_admin,
-    routes_batches,
-    routes_dashboard,
-    routes_documents,
-    routes_jobs,
-    routes_queues,
-    routes_workers,
-)
+from jobs.admission.submit import KindCatalog, PayloadValidator
 from jobs.api.body_limit import BodyLimit
 from jobs.api.errors import CatchAll, install_error_handlers
 from jobs.api.openapi import install_openapi
-from jobs.config import Settings
-from jobs.metrics import AppMetrics
-from jobs.notify import Listener
-from jobs.runtime import Runtime
-from jobs.submission import KindCatalog, PayloadValidator
-from jobs.tenant_cache import TenantCache
-from workers.handlers import default_registry
+from jobs.api.routes import (
+    admin as routes_admin,
+)
+from jobs.api.routes import (
+    batches as routes_batches,
+)
+from jobs.api.routes import (
+    dashboard as routes_dashboard,
+)
+from jobs.api.routes import (
+    documents as routes_documents,
+)
+from jobs.api.routes import (
+    jobs as routes_jobs,
+)
+from jobs.api.routes import (
+    queues as routes_queues,
+)
+from jobs.api.routes import (
+    workers as routes_workers,
+)
+from jobs.execution.handlers import default_registry
+from jobs.fleet.metrics import AppMetrics
+from jobs.index.notify import Listener
+from jobs.process.runtime import Runtime
+from jobs.process.settings import Settings
+from jobs.service.tenant_cache import TenantCache
 
 DESCRIPTION = (
     "A durable, tiered job scheduler. Submit jobs, come back for the result. Every error is "

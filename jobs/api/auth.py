@@ -10,12 +10,12 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from jobs.config import Settings
-from jobs.domain import Tenant
-from jobs.errors import Forbidden, Unauthorized
-from jobs.runtime import Runtime
-from jobs.tenant_cache import TenantCache
-from jobs.tenants import tenant_for_key
+from jobs.core.domain import Tenant
+from jobs.core.errors import Forbidden, Unauthorized
+from jobs.process.runtime import Runtime
+from jobs.process.settings import Settings
+from jobs.service.tenant_cache import TenantCache
+from jobs.service.tenants import tenant_for_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +37,7 @@ def authenticate(
     runtime: Runtime, key: str | None, cache: TenantCache | None = None
 ) -> Principal:
     """The principal holding ``key``; 401 when there is none or nobody holds it. A tenant
-    key is looked up in ``cache`` first (``jobs.tenant_cache``)."""
+    key is looked up in ``cache`` first (``jobs.service.tenant_cache``)."""
     if not key:
         raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
     if is_admin_key(runtime.settings, key):

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, rfc3339
-from jobs.batches import MAX_BATCH_ITEMS, BatchProgress
-from jobs.db.batch_repository import Batch
+from jobs.service.batches import MAX_BATCH_ITEMS, BatchProgress
+from jobs.store.batches import Batch
 
 BATCH_ID = "the batch's id (a UUID)"
 

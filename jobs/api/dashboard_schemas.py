@@ -8,11 +8,11 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from jobs.api.schemas import TIMESTAMP, PoolView, WorkerView, rfc3339
-from jobs.capacity import PoolFigures
+from jobs.core.states import Status
 from jobs.dashboard.figures import FleetView, JobLine, TenantUse, TenantView, TierCard
 from jobs.dashboard.refusals import RefusalCount
+from jobs.fleet.pool import PoolFigures
 from jobs.index.base import LiveWorker
-from jobs.states import Status
 
 
 class RefusalTally(BaseModel):

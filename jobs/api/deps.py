@@ -2,8 +2,8 @@
 
 ``RuntimeDep`` (connections and policy), ``ValidatorDep`` (the handler registry that checks
 payloads), ``TenantDep`` (a tenant key's tenant), ``AdminDep`` (the admin key),
-``PrincipalDep`` (either), ``ListenerDep`` (this process's ``jobs.notify.Listener``) and
-``TenantCacheDep`` (its ``jobs.tenant_cache.TenantCache``). The sync ones run in the
+``PrincipalDep`` (either), ``ListenerDep`` (this process's ``jobs.index.notify.Listener``) and
+``TenantCacheDep`` (its ``jobs.service.tenant_cache.TenantCache``). The sync ones run in the
 threadpool: key lookups may touch SQL.
 
 ``refuse_unknown_query`` is every router's own dependency: a query parameter the route does
@@ -20,14 +20,14 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from jobs.admission.submit import PayloadValidator
 from jobs.api.auth import Principal, authenticate, require_admin, require_tenant
-from jobs.blobs import BlobStore
-from jobs.domain import Tenant
-from jobs.errors import InvalidRequest
-from jobs.notify import Listener
-from jobs.runtime import Runtime
-from jobs.submission import PayloadValidator
-from jobs.tenant_cache import TenantCache
+from jobs.blobs.store import BlobStore
+from jobs.core.domain import Tenant
+from jobs.core.errors import InvalidRequest
+from jobs.index.notify import Listener
+from jobs.process.runtime import Runtime
+from jobs.service.tenant_cache import TenantCache
 
 _bearer = HTTPBearer(
     auto_error=False,

@@ -14,16 +14,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.index.base import LiveWorker
-from jobs.policy import (
+from jobs.admission.submit import Progress
+from jobs.core.policy import (
     MAX_TENANT_BURST,
     MAX_TENANT_CAP,
     MAX_TENANT_QUEUED,
     MAX_TENANT_RATE_PER_S,
 )
-from jobs.states import Status
-from jobs.submission import Progress
-from jobs.tenants import NAME_PATTERN
+from jobs.core.states import Status
+from jobs.index.base import LiveWorker
+from jobs.service.tenants import NAME_PATTERN
 
 MAX_WAIT_LIMIT_S = 30 * 24 * 3600.0
 MAX_ATTEMPTS_LIMIT = 100

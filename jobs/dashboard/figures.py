@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from jobs import estimates, policy
-from jobs.capacity import PoolFigures
+from jobs.admission import estimates
+from jobs.core import policy
+from jobs.core.domain import JobSummary, Tenant
+from jobs.core.states import Status
 from jobs.dashboard.refusals import RefusalCount
-from jobs.domain import JobSummary, Tenant
+from jobs.fleet.metrics import IndexView, TierFigures, percentile
+from jobs.fleet.pool import PoolFigures
 from jobs.index.base import LiveWorker
-from jobs.metrics import IndexView, TierFigures, percentile
-from jobs.states import Status
 
 NEAREST_TENANTS = 8
 RECENT_JOBS = 12

@@ -3,7 +3,7 @@ bounded SQL queries, handed to the pure ``jobs.dashboard.figures``.
 
 What one refresh costs:
 
-- fleet: the reads of ``/v1/queues`` (``jobs.metrics``: a few Redis round trips and one
+- fleet: the reads of ``/v1/queues`` (``jobs.fleet.metrics``: a few Redis round trips and one
   indexed query per tier), the refusal counts (one round trip), every lease's tenant (as
   many leases as the pool has slots), the queued counts of the tenants shown (at most
   ``NEAREST_TENANTS``) and their records (one query by primary key);
@@ -15,11 +15,11 @@ What one refresh costs:
 
 from __future__ import annotations
 
+from jobs.core.domain import Tenant
 from jobs.dashboard import figures, refusals
-from jobs.db import repository
-from jobs.domain import Tenant
-from jobs.metrics import WAIT_WINDOW_S, read_index_view, recent_waits
-from jobs.runtime import Runtime
+from jobs.fleet.metrics import WAIT_WINDOW_S, read_index_view, recent_waits
+from jobs.process.runtime import Runtime
+from jobs.store import repository
 
 TENANT_JOBS = 500
 

@@ -1,6 +1,6 @@
 """Recent refusals (429s) by tier, cause and limit, and by tenant, as the dashboard shows them.
 
-The Prometheus counter of ``jobs.metrics`` only grows; the dashboard wants the last few
+The Prometheus counter of ``jobs.fleet.metrics`` only grows; the dashboard wants the last few
 minutes, for every tier and every tenant. So the index counts each refusal in the same atomic
 step that decides it (``DispatchIndex.admit_new``: no round trip more), by minute, for its
 tier and for its tenant; this module sums the minutes of the window and names each reason as
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobs.admission import cause_and_limit
+from jobs.admission.refusals import cause_and_limit
 from jobs.index.base import REFUSAL_BUCKET_S, DispatchIndex, refusal_minute
 
 WINDOW_S = 300.0

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
-from jobs.errors import TierqError
-from jobs.histograms import StartFigures
-from jobs.policy import RateLimit, Tier
+from jobs.core.errors import TierqError
+from jobs.core.histograms import StartFigures
+from jobs.core.policy import RateLimit, Tier
 
 # Refusals of ``admit_new`` are counted by minute (seconds since the epoch // 60, on the
 # admission's clock), each minute's counts kept this long.
@@ -95,7 +95,7 @@ class Admitted:
 class AdmissionTerms:
     """The policy's side of ``admit_new``; the index reads the rest (the live workers, the
     leases, the measured mean service time, the tenant's bucket and counts) in the same
-    atomic step, and derives the bounds as ``jobs.policy`` does."""
+    atomic step, and derives the bounds as ``jobs.core.policy`` does."""
 
     # The clock of the rate bucket and of the worker registrations.
     now: float
@@ -188,7 +188,7 @@ class DispatchIndex(Protocol):
         """A submit's whole admission as one atomic step: take a token from the tenant's
         bucket, read the pool's figures, refuse a job its tenant's own cap would start after
         its ``max_wait_s``, then ``admit`` under the bound, quota and latest useful position
-        that follow from the figures (``jobs.policy``). A refusal leaves nothing but the
+        that follow from the figures (``jobs.core.policy``). A refusal leaves nothing but the
         spent token and one more in the counts of its reason (``refusal_counts``) for its
         tier and its tenant, in the minute of ``terms.now``. ``job`` is a new job (attempt
         1, no ``not_before``)."""
@@ -261,8 +261,8 @@ class DispatchIndex(Protocol):
     ) -> Renewal:
         """``renew``, also telling whether a cancel was requested for the job: a running job
         learns of a cancel with its renewals, never by reading SQL. ``announce``: publish
-        that the job's status moved (``jobs.notify``) in the same round trip. ``start``: the
-        worker's start: record its queue wait and dispatch latency (``jobs.counters``) with
+        that the job's status moved (``jobs.index.notify``) in the same round trip. ``start``: the
+        worker's start: record its queue wait and dispatch latency (``jobs.index.counters``) with
         the renewal, when the lease is held."""
         ...
 
@@ -283,10 +283,10 @@ class DispatchIndex(Protocol):
     ) -> bool:
         """Drop a lease of ``attempt`` (None: whichever attempt holds it: maintenance of a
         finished job). True when its tenant became runnable again. ``ring``: wake the
-        dispatcher in the same round trip when a lease was dropped (``jobs.wake``).
-        ``announce``: publish that the job's status moved (``jobs.notify``), also in the
+        dispatcher in the same round trip when a lease was dropped (``jobs.index.wake``).
+        ``announce``: publish that the job's status moved (``jobs.index.notify``), also in the
         same round trip. ``outcome``: the status the job just moved to, counted
-        (``jobs.counters``) in the same round trip."""
+        (``jobs.index.counters``) in the same round trip."""
         ...
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
@@ -390,7 +390,7 @@ class DispatchIndex(Protocol):
 
     def clear(self) -> None:
         """Delete everything this index holds (tests, a fresh start). A rebuild from SQL
-        does not clear (``jobs.rebuild`` reconciles, so no concurrent submit is lost)."""
+        does not clear (``jobs.dispatch.rebuild`` reconciles, so no concurrent submit is lost)."""
         ...
 
     # -- leadership and the rebuild sentinel --

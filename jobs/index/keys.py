@@ -34,7 +34,7 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``counters:leases_reclaimed``  counter: leases the reaper took back
 - ``refusals:<minute>``  hash JSON [scope, tier or tenant, reason] -> count: the refusals
                        ``admit_new`` made in one minute of the epoch, kept ten minutes
-- ``counters:jobs``    hash status -> jobs that entered it (``jobs.counters``)
+- ``counters:jobs``    hash status -> jobs that entered it (``jobs.index.counters``)
 - ``counters:rejections``  hash ``tier|cause|limit`` -> submissions refused with a 429
 - ``counters:repairs`` hash kind -> the reconciler's repairs
 - ``jobs_live``        hash status -> jobs in it (queued, dispatched, running): the leader's
@@ -47,7 +47,7 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 
 Two pub/sub channels share the prefix (channels, not keys: nothing stores them):
 ``changed`` carries ids of jobs whose status moved, ``tenants`` ids of tenants whose record
-changed (``jobs.notify``).
+changed (``jobs.index.notify``).
 
 Celery's broker keys live under the same prefix (kombu's ``global_keyprefix``), so nothing
 may delete every key under it while the system runs.
@@ -108,12 +108,12 @@ class IndexKeys:
 
     @property
     def doorbell(self) -> str:
-        """A short list: a token here wakes the dispatcher (``jobs.wake``)."""
+        """A short list: a token here wakes the dispatcher (``jobs.index.wake``)."""
         return self._fixed("wake")
 
     @property
     def leases_reclaimed(self) -> str:
-        """Counter of leases the reaper took back (``jobs.counters``)."""
+        """Counter of leases the reaper took back (``jobs.index.counters``)."""
         return self._fixed("counters:leases_reclaimed")
 
     def refusals(self, minute: int) -> str:
@@ -122,22 +122,22 @@ class IndexKeys:
 
     @property
     def job_counts(self) -> str:
-        """Hash status -> jobs that entered it (``jobs.counters``)."""
+        """Hash status -> jobs that entered it (``jobs.index.counters``)."""
         return self._fixed("counters:jobs")
 
     @property
     def rejections(self) -> str:
-        """Hash ``tier|cause|limit`` -> refusals (``jobs.counters``)."""
+        """Hash ``tier|cause|limit`` -> refusals (``jobs.index.counters``)."""
         return self._fixed("counters:rejections")
 
     @property
     def repairs(self) -> str:
-        """Hash kind -> the reconciler's repairs (``jobs.counters``)."""
+        """Hash kind -> the reconciler's repairs (``jobs.index.counters``)."""
         return self._fixed("counters:repairs")
 
     @property
     def live_jobs(self) -> str:
-        """Hash status -> jobs in each live state, the leader's snapshot (``jobs.counters``)."""
+        """Hash status -> jobs in each live state, the leader's snapshot (``index.counters``)."""
         return self._fixed("jobs_live")
 
     def wait_histogram(self, tier: str) -> str:
@@ -151,12 +151,12 @@ class IndexKeys:
 
     @property
     def changed(self) -> str:
-        """Pub/sub channel: ids of jobs whose status moved (``jobs.notify``)."""
+        """Pub/sub channel: ids of jobs whose status moved (``jobs.index.notify``)."""
         return self._fixed("changed")
 
     @property
     def tenants_changed(self) -> str:
-        """Pub/sub channel: ids of tenants whose record changed (``jobs.notify``)."""
+        """Pub/sub channel: ids of tenants whose record changed (``jobs.index.notify``)."""
         return self._fixed("tenants")
 
     @property

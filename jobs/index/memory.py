@@ -19,8 +19,8 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from jobs import policy
-from jobs.histograms import StartFigures
+from jobs.core import policy
+from jobs.core.histograms import StartFigures
 from jobs.index.base import (
     REFUSAL_BUCKET_S,
     REFUSALS_KEEP_S,
@@ -93,7 +93,7 @@ class MemoryIndex:
         self._buckets = MemoryRateLimiter()
         # The ``refusals:<minute>`` hashes: (scope, name, reason) -> count, by minute.
         self._refusals: dict[int, dict[tuple[str, str, str], int]] = {}
-        # The twin of the ``service_mean`` hash ``jobs.service_rate`` publishes in Redis:
+        # The twin of the ``service_mean`` hash ``jobs.fleet.service_rate`` publishes in Redis:
         # the measured mean service time and its samples.
         self.service_mean: tuple[float, int] | None = None
 

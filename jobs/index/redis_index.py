@@ -34,8 +34,8 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from jobs import policy
-from jobs.histograms import StartFigures
+from jobs.core import policy
+from jobs.core.histograms import StartFigures
 from jobs.index.base import (
     REFUSALS_KEEP_S,
     Admission,

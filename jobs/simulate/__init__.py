@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from jobs.errors import ConfigError
-from jobs.policy import Policy
+from jobs.core.errors import ConfigError
+from jobs.core.policy import Policy
 from jobs.simulate.baselines import RescoreContender, StrictContender
 from jobs.simulate.contender import Contender, Context
 from jobs.simulate.engine import Engine, Run

@@ -4,7 +4,7 @@
   in first out within it; no bound, no quota, no caps. Nothing is ever refused.
 - ``rescore``: a heap of effective priorities (``base − waited / ageing_rate``) rescored
   once per simulated second, a job of a tenant at its cap popped and pushed back (skipped);
-  the tier bounds and quotas and the caps of ``jobs.capacity.figures``.
+  the tier bounds and quotas and the caps of ``jobs.fleet.pool.figures``.
 
 Both expire a job popped past its own deadline and retry as tierq does. Neither has a rate
 limit or refuses a job for its own deadline, and neither tells an estimate.
@@ -17,8 +17,8 @@ import math
 
 from sortedcontainers import SortedList
 
-from jobs import capacity
-from jobs.service_rate import MeasuredMean
+from jobs.fleet import pool
+from jobs.fleet.service_rate import MeasuredMean
 from jobs.simulate.contender import ACCEPTED, Context, Dispatched, Verdict
 
 RESCORE_PERIOD_S = 1.0
@@ -47,7 +47,7 @@ class _Baseline:
 
     def _refigure(self) -> None:
         names = self.context.traffic.tiers
-        figures = capacity.figures(self.context.policy, capacity=self._capacity, inflight=0,
+        figures = pool.figures(self.context.policy, capacity=self._capacity, inflight=0,
                                    measured=self._measured)
         self._bounds = [figures.bounds[n] for n in names]
         self._quotas = [figures.quotas[n] for n in names]

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from jobs import policy
-from jobs.policy import Policy, Tier
-from jobs.service_rate import MeasuredMean
+from jobs.core import policy
+from jobs.core.policy import Policy, Tier
+from jobs.fleet.service_rate import MeasuredMean
 from jobs.simulate.traffic import Traffic
 
 

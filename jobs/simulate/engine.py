@@ -3,7 +3,7 @@
 The engine plays the parts around the queue: clients submitting at their arrival times, a
 pool of workers (joining, leaving, crashing) running each started job for its service time,
 heartbeats for long jobs, the reaper, retries with backoff, and the dispatcher's measure of
-the mean service time (``jobs.service_rate.weighted_mean`` every ``REFRESH_S``). The
+the mean service time (``jobs.fleet.service_rate.weighted_mean`` every ``REFRESH_S``). The
 contender decides admission, order and caps. The run ends at the last arrival: what is still
 queued then is reported as waiting, so a policy that starves a tier cannot hide it by
 draining the queue once the traffic stops.
@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from jobs import policy
-from jobs.batch_feeder import FEED_PERIOD_S, ITEMS_PER_ROUND
-from jobs.dispatcher import MAINTENANCE_PERIOD_S
-from jobs.service_rate import REFRESH_S, WINDOW, MeasuredMean, weighted_mean
+from jobs.core import policy
+from jobs.dispatch.dispatcher import MAINTENANCE_PERIOD_S
+from jobs.dispatch.feeder import FEED_PERIOD_S, ITEMS_PER_ROUND
+from jobs.fleet.service_rate import REFRESH_S, WINDOW, MeasuredMean, weighted_mean
 from jobs.simulate.contender import Contender, Context
 from jobs.simulate.overtaking import Overtaking
 from jobs.simulate.scenario import Pool

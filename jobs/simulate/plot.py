@@ -8,7 +8,7 @@ import bisect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.policy import Policy, ageing_guarantee_s
+from jobs.core.policy import Policy, ageing_guarantee_s
 from jobs.simulate.report import row_waits
 
 if TYPE_CHECKING:

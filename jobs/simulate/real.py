@@ -2,11 +2,11 @@
 contract suite holds to Redis's behaviour) driven as the API, the dispatcher and the workers
 drive the real index, on the simulator's virtual clock.
 
-- submit: ``MemoryIndex.admit_new`` with the terms ``jobs.limits.terms`` builds (the tier's
-  bound from the measured μ, the quota, the rate bucket, refuse-if-late on ``max_wait_s``);
+- submit: ``MemoryIndex.admit_new`` with the terms ``jobs.admission.limits.terms`` builds (the
+  tier's bound from the measured μ, the quota, the rate bucket, refuse-if-late on ``max_wait_s``);
   the told wait is ``policy.expected_wait_s`` on the figures of the admission, as
-  ``jobs.limits`` and ``jobs.estimates`` tell it;
-- dispatch: ``dispatch`` under the tier caps of ``jobs.capacity.figures`` (``set_caps`` when
+  ``jobs.admission.limits`` and ``jobs.admission.estimates`` tell it;
+- dispatch: ``dispatch`` under the tier caps of ``jobs.fleet.pool.figures`` (``set_caps`` when
   the pool changes), a popped job past its ``start_by`` expires, ``expire_due`` sweeps. A
   configured ``pool_concurrency`` sizes the bounds and caps, as in the real system; jobs
   start only on the slots the scenario's workers have (the rest would wait in the broker);
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 
-from jobs import capacity, policy
-from jobs.capacity import PoolFigures
+from jobs.core import policy
+from jobs.core.policy import RateLimit, Tier
+from jobs.fleet import pool as capacity
+from jobs.fleet.pool import PoolFigures
+from jobs.fleet.service_rate import MeasuredMean
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
 from jobs.index.memory import MemoryIndex
-from jobs.policy import RateLimit, Tier
-from jobs.service_rate import MeasuredMean
 from jobs.simulate.contender import Context, Dispatched, Verdict
 
 _LIMITS = {"capacity": "bound", "tenant_limit": "quota"}
@@ -37,7 +38,7 @@ def job_id(job: int) -> str:
 
 
 def _refused(admission: Admission) -> Verdict:
-    """The refusal as ``jobs.limits`` types it, with the figures it was decided on."""
+    """The refusal as ``jobs.admission.limits`` types it, with the figures it was decided on."""
     reason = admission.reason or "capacity"
     figures = {
         "capacity": (admission.tier_queued, admission.bound),
@@ -130,8 +131,8 @@ class TierqContender:
         return Verdict(accepted=True, told_wait_s=told if math.isfinite(told) else None)
 
     def _figures(self, pool: int, measured: tuple[float, int] | None) -> PoolFigures:
-        """``capacity.figures`` of the admission's pool and measure (as ``jobs.limits`` reads
-        them), kept while they stay the same: they change every few seconds, not per job."""
+        """``capacity.figures`` of the admission's pool and measure (as ``jobs.admission.limits``
+        reads them), kept while they stay the same: they change every few seconds, not per job."""
         if self._figured is None or self._figured[0] != (pool, measured):
             mean = None if measured is None else MeasuredMean(mean_s=measured[0],
                                                               samples=measured[1])
@@ -141,7 +142,7 @@ class TierqContender:
         return self._figured[1]
 
     def feed(self, job: int, now: float) -> bool:
-        """As ``jobs.batch_feeder``: ``admit`` under the bound and quota of the live pool,
+        """As ``jobs.dispatch.feeder``: ``admit`` under the bound and quota of the live pool,
         the order key of the admission."""
         self._now = now
         traffic = self.context.traffic

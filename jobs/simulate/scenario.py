@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from jobs.errors import ConfigError
+from jobs.core.errors import ConfigError
 
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 PATTERNS = ("poisson", "diurnal", "burst", "trace")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from jobs import policy
-from jobs.policy import Policy
+from jobs.core import policy
+from jobs.core.policy import Policy
 from jobs.simulate.report import PolicyReport, TenantReport, TierReport, Waits
 
 NONE = "-"

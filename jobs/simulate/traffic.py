@@ -17,7 +17,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from jobs.errors import ConfigError
+from jobs.core.errors import ConfigError
 from jobs.simulate.scenario import Scenario, ServiceTime, Stream
 
 MAX_FAILURES = 100

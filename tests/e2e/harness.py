@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from jobs.config import DEFAULT_TIERS
+from jobs.process.settings import DEFAULT_TIERS
 from tests.services import RabbitServer
 from workers.broker import BrokerNames, broker_names
 

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from jobs.db.migrate import upgrade
+from jobs.store.migrate import upgrade
 from tests.e2e.harness import System, running, system_env
 from tests.services import RedisServer, delete_prefixed
 

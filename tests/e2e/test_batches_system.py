@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.client import Client
+from jobs.client.http import Client
 from tests.e2e.harness import Broker, System, running, system_env, wait_terminal, wait_until
 from tests.services import RedisServer
 

@@ -23,10 +23,10 @@ import pytest
 import typer.main
 from pydantic import BaseModel
 
-from jobs import errors
 from jobs.api.errors import ERROR_TYPES
-from jobs.cli import build_app
-from jobs.config import Settings, TierSettings
+from jobs.cli.main import build_app
+from jobs.core import errors
+from jobs.process.settings import Settings, TierSettings
 from tests.e2e.live_api import live_api
 from tests.services import RedisServer
 from workers.embedding import models_installed

@@ -72,7 +72,7 @@ def clean_env() -> dict[str, str]:
 
 
 def source_head() -> str | None:
-    from jobs.db.migrate import head
+    from jobs.store.migrate import head
 
     return head()
 
@@ -80,7 +80,7 @@ def source_head() -> str | None:
 def test_the_wheel_carries_its_migrations(installed: Path, tmp_path: Path) -> None:
     where = subprocess.run(
         [str(installed / "python"), "-c",
-         "import jobs, jobs.db.migrate as m; print(jobs.__file__); print(m.head())"],
+         "import jobs, jobs.store.migrate as m; print(jobs.__file__); print(m.head())"],
         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, check=False,
     )
     assert where.returncode == 0, where.stderr

@@ -32,11 +32,11 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.db.models import JobRow
-from jobs.domain import Job
-from jobs.states import Status
+from jobs.core.domain import Job
+from jobs.core.states import Status
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
+from jobs.store.models import JobRow
 from tests.faults.handlers import Run, read_runs
 from tests.faults.report import Violation, clock_text, render
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.db.migrate import upgrade
+from jobs.store.migrate import upgrade
 from tests.e2e.harness import System, system_env
 from tests.faults.handlers import RUN_LOG_ENV
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis

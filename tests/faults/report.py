@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from jobs.domain import Job
+from jobs.core.domain import Job
 from tests.faults.handlers import Run
 
 # Examples shown per invariant, and jobs whose row and trace are shown.

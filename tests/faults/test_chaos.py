@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from jobs.db.models import JobRow, TenantRow
-from jobs.domain import Job
-from jobs.policy import Tier, tenant_cap
+from jobs.core.domain import Job
+from jobs.core.policy import Tier, tenant_cap
+from jobs.store.models import JobRow, TenantRow
 from tests.e2e.harness import System, wait_until
 from tests.faults.chaos_faults import WORKER_SLOTS, FaultDriver, Fleet, Timeline
 from tests.faults.chaos_load import ChaosLoad, Submission, TenantLoad

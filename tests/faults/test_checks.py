@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from jobs.domain import Job
-from jobs.states import Status
+from jobs.core.domain import Job
+from jobs.core.states import Status
 from tests.faults import checks
 from tests.faults.checks import Span, overshoots, run_spans
 from tests.faults.handlers import Run

@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 import pytest
 import sqlalchemy.exc
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.migrate import upgrade
-from jobs.dispatcher import Dispatcher
-from jobs.domain import Job, Tenant
-from jobs.execution import execute
-from jobs.runtime import Runtime
-from jobs.states import Status
-from jobs.submission import Submission, submit
+from jobs.admission.submit import Submission, submit
+from jobs.core.domain import Job, Tenant
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.execution.attempt import execute
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.migrate import upgrade
 from tests.faults.checks import check_invariants
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
 from workers.handlers import default_registry

@@ -1,6 +1,6 @@
 """A job that kills its worker every time ends ``failed`` after max_attempts: no crash loop.
 
-The test plays the process supervisor with ``tierq up``'s own (``jobs.supervisor``): the
+The test plays the process supervisor with ``tierq up``'s own (``jobs.local.supervisor``): the
 worker is restarted each time the poison job kills it, and other work keeps flowing.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.supervisor import Backoff, ChildSpec, Supervisor
+from jobs.local.supervisor import Backoff, ChildSpec, Supervisor
 from tests.e2e.harness import wait_terminal
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory

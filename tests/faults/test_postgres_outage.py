@@ -14,13 +14,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.migrate import upgrade
-from jobs.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
-from jobs.errors import Unavailable
-from jobs.runtime import Runtime
-from jobs.submission import Submission, submit
+from jobs.admission.submit import Submission, submit
+from jobs.core.errors import Unavailable
+from jobs.dispatch.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.migrate import upgrade
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
 from tests.faults.load import outage_under_load

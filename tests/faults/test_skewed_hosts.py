@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.config import load_settings
+from jobs.process.settings import load_settings
 from tests.e2e.harness import System, wait_terminal
 from tests.faults.checks import check_invariants
 from tests.faults.clock_skew import skew_env

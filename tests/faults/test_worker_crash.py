@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.counters import read_reclaimed
+from jobs.index.counters import read_reclaimed
 from jobs.index.redis_index import RedisIndex
 from tests.e2e.harness import wait_terminal, wait_until
 from tests.faults.checks import check_invariants

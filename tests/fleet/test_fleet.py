@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from jobs.counters import read_reclaimed
+from jobs.index.counters import read_reclaimed
 from jobs.index.keys import IndexKeys
 from tests.e2e.harness import (
     ADMIN_KEY,

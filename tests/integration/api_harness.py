@@ -19,14 +19,14 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from jobs import notify
 from jobs.api.app import create_app
-from jobs.config import Settings, load_settings
-from jobs.db import repository
-from jobs.execution import start_figures
+from jobs.core.states import Status
+from jobs.execution.attempt import start_figures
+from jobs.index import notify
 from jobs.index.base import Renewal
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import Settings, load_settings
+from jobs.store import repository
 
 ADMIN_KEY = "integration-admin-key"
 
@@ -179,7 +179,7 @@ def dispatch_one(client: ApiClient, job_id: str) -> None:
 
 def start_one(client: ApiClient, job_id: str) -> None:
     """Move a dispatched job to running and record its start as a worker does: the renewal
-    that announces it carries its queue wait and dispatch latency (``jobs.counters``)."""
+    that announces it carries its queue wait and dispatch latency (``jobs.index.counters``)."""
     move(client, job_id, Status.RUNNING)
     runtime = rt(client)
     with runtime.sessions() as session:

@@ -13,14 +13,14 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from jobs.cli import build_app
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.dispatcher import Dispatcher
-from jobs.domain import NewJob
-from jobs.runtime import Runtime
-from jobs.service_rate import MeasuredMean, ServiceRateTracker, publish, read_measured
-from jobs.states import Status
+from jobs.cli.main import build_app
+from jobs.core.domain import NewJob
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.fleet.service_rate import MeasuredMean, ServiceRateTracker, publish, read_measured
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
 from tests.integration.api_harness import (
     ADMIN_KEY,
     ApiClient,

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.states import Status
-from jobs.tenants import create_tenant
+from jobs.core.states import Status
+from jobs.process.settings import load_settings
+from jobs.service.tenants import create_tenant
+from jobs.store import repository
 from tests.integration.api_harness import (
     ADMIN_KEY,
     ApiClient,

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from jobs.api.app import create_app
-from jobs.config import Settings, load_settings
-from jobs.db import repository
-from jobs.domain import NewJob
-from jobs.runtime import Runtime
-from jobs.tenants import create_tenant
+from jobs.core.domain import NewJob
+from jobs.process.runtime import Runtime
+from jobs.process.settings import Settings, load_settings
+from jobs.service.tenants import create_tenant
+from jobs.store import repository
 from tests.integration.api_harness import ADMIN_KEY, ApiClient, api_client, auth
 from tests.services import RedisServer
 

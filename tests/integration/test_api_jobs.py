@@ -11,8 +11,8 @@ import threading
 import httpx
 import pytest
 
-from jobs.db import repository
-from jobs.states import Status
+from jobs.core.states import Status
+from jobs.store import repository
 from tests.integration.api_harness import (
     ApiClient,
     Clock,

@@ -10,16 +10,17 @@ from typing import Any
 import pytest
 import redis
 
-from jobs import batches
-from jobs.batch_feeder import BatchFeeder
-from jobs.config import load_settings
-from jobs.db import batch_repository, repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.domain import Tenant
-from jobs.errors import IdempotencyConflict, InvalidRequest
+from jobs.core.domain import Tenant
+from jobs.core.errors import IdempotencyConflict, InvalidRequest
+from jobs.core.states import Status
+from jobs.dispatch.feeder import BatchFeeder
 from jobs.index.redis_index import RedisIndex
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.service import batches
+from jobs.store import batches as batch_repository
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
 from workers.handlers import default_registry
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from jobs import capacity
-from jobs.db import repository
-from jobs.dispatcher import Dispatcher
-from jobs.states import Status
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.fleet import pool
+from jobs.store import repository
 from tests.integration.api_harness import ApiClient, Clock, auth, move, rt
 
 pytestmark = pytest.mark.integration
@@ -46,10 +46,10 @@ def counts(client: ApiClient, key: str, batch_id: str) -> dict[str, int]:
 
 
 def statuses(client: ApiClient, batch_id: str) -> dict[Status, int]:
-    from jobs.db import batch_repository
+    from jobs.store import batches
 
     with rt(client).sessions() as session:
-        return batch_repository.counts(session, batch_id)
+        return batches.counts(session, batch_id)
 
 
 def test_json_batch_is_stored_waiting_and_answered_at_once(client: ApiClient) -> None:
@@ -137,7 +137,7 @@ def test_feeder_fills_the_tenants_quota_only_and_others_keep_their_room(
     dispatcher = Dispatcher(runtime, publisher)
     for step in range(3):  # rounds a feed period apart: the quota holds round after round
         dispatcher.run_once(clock.now + step)
-    figures = capacity.live_pool(runtime, now=clock.now)
+    figures = pool.live_pool(runtime, now=clock.now)
     found = statuses(client, batch_id)
     admitted = found.get(Status.QUEUED, 0) + found.get(Status.DISPATCHED, 0)
     assert found.get(Status.QUEUED, 0) == figures.quotas["free"]
@@ -244,14 +244,14 @@ def test_an_item_indexed_but_not_yet_queued_is_dropped_then_fed_again(
 ) -> None:
     """The feeder was interrupted between its admit (Redis) and its UPDATE (SQL): the entry
     of a row still waiting is dropped when popped, and the item is fed again later."""
-    from jobs.db import batch_repository
     from jobs.index.base import IndexedJob
+    from jobs.store import batches
 
     key = client.tenant_key("interrupted")
     batch_id = submit(client, key, {"kind": "sleep", "items": items(1)}).json()["id"]
     runtime = rt(client)
     with runtime.sessions() as session:
-        [item] = batch_repository.next_waiting(session, batch_id, limit=5)
+        [item] = batches.next_waiting(session, batch_id, limit=5)
     runtime.index.admit(IndexedJob(job_id=item.job_id, tenant=item.tenant_id, tier=item.tier,
                                    order_key=0.0), bound=100)
     publisher = RecordingPublisher()
@@ -267,7 +267,7 @@ def test_an_item_indexed_but_not_yet_queued_is_dropped_then_fed_again(
 def test_batch_bodies_have_their_own_limit(
     pg_url: str, redis_server: Any, key_prefix: str, clock: Clock, redis_client: Any
 ) -> None:
-    from jobs.config import load_settings
+    from jobs.process.settings import load_settings
     from tests.integration.api_harness import ADMIN_KEY, running_api
 
     settings = load_settings(
@@ -291,7 +291,7 @@ def test_batch_bodies_have_their_own_limit(
 def test_open_batches_are_limited_per_tenant(
     client: ApiClient, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobs import batches
+    from jobs.service import batches
 
     monkeypatch.setattr(batches, "MAX_OPEN_BATCHES", 2)
     key = client.tenant_key("hoarder")
@@ -312,7 +312,7 @@ def test_open_batches_are_limited_per_tenant(
 def test_the_clients_submit_read_and_cancel_batches(client: ApiClient) -> None:
     import asyncio
 
-    from jobs.client import ApiError, AsyncClient, Client, NotFound
+    from jobs.client.http import ApiError, AsyncClient, Client, NotFound
 
     key = client.tenant_key("scripted")
     url = str(client.base_url)

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from jobs.client import (
+from jobs.client.http import (
     ApiError,
     AsyncClient,
     Client,
@@ -260,7 +260,7 @@ def test_connection_errors_are_retried_then_reported() -> None:
 def cli(base_url: str, *args: str) -> Any:
     from typer.testing import CliRunner
 
-    from jobs.cli import build_app
+    from jobs.cli.main import build_app
 
     env = {"TIERQ_API_URL": base_url, "TIERQ_API_KEY": "tenant-key", "COLUMNS": "200"}
     return CliRunner().invoke(build_app(), list(args), env=env)

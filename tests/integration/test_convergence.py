@@ -14,23 +14,23 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.dispatcher import Dispatcher
-from jobs.domain import Job, NewJob
-from jobs.execution import execute
-from jobs.histograms import StartFigures
-from jobs.ids import new_job_id
+from jobs.core.domain import Job, NewJob
+from jobs.core.histograms import StartFigures
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.dispatch.rebuild import rebuild
+from jobs.dispatch.reconciler import QUEUED_GRACE_S, Reconciler
+from jobs.dispatch.recovery import indexed
+from jobs.execution.attempt import execute
+from jobs.execution.leases import Heartbeat
 from jobs.index.base import IndexedJob, NotLeader, Renewal
 from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
-from jobs.leases import Heartbeat
-from jobs.rebuild import rebuild
-from jobs.reconciler import QUEUED_GRACE_S, Reconciler
-from jobs.recovery import indexed
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
 from workers.handlers import JobContext, RetryableError, default_registry
 
 pytestmark = pytest.mark.integration
@@ -356,7 +356,7 @@ def test_a_deposed_leader_changes_no_caps_and_rebuilds_nothing(
 def test_a_long_full_pass_renews_the_lead_between_batches(
     runtime: Runtime, tenant_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("jobs.rebuild.BATCH", 2)
+    monkeypatch.setattr("jobs.dispatch.rebuild.BATCH", 2)
     now = time.time()
     for i in range(5):
         queue_job(runtime, tenant_id, at=now + i, index=False)
@@ -444,7 +444,7 @@ def test_a_cancel_whose_sql_fails_leaves_the_job_queued_and_indexed(
 ) -> None:
     import sqlalchemy.exc
 
-    from jobs import submission
+    from jobs.admission import submit
 
     now = time.time()
     job = queue_job(runtime, tenant_id, at=now)
@@ -455,9 +455,9 @@ def test_a_cancel_whose_sql_fails_leaves_the_job_queued_and_indexed(
     def unreachable(*_: Any, **__: Any) -> bool:
         raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed"))
 
-    monkeypatch.setattr("jobs.db.repository.transition", unreachable)
+    monkeypatch.setattr("jobs.store.repository.transition", unreachable)
     with pytest.raises(sqlalchemy.exc.OperationalError):
-        submission.cancel(runtime, tenant, job.id)
+        submit.cancel(runtime, tenant, job.id)
 
     assert load(runtime, job.id).status is Status.QUEUED
     assert runtime.index.position(job.id) == 0  # still indexed: no orphan

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.dispatcher import Dispatcher
-from jobs.domain import NewJob
-from jobs.ids import new_job_id
+from jobs.core.domain import NewJob
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
 from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
 
 pytestmark = pytest.mark.integration
 

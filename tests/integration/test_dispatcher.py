@@ -12,17 +12,17 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
-from jobs.domain import Job, NewJob
-from jobs.ids import new_job_id
+from jobs.core.domain import Job, NewJob
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
+from jobs.dispatch.rebuild import indexed
 from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
-from jobs.rebuild import indexed
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
 
 pytestmark = pytest.mark.integration
 

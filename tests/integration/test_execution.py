@@ -1,4 +1,4 @@
-"""The worker side of a job (``jobs.execution.execute``) against real SQL and a real Redis
+"""The worker side of a job (``jobs.execution.attempt.execute``) against real SQL and a real Redis
 index: each test does the dispatcher's part by hand (admit, dispatch, CAS queued →
 dispatched), then calls ``execute`` as the Celery task would."""
 
@@ -13,17 +13,17 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from jobs import wake
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.domain import Job, NewJob, Tenant
-from jobs.execution import Heartbeat, execute
+from jobs.core.domain import Job, NewJob, Tenant
+from jobs.core.states import Status
+from jobs.execution.attempt import Heartbeat, execute
+from jobs.index import wake
 from jobs.index.base import IndexedJob
 from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import (
     BlockingHandler,
     FlakyHandler,

@@ -14,14 +14,14 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import counters
-from jobs.dispatcher import Dispatcher
-from jobs.execution import SUCCEEDED, execute
-from jobs.histograms import WAIT_BUCKETS_S, histogram_quantile
+from jobs.core.histograms import WAIT_BUCKETS_S, histogram_quantile
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.execution.attempt import SUCCEEDED, execute
+from jobs.fleet.metrics import percentile
+from jobs.index import counters
 from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
-from jobs.metrics import percentile
-from jobs.states import Status
 from tests.integration.api_harness import (
     ADMIN_KEY,
     ApiClient,

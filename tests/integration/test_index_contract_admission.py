@@ -1,6 +1,6 @@
 """``admit_new`` on Redis and on the twin: the same verdicts and the same figures.
 
-The twin derives the bounds with ``jobs.policy``; the Lua script repeats that arithmetic in
+The twin derives the bounds with ``jobs.core.policy``; the Lua script repeats that arithmetic in
 doubles. Random pools, tiers, overrides, measured means and deadlines, over a random index
 state (leases in flight, queued jobs, live workers), must give equal ``Admission`` values on
 both, refusals and their figures included, so the script cannot drift from the policy.
@@ -16,7 +16,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs import policy
+from jobs.core import policy
 from jobs.index import IndexedJob, MemoryIndex, RedisIndex
 from jobs.index.base import Admission, AdmissionTerms, DispatchIndex, refusal_minute
 from jobs.index.keys import IndexKeys

@@ -14,17 +14,17 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.dispatcher import Dispatcher, DispatchStats, lead_once
-from jobs.domain import NewJob
-from jobs.ids import new_job_id
+from jobs.core.domain import NewJob
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher, DispatchStats, lead_once
+from jobs.dispatch.leadership import Leadership
 from jobs.index import IndexedJob, MemoryIndex, NotLeader, RedisIndex
 from jobs.index.keys import IndexKeys
-from jobs.leadership import Leadership
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
 from tests.services import delete_prefixed
 
 pytestmark = pytest.mark.integration

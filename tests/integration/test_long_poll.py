@@ -18,13 +18,15 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from jobs import notify, submission, tenants
-from jobs.api import routes_jobs
-from jobs.dispatcher import Dispatcher
-from jobs.execution import execute
-from jobs.notify import Listener
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.admission import submit
+from jobs.api.routes import jobs as routes_jobs
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.execution.attempt import execute
+from jobs.index import notify
+from jobs.index.notify import Listener
+from jobs.process.runtime import Runtime
+from jobs.service import tenants
 from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, auth, move, rt
 from workers.handlers import default_registry
 
@@ -164,7 +166,7 @@ def test_dispatch_start_and_cancel_elsewhere_answer_at_once(
     changed_at = time.monotonic()
     tenant = tenants.tenant_for_key(other, key)
     assert tenant is not None
-    assert submission.cancel(other, tenant, second).job.status is Status.CANCELLED
+    assert submit.cancel(other, tenant, second).job.status is Status.CANCELLED
     assert poll.status() == "cancelled"
     assert poll.answered_at - changed_at < PROMPT_S
 

@@ -1,5 +1,5 @@
 """Migrations equal the models: ``upgrade head`` on an empty database leaves exactly the
-schema of ``jobs.db.models`` (autogenerate finds nothing, and the CHECK constraints, which
+schema of ``jobs.store.models`` (autogenerate finds nothing, and the CHECK constraints, which
 autogenerate ignores, are compared by hand), and upgrade -> downgrade -> upgrade works, on
 SQLite and PostgreSQL. Also the engine settings every connection (migrations included) gets."""
 
@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from jobs.db.engine import make_engine
-from jobs.db.migrate import current, downgrade, head, upgrade
-from jobs.db.models import Base
-from jobs.states import Status
+from jobs.core.states import Status
+from jobs.store.engine import make_engine
+from jobs.store.migrate import current, downgrade, head, upgrade
+from jobs.store.models import Base
 
 pytestmark = pytest.mark.integration
 

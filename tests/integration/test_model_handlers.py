@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.blobs import BlobNotFound, BlobStore, digest
+from jobs.blobs.store import BlobNotFound, BlobStore, digest
 from tests.pdf_for_tests import make_pdf
 from workers import embedding
 from workers.handlers import JobCancelled, JobContext, default_registry

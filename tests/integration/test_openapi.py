@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from jobs.api.app import create_app
-from jobs.config import load_settings
+from jobs.process.settings import load_settings
 from tests.integration.api_harness import api_client
 
 pytestmark = pytest.mark.integration

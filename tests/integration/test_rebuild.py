@@ -16,18 +16,18 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from jobs.cli import build_app
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.dispatcher import Dispatcher
-from jobs.domain import Job, NewJob
-from jobs.ids import new_job_id
+from jobs.cli.main import build_app
+from jobs.core.domain import Job, NewJob
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.dispatch.rebuild import UNCOMMITTED_GRACE_S, indexed, rebuild
 from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
-from jobs.rebuild import UNCOMMITTED_GRACE_S, indexed, rebuild
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
 from tests.services import RedisServer, delete_prefixed
 
 pytestmark = pytest.mark.integration

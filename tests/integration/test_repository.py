@@ -11,12 +11,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.db import repository as repo
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.domain import Job, NewJob, Tenant
-from jobs.errors import DuplicateJob, IllegalTransition, InvalidRequest
-from jobs.ids import new_job_id
-from jobs.states import NEW_ATTEMPT, TRANSITIONS, Status
+from jobs.core.domain import Job, NewJob, Tenant
+from jobs.core.errors import DuplicateJob, IllegalTransition, InvalidRequest
+from jobs.core.ids import new_job_id
+from jobs.core.states import NEW_ATTEMPT, TRANSITIONS, Status
+from jobs.store import repository as repo
+from jobs.store.engine import make_engine, make_sessionmaker
 
 pytestmark = pytest.mark.integration
 

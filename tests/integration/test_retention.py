@@ -14,18 +14,18 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.db.models import JobRow, JobTombstoneRow
-from jobs.dispatcher import Dispatcher
-from jobs.domain import NewJob
-from jobs.ids import new_job_id
+from jobs.core.domain import NewJob
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.dispatch.rebuild import indexed
+from jobs.dispatch.retention import PRUNE_PERIOD_S, Retention
 from jobs.index.redis_index import RedisIndex
-from jobs.rebuild import indexed
-from jobs.retention import PRUNE_PERIOD_S, Retention
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
+from jobs.store.models import JobRow, JobTombstoneRow
 from tests.integration.api_harness import ApiClient, Clock, auth, dispatch_one, move, rt
 
 pytestmark = pytest.mark.integration
@@ -326,16 +326,16 @@ def _metrics(client: ApiClient) -> dict[str, float]:
 
 
 def test_a_batch_goes_once_every_one_of_its_items_is_gone(runtime: Runtime) -> None:
-    from jobs.db import batch_repository
-    from jobs.db.models import BatchRow
+    from jobs.store import batches
+    from jobs.store.models import BatchRow
 
     owner = tenant(runtime, "evals", "free")
-    batch = batch_repository.Batch(
+    batch = batches.Batch(
         id="01a00000-0000-7000-8000-0000000000b1", tenant_id=owner, tier="free", kind="echo",
         total=2, max_attempts=3, idempotency_key=None, content_hash="0" * 64, cancelled=False,
         created_at=T0)
     with runtime.sessions.begin() as s:
-        assert batch_repository.insert_batch(s, batch)
+        assert batches.insert_batch(s, batch)
         items = [job(s, owner, "free", at=T0), job(s, owner, "free", at=T0 + 50)]
         for index, item in enumerate(items):
             s.execute(sa.update(JobRow).where(JobRow.id == item)

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.dispatcher import Dispatcher
-from jobs.domain import Job, Tenant
-from jobs.runtime import Runtime
-from jobs.states import Status
-from jobs.submission import Submission, submit
+from jobs.admission.submit import Submission, submit
+from jobs.core.domain import Job, Tenant
+from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
 from tests.services import RedisServer
 from workers.handlers import default_registry
 from workers.publisher import CeleryPublisher

@@ -13,10 +13,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.db import repository as repo
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.domain import Job, NewJob, Tenant
-from jobs.states import Status
+from jobs.core.domain import Job, NewJob, Tenant
+from jobs.core.states import Status
+from jobs.store import repository as repo
+from jobs.store.engine import make_engine, make_sessionmaker
 
 pytestmark = pytest.mark.integration
 

@@ -15,19 +15,19 @@ import pytest
 import redis
 from sqlalchemy.orm import Session
 
-from jobs.blobs import BlobStore, digest
-from jobs.client import Client
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.domain import NewJob
-from jobs.execution import execute
-from jobs.ids import new_job_id
+from jobs.blobs.records import BLOB_GRACE_S, prune_blobs, store_blob
+from jobs.blobs.store import BlobStore, digest
+from jobs.client.http import Client
+from jobs.core.domain import NewJob
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.dispatch.retention import Retention
+from jobs.execution.attempt import execute
 from jobs.index.redis_index import RedisIndex
-from jobs.retention import Retention
-from jobs.runtime import Runtime
-from jobs.states import Status
-from jobs.stored_blobs import BLOB_GRACE_S, prune_blobs, store_blob
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
 from tests.integration.api_harness import auth, make_settings, running_api
 from tests.services import RedisServer
 from workers.handlers import default_registry

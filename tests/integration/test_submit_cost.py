@@ -19,17 +19,18 @@ import redis
 import sqlalchemy as sa
 from redis.connection import AbstractConnection
 
-from jobs import limits, submission
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.db.engine import make_engine, make_sessionmaker
-from jobs.db.models import JobRow
-from jobs.domain import Job, NewJob, Tenant
-from jobs.errors import CapacityExceeded, IdempotencyConflict, TenantLimitExceeded
+from jobs.admission import limits
+from jobs.admission import submit as submission
+from jobs.admission.submit import Submission
+from jobs.core.domain import Job, NewJob, Tenant
+from jobs.core.errors import CapacityExceeded, IdempotencyConflict, TenantLimitExceeded
 from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
-from jobs.runtime import Runtime
-from jobs.submission import Submission
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
+from jobs.store.engine import make_engine, make_sessionmaker
+from jobs.store.models import JobRow
 from workers.handlers import default_registry
 
 pytestmark = pytest.mark.integration

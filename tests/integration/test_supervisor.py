@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from jobs.embedded_redis import EmbeddedRedis
-from jobs.supervisor import Backoff, ChildSpec, Supervisor, admin_key
+from jobs.local.embedded_redis import EmbeddedRedis
+from jobs.local.supervisor import Backoff, ChildSpec, Supervisor, admin_key
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +179,7 @@ def test_the_embedded_redis_starts_answers_and_stops(tmp_path: Path) -> None:
 
 
 def test_a_second_embedded_redis_on_the_same_directory_is_refused(tmp_path: Path) -> None:
-    from jobs.errors import ConfigError
+    from jobs.core.errors import ConfigError
 
     embedded = EmbeddedRedis(data_dir=tmp_path)
     sup = Supervisor(grace_s=5.0)
@@ -216,7 +216,7 @@ def test_children_die_with_a_supervisor_that_is_killed(tmp_path: Path) -> None:
 
     script = (
         "import sys, time\n"
-        "from jobs.supervisor import ChildSpec, Supervisor\n"
+        "from jobs.local.supervisor import ChildSpec, Supervisor\n"
         "sup = Supervisor()\n"
         "sup.add(ChildSpec(name='a', argv=[sys.executable, '-c', 'import time; time.sleep(60)']))\n"
         "print(sup.pids()['a'], flush=True)\n"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobs.tenant_cache import TenantCache
+from jobs.service.tenant_cache import TenantCache
 from tests.integration.api_harness import ADMIN_KEY, ApiClient, auth, rt, running_api
 
 pytestmark = pytest.mark.integration

@@ -26,12 +26,12 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.config import load_settings
-from jobs.db import repository
-from jobs.domain import Job, NewJob, Tenant
+from jobs.core.domain import Job, NewJob, Tenant
+from jobs.core.states import Status
 from jobs.index.base import IndexedJob
-from jobs.runtime import Runtime
-from jobs.states import Status
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import repository
 from tests.services import RedisServer
 from workers.app import base_app, make_celery
 from workers.publisher import CeleryPublisher

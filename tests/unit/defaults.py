@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from jobs.config import load_settings
-from jobs.policy import Policy
+from jobs.core.policy import Policy
+from jobs.process.settings import load_settings
 
 
 def default_policy() -> Policy:

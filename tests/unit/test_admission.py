@@ -11,11 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs import admission, policy
-from jobs.admission import Refusal
-from jobs.errors import CapacityExceeded, InvalidRequest, TenantLimitExceeded
-from jobs.metrics import percentile
-from jobs.submission import check_json
+from jobs.admission import refusals
+from jobs.admission.refusals import Refusal
+from jobs.admission.submit import check_json
+from jobs.core import policy
+from jobs.core.errors import CapacityExceeded, InvalidRequest, TenantLimitExceeded
+from jobs.fleet.metrics import percentile
 
 pytestmark = pytest.mark.unit
 
@@ -32,29 +33,29 @@ def _refusal(**changes: Any) -> Refusal:
 
 def test_capacity_waits_for_one_place_at_the_service_rate() -> None:
     # At the bound: one job must be served, 1 / 4 s, rounded up to a whole second.
-    assert admission.capacity_retry_after_s(
+    assert refusals.capacity_retry_after_s(
         tier_queued=240, bound=240, service_rate=4.0, idle_retry_s=30) == 1
     # 10 over a lowered bound at 0.5 jobs/s: 11 services, 22 s.
-    assert admission.capacity_retry_after_s(
+    assert refusals.capacity_retry_after_s(
         tier_queued=250, bound=240, service_rate=0.5, idle_retry_s=30) == 22
-    assert admission.capacity_retry_after_s(
+    assert refusals.capacity_retry_after_s(
         tier_queued=1, bound=1, service_rate=1 / 600, idle_retry_s=30) == 600
 
 
 def test_nothing_served_waits_one_worker_registration_period() -> None:
-    assert admission.idle_retry_s(lease_ttl_s=30) == 30
-    assert admission.idle_retry_s(lease_ttl_s=0.5) == admission.MIN_REGISTRATION_S
-    assert admission.capacity_retry_after_s(
+    assert refusals.idle_retry_s(lease_ttl_s=30) == 30
+    assert refusals.idle_retry_s(lease_ttl_s=0.5) == refusals.MIN_REGISTRATION_S
+    assert refusals.capacity_retry_after_s(
         tier_queued=1, bound=1, service_rate=0.0, idle_retry_s=30) == 30
-    assert admission.tenant_retry_after_s(tenant_rate=0.0, idle_retry_s=3.5) == 4
+    assert refusals.tenant_retry_after_s(tenant_rate=0.0, idle_retry_s=3.5) == 4
 
 
 def test_tenant_limit_waits_for_its_own_queue_to_move_by_one() -> None:
     rate = policy.tenant_rate(cap=6, capacity=24, mean_service_s=6.0)
     assert rate == 1.0
-    assert admission.tenant_retry_after_s(tenant_rate=rate, idle_retry_s=30) == 1
+    assert refusals.tenant_retry_after_s(tenant_rate=rate, idle_retry_s=30) == 1
     slow = policy.tenant_rate(cap=1, capacity=24, mean_service_s=6.0)
-    assert admission.tenant_retry_after_s(tenant_rate=slow, idle_retry_s=30) == 6
+    assert refusals.tenant_retry_after_s(tenant_rate=slow, idle_retry_s=30) == 6
     # A cap over the whole pool cannot run faster than the pool.
     assert policy.tenant_rate(cap=50, capacity=2, mean_service_s=1.0) == 2.0
     assert policy.tenant_rate(cap=1, capacity=0, mean_service_s=6.0) == 0.0
@@ -62,9 +63,9 @@ def test_tenant_limit_waits_for_its_own_queue_to_move_by_one() -> None:
 
 def test_a_late_job_waits_for_the_queue_ahead_to_shrink_to_its_latest_position() -> None:
     # 30 ahead, it may have at most 9 ahead: 21 services at 2 jobs/s, 10.5 s -> 11 s.
-    assert admission.deadline_retry_after_s(position=30, max_position=9, service_rate=2.0) == 11
+    assert refusals.deadline_retry_after_s(position=30, max_position=9, service_rate=2.0) == 11
     # Even the head is too late (max position -1): one service.
-    assert admission.deadline_retry_after_s(position=0, max_position=-1, service_rate=0.25) == 4
+    assert refusals.deadline_retry_after_s(position=0, max_position=-1, service_rate=0.25) == 4
 
 
 @given(
@@ -78,17 +79,17 @@ def test_retry_after_is_always_whole_seconds_of_at_least_one(
     next_token: float,
 ) -> None:
     values = [
-        admission.capacity_retry_after_s(
+        refusals.capacity_retry_after_s(
             tier_queued=queued, bound=bound, service_rate=mu, idle_retry_s=idle),
-        admission.tenant_retry_after_s(tenant_rate=mu, idle_retry_s=idle),
-        admission.deadline_retry_after_s(
+        refusals.tenant_retry_after_s(tenant_rate=mu, idle_retry_s=idle),
+        refusals.deadline_retry_after_s(
             position=position, max_position=max_position, service_rate=mu),
-        admission.whole_seconds(next_token),
-        admission.tenant_deadline_retry_after_s(
+        refusals.whole_seconds(next_token),
+        refusals.tenant_deadline_retry_after_s(
             excess=position, max_excess=max_position, tenant_rate=mu),
     ]
     for value in values:
-        assert isinstance(value, int) and 1 <= value <= admission.MAX_RETRY_AFTER_S
+        assert isinstance(value, int) and 1 <= value <= refusals.MAX_RETRY_AFTER_S
 
 
 def test_latest_useful_position_is_the_last_one_estimated_to_start_in_time() -> None:
@@ -119,7 +120,7 @@ def test_a_position_is_useful_exactly_when_its_estimate_fits_the_wait(
 
 
 def test_capacity_refusal_names_the_bound() -> None:
-    error = admission.refused(_refusal())
+    error = refusals.refused(_refusal())
     assert isinstance(error, CapacityExceeded)
     assert error.message == "tier 'free' is at its bound of 240 queued jobs"
     assert (error.tier, error.queue_position, error.retry_after_s) == ("free", 250, 1)
@@ -127,22 +128,22 @@ def test_capacity_refusal_names_the_bound() -> None:
 
 
 def test_capacity_refusal_over_a_lowered_bound_says_by_how_much() -> None:
-    error = admission.refused(_refusal(tier_queued=250, service_rate=0.5))
+    error = refusals.refused(_refusal(tier_queued=250, service_rate=0.5))
     assert error.message == "tier 'free' has 250 queued jobs, 10 over its bound of 240"
     assert error.retry_after_s == 22
 
 
 def test_a_refusal_with_no_workers_says_so_and_waits_a_registration_period() -> None:
-    error = admission.refused(_refusal(tier_queued=1, bound=1, service_rate=0.0))
+    error = refusals.refused(_refusal(tier_queued=1, bound=1, service_rate=0.0))
     assert error.message == "tier 'free' is at its bound of 1 queued jobs; no workers are serving"
     assert error.retry_after_s == 30
-    quota = admission.refused(_refusal(reason="tenant_limit", tenant_rate=0.0))
+    quota = refusals.refused(_refusal(reason="tenant_limit", tenant_rate=0.0))
     assert quota.message.endswith("; no workers are serving")
     assert quota.retry_after_s == 30
 
 
 def test_tenant_limit_refusal_names_the_tenant_and_its_limit() -> None:
-    error = admission.refused(_refusal(reason="tenant_limit"))
+    error = refusals.refused(_refusal(reason="tenant_limit"))
     assert isinstance(error, TenantLimitExceeded)
     assert error.type == "tenant_limit"
     assert error.message == "tenant 'acme' has 5 queued jobs, its limit is 5"
@@ -152,7 +153,7 @@ def test_tenant_limit_refusal_names_the_tenant_and_its_limit() -> None:
 
 def test_deadline_refusal_gives_the_estimate_and_the_jobs_max_wait() -> None:
     # 250 ahead, 10 free slots, 4 jobs/s: starts in (250 + 1 - 10) / 4 = 60.25 s.
-    error = admission.refused(_refusal(reason="deadline", max_wait_s=30.0, max_position=129,
+    error = refusals.refused(_refusal(reason="deadline", max_wait_s=30.0, max_position=129,
                                        free_slots=10))
     assert isinstance(error, CapacityExceeded)
     assert error.message == ("tier 'free' would start this job in about 61 s, later than its "
@@ -165,7 +166,7 @@ def test_deadline_refusal_names_the_tenants_cap_when_its_own_jobs_hold_the_job_b
     # 4 slots at 10 s: the pool would start it at once (3 free), but the tenant's one slot
     # (cap 1) is busy: about 10 s, and one own job must finish before it fits 2 s.
     load = policy.TenantLoad(cap=1, inflight=1, ahead=0)
-    error = admission.refused(_refusal(
+    error = refusals.refused(_refusal(
         reason="deadline", tier="standard", position=0, free_slots=3, service_rate=0.4,
         tenant_rate=0.1, max_wait_s=2.0, max_position=2, tenant_load=load))
     assert isinstance(error, CapacityExceeded)
@@ -181,42 +182,42 @@ def test_deadline_retry_after_waits_for_the_later_of_the_limits_that_bind() -> N
     # The pool: 250 ahead, 129 at most, 4 jobs/s: 31 s. The tenant: 1 running and 5 queued at
     # cap 1 (6 to finish), 30 s allows 5 at 1/6 per second: one more, 6 s.
     load = policy.TenantLoad(cap=1, inflight=1, ahead=5)
-    both = admission.refused(_refusal(reason="deadline", max_wait_s=30.0, max_position=129,
+    both = refusals.refused(_refusal(reason="deadline", max_wait_s=30.0, max_position=129,
                                       free_slots=10, tenant_load=load))
     assert both.retry_after_s == 31
     assert both.details["estimated_wait_s"] == 60.25  # the pool's, the later
     # Alone the tenant binds: 6 s; with 100 own jobs queued, 96 more to finish: 576 s.
-    alone = admission.refused(_refusal(reason="deadline", position=0, max_wait_s=30.0,
+    alone = refusals.refused(_refusal(reason="deadline", position=0, max_wait_s=30.0,
                                        max_position=129, tenant_load=load))
     assert (alone.retry_after_s, alone.details["estimated_wait_s"]) == (6, 36.0)
-    long = admission.refused(_refusal(
+    long = refusals.refused(_refusal(
         reason="deadline", position=0, max_wait_s=30.0, max_position=129,
         tenant_load=policy.TenantLoad(cap=1, inflight=1, ahead=100)))
     assert long.retry_after_s == 576
-    assert admission.tenant_deadline_retry_after_s(
-        excess=1, max_excess=0, tenant_rate=0.0) == admission.MAX_RETRY_AFTER_S
+    assert refusals.tenant_deadline_retry_after_s(
+        excess=1, max_excess=0, tenant_rate=0.0) == refusals.MAX_RETRY_AFTER_S
 
 
 def test_rate_refusal_names_the_rate_and_waits_for_the_next_token() -> None:
-    error = admission.rate_refused(tier="free", tenant_name="acme", position=3, rate_per_s=2.0,
+    error = refusals.rate_refused(tier="free", tenant_name="acme", position=3, rate_per_s=2.0,
                                    burst=2, next_token_s=0.2)
     assert isinstance(error, TenantLimitExceeded)
     assert error.message == "tenant 'acme' is over its rate of 2 submits/s"
     assert (error.retry_after_s, error.queue_position, error.tier) == (1, 3, "free")
     assert error.details == {"limit": "rate", "rate_per_s": 2.0, "burst": 2}
-    slow = admission.rate_refused(tier="free", tenant_name="acme", position=0, rate_per_s=0.1,
+    slow = refusals.rate_refused(tier="free", tenant_name="acme", position=0, rate_per_s=0.1,
                                   burst=1, next_token_s=9.3)
     assert slow.retry_after_s == 10
 
 
 def test_result_retry_after_stays_between_one_and_five_seconds() -> None:
-    assert admission.result_retry_after_s(
+    assert refusals.result_retry_after_s(
         running=True, estimated_wait_s=None, mean_service_s=0.2) == 1
-    assert admission.result_retry_after_s(
+    assert refusals.result_retry_after_s(
         running=True, estimated_wait_s=None, mean_service_s=60) == 5
-    assert admission.result_retry_after_s(
+    assert refusals.result_retry_after_s(
         running=False, estimated_wait_s=1.5, mean_service_s=1.0) == 3
-    assert admission.result_retry_after_s(
+    assert refusals.result_retry_after_s(
         running=False, estimated_wait_s=math.inf, mean_service_s=1.0) == 5
 
 

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from jobs.batches import _estimate
-from jobs.client_protocol import (
+from jobs.client.protocol import (
     batch_call,
     batch_results_call,
     cancel_batch_call,
@@ -15,6 +14,7 @@ from jobs.client_protocol import (
     ndjson,
     submit_batch_call,
 )
+from jobs.service.batches import _estimate
 
 pytestmark = pytest.mark.unit
 

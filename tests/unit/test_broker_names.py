@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.config import load_settings
+from jobs.process.settings import load_settings
 from workers.app import celery_config
 from workers.broker import broker_names, name_prefix
 

@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from jobs.cli import build_app
+from jobs.cli.main import build_app
 
 pytestmark = pytest.mark.unit
 
@@ -174,8 +174,8 @@ def test_flower_refuses_to_listen_further_without_auth(
 def test_run_flower_itself_refuses_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard sits in ``workers.flower``, not only in the command: any caller is stopped."""
     import workers.flower
-    from jobs.config import load_settings
-    from jobs.errors import ConfigError
+    from jobs.core.errors import ConfigError
+    from jobs.process.settings import load_settings
 
     for name in list(os.environ):
         if name.startswith("FLOWER_"):
@@ -238,9 +238,9 @@ def test_debug_shows_the_error_a_line_stands_for(
     app: typer.Typer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The one line hides a traceback; ``--debug`` lets it through, for a bug report."""
-    from jobs import cli
+    from jobs.cli import main
 
-    monkeypatch.setitem(cli._DEBUG, "on", False)  # restored after: --debug sets it
+    monkeypatch.setitem(main._DEBUG, "on", False)  # restored after: --debug sets it
     monkeypatch.setenv("TIERQ_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nothing")
     plain = CliRunner().invoke(app, ["migrate", "--wait", "0.2"])
     debug = CliRunner().invoke(app, ["--debug", "migrate", "--wait", "0.2"])
@@ -354,7 +354,7 @@ def test_a_stopped_tierq_up_is_not_taken_for_a_running_one(
 def test_the_jobs_table_fits_the_terminal_and_never_cuts_an_id_or_a_status() -> None:
     from rich.console import Console
 
-    from jobs.cli import jobs_table
+    from jobs.cli.main import jobs_table
 
     job = {"id": "01a22fe3-b169-7e99-8fd7-08b52bad2048", "kind": "document.embed",
            "status": "dispatched", "attempt": 2, "created_at": "2026-12-01T04:36:20.1+00:00",

@@ -7,7 +7,7 @@ import threading
 
 import redis
 
-from jobs.clock import RETRY_S, ServerClock
+from jobs.index.clock import RETRY_S, ServerClock
 
 
 class Clocks:

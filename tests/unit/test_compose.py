@@ -22,10 +22,10 @@ import typer.exceptions
 import typer.main
 import yaml
 
-from jobs.api.routes_jobs import MAX_LONG_POLL_S
-from jobs.cli import build_app
-from jobs.config import load_settings
-from jobs.errors import ConfigError
+from jobs.api.routes.jobs import MAX_LONG_POLL_S
+from jobs.cli.main import build_app
+from jobs.core.errors import ConfigError
+from jobs.process.settings import load_settings
 from workers.flower import require_auth
 
 pytestmark = pytest.mark.unit
@@ -318,8 +318,8 @@ def test_prometheus_scrapes_the_api_metrics() -> None:
 
 
 def exposed_metrics() -> set[str]:
-    """Names /metrics exposes, as declared in jobs/metrics.py (counters gain ``_total``)."""
-    source = (ROOT / "jobs" / "metrics.py").read_text()
+    """Names /metrics exposes, as declared in jobs/fleet/metrics.py (counters gain ``_total``)."""
+    source = (ROOT / "jobs" / "fleet" / "metrics.py").read_text()
     names = set(re.findall(r'"(tierq_[a-z_]+)"', source))
     return names | {name + "_total" for name in names}
 
@@ -382,8 +382,8 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_more() -> Non
     for line in (ROOT / "Dockerfile").read_text().splitlines():
         if line.startswith("COPY "):
             copied += line.split()[1:-1]
-    assert set(copied) == {"pyproject.toml", "README.md", "jobs", "workers"}
-    for source in [*copied, "jobs/db/migrations/env.py", "jobs/index/lua/dispatch.lua"]:
+    assert set(copied) == {"pyproject.toml", "README.md", "jobs", "workers", "migrations"}
+    for source in [*copied, "migrations/env.py", "jobs/index/lua/dispatch.lua"]:
         assert (ROOT / source).exists(), source
         assert not dockerignored(source, patterns), f"{source} is left out of the context"
     for private in (".venv/bin/python", ".git/config", ".tierq/admin.key", "tests/conftest.py",
@@ -399,7 +399,7 @@ def test_the_sizing_table_of_deploy_md_is_what_the_policy_computes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The worked example (16 slots, 6 s jobs, the default tiers), row by row."""
-    from jobs import policy
+    from jobs.core import policy
 
     for name in list(os.environ):
         if name.startswith("TIERQ_"):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.config import load_settings
-from jobs.errors import ConfigError
+from jobs.core.errors import ConfigError
+from jobs.process.settings import load_settings
 
 pytestmark = pytest.mark.unit
 
@@ -186,7 +186,7 @@ def test_a_placeholder_admin_key_stops_the_cli_with_one_line(
 ) -> None:
     from typer.testing import CliRunner
 
-    from jobs.cli import build_app
+    from jobs.cli.main import build_app
 
     monkeypatch.setenv("TIERQ_ADMIN_KEY", "change-me")
     result = CliRunner().invoke(build_app(), ["policy"], env={"COLUMNS": "400"})

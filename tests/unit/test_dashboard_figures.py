@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import capacity, policy
-from jobs.config import load_settings
+from jobs.core import policy
+from jobs.core.domain import JobSummary, Tenant
+from jobs.core.states import Status
 from jobs.dashboard import figures
 from jobs.dashboard.refusals import RefusalCount, tally, window_minutes
-from jobs.domain import JobSummary, Tenant
-from jobs.metrics import TierFigures
-from jobs.states import Status
+from jobs.fleet import pool as capacity
+from jobs.fleet.metrics import TierFigures
+from jobs.process.settings import load_settings
 
 pytestmark = pytest.mark.unit
 

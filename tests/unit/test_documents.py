@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from jobs import content_type
-from jobs.errors import InvalidRequest
+from jobs.core import content_type
+from jobs.core.errors import InvalidRequest
 from tests.pdf_for_tests import make_pdf
 from workers.documents import UnreadableDocument, chunk_text, extract_text
 from workers.model_handlers import DocumentEmbedHandler, SimilarityHandler, spearman

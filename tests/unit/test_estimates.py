@@ -8,12 +8,12 @@ from typing import Any, cast
 
 import pytest
 
-from jobs import estimates, limits
-from jobs.config import load_settings
-from jobs.domain import NewJob, Tenant
-from jobs.errors import CapacityExceeded
+from jobs.admission import estimates, limits
+from jobs.core.domain import NewJob, Tenant
+from jobs.core.errors import CapacityExceeded
 from jobs.index import MemoryIndex
-from jobs.runtime import Runtime
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.errors import ConfigError
+from jobs.core.errors import ConfigError
 from workers.handlers import ENTRY_POINT_GROUP, default_registry
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jobs.errors import ConfigError, InvalidRequest, UnknownKind
+from jobs.core.errors import ConfigError, InvalidRequest, UnknownKind
 from tests import handlers_for_tests
 from workers.handlers import (
     HANDLERS_ENV,
@@ -197,7 +197,7 @@ def test_default_registry_reads_the_environment(monkeypatch: pytest.MonkeyPatch)
         ("tests.no_such_module:X", "cannot import"),
         ("tests.handlers_for_tests:NoSuchHandler", "has no 'NoSuchHandler'"),
         ("tests.handlers_for_tests:signal", "no 'kind'"),
-        ("jobs.states:Status", "cannot build|no 'kind'"),
+        ("jobs.core.states:Status", "cannot build|no 'kind'"),
         ("workers.handlers:SleepHandler", "registered twice"),
     ],
 )

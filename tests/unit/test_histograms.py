@@ -1,4 +1,4 @@
-"""The histogram helpers (``jobs.histograms``): an observation's bucket, stored counts made
+"""The histogram helpers (``jobs.core.histograms``): an observation's bucket, stored counts made
 cumulative, and ``histogram_quantile`` as Prometheus computes it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.histograms import (
+from jobs.core.histograms import (
     INF,
     WAIT_BUCKETS_S,
     StartFigures,

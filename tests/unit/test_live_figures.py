@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs import capacity, policy
-from jobs.config import load_settings
+from jobs.core import policy
+from jobs.fleet import pool
+from jobs.fleet.service_rate import MeasuredMean, mean_service_s, weighted_mean
 from jobs.index.rate_limit import MemoryRateLimiter
-from jobs.service_rate import MeasuredMean, mean_service_s, weighted_mean
+from jobs.process.settings import load_settings
 
 pytestmark = pytest.mark.unit
 
@@ -50,29 +51,29 @@ def test_the_measured_mean_counts_only_with_enough_samples(pol: policy.Policy) -
 
 
 def test_figures_follow_the_measured_mean(pol: policy.Policy) -> None:
-    configured = capacity.figures(pol, capacity=24, inflight=0)
+    configured = pool.figures(pol, capacity=24, inflight=0)
     assert (configured.service_rate, configured.service_samples) == (4.0, 0)
     assert configured.bounds == {"premium": 20, "standard": 80, "free": 240}
     # Jobs take 3 s, not 6: μ doubles, and so does every bound and quota; caps do not move.
-    measured = capacity.figures(pol, capacity=24, inflight=0,
+    measured = pool.figures(pol, capacity=24, inflight=0,
                                 measured=MeasuredMean(mean_s=3.0, samples=40))
     assert (measured.service_rate, measured.service_samples) == (8.0, 40)
     assert measured.bounds == {"premium": 40, "standard": 160, "free": 480}
     assert measured.quotas == {"premium": 10, "standard": 16, "free": 19}
     assert measured.caps == configured.caps
-    too_few = capacity.figures(pol, capacity=24, inflight=0,
+    too_few = pool.figures(pol, capacity=24, inflight=0,
                                measured=MeasuredMean(mean_s=3.0, samples=5))
     assert too_few.bounds == configured.bounds and too_few.service_samples == 0
 
 
 def test_figures_follow_capacity(pol: policy.Policy) -> None:
-    small = capacity.figures(pol, capacity=12, inflight=12)
-    large = capacity.figures(pol, capacity=48, inflight=12)
+    small = pool.figures(pol, capacity=12, inflight=12)
+    large = pool.figures(pol, capacity=48, inflight=12)
     assert small.bounds["free"] == 120 and large.bounds["free"] == 480
     assert small.caps["premium"] == 3 and large.caps["premium"] == 12
     assert (small.free_slots, large.free_slots) == (0, 36)
     # No workers at all: nothing is served, every bound and cap falls to its floor of 1.
-    empty = capacity.figures(pol, capacity=0, inflight=0)
+    empty = pool.figures(pol, capacity=0, inflight=0)
     assert empty.service_rate == 0.0
     assert set(empty.bounds.values()) == set(empty.caps.values()) == {1}
 

@@ -1,4 +1,4 @@
-"""Log lines (``jobs.logs``): JSON with the stable keys when stderr is not a terminal (a
+"""Log lines (``jobs.process.logs``): JSON with the stable keys when stderr is not a terminal (a
 container), readable text on a terminal, either one forced by ``TIERQ_LOG_FORMAT``."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from jobs.errors import ConfigError
-from jobs.logs import STABLE_KEYS, JsonFormatter, TextFormatter, chosen_format
+from jobs.core.errors import ConfigError
+from jobs.process.logs import STABLE_KEYS, JsonFormatter, TextFormatter, chosen_format
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +75,7 @@ def test_the_format_follows_the_terminal_unless_told() -> None:
 
 PROGRAM = """
 import logging
-from jobs.logs import configure_logging
+from jobs.process.logs import configure_logging
 configure_logging()
 logging.getLogger("tierq.worker").info("job.succeeded", extra={
     "event": "job.succeeded", "job_id": "j-1", "tenant": "t-1", "tier": "free",

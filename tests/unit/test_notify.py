@@ -1,13 +1,13 @@
-"""The waiter registry of ``jobs.notify`` and the tenant cache, without Redis or SQL."""
+"""The waiter registry of ``jobs.index.notify`` and the tenant cache, without Redis or SQL."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from jobs.domain import Tenant
-from jobs.notify import Waiters
-from jobs.tenant_cache import TenantCache
+from jobs.core.domain import Tenant
+from jobs.index.notify import Waiters
+from jobs.service.tenant_cache import TenantCache
 
 # -- waiters --------------------------------------------------------------------------------
 

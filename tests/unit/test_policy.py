@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs import policy
-from jobs.config import load_settings
+from jobs.core import policy
+from jobs.process.settings import load_settings
 
 pytestmark = pytest.mark.unit
 

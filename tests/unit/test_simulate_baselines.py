@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs import policy
-from jobs.policy import Policy, Tier
+from jobs.core import policy
+from jobs.core.policy import Policy, Tier
 from jobs.simulate.baselines import RescoreContender, StrictContender
 from jobs.simulate.contender import Context
 from jobs.simulate.traffic import Traffic

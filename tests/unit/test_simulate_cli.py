@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from jobs.cli import build_app
+from jobs.cli.main import build_app
 
 pytestmark = pytest.mark.unit
 

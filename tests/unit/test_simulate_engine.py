@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.policy import Policy
+from jobs.core.policy import Policy
 from jobs.simulate import Comparison, compare, scenario
 from jobs.simulate.engine import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING
 from tests.unit.defaults import default_policy

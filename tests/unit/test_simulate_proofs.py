@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from jobs import policy
-from jobs.policy import Policy
+from jobs.core import policy
+from jobs.core.policy import Policy
 from jobs.simulate import Comparison, compare, scenario
 from jobs.simulate.baselines import RESCORE_PERIOD_S
 from jobs.simulate.engine import REFUSED, SERVED, WAITING, Run

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.errors import ConfigError
+from jobs.core.errors import ConfigError
 from jobs.simulate import scenario
 from jobs.simulate.traffic import draw, ordered
 

@@ -6,14 +6,14 @@ import itertools
 
 import pytest
 
-from jobs.states import NEW_ATTEMPT, TERMINAL, TRANSITIONS, Status, is_legal
+from jobs.core.states import NEW_ATTEMPT, TERMINAL, TRANSITIONS, Status, is_legal
 
 pytestmark = pytest.mark.unit
 
 W, Q, D, R = Status.WAITING, Status.QUEUED, Status.DISPATCHED, Status.RUNNING
 S, F, C, E = Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED
 
-# Written out independently of jobs.states, so a change to the table has to change this too.
+# Written out independently of jobs.core.states, so a change to the table has to change this too.
 EXPECTED = {
     (W, Q), (W, C),
     (Q, D), (Q, C), (Q, E),

@@ -1,0 +1,84 @@
+"""What a client is told about a queued job: its queue position and its estimated wait.
+
+The estimate is ``policy.expected_wait_s``: the later of the pool's start and the tenant's
+own, so a tenant at its cap hears the time until one of its slots frees, not "0 s" because
+the pool has idle slots it may not use. The same numbers answer the 202 of a submit, ``GET
+/v1/jobs/{id}``, the list, and the deadline refusal.
+
+``queue_position`` stays the index's: every queued job ahead in dispatch order, all tenants.
+It is a plain fact a client can watch shrink; which of those jobs start first (others' at
+their cap do not, its own beyond its cap hold it back) is what the estimate accounts for.
+
+The tenant's side is read next to, not inside, the atomic index calls: a job finishing or
+another submit of the tenant between two reads moves an estimate by one job at most, which
+an estimate can bear (the bound and the quota stay exact in the admit script).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobs.core import policy
+from jobs.core.domain import Job, Tenant
+from jobs.core.states import Status
+from jobs.fleet.pool import PoolFigures
+from jobs.process.runtime import Runtime
+from jobs.store import repository
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """A queued job's place: jobs ahead of it in the index, and its expected wait."""
+
+    position: int
+    estimated_wait_s: float | None  # None: nothing is being served, so no estimate
+
+
+def tenant_cap(tenant: Tenant, figures: PoolFigures) -> int:
+    """The tenant's concurrency cap: its own override, else its tier's (the dispatcher's)."""
+    if tenant.cap is not None:
+        return tenant.cap
+    return figures.caps.get(tenant.tier, 1)
+
+
+def tenant_rate(tenant: Tenant, figures: PoolFigures) -> float:
+    """Jobs/s the tenant's cap lets it finish, at the pool's mean service time."""
+    return policy.tenant_rate(tenant_cap(tenant, figures), figures.capacity,
+                              figures.mean_service_s)
+
+
+def placement(figures: PoolFigures, *, position: int, load: policy.TenantLoad) -> Placement:
+    """A job ``position`` jobs ahead in the index, its tenant as ``load`` says."""
+    estimate = policy.expected_wait_s(
+        position, figures.free_slots, figures.service_rate, tenant=load,
+        capacity=figures.capacity, mean_service_s=figures.mean_service_s,
+    )
+    return Placement(position=position,
+                     estimated_wait_s=estimate if math.isfinite(estimate) else None)
+
+
+def placements(
+    runtime: Runtime, tenant: Tenant, jobs: Sequence[Job], figures: PoolFigures
+) -> dict[str, Placement]:
+    """The places of the tenant's queued, indexed jobs among ``jobs``, by id. Its own jobs
+    ahead come from SQL (one query): a job the dispatcher has just leased but not yet marked
+    dispatched counts twice for that moment, in flight and ahead."""
+    queued = [job for job in jobs if job.status is Status.QUEUED]
+    if not queued:
+        return {}
+    inflight = runtime.index.tenant_inflight(tenant.id)
+    with runtime.sessions.begin() as session:
+        order = repository.queued_order(session, tenant.id)
+    cap = tenant_cap(tenant, figures)
+    found: dict[str, Placement] = {}
+    for job in queued:
+        position = runtime.index.position(job.id)
+        if position is None:  # waiting out a retry backoff, or not indexed (yet)
+            continue
+        ahead = bisect_left(order, (job.order_key, job.id))
+        load = policy.TenantLoad(cap=cap, inflight=inflight, ahead=ahead)
+        found[job.id] = placement(figures, position=position, load=load)
+    return found

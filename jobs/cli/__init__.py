@@ -1,0 +1,1 @@
+"""The `tierq` command, one module per command group."""

@@ -1,0 +1,160 @@
+"""``tierq batch``: submit a batch from a file (with a progress bar to its end) and print its
+results as NDJSON. Over the API with a tenant key, as ``tierq jobs`` is."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from jobs.cli.main import ApiKey, ApiUrl, _client, _fail, _friendly
+
+# How often ``--wait`` asks for the batch's counts.
+POLL_S = 1.0
+DONE = ("succeeded", "failed", "cancelled", "expired")
+
+
+def _items(path: Path) -> Iterator[dict[str, Any]]:
+    """The file's items: NDJSON (one object a line) or a JSON array of objects."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror or exc}", 2)
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError as exc:
+            _fail(f"{path} is not valid JSON: {exc}", 2)
+        yield from _objects(path, enumerate(items, 1))
+        return
+    lines = ((number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip())
+    parsed = []
+    for number, line in lines:
+        try:
+            parsed.append((number, json.loads(line)))
+        except ValueError as exc:
+            _fail(f"{path}:{number} is not valid JSON: {exc}", 2)
+    yield from _objects(path, iter(parsed))
+
+
+def _objects(path: Path, numbered: Iterator[tuple[int, Any]]) -> Iterator[dict[str, Any]]:
+    for number, item in numbered:
+        if not isinstance(item, dict):
+            _fail(f"{path}: item {number} is not a JSON object", 2)
+        yield item
+
+
+@_friendly
+def batch_submit(
+    file: Annotated[Path, typer.Argument(help="The items: NDJSON, or a JSON array of objects.")],
+    kind: Annotated[str, typer.Option("--kind", help="The kind of every item.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Show progress until it ends.")] = False,
+    idempotency_key: Annotated[str | None, typer.Option(help="Unique per tenant.")] = None,
+    api_url: ApiUrl = None,
+    key: ApiKey = None,
+) -> None:
+    """Submit a batch; its items enter the live queue as room allows. With --wait, show a
+    progress bar until every item has ended (exit 1 if any failed or expired)."""
+    from jobs.client.http import ApiError
+
+    items = list(_items(file))
+    console = Console(highlight=False, soft_wrap=True, stderr=True)
+    with _client(api_url, key, announce=True) as client:
+        try:
+            batch = client.submit_batch(kind, items, idempotency_key=idempotency_key)
+        except ApiError as exc:
+            _fail(f"not submitted: {exc}", 2)
+        Console(highlight=False, soft_wrap=True).print(
+            f"batch {batch.get('id')}  tier {batch.get('tier')}  items {batch.get('total')}")
+        if wait:
+            _follow(client, str(batch["id"]), int(batch.get("total") or 0), console)
+
+
+def _follow(client: Any, batch_id: str, total: int, console: Console) -> None:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from jobs.client.http import ApiError
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("waiting", total=total)
+            while True:
+                state = client.batch(batch_id)
+                counts = state.get("counts", {})
+                done = sum(int(counts.get(name, 0)) for name in DONE)
+                eta = state.get("estimated_finish_s")
+                note = f" · about {eta:.0f} s left" if isinstance(eta, (int, float)) else ""
+                progress.update(task, completed=done,
+                                description=f"{state.get('status')}{note}")
+                if state.get("status") in ("finished", "cancelled"):
+                    break
+                time.sleep(POLL_S)
+    except ApiError as exc:
+        _fail(f"lost track of batch {batch_id}: {exc}", 1)
+    except KeyboardInterrupt:
+        _fail(f"stopped waiting; the batch goes on: tierq batch status {batch_id}", 130)
+    bad = {name: counts.get(name, 0) for name in ("failed", "cancelled", "expired")
+           if counts.get(name)}
+    summary = ", ".join(f"{n} {name}" for name, n in bad.items())
+    console.print(f"batch {batch_id} {state.get('status')}: {counts.get('succeeded', 0)} "
+                  f"succeeded{', ' + summary if summary else ''}")
+    if counts.get("failed") or counts.get("expired"):
+        raise typer.Exit(1)
+
+
+BatchId = Annotated[str, typer.Argument(help="The batch's id.")]
+
+
+@_friendly
+def batch_results(
+    batch_id: BatchId,
+    after: Annotated[int, typer.Option(min=-1, help="Only items past this index.")] = -1,
+    api_url: ApiUrl = None,
+    key: ApiKey = None,
+) -> None:
+    """Print the batch's finished items as NDJSON, one line each, in index order."""
+    with _client(api_url, key) as client:
+        for line in client.batch_results(batch_id, after=after):
+            sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+@_friendly
+def batch_status(batch_id: BatchId, api_url: ApiUrl = None, key: ApiKey = None) -> None:
+    """Print a batch (as JSON): its items counted by state and the estimated finish."""
+    with _client(api_url, key) as client:
+        state = client.batch(batch_id)
+    Console(highlight=False, soft_wrap=True).print_json(json.dumps(state))
+
+
+@_friendly
+def batch_cancel(batch_id: BatchId, api_url: ApiUrl = None, key: ApiKey = None) -> None:
+    """Cancel every item of the batch that has not started."""
+    with _client(api_url, key, announce=True) as client:
+        state = client.cancel_batch(batch_id)
+    Console(highlight=False, soft_wrap=True).print(
+        f"batch {batch_id}  {state.get('status')}  {state.get('counts')}")
+
+
+def batch_app() -> typer.Typer:
+    batch = typer.Typer(help="Submit batches and read their results (over the API, with a "
+                             "tenant key).", no_args_is_help=True)
+    batch.command("submit")(batch_submit)
+    batch.command("status")(batch_status)
+    batch.command("results")(batch_results)
+    batch.command("cancel")(batch_cancel)
+    return batch

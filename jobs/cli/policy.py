@@ -1,0 +1,154 @@
+"""``tierq policy``: the numbers that follow from the configuration, next to the live ones.
+
+"configured": what the policy gives for the configured ``pool_concurrency`` and
+``mean_service_s`` (unknown capacity when the pool is sized by its live workers).
+"live": what admission uses right now, read from Redis: the capacity in force (configured,
+or the live workers' slots) and the mean service time the dispatcher measured, once
+``service_samples_min`` runs back it. Without Redis only the configured column is filled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+
+from jobs.core import policy
+from jobs.core.errors import ConfigError
+from jobs.fleet import pool
+from jobs.fleet.pool import PoolFigures
+from jobs.fleet.service_rate import MeasuredMean
+from jobs.index.base import LiveWorker
+from jobs.process.settings import Settings
+
+NONE = "-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveView:
+    figures: PoolFigures
+    worker_slots: int
+    measured: MeasuredMean | None
+    workers: list[LiveWorker] = field(default_factory=list)
+
+
+def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, str]:
+    """The live figures from Redis, or None and why there are none."""
+    import redis
+
+    from jobs.fleet.service_rate import read_measured
+    from jobs.index.redis_index import RedisIndex
+    from jobs.process.runtime import redis_client
+
+    try:
+        url = settings.resolved_redis_url()
+    except ConfigError as exc:
+        return None, f"{exc.message}: configured figures only."
+    client = redis_client(url)
+    index = RedisIndex(client, settings.key_prefix)
+    try:
+        now = index.now()  # Redis's clock: this host's may be off
+        measured = read_measured(client, settings.key_prefix)
+        figures = pool.read_pool(pol, index, now=now, measured=measured)
+        view = LiveView(figures=figures, worker_slots=index.pool_capacity(now=now),
+                        measured=measured, workers=index.live_workers(now=now))
+        return view, ""
+    except (redis.RedisError, OSError):
+        return None, f"Redis at {url} is not reachable: configured figures only."
+    finally:
+        client.close()
+
+
+def configured_figures(pol: policy.Policy) -> PoolFigures | None:
+    if pol.pool_concurrency is None:
+        return None
+    return pool.figures(pol, capacity=pol.pool_concurrency, inflight=0)
+
+
+def _num(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _live_mean(pol: policy.Policy, live: LiveView) -> str:
+    measured = live.measured
+    mean = f"{_num(live.figures.mean_service_s)} s"
+    if live.figures.service_samples:
+        return f"{mean} (measured, {live.figures.service_samples} runs)"
+    have = 0 if measured is None else measured.samples
+    return f"{mean} (configured; {have} of {pol.service_samples_min} runs measured)"
+
+
+def pool_table(pol: policy.Policy, configured: PoolFigures | None,
+               live: LiveView | None) -> Table:
+    table = Table(title="pool")
+    for column in ("figure", "configured", "live"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    source = "configured" if pol.pool_concurrency is not None else "live workers"
+    conf_capacity = NONE if configured is None else str(configured.capacity)
+    table.add_row("capacity", conf_capacity,
+                  NONE if live is None else f"{live.figures.capacity} ({source})")
+    table.add_row("live worker slots", NONE, NONE if live is None else str(live.worker_slots))
+    table.add_row("in flight", NONE, NONE if live is None else str(live.figures.inflight))
+    table.add_row("mean service time", f"{_num(pol.mean_service_s)} s",
+                  NONE if live is None else _live_mean(pol, live))
+    table.add_row("service rate μ",
+                  NONE if configured is None else f"{_num(configured.service_rate)} jobs/s",
+                  NONE if live is None else f"{_num(live.figures.service_rate)} jobs/s")
+    return table
+
+
+def workers_table(live: LiveView) -> Table:
+    """The live workers: the device each runs on and the slots it brings to the pool."""
+    table = Table(title="live workers")
+    table.add_column("worker")
+    table.add_column("device")
+    table.add_column("slots", justify="right")
+    for worker in live.workers:
+        table.add_row(worker.worker_id, worker.device, str(worker.slots))
+    return table
+
+
+def tier_table(pol: policy.Policy, configured: PoolFigures | None,
+               live: LiveView | None) -> Table:
+    best = min(pol.tiers.values(), key=lambda t: t.base_priority)
+    table = Table(title="tiers")
+    table.add_column("tier")
+    for column in ("priority", "max wait s", *(f"{figure}\n{side}" for figure in
+                   ("bound", "tenant cap", "tenant quota") for side in ("configured", "live")),
+                   "rate /s", f"ties with {best.name} after"):
+        table.add_column(column, justify="right")
+    for name, tier in pol.tiers.items():
+        cells = []
+        for pick in ("bounds", "caps", "quotas"):
+            for figures in (configured, None if live is None else live.figures):
+                cells.append(NONE if figures is None else str(getattr(figures, pick)[name]))
+        limit = policy.rate_limit(tier)
+        rate = NONE if limit is None else f"{_num(limit.rate_per_s)} (burst {limit.burst})"
+        guarantee = policy.ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)
+        table.add_row(name, f"{tier.base_priority:g}", f"{tier.max_wait_s:g}", *cells, rate,
+                      f"{guarantee:g} s")
+    return table
+
+
+def print_policy(settings: Settings, console: Console) -> None:
+    """Print the pool and tier figures, configured next to live, and the ageing guarantee."""
+    pol = settings.build_policy()
+    configured = configured_figures(pol)
+    live, note = read_live(settings, pol)
+    console.print(pool_table(pol, configured, live))
+    if live is not None and live.workers:
+        console.print(workers_table(live))
+    console.print(tier_table(pol, configured, live))
+    best = min(pol.tiers.values(), key=lambda t: t.base_priority)
+    for name, tier in pol.tiers.items():
+        if tier is not best:
+            after = policy.ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)
+            console.print(f"A {name} job ties with fresh {best.name} work after {after:g} s.")
+    console.print(f"ageing rate: {pol.ageing_rate_s:g} s per priority point")
+    if pol.client_timeout_s is not None:
+        console.print(f"client timeout: {pol.client_timeout_s:g} s (caps every max wait)")
+    if live is not None and not live.figures.capacity:
+        console.print("No live workers yet: every bound and cap is 1 until one registers.")
+    if note:
+        console.print(note)

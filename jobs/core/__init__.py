@@ -1,0 +1,1 @@
+"""What tierq is, in pure Python: policy, states, values, ids and errors; no I/O."""

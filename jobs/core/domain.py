@@ -1,0 +1,180 @@
+"""Domain values: tenants and jobs as frozen, keyword-only dataclasses.
+
+Times are float epoch seconds (UTC). The database keeps timezone-aware UTC datetimes; the
+conversion happens only here (``from_row``) and in ``jobs.store``. ORM classes never leave
+``jobs.store``: the repository turns every row into one of these values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+
+if TYPE_CHECKING:
+    from jobs.store.models import JobRow, TenantRow
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def _epoch_required(value: datetime) -> float:
+    return value.timestamp()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tenant:
+    """A client account. Its tier is fixed by this record, never by a request."""
+
+    id: str
+    name: str
+    tier: str
+    api_key_hash: str  # sha256 hex of the API key; the key itself is never stored
+    created_at: float
+    # Per-tenant overrides of the tier's policy (None: the tier's value).
+    cap: int | None = None
+    max_queued: int | None = None
+    rate_per_s: float | None = None
+    rate_burst: int | None = None
+
+    @classmethod
+    def from_row(cls, row: TenantRow) -> Tenant:
+        return cls(
+            id=row.id,
+            name=row.name,
+            tier=row.tier,
+            api_key_hash=row.api_key_hash,
+            created_at=_epoch_required(row.created_at),
+            cap=row.cap,
+            max_queued=row.max_queued,
+            rate_per_s=row.rate_per_s,
+            rate_burst=row.rate_burst,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewJob:
+    """What the API hands the repository to insert: a job that is queued from the start."""
+
+    tenant_id: str
+    tier: str  # the tenant's tier at submission; it never changes afterwards
+    kind: str
+    payload: dict[str, Any]
+    order_key: float
+    enqueued_at: float
+    max_attempts: int = 3
+    max_wait_s: float | None = None
+    idempotency_key: str | None = None
+    created_at: float | None = None  # None: the same as enqueued_at
+    blob: str | None = None  # the document the job reads (sha256 in the blob store)
+    id: str = field(default_factory=new_job_id)
+
+    @property
+    def start_by(self) -> float | None:
+        """The job must have started by then, or it expires (None: never)."""
+        return None if self.max_wait_s is None else self.enqueued_at + self.max_wait_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """A job as stored. ``(status, attempt)`` is what every state change compares.
+
+    ``attempt`` numbers the job's trips through the dispatcher (each hand-back moves it on,
+    so a stale message or lease of an earlier one changes nothing); ``starts`` counts the
+    attempts that started (dispatched → running), and is what ``max_attempts`` limits: work
+    handed back before it started is not charged."""
+
+    id: str
+    tenant_id: str
+    tier: str
+    kind: str
+    payload: dict[str, Any]
+    status: Status
+    attempt: int
+    max_attempts: int
+    order_key: float
+    created_at: float
+    enqueued_at: float  # kept across retries, so a re-queued job keeps its ageing
+    max_wait_s: float | None = None
+    start_by: float | None = None  # enqueued_at + max_wait_s
+    not_before: float | None = None  # retry backoff: not dispatched before this time
+    dispatched_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: Any = None
+    error: str | None = None
+    idempotency_key: str | None = None
+    cancel_requested: bool = False
+    starts: int = 0
+    updated_at: float | None = None
+    result_fetched_at: float | None = None  # the first 200 of its result (None: never)
+    # The batch this job is an item of, and its place there (None: a single job).
+    batch_id: str | None = None
+    batch_index: int | None = None
+    # The document it reads, and the blob holding a result too large to keep inline.
+    blob: str | None = None
+    result_blob: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.terminal
+
+    @classmethod
+    def from_row(cls, row: JobRow) -> Job:
+        return cls(
+            id=row.id,
+            tenant_id=row.tenant_id,
+            tier=row.tier,
+            kind=row.kind,
+            payload=row.payload,
+            status=Status(row.status),
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            order_key=row.order_key,
+            created_at=_epoch_required(row.created_at),
+            enqueued_at=_epoch_required(row.enqueued_at),
+            max_wait_s=row.max_wait_s,
+            start_by=_epoch(row.start_by),
+            not_before=_epoch(row.not_before),
+            dispatched_at=_epoch(row.dispatched_at),
+            started_at=_epoch(row.started_at),
+            finished_at=_epoch(row.finished_at),
+            result=row.result,
+            error=row.error,
+            idempotency_key=row.idempotency_key,
+            cancel_requested=row.cancel_requested,
+            starts=row.starts,
+            updated_at=_epoch(row.updated_at),
+            result_fetched_at=_epoch(row.result_fetched_at),
+            batch_id=getattr(row, "batch_id", None),
+            batch_index=getattr(row, "batch_index", None),
+            blob=getattr(row, "blob", None),
+            result_blob=getattr(row, "result_blob", None),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSummary:
+    """A job's identity, state and times, without its payload or result (the dashboard's
+    list of a tenant's latest jobs)."""
+
+    id: str
+    kind: str
+    tier: str
+    status: Status
+    created_at: float
+    enqueued_at: float
+    started_at: float | None = None
+
+    @classmethod
+    def from_columns(
+        cls, *, id: str, kind: str, tier: str, status: str, created_at: datetime,
+        enqueued_at: datetime, started_at: datetime | None,
+    ) -> JobSummary:
+        return cls(id=id, kind=kind, tier=tier, status=Status(status),
+                   created_at=_epoch_required(created_at),
+                   enqueued_at=_epoch_required(enqueued_at), started_at=_epoch(started_at))

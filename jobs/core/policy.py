@@ -1,0 +1,265 @@
+"""Tier policy: the order key, queue bounds, tenant caps and the ageing guarantee.
+
+Pure functions of their arguments: no clock, no I/O, standard library only. Every other
+module asks this one for the numbers, so the maths lives in one place (see docs/policy.md).
+
+- Ageing: ``effective_priority = base_priority - waited / ageing_rate`` (lower is served
+  sooner). With one ageing rate for all tiers the relative order of two queued jobs never
+  changes, so it equals ordering by the static ``order_key = enqueued_at + base_priority *
+  ageing_rate``: a virtual deadline, computed once on insert.
+- Bound (Little's law): ``queue_bound = max(1, floor(mu * min(max_wait, client_timeout)))``.
+- Cap: ``tenant_cap = max(1, floor(pool_concurrency * tenant_share))``; never 0, which would
+  block a tenant forever.
+- Deadline: a job may wait ``max_wait_s``; ``latest_useful_position`` is the last place in the
+  queue from which it is still expected to start in time.
+- Estimate: the later of the pool's start (``estimated_wait_s``) and the tenant's own (its
+  cap, its jobs in flight and queued ahead: ``tenant_wait_s``), see ``expected_wait_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_RETENTION_S = 7 * 86400.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tier:
+    """A service class. The tenant's record names its tier; clients never choose it."""
+
+    name: str
+    base_priority: float
+    max_wait_s: float
+    tenant_share: float
+    # Share of the tier's bound one tenant may hold queued (None: same as tenant_share).
+    queued_share: float | None = None
+    # Token-bucket request rate per tenant (submits/s); None means unlimited.
+    rate_per_s: float | None = None
+    rate_burst: int | None = None
+    # Seconds a finished job (and its result) is kept before it is pruned; 0: kept forever.
+    retention_s: float = DEFAULT_RETENTION_S
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """The validated policy; built from settings by ``jobs.process.settings``."""
+
+    tiers: Mapping[str, Tier]
+    ageing_rate_s: float = 6.0
+    pool_concurrency: int | None = None
+    mean_service_s: float = 6.0
+    # Completed runs needed before the measured mean service time replaces mean_service_s.
+    service_samples_min: int = 20
+    client_timeout_s: float | None = None
+    lease_ttl_s: float = 30.0
+    leader_ttl_s: float = 5.0
+    max_attempts: int = 3
+    retry_backoff_s: float = 2.0
+    retry_backoff_max_s: float = 300.0
+    stop_grace_s: float = 10.0
+
+    def tier(self, name: str) -> Tier:
+        return self.tiers[name]
+
+    def order_key(self, tier: str, enqueued_at: float) -> float:
+        return order_key(enqueued_at, self.tiers[tier].base_priority, self.ageing_rate_s)
+
+
+def order_key(enqueued_at: float, base_priority: float, ageing_rate_s: float) -> float:
+    """The static dispatch key: the time at which a fresh top-priority job would tie."""
+    return enqueued_at + base_priority * ageing_rate_s
+
+
+def effective_priority(base_priority: float, waited_s: float, ageing_rate_s: float) -> float:
+    """Priority after waiting ``waited_s``; lower is served sooner."""
+    return base_priority - waited_s / ageing_rate_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class RateLimit:
+    """A tenant's token bucket: ``rate_per_s`` submits/s on average, ``burst`` at once."""
+
+    rate_per_s: float
+    burst: int
+
+
+def default_burst(rate_per_s: float) -> int:
+    """A bucket that holds one second's worth of submits, and at least one."""
+    return max(1, math.ceil(rate_per_s - 1e-9))
+
+
+def rate_limit(
+    tier: Tier, *, rate_per_s: float | None = None, burst: int | None = None
+) -> RateLimit | None:
+    """The bucket of a tenant of ``tier`` with overrides ``rate_per_s``/``burst`` (None: the
+    tier's). A tenant's own rate brings its own default burst; None: no rate limit."""
+    if rate_per_s is not None:
+        return RateLimit(rate_per_s=rate_per_s, burst=burst or default_burst(rate_per_s))
+    if tier.rate_per_s is None:
+        return None
+    size = burst or tier.rate_burst or default_burst(tier.rate_per_s)
+    return RateLimit(rate_per_s=tier.rate_per_s, burst=size)
+
+
+def service_rate(capacity: int, mean_service_s: float) -> float:
+    """Jobs per second the pool completes: ``mu = capacity / mean_service_time``."""
+    if mean_service_s <= 0:
+        raise ValueError("mean_service_s must be > 0")
+    return max(0, capacity) / mean_service_s
+
+
+def useful_wait_s(tier: Tier, client_timeout_s: float | None = None) -> float:
+    """The longest wait still useful: the tier's ``max_wait_s``, capped by a client timeout."""
+    if client_timeout_s is None:
+        return tier.max_wait_s
+    return min(tier.max_wait_s, client_timeout_s)
+
+
+def queue_bound(tier: Tier, mu: float, client_timeout_s: float | None = None) -> int:
+    """How many jobs of this tier may wait: ``max(1, floor(mu * W))``."""
+    return max(1, math.floor(mu * useful_wait_s(tier, client_timeout_s) + 1e-9))
+
+
+def tenant_cap(tier: Tier, pool_concurrency: int) -> int:
+    """Jobs one tenant of this tier may run at once, fleet-wide."""
+    return max(1, math.floor(pool_concurrency * tier.tenant_share + 1e-9))
+
+
+def tenant_quota(tier: Tier, bound: int) -> int:
+    """Jobs one tenant of this tier may hold queued, so no tenant can fill the tier alone."""
+    share = tier.queued_share if tier.queued_share is not None else tier.tenant_share
+    return max(1, math.floor(bound * share + 1e-9))
+
+
+def ageing_guarantee_s(tier: Tier, tiers: Mapping[str, Tier], ageing_rate_s: float) -> float:
+    """Seconds after which a job of ``tier`` ties with fresh work of the best tier."""
+    best = min(t.base_priority for t in tiers.values())
+    return (tier.base_priority - best) * ageing_rate_s
+
+
+def ageing_rate_for(guarantee_s: float, tier: Tier, tiers: Mapping[str, Tier]) -> float:
+    """The ageing rate (seconds per point) that makes ``tier`` tie with the best tier
+    after ``guarantee_s``: "free within 120 s" with priorities 0 and 20 gives 6 s/point."""
+    best = min(t.base_priority for t in tiers.values())
+    gap = tier.base_priority - best
+    if gap <= 0:
+        raise ValueError(f"tier {tier.name!r} already has the best priority")
+    if guarantee_s <= 0:
+        raise ValueError("guarantee_s must be > 0")
+    return guarantee_s / gap
+
+
+def prune_before(tier: Tier, now: float) -> float | None:
+    """Finished jobs of ``tier`` that finished before this time are due for pruning; None
+    when the tier keeps them forever (``retention_s`` 0)."""
+    if tier.retention_s <= 0:
+        return None
+    return now - tier.retention_s
+
+
+def retry_backoff_s(attempt: int, base_s: float, max_s: float) -> float:
+    """Delay before a retryable failure of ``attempt`` (1-based) may run again."""
+    return min(max_s, base_s * 2.0 ** max(0, attempt - 1))
+
+
+# Tenant overrides (API and CLI): far above any real pool, far below what a column or a Lua
+# number holds.
+MAX_TENANT_CAP = 1_000_000
+MAX_TENANT_QUEUED = 10**9
+MAX_TENANT_RATE_PER_S = 1e6
+MAX_TENANT_BURST = 1_000_000
+
+
+def handback_after_s(stop_grace_s: float) -> float:
+    """When, after a stop signal, a worker hands back the jobs still running: late enough to
+    let most finish, early enough (3 s, or half a short grace) to record it before the kill."""
+    return max(stop_grace_s / 2.0, stop_grace_s - 3.0)
+
+
+def estimated_wait_s(position: int, free_slots: int, mu: float) -> float:
+    """Expected wait of a job with ``position`` jobs ahead of it: the first ``free_slots``
+    start at once, the rest drain at ``mu`` jobs/s. Infinite when nothing is served."""
+    behind_free = position + 1 - max(0, free_slots)
+    if behind_free <= 0:
+        return 0.0
+    if mu <= 0:
+        return math.inf
+    return behind_free / mu
+
+
+def latest_useful_position(max_wait_s: float, free_slots: int, mu: float) -> int | None:
+    """The last position (jobs ahead) from which a job is expected to start within
+    ``max_wait_s``: the largest ``p`` with ``estimated_wait_s(p, free_slots, mu) <=
+    max_wait_s``. -1 when even the head of the queue would start too late; None when nothing
+    is served (``mu == 0``): there is no estimate to refuse on."""
+    if mu <= 0:
+        return None
+    return max(0, free_slots) - 1 + math.floor(mu * max_wait_s + 1e-9)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantLoad:
+    """A tenant's side of a job's wait: its concurrency cap, its jobs in flight now, and its
+    own queued jobs ahead of the job (which take its slots first)."""
+
+    cap: int
+    inflight: int
+    ahead: int
+
+    @property
+    def excess(self) -> int:
+        """Own jobs that must finish before the job has a slot under the cap (0: it has one)."""
+        return max(0, self.inflight + self.ahead - max(1, self.cap) + 1)
+
+
+def tenant_rate(cap: int, capacity: int, mean_service_s: float) -> float:
+    """Jobs/s one tenant can finish: its cap (never more than the pool) over the mean service
+    time; 0 when nothing is served."""
+    if capacity <= 0 or mean_service_s <= 0:
+        return 0.0
+    return min(max(1, cap), capacity) / mean_service_s
+
+
+def tenant_wait_s(load: TenantLoad, tenant_rate: float) -> float:
+    """Expected wait for a slot under the tenant's own cap: its ``excess`` jobs finish at its
+    ``tenant_rate``. 0 while it is under its cap; infinite when nothing is served."""
+    if load.excess == 0:
+        return 0.0
+    if tenant_rate <= 0:
+        return math.inf
+    return load.excess / tenant_rate
+
+
+def expected_wait_s(
+    position: int,
+    free_slots: int,
+    mu: float,
+    *,
+    tenant: TenantLoad,
+    capacity: int,
+    mean_service_s: float,
+) -> float:
+    """Expected wait of a queued job: it starts once the pool has a slot for it AND its tenant
+    has one under its cap, so the later of the two.
+
+    - The pool: ``position`` jobs ahead, ``free_slots`` free, draining at ``mu`` jobs/s
+      (``estimated_wait_s``). It counts every job ahead, even those of tenants at their cap
+      that will not start first: an overestimate there, never an underestimate.
+    - The tenant: with ``r`` jobs in flight, ``q`` of its own queued ahead and cap ``c``, it
+      adds nothing while ``r + q < c``; otherwise ``r + q - c + 1`` of its own jobs must
+      finish first, at its rate ``min(c, capacity) / mean_service_s`` (``tenant_wait_s``).
+      A running job counts as a whole service time: the model keeps no ages.
+    """
+    rate = tenant_rate(tenant.cap, capacity, mean_service_s)
+    return max(estimated_wait_s(position, free_slots, mu), tenant_wait_s(tenant, rate))
+
+
+def latest_useful_excess(max_wait_s: float, tenant_rate: float) -> int | None:
+    """The tenant-side twin of ``latest_useful_position``: the most own jobs that may still
+    have to finish before a job's slot frees for it to start within ``max_wait_s`` (the
+    largest ``k`` with ``k / tenant_rate <= max_wait_s``). None when nothing is served."""
+    if tenant_rate <= 0:
+        return None
+    return math.floor(tenant_rate * max_wait_s + 1e-9)

@@ -1,0 +1,98 @@
+"""The batch feeder: admits waiting batch items into their tier's live queue as room allows.
+
+Run by the leading dispatcher (``Dispatcher.run_once``, at most every ``FEED_PERIOD_S``).
+Each round walks the batches that hold waiting items, oldest first, and for each admits its
+next items one by one with the index's atomic ``admit`` under the tier's bound and the
+tenant's queued quota, the same live figures a submit is admitted under (``jobs.fleet.pool``):
+a batch can fill its own tenant's quota, never the tier, so other tenants' submits keep their
+room and their wait. The first refusal ends that batch's turn. Admitted items then move
+``waiting → queued`` in one UPDATE, with ``enqueued_at`` and the order key of the admission:
+their ageing starts then, not at the upload.
+
+Commit point: the SQL UPDATE. Interrupted before it, the index holds entries of rows still
+``waiting``: the dispatcher drops such an entry when it pops it (its claim finds no queued
+row), and the item is fed again later. After it, a queued row the index lost is indexed
+again by the reconciler. Everything the feeder needs is in SQL, so it survives restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from jobs.fleet import pool
+from jobs.index.base import IndexedJob
+from jobs.process.runtime import Runtime
+from jobs.store import batches as repo
+from jobs.store import repository
+
+logger = logging.getLogger("tierq.batch_feeder")
+
+FEED_PERIOD_S = 0.1
+# Batches looked at per round, and items admitted per round in all: bounded upkeep (each
+# admit is one Redis round trip, and the round holds up the dispatch that follows it).
+BATCHES_PER_ROUND = 50
+ITEMS_PER_ROUND = 200
+
+
+@dataclass
+class FeedStats:
+    admitted: int = 0
+    batches: int = 0
+
+
+@dataclass
+class BatchFeeder:
+    runtime: Runtime
+    # The last round found waiting items: the dispatcher comes back within a feed period
+    # rather than sleeping until a ring, so a drained quota is refilled at once.
+    pending: bool = False
+
+    def run_once(self, now: float) -> FeedStats:
+        stats = FeedStats()
+        with self.runtime.sessions() as session:
+            batch_ids = repo.batches_with_waiting(session, limit=BATCHES_PER_ROUND)
+        self.pending = bool(batch_ids)
+        if not batch_ids:
+            return stats
+        figures = pool.live_pool(self.runtime, now=now)
+        full: set[str] = set()  # tenants (and tiers, as "tier:<name>") refused this round
+        for batch_id in batch_ids:
+            budget = ITEMS_PER_ROUND - stats.admitted
+            if budget <= 0:
+                break
+            stats.batches += 1
+            stats.admitted += self._feed(batch_id, figures, now, full, budget)
+        if stats.admitted:
+            logger.info("batch.fed", extra={"event": "batch.fed", "count": stats.admitted,
+                                            "batches": stats.batches})
+        return stats
+
+    def _feed(
+        self, batch_id: str, figures: pool.PoolFigures, now: float, full: set[str],
+        budget: int,
+    ) -> int:
+        with self.runtime.sessions() as session:
+            items = repo.next_waiting(session, batch_id, limit=budget)
+            tenant = repository.get_tenant(session, items[0].tenant_id) if items else None
+        if not items or tenant is None or tenant.id in full or f"tier:{items[0].tier}" in full:
+            return 0
+        tier = items[0].tier
+        if tier not in figures.bounds:  # a tier no longer served: its items stay waiting
+            return 0
+        bound = figures.bounds[tier]
+        quota = tenant.max_queued if tenant.max_queued is not None else figures.quotas[tier]
+        order_key = self.runtime.policy.order_key(tier, now)
+        admitted: list[str] = []
+        for item in items:
+            outcome = self.runtime.index.admit(
+                IndexedJob(job_id=item.job_id, tenant=tenant.id, tier=tier,
+                           order_key=order_key),
+                bound=bound, tenant_quota=quota,
+            )
+            if not outcome.accepted and not outcome.duplicate:
+                full.add(tenant.id if outcome.reason == "tenant_limit" else f"tier:{tier}")
+                break
+            admitted.append(item.job_id)
+        with self.runtime.sessions.begin() as session:
+            return repo.admit_items(session, admitted, order_key=order_key, now=now)

@@ -1,0 +1,234 @@
+"""The reconciler: the dispatch index converges to SQL all the time, not only at leadership.
+
+Every change that spans SQL and Redis is two steps, and either can be interrupted after the
+other succeeded (a crash, a Redis or SQL error, a deposed leader). The steps are ordered so
+that what an interruption leaves is one of a few states this loop recognises and repairs
+(``docs/states.md`` names the commit point of each transition). The leader runs
+``run_once`` every ``RECONCILE_PERIOD_S``, fenced with its token; each round is bounded:
+
+1. **epoch**: SQL and Redis hold the same epoch, advanced every round (SQL first). A Redis
+   that lost its data has none; one restored from an older snapshot has an older one. Either
+   way the round is a full pass instead (``jobs.dispatch.rebuild``), and the epochs agree again.
+2. **in flight without a lease**: dispatched and running rows (few: at most the pool's
+   slots, plus what needs repair), walked by id, ``IN_FLIGHT_BATCH`` a round, whose attempt
+   holds no lease — the lease was reaped while the row moved, or lost with Redis — are
+   decided as a lapsed lease is (``jobs.dispatch.recovery``). A running row with a cancel request
+   gets its lease flagged (``flag_cancel``), in case the API was interrupted between its
+   commit and its flag: the worker learns of the cancel with its next renewal.
+3. **queued but not indexed**: queued rows whose last change settled more than
+   ``QUEUED_GRACE_S`` ago, walked by ``(updated_at, id)`` from a cursor, ``QUEUED_BATCH`` a
+   round, that the index does not hold at their attempt are indexed again. The walk starts
+   over from the oldest every ``FULL_SWEEP_S``, so a row whose commit landed late is found.
+4. **entries without a live row**: the index's entries, walked with a cursor,
+   ``ENTRY_BATCH`` a round; an entry whose row is terminal, or absent past the grace of an
+   uncommitted submit, is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from jobs.core.domain import Job
+from jobs.core.states import Status
+from jobs.dispatch.rebuild import IN_FLIGHT, RebuildStats, may_be_uncommitted, rebuild
+from jobs.dispatch.recovery import check_lead, indexed, recover
+from jobs.index.base import Entry, IndexedJob
+from jobs.process.runtime import Runtime
+from jobs.store import repository
+
+logger = logging.getLogger("tierq.reconciler")
+
+RECONCILE_PERIOD_S = 2.0
+# A queued row changed this recently may still be on its way into the index (its writer
+# indexes it right after the commit): not a repair yet.
+QUEUED_GRACE_S = 10.0
+FULL_SWEEP_S = 300.0
+IN_FLIGHT_BATCH = 1000
+QUEUED_BATCH = 1000
+ENTRY_BATCH = 1000
+
+
+@dataclass
+class ReconcileStats:
+    # The round was a full pass (first round, index lost its data or is from an old snapshot).
+    full: bool = False
+    # In-flight rows whose attempt held no lease: re-queued, failed or expired.
+    orphans_recovered: int = 0
+    # Queued rows the index did not hold: indexed again.
+    reindexed: int = 0
+    # Index entries of terminal or absent rows: removed.
+    removed: int = 0
+
+    @property
+    def repairs(self) -> int:
+        return self.orphans_recovered + self.reindexed + self.removed
+
+
+@dataclass
+class Reconciler:
+    runtime: Runtime
+    _queued_cursor: tuple[float, str] | None = field(default=None, init=False)
+    _sweep_started: float = field(default=float("-inf"), init=False)
+    _flight_cursor: str = field(default="", init=False)
+    _entry_cursor: int = field(default=0, init=False)
+    # The epoch this process last wrote to the index: an index that shows another one came
+    # back from an older snapshot (or was changed by ``tierq repair``) since.
+    written: str | None = field(default=None, init=False)
+
+    def run_once(
+        self,
+        now: float,
+        *,
+        fence: str | None = None,
+        keep_lead: Callable[[], None] | None = None,
+    ) -> ReconcileStats:
+        stats = ReconcileStats()
+        if self._epoch_is_stale():
+            self.full_pass(now, fence=fence, keep_lead=keep_lead)
+            stats.full = True
+            return stats
+        self._in_flight(now, fence, stats)
+        self._queued(now, fence, stats)
+        self._entries(now, fence, stats)
+        if stats.repairs:
+            logger.warning("index.repaired", extra={"event": "index.repaired", **asdict(stats)})
+        return stats
+
+    def full_pass(
+        self, now: float, *, fence: str | None = None, keep_lead: Callable[[], None] | None = None
+    ) -> RebuildStats:
+        """Rebuild from SQL, then make the epochs agree (SQL first: an interruption between
+        the two leaves them different, and the next round passes in full again)."""
+        with self.runtime.sessions.begin() as session:
+            before = repository.index_epoch(session)
+        if keep_lead is None:
+            stats = rebuild(self.runtime, now, fence=fence)
+        else:
+            stats = rebuild(self.runtime, now, fence=fence, keep_lead=keep_lead)
+        self._advance(before, fence)
+        # The pass indexed every row it read; the walk resumes where a row could have
+        # changed after its read.
+        self._queued_cursor, self._sweep_started = (now - QUEUED_GRACE_S, ""), now
+        return stats
+
+    # -- 1. the epoch --------------------------------------------------------------------
+
+    def _epoch_is_stale(self) -> bool:
+        """True when the index's epoch is not SQL's; else advance both by one."""
+        with self.runtime.sessions.begin() as session:
+            epoch = repository.index_epoch(session)
+        found = self.runtime.index.generation()
+        if epoch is None or found != str(epoch):
+            # None in SQL: the first round ever. None in Redis: it lost its data. Another
+            # value: it came back from an older snapshot (or a replica that lagged).
+            event = ("index.epoch_new" if epoch is None else
+                     "index.lost" if found is None else "index.from_old_snapshot")
+            logger.warning(event, extra={"event": event, "sql_epoch": epoch,
+                                         "index_epoch": found})
+            return True
+        self._advance(epoch, None)
+        return False
+
+    def _advance(self, epoch: int | None, fence: str | None) -> None:
+        new = (epoch or 0) + 1
+        with self.runtime.sessions.begin() as session:
+            moved = repository.advance_epoch(session, expected=epoch, epoch=new)
+        if moved:
+            self.runtime.index.set_generation(str(new), fence=fence)
+            self.written = str(new)
+
+    # -- 2. in flight without a lease ----------------------------------------------------
+
+    def _in_flight(self, now: float, fence: str | None, stats: ReconcileStats) -> None:
+        with self.runtime.sessions() as session:
+            jobs = repository.jobs_after(
+                session, IN_FLIGHT, after=self._flight_cursor, limit=IN_FLIGHT_BATCH
+            )
+        self._flight_cursor = jobs[-1].id if len(jobs) == IN_FLIGHT_BATCH else ""
+        held = self.runtime.index.entries_of([job.id for job in jobs])
+        orphans = [job for job in jobs if not _holds_lease(held.get(job.id), job)]
+        for job in jobs:
+            if job.cancel_requested and job.status is Status.RUNNING and job not in orphans:
+                # The API flags the lease after its commit; an interruption in between
+                # leaves the request in SQL only. Flagging twice changes nothing.
+                self.runtime.index.flag_cancel(job.id, attempt=job.attempt)
+        if not orphans:
+            return
+        entries: list[IndexedJob] = []
+        with self.runtime.sessions.begin() as session:
+            check_lead(session, fence)  # a successor's own round decides, not this one
+            for job in orphans:
+                outcome = recover(session, job, now)
+                if outcome.entry is not None:
+                    entries.append(outcome.entry)
+                if outcome.requeued or outcome.failed or outcome.expired:
+                    stats.orphans_recovered += 1
+                    logger.warning("job.orphan_recovered", extra={
+                        "event": "job.orphan_recovered", "job_id": job.id,
+                        "status": job.status.value, "attempt": job.attempt,
+                    })
+        self.runtime.index.requeue_many(entries, fence=fence)
+
+    # -- 3. queued but not indexed -------------------------------------------------------
+
+    def _queued(self, now: float, fence: str | None, stats: ReconcileStats) -> None:
+        with self.runtime.sessions() as session:
+            jobs = repository.settled_queued(
+                session, after=self._queued_cursor, until=now - QUEUED_GRACE_S,
+                limit=QUEUED_BATCH,
+            )
+        if jobs:
+            last = jobs[-1]
+            self._queued_cursor = (last.updated_at or 0.0, last.id)
+        if len(jobs) < QUEUED_BATCH and now - self._sweep_started >= FULL_SWEEP_S:
+            self._queued_cursor, self._sweep_started = None, now  # start over from the oldest
+        held = self.runtime.index.entries_of([job.id for job in jobs])
+        missing = [job for job in jobs if not _holds_entry(held.get(job.id), job)]
+        if not missing:
+            return
+        stats.reindexed += self.runtime.index.requeue_many(
+            (indexed(job) for job in missing), fence=fence
+        )
+        for job in missing:
+            logger.warning("job.reindexed", extra={
+                "event": "job.reindexed", "job_id": job.id, "attempt": job.attempt})
+
+    # -- 4. entries without a live row ---------------------------------------------------
+
+    def _entries(self, now: float, fence: str | None, stats: ReconcileStats) -> None:
+        self._entry_cursor, entries = self.runtime.index.scan_entries(
+            self._entry_cursor, ENTRY_BATCH
+        )
+        if not entries:
+            return
+        with self.runtime.sessions() as session:
+            rows = repository.get_jobs(session, (entry.job_id for entry in entries))
+        index, stale = self.runtime.index, []
+        for entry in entries:
+            job = rows.get(entry.job_id)
+            if job is not None and job.status is Status.QUEUED and entry.attempt < job.attempt:
+                stale.append(indexed(job))  # an earlier attempt's entry: the row's replaces it
+            elif (job is None and not may_be_uncommitted(entry.job_id, now)) or (
+                job is not None and job.terminal
+            ):
+                if entry.leased:
+                    index.release(entry.job_id, attempt=entry.attempt, fence=fence)
+                else:
+                    index.cancel(entry.job_id, fence=fence)
+                stats.removed += 1
+        stats.reindexed += index.requeue_many(stale, fence=fence)
+
+
+def _holds_lease(entry: Entry | None, job: Job) -> bool:
+    """The in-flight attempt holds its lease (or the index already has a later entry)."""
+    if entry is None:
+        return False
+    return entry.attempt > job.attempt or (entry.attempt == job.attempt and entry.leased)
+
+
+def _holds_entry(entry: Entry | None, job: Job) -> bool:
+    """The index holds this queued attempt (queued, delayed or already leased) or a later one."""
+    return entry is not None and entry.attempt >= job.attempt
+

@@ -1,0 +1,1 @@
+"""The worker side without Celery: one attempt of a job, its lease, the handler contract."""

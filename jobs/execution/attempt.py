@@ -1,0 +1,509 @@
+"""The worker side of a job: start it, keep its lease, run its handler, record how it ended.
+
+Celery-free: the ``tierq.run_job`` task only unpacks ``(job_id, attempt)`` and calls
+``execute``. Every state change is a compare-and-set on ``(status, attempt)``, so a
+duplicated or stale message, or a late result after the lease was reaped, changes nothing.
+
+- The start is one statement (``repository.start``: dispatched → running, returning the
+  row). Work nobody will collect is not computed: a cancel request or a passed ``start_by``
+  makes the start not happen, and the job ends (``cancelled``/``expired``) without its
+  handler running; only then is the row read.
+- Right after the start, one round trip renews this attempt's lease and announces the start.
+  A lease that is gone (reaped while the message waited in the broker, or lost with Redis)
+  means the start is undone: the job goes back to the queue by compare-and-set, uncharged,
+  instead of being run by a worker nobody accounts for.
+- While the handler runs, a heartbeat thread renews the lease (``jobs.execution.leases``); the
+  renewal
+  also tells of a cancel request, so a running job costs SQL nothing. A failed renewal marks
+  the lease lost.
+- A lease is released only after a state change of *this* attempt succeeded, and release
+  names the attempt: a stale call never touches the next attempt's lease. The release also
+  rings the doorbell, so the dispatcher fills the slot at once, and announces the change
+  (``jobs.index.notify``), so long-polls of the job wake: one round trip. Every other state change
+  is announced after its commit on its own.
+- A worker told to stop hands back the jobs it cannot finish within its grace
+  (``hand_back_running``, called by ``workers.stopping``): each handler is asked to stop as a
+  cancel asks, and the job goes back to the queue as a new attempt, uncharged, keeping its
+  place in line, instead of being killed and found by the reaper a lease TTL later.
+- ``max_attempts`` counts starts: a retry after the last allowed start, or one that could
+  only start after ``start_by``, ends the job ``failed`` (``started_at`` kept), never a
+  silent expiry.
+- SQL that cannot be reached is waited out, not given up on: every read and compare-and-set
+  is retried with backoff while the lease is kept renewed (by hand before the job starts,
+  by the heartbeat after), until SQL answers or the lease is lost. A result in hand is never
+  thrown away because the database blinked; were the lease lost meanwhile, the CAS on
+  ``attempt`` rejects the late write.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from sqlalchemy.orm import Session
+
+from jobs.blobs.records import store_blob
+from jobs.blobs.store import BlobStore, store_url
+from jobs.core.domain import Job
+from jobs.core.histograms import StartFigures
+from jobs.core.policy import retry_backoff_s
+from jobs.core.states import NEW_ATTEMPT, Status
+from jobs.execution.handlers import (
+    HandlerRegistry,
+    JobCancelled,
+    JobContext,
+    LeaseLost,
+    RetryableError,
+    WorkerStopping,
+)
+from jobs.execution.leases import CANCEL_POLL_S, Heartbeat, LeaseKeeper, SqlUnreachable, retry_sql
+from jobs.index import notify, wake
+from jobs.index.base import IndexedJob
+from jobs.process.runtime import Runtime
+from jobs.store import repository
+
+logger = logging.getLogger("tierq.worker")
+
+SUCCEEDED, FAILED, CANCELLED, EXPIRED = "succeeded", "failed", "cancelled", "expired"
+REQUEUED, STALE, HANDED_BACK = "requeued", "stale", "handed_back"
+
+__all__ = ["CANCEL_POLL_S", "Heartbeat", "execute", "hand_back_running"]
+
+# Stored error texts are cut to this length.
+MAX_ERROR_CHARS = 4000
+Clock = Callable[[], float]
+
+
+def execute(
+    runtime: Runtime,
+    registry: HandlerRegistry,
+    job_id: str,
+    attempt: int,
+    *,
+    worker_id: str,
+    clock: Clock | None = None,
+) -> str:
+    """Run attempt ``attempt`` of job ``job_id``; return the outcome (see module constants).
+    ``clock``: a virtual clock for tests (default: the runtime's, Redis's)."""
+    return _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock).run(registry)
+
+
+class _Running:
+    """The handlers running in this process, so that a stopping worker can reach them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._contexts: dict[int, JobContext] = {}  # by identity: equal contexts may coexist
+
+    def add(self, ctx: JobContext) -> None:
+        with self._lock:
+            self._contexts[id(ctx)] = ctx
+
+    def discard(self, ctx: JobContext) -> None:
+        with self._lock:
+            self._contexts.pop(id(ctx), None)
+
+    def hand_back_all(self) -> int:
+        with self._lock:
+            contexts = list(self._contexts.values())
+        for ctx in contexts:
+            ctx.mark_handed_back()
+        return len(contexts)
+
+
+_RUNNING = _Running()
+
+
+def hand_back_running() -> int:
+    """Ask every job running in this process to stop and go back to the queue, uncharged;
+    returns how many were asked."""
+    return _RUNNING.hand_back_all()
+
+
+def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
+    """Gave up on SQL: the lease lapses and the reaper runs the job again."""
+    logger.error("job.sql_gave_up", extra={
+        "event": "job.sql_gave_up", "job_id": job_id, "attempt": attempt, "step": step})
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ending:
+    """How the handler ended: one of SUCCEEDED, FAILED, CANCELLED, "retry", "lease_lost",
+    "handback"."""
+
+    kind: str
+    result: Any = None
+    error: str | None = None
+
+
+class _Attempt:
+    """One attempt of one job, dispatched to this worker."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        job_id: str,
+        attempt: int,
+        *,
+        worker_id: str,
+        clock: Clock | None,
+    ) -> None:
+        self.runtime = runtime
+        self.job_id = job_id
+        self.attempt = attempt
+        self.job: Job | None = None  # the row, once read or started
+        self.worker_id = worker_id
+        self.clock: Clock = clock or runtime.clock
+        self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
+        self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)
+        # Says whether to keep waiting for SQL: the keeper before the start, the heartbeat
+        # while the job runs and until its outcome is recorded.
+        self._holds_lease: Callable[[], bool] = self._keeper.renew
+
+    def run(self, registry: HandlerRegistry) -> str:
+        try:
+            return self._run(registry)
+        except SqlUnreachable:
+            _log_unrecorded(self.job_id, self.attempt, "record")
+            return STALE
+
+    def _run(self, registry: HandlerRegistry) -> str:
+        job = self._start()
+        if job is None:
+            return self._not_started()
+        self.job = job
+        self._log(logging.DEBUG, "job.started", kind=job.kind,
+                  wait_s=None if job.started_at is None else job.started_at - job.enqueued_at)
+        ctx = JobContext(
+            job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
+        )
+        heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock)
+        # The lease is checked after the start, in the round trip that announces it: one
+        # reaped while the message waited in the broker (or lost with Redis) means the
+        # handler must not run, and the start is undone.
+        heartbeat.renew_now(announce=True, start=start_figures(job))
+        if ctx.lease_lost():
+            return self._hand_back(Status.RUNNING)
+        heartbeat.start()
+        self._holds_lease = heartbeat.holds_lease
+        _RUNNING.add(ctx)
+        try:
+            ending = _call_handler(registry, ctx, job)
+            return self._finish(ending, heartbeat)
+        finally:
+            _RUNNING.discard(ctx)
+            heartbeat.stop()
+
+    def _start(self) -> Job | None:
+        """Dispatched → running, returning the row: one statement. Waits out a database
+        outage while the lease is held; after a retry, a start that already landed (the
+        COMMIT's answer was lost) is found by reading the row back."""
+        retried = [False]
+
+        def start() -> Job | None:
+            with self.runtime.sessions.begin() as session:
+                job = repository.start(
+                    session, self.job_id, attempt=self.attempt, now=self.clock()
+                )
+                if job is None and retried[0]:
+                    current = repository.get_job(session, self.job_id)
+                    if (current is not None and current.status is Status.RUNNING
+                            and current.attempt == self.attempt):
+                        return current
+                return job
+
+        def keep_trying() -> bool:
+            retried[0] = True
+            return self._holds_lease()
+
+        return retry_sql(start, keep_trying=keep_trying, what="start", job_id=self.job_id)
+
+    def _read(self) -> Job | None:
+        def read() -> Job | None:
+            with self.runtime.sessions() as session:
+                return repository.get_job(session, self.job_id)
+
+        return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
+
+    def _not_started(self) -> str:
+        """The start did not happen: a copy of a message, a job moved on, or one that must not
+        compute (cancel requested, ``start_by`` passed), which ends without running."""
+        job = self._read()
+        if job is None or job.status is not Status.DISPATCHED or job.attempt != self.attempt:
+            return self._stale(job)
+        self.job = job
+        return self._before_start(job) or self._stale(job)
+
+    def _stale(self, job: Job | None) -> str:
+        logger.info(
+            "job.stale",
+            extra={
+                "event": "job.stale", "job_id": self.job_id, "attempt": self.attempt,
+                "worker_id": self.worker_id, "status": None if job is None else job.status.value,
+                "current_attempt": None if job is None else job.attempt,
+            },
+        )
+        return STALE
+
+    def _hand_back(self, src: Status, reason: str = "lease gone before the start") -> str:
+        """Give a job whose lease is gone back to the queue before its handler ran: a new
+        attempt, not charged (a start just made is undone; ``started_at`` is cleared when it
+        was the first start, else the earlier start's time is not known here and stays the
+        latest). The CAS decides against the reaper doing the same; whoever moves the row
+        indexes it (else the reconciler will)."""
+        job = self._job
+        uncharge: dict[str, Any] = {}
+        if src is Status.RUNNING:
+            starts = max(0, job.starts - 1)
+            uncharge = {"starts": starts}
+            if starts == 0:
+                uncharge["started_at"] = None
+        if not self._transition(src, Status.QUEUED, **uncharge):
+            self._log(logging.INFO, "job.stale", reason="lease gone, job moved on")
+            return STALE
+        try:
+            self.runtime.index.requeue(_entry(job, attempt=job.attempt + 1))
+        except redis.RedisError:
+            self._log(logging.ERROR, "job.requeue_failed", exc_info=True)
+        self._ring()
+        self._log(logging.WARNING, "job.handed_back", reason=reason)
+        return HANDED_BACK
+
+    @property
+    def _job(self) -> Job:
+        assert self.job is not None, "the row is read before any state change"
+        return self.job
+
+    def _before_start(self, job: Job) -> str | None:
+        """Cancelled or expired before it started: end it without computing anything."""
+        if job.cancel_requested:
+            dst = Status.CANCELLED
+        elif job.start_by is not None and self.clock() >= job.start_by:
+            dst = Status.EXPIRED
+        else:
+            return None
+        if not self._transition(Status.DISPATCHED, dst, announce=False):  # the release does
+            self._log(logging.INFO, "job.stale", reason="not dispatched any more")
+            return STALE
+        self._release(dst)
+        self._log(logging.INFO, f"job.{dst.value}", before_start=True)
+        return dst.value
+
+    def _finish(self, ending: _Ending, heartbeat: Heartbeat) -> str:
+        """Record how the handler ended (a lease lost meanwhile: the reaper has the job)."""
+        if ending.kind == "lease_lost":
+            self._log(logging.WARNING, "job.stale", reason="lease lost")
+            return STALE
+        if ending.kind == "handback":
+            heartbeat.stop()  # the requeue replaces this attempt's lease; no renewal after it
+            return self._hand_back(Status.RUNNING, reason="worker stopping")
+        if ending.kind == "retry":
+            return self._retry(ending.error or "RetryableError", heartbeat)
+        if ending.kind == SUCCEEDED:
+            try:
+                encoded = json.dumps(ending.result, allow_nan=False, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                error = f"result is not JSON-serialisable: {describe_error(exc)}"
+                return self._end(Status.FAILED, heartbeat, error=_cut(error))
+            return self._end(Status.SUCCEEDED, heartbeat, **self._result_fields(encoded))
+        if ending.kind == FAILED:
+            return self._end(Status.FAILED, heartbeat, error=ending.error)
+        return self._end(Status.CANCELLED, heartbeat)
+
+    def _result_fields(self, encoded: str) -> dict[str, Any]:
+        """The result inline, or, when larger than ``result_inline_bytes``, stored in the
+        blob store (recorded first: ``jobs.blobs.records``) and named by ``result_blob``. A
+        blob store that fails keeps it inline: a result in hand is never thrown away."""
+        settings = self.runtime.settings
+        data = encoded.encode()
+        if len(data) <= settings.result_inline_bytes:
+            return {"result": json.loads(encoded)}
+        try:
+            store = blob_store(store_url(settings))
+            sha256 = store_blob(self.runtime.sessions, store, data, now=self.clock())
+        except Exception:
+            self._log(logging.WARNING, "job.result_blob_failed", exc_info=True,
+                      bytes=len(data))
+            return {"result": json.loads(encoded)}
+        return {"result": None, "result_blob": sha256}
+
+    def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
+        if not self._transition(Status.RUNNING, dst, announce=False, **fields):  # release does
+            self._log(logging.WARNING, "job.stale", reason="late result rejected")
+            return STALE
+        heartbeat.stop()  # no renewal may follow the release
+        self._release(dst)
+        level = logging.WARNING if dst is Status.FAILED else logging.INFO
+        self._log(level, f"job.{dst.value}", error=fields.get("error"),
+                  duration_s=self._run_time())
+        return dst.value
+
+    def _retry(self, error: str, heartbeat: Heartbeat) -> str:
+        job, policy = self._job, self.runtime.policy
+        starts = job.starts  # the row as started: this attempt's start included
+        if starts >= job.max_attempts:
+            return self._end(
+                Status.FAILED, heartbeat,
+                error=_cut(f"{error} (start {starts} of {job.max_attempts})"),
+            )
+        delay = retry_backoff_s(starts, policy.retry_backoff_s, policy.retry_backoff_max_s)
+        not_before = self.clock() + delay
+        if job.start_by is not None and not_before >= job.start_by:
+            return self._end(
+                Status.FAILED, heartbeat,
+                error=_cut(f"{error} (start {starts}; a retry could not start before the "
+                           "job's deadline, max_wait_s)"),
+            )
+        if not self._transition(Status.RUNNING, Status.QUEUED, not_before=not_before):
+            self._log(logging.WARNING, "job.stale", reason="late retry rejected")
+            return STALE
+        heartbeat.stop()
+        try:
+            # Replaces this attempt's lease atomically (the entry is the next attempt's): no
+            # release afterwards, which could drop the lease of the next attempt.
+            self.runtime.index.requeue(
+                _entry(job, attempt=job.attempt + 1, not_before=not_before)
+            )
+        except redis.RedisError:
+            self._log(logging.ERROR, "job.requeue_failed", exc_info=True)
+        self._ring()
+        self._log(logging.INFO, "job.requeued", not_before=not_before, error=error)
+        return REQUEUED
+
+    def _transition(
+        self, src: Status, dst: Status, *, announce: bool = True, **fields: Any
+    ) -> bool:
+        """The CAS, waiting out a database outage while the lease is held. After a retry, a
+        CAS that finds its own change already made (the commit landed, its answer was lost)
+        counts as done."""
+        job, retried = self._job, [False]
+
+        def cas() -> bool:
+            with self.runtime.sessions.begin() as session:
+                if retried[0] and _landed(session, job, src, dst):
+                    return True
+                return repository.transition(
+                    session, job.id, src=src, attempt=job.attempt, dst=dst,
+                    now=self.clock(), **fields,
+                )
+
+        def keep_trying() -> bool:
+            retried[0] = True
+            return self._holds_lease()
+
+        moved = retry_sql(cas, keep_trying=keep_trying, what=f"{src.value}->{dst.value}",
+                          job_id=job.id)
+        if moved and announce:
+            self._announce()
+        return moved
+
+    def _run_time(self) -> float | None:
+        """Seconds since this attempt started (the ``duration_s`` of its ending)."""
+        started = self._job.started_at
+        return None if started is None else round(max(0.0, self.clock() - started), 6)
+
+    def _announce(self) -> None:
+        """After a commit: wake long-polls of this job (best effort)."""
+        notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [self.job_id])
+
+    def _release(self, outcome: Status) -> None:
+        """After an ending's commit: release, wake the dispatcher, announce the change and
+        count the outcome, one round trip. Best effort: a lease that cannot be released now
+        expires and is reaped (a lost announcement costs a long-poll its safety-net period,
+        a lost count one job in ``tierq_jobs_entered_total``)."""
+        try:
+            self.runtime.index.release(
+                self.job_id, attempt=self.attempt, ring=True, announce=True,
+                outcome=outcome.value,
+            )
+        except redis.RedisError:
+            self._log(logging.WARNING, "job.release_failed", exc_info=True)
+
+    def _ring(self) -> None:
+        try:
+            wake.ring(self.runtime.redis, self.runtime.settings.key_prefix)
+        except redis.RedisError:
+            self._log(logging.WARNING, "dispatcher.ring_failed", exc_info=True)
+
+    def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
+        _log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)
+
+
+@functools.lru_cache(maxsize=4)
+def blob_store(url: str) -> BlobStore:
+    """One store per URL and process: results are written where documents are read."""
+    return BlobStore(url)
+
+
+def start_figures(job: Job) -> StartFigures | None:
+    """The queue wait (started - enqueued) and dispatch latency (started - dispatched) of a
+    start, as recorded with the renewal that announces it."""
+    if job.started_at is None:
+        return None
+    dispatch_s = None if job.dispatched_at is None else job.started_at - job.dispatched_at
+    return StartFigures(wait_s=job.started_at - job.enqueued_at, dispatch_s=dispatch_s)
+
+
+def _entry(job: Job, *, attempt: int, not_before: float | None = None) -> IndexedJob:
+    return IndexedJob(
+        job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
+        start_by=job.start_by, not_before=not_before, attempt=attempt,
+    )
+
+
+def _landed(session: Session, job: Job, src: Status, dst: Status) -> bool:
+    """This attempt's move to ``dst`` is already in the row (a new attempt for a requeue)."""
+    current = repository.get_job(session, job.id)
+    if current is None or current.status is not dst:
+        return False
+    expected = job.attempt + 1 if (src, dst) in NEW_ATTEMPT else job.attempt
+    return current.attempt == expected
+
+
+def _call_handler(registry: HandlerRegistry, ctx: JobContext, job: Job) -> _Ending:
+    """Run the handler; turn every way it can end into an ``_Ending``."""
+    try:
+        payload = registry.validate(job.kind, job.payload)
+        result = registry.get(job.kind).run(ctx, payload)
+    except LeaseLost:
+        return _Ending(kind="lease_lost")
+    except WorkerStopping:
+        return _Ending(kind="handback")
+    except JobCancelled:
+        return _Ending(kind=CANCELLED)
+    except Exception as exc:
+        if ctx.handed_back():  # most likely interrupted by the stop: another worker retries
+            return _Ending(kind="handback")
+        if ctx.cancelled():  # most likely interrupted by the cancel; a retry would be wasted
+            return _Ending(kind=CANCELLED)
+        if isinstance(exc, RetryableError):
+            return _Ending(kind="retry", error=describe_error(exc))
+        _log_job(logging.WARNING, "job.handler_error", job, exc_info=True)
+        return _Ending(kind=FAILED, error=describe_error(exc))
+    if ctx.cancelled():
+        return _Ending(kind=CANCELLED)
+    return _Ending(kind=SUCCEEDED, result=result)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"<ExceptionType>: <message>"``: what is stored and shown; the traceback is logged."""
+    text = str(exc)
+    return _cut(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def _log_job(level: int, event: str, job: Job, *, exc_info: bool = False, **fields: Any) -> None:
+    extra = {
+        "event": event, "job_id": job.id, "tenant": job.tenant_id, "tier": job.tier,
+        "attempt": job.attempt, **fields,
+    }
+    logger.log(level, event, extra=extra, exc_info=exc_info)

@@ -1,0 +1,219 @@
+"""Keeping a job's lease from the worker's side, and waiting out a database outage under it.
+
+A worker holds a job only as long as its lease lives: ``Heartbeat`` renews it while the
+handler runs (and learns of a cancel request or a reaped lease from the renewal);
+``LeaseKeeper`` renews it by hand while the worker waits for SQL before the job has
+started. ``retry_sql`` retries a read or compare-and-set with backoff while SQL cannot be
+reached, for as long as the lease is held: a result in hand is recorded once the database
+is back, not thrown away. Once the lease is lost, the reaper owns the job, and the CAS on
+``attempt`` rejects any late write.
+
+A lease belongs to one attempt: every renewal names it, so a zombie of an earlier attempt
+can never keep the next attempt's lease alive, and once lost a lease is never renewed again.
+Expiries are computed by the index on Redis's clock (a ``clock`` given here is a virtual one,
+for tests); the intervals between renewals are measured with ``time.monotonic()``, so a host
+whose wall clock jumps or is skewed changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+import sqlalchemy.exc
+import tenacity
+
+from jobs.core.errors import TierqError
+from jobs.core.histograms import StartFigures
+from jobs.execution.handlers import JobContext
+from jobs.index.base import Renewal
+from jobs.process.runtime import Runtime
+
+logger = logging.getLogger("tierq.worker")
+
+# How often a running job's lease is renewed, at most, and so how soon it sees a cancel.
+CANCEL_POLL_S = 1.0
+# Backoff between tries of a read or CAS while SQL cannot be reached.
+SQL_RETRY_MIN_S = 0.1
+SQL_RETRY_MAX_S = 2.0
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+
+
+class SqlUnreachable(TierqError):
+    """SQL stayed unreachable until the lease was lost: the reaper has the job now."""
+
+
+def is_sql_outage(exc: BaseException) -> bool:
+    """Errors that mean the database cannot be reached right now (worth waiting out)."""
+    outage = (
+        sqlalchemy.exc.OperationalError,
+        sqlalchemy.exc.InterfaceError,
+        sqlalchemy.exc.TimeoutError,
+    )
+    if isinstance(exc, outage):
+        return True
+    return isinstance(exc, sqlalchemy.exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def retry_sql(call: Callable[[], T], *, keep_trying: Callable[[], bool], what: str,
+              job_id: str) -> T:
+    """``call()``, tried again with backoff while SQL cannot be reached and
+    ``keep_trying()`` (asked after each failure: it renews or checks the lease) says so;
+    raises ``SqlUnreachable`` once it says no. The first try runs bare: the retry machinery
+    is built only once the database has failed (it costs more than a statement)."""
+    try:
+        return call()
+    except Exception as exc:
+        if not is_sql_outage(exc):
+            raise
+        first = exc
+    _log_sql_wait(job_id, what, 1)
+    if not keep_trying():
+        raise SqlUnreachable(f"{what}: the database stayed unreachable") from first
+    time.sleep(SQL_RETRY_MIN_S)
+
+    def log_wait(state: tenacity.RetryCallState) -> None:
+        _log_sql_wait(job_id, what, state.attempt_number + 1)
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_sql_outage),
+        wait=tenacity.wait_exponential(multiplier=SQL_RETRY_MIN_S, max=SQL_RETRY_MAX_S),
+        stop=lambda _state: not keep_trying(),
+        before_sleep=log_wait,
+        reraise=True,
+    )
+    try:
+        return retrying(call)
+    except Exception as exc:
+        if is_sql_outage(exc):
+            raise SqlUnreachable(f"{what}: the database stayed unreachable") from exc
+        raise
+
+
+def _log_sql_wait(job_id: str, what: str, tries: int) -> None:
+    logger.warning("job.sql_unavailable", extra={
+        "event": "job.sql_unavailable", "job_id": job_id, "step": what, "tries": tries,
+    })
+
+
+def _virtual_now(clock: Clock | None) -> float | None:
+    return None if clock is None else clock()
+
+
+class LeaseKeeper:
+    """Renews the lease by hand while the worker waits for SQL, before the heartbeat runs.
+    ``renew`` says whether waiting longer still makes sense: the lease is held."""
+
+    def __init__(
+        self, runtime: Runtime, job_id: str, attempt: int, clock: Clock | None = None
+    ) -> None:
+        self._runtime = runtime
+        self._job_id = job_id
+        self._attempt = attempt
+        self._clock = clock
+        self._renewed_at: float | None = None
+
+    def renew(self) -> bool:
+        now = time.monotonic()
+        ttl = self._runtime.policy.lease_ttl_s
+        try:
+            renewed = self._runtime.index.renew(
+                self._job_id, attempt=self._attempt, ttl_s=ttl, now=_virtual_now(self._clock)
+            )
+        except redis.RedisError:  # Redis down too: wait as long as the lease lasts
+            return self._renewed_at is not None and now - self._renewed_at < ttl
+        if renewed:
+            self._renewed_at = now
+        return renewed
+
+
+class Heartbeat:
+    """Keeps a running job's lease alive and tells it of a cancel request.
+
+    A thread of its own renews the lease every ``min(poll_s, lease_ttl_s / 3)``; each
+    renewal also answers whether a cancel was requested (``Renewal.CANCEL_REQUESTED``: the
+    API flags the lease after recording the request in SQL), so a running job costs the
+    database nothing while it runs, and a database that hangs never holds up a renewal. A
+    renewal refused (the lease was reaped, or belongs to another attempt now) marks the lease
+    lost, and a lost lease is never renewed again.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        ctx: JobContext,
+        *,
+        clock: Clock | None = None,
+        poll_s: float = CANCEL_POLL_S,
+    ) -> None:
+        self._runtime = runtime
+        self._ctx = ctx
+        self._clock = clock
+        self._ttl = runtime.policy.lease_ttl_s
+        self.renew_every_s = min(poll_s, self._ttl / 3)
+        self._renewed_at = time.monotonic()  # the worker renewed just before the start
+        self._stopping = threading.Event()
+        self._renewer = threading.Thread(
+            target=self._loop, name=f"lease-{ctx.job_id}", daemon=True,
+        )
+
+    def start(self) -> None:
+        self._renewer.start()
+
+    def stop(self) -> None:
+        """Stop renewing; joined, so no renewal follows a release."""
+        self._stopping.set()
+        if self._renewer.is_alive():
+            self._renewer.join()
+
+    def holds_lease(self) -> bool:
+        """Not lost, and renewed within its TTL: this attempt may still record its outcome."""
+        return not self._ctx.lease_lost() and time.monotonic() - self._renewed_at < self._ttl
+
+    def renew_now(self, *, announce: bool = False, start: StartFigures | None = None) -> None:
+        """Renew at once; ``announce``: also publish that the job's status moved (the
+        worker's start), in the same round trip; ``start``: record the start's figures
+        (``jobs.index.counters``) in it too."""
+        if not self._ctx.lease_lost():
+            self._renew(time.monotonic(), announce=announce, start=start)
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.renew_every_s):
+            try:
+                self.renew_now()
+            except Exception:  # the heartbeat must outlive any one failed step
+                logger.exception(
+                    "job.heartbeat_error",
+                    extra={"event": "job.heartbeat_error", "job_id": self._ctx.job_id},
+                )
+
+    def _renew(
+        self, now: float, *, announce: bool = False, start: StartFigures | None = None
+    ) -> None:
+        try:
+            renewal = self._runtime.index.renew_checked(
+                self._ctx.job_id, attempt=self._ctx.attempt, ttl_s=self._ttl,
+                now=_virtual_now(self._clock), announce=announce, start=start,
+            )
+        except redis.RedisError:
+            self._warn("job.renew_failed", exc_info=True)
+            return
+        self._renewed_at = now
+        if renewal is Renewal.LOST:
+            self._ctx.mark_lease_lost()
+            self._warn("job.lease_lost")
+        elif renewal is Renewal.CANCEL_REQUESTED and not self._ctx.cancelled():
+            self._ctx.mark_cancelled()
+            logger.info("job.cancel_seen", extra={
+                "event": "job.cancel_seen", "job_id": self._ctx.job_id,
+                "attempt": self._ctx.attempt})
+
+    def _warn(self, event: str, *, exc_info: bool = False, **fields: Any) -> None:
+        extra = {"event": event, "job_id": self._ctx.job_id, "attempt": self._ctx.attempt}
+        logger.warning(event, extra={**extra, **fields}, exc_info=exc_info)

@@ -1,0 +1,109 @@
+"""The measured mean service time: what the pool's μ is computed from once there is data.
+
+The dispatcher refreshes it (``ServiceRateTracker.refresh``, at most every ``REFRESH_S``)
+from the run times of recently finished jobs in SQL, and publishes it in Redis with its
+sample count, so every API replica reads the same figure in one round trip
+(``read_measured``). Readers use it only once ``policy.service_samples_min`` runs back it
+(``mean_service_s``); before that the configured ``mean_service_s`` stands.
+
+The mean is exponentially weighted by recency over the last ``WINDOW`` runs (the weight halves
+every ``HALF_LIFE`` runs), so a change of workload moves μ within tens of jobs while one odd
+job moves it little.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from jobs.core.policy import Policy
+from jobs.index.keys import IndexKeys
+from jobs.process.runtime import Runtime
+from jobs.store import repository
+
+logger = logging.getLogger(__name__)
+
+WINDOW = 200
+HALF_LIFE = 50.0
+REFRESH_S = 5.0
+# A figure no dispatcher refreshed for this long is dropped: readers fall back to the
+# configured mean rather than trust a measure of a pool that may be long gone.
+STALE_AFTER_S = 600
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredMean:
+    mean_s: float
+    samples: int  # finished runs behind the figure (at most WINDOW)
+
+
+def weighted_mean(run_times_newest_first: Sequence[float], half_life: float = HALF_LIFE) -> float:
+    """Recency-weighted mean: the ``i``-th newest run weighs ``0.5 ** (i / half_life)``."""
+    if not run_times_newest_first:
+        raise ValueError("no run times to average")
+    weights = [math.pow(0.5, i / half_life) for i in range(len(run_times_newest_first))]
+    total = sum(w * max(0.0, t) for w, t in zip(weights, run_times_newest_first, strict=True))
+    return total / sum(weights)
+
+
+def mean_service_s(policy: Policy, measured: MeasuredMean | None) -> float:
+    """The mean service time to use: measured once enough runs back it, else configured.
+    A measured mean of 0 (instant jobs) is floored at 1 ms so that μ stays finite."""
+    if measured is None or measured.samples < policy.service_samples_min:
+        return policy.mean_service_s
+    return max(0.001, measured.mean_s)
+
+
+def publish(client: redis.Redis, prefix: str, measured: MeasuredMean, *, now: float) -> None:
+    key = IndexKeys(prefix).service_mean
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(key, mapping={"mean_s": repr(measured.mean_s), "samples": measured.samples,
+                            "at": repr(now)})
+    pipe.expire(key, STALE_AFTER_S)
+    pipe.execute()
+
+
+def read_measured(client: redis.Redis, prefix: str) -> MeasuredMean | None:
+    """The published figure, or None when there is none (one Redis round trip)."""
+    raw: list[Any] = client.hmget(IndexKeys(prefix).service_mean, ["mean_s", "samples"])
+    mean, samples = raw
+    if mean is None or samples is None:
+        return None
+    value = float(mean)
+    if not math.isfinite(value) or value < 0:
+        return None
+    return MeasuredMean(mean_s=value, samples=int(samples))
+
+
+@dataclass
+class ServiceRateTracker:
+    """Recomputes the measured mean from SQL at most every ``every_s`` and publishes it."""
+
+    every_s: float = REFRESH_S
+    window: int = WINDOW
+    _current: MeasuredMean | None = field(default=None, init=False)
+    _refreshed_at: float = field(default=-math.inf, init=False)
+
+    def refresh(self, runtime: Runtime, now: float) -> MeasuredMean | None:
+        """The current figure; recomputed and published when ``every_s`` has passed."""
+        if now - self._refreshed_at < self.every_s:
+            return self._current
+        with runtime.sessions() as session:
+            times = repository.recent_service_times(session, limit=self.window)
+        self._refreshed_at = now
+        if not times:
+            self._current = None
+            return None
+        measured = MeasuredMean(mean_s=round(weighted_mean(times), 6), samples=len(times))
+        publish(runtime.redis, runtime.settings.key_prefix, measured, now=now)
+        if self._current is None or abs(self._current.mean_s - measured.mean_s) > 1e-6:
+            logger.info("service_rate.measured", extra={
+                "event": "service_rate.measured", "mean_s": round(measured.mean_s, 4),
+                "samples": measured.samples})
+        self._current = measured
+        return measured

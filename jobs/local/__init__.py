@@ -1,0 +1,1 @@
+"""`tierq up`: the whole system as child processes on one machine."""

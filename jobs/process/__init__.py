@@ -1,0 +1,1 @@
+"""What every tierq process holds: its settings, its connections (the runtime) and its logs."""

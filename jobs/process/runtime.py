@@ -1,0 +1,65 @@
+"""The connections a tierq process holds, built once from settings and passed explicitly.
+
+``Runtime`` is what the API, the dispatcher and the workers share: the policy, the SQL
+engine and session factory, the Redis client and the dispatch index on it, and the clock
+(Redis's, see ``jobs.index.clock``; tests inject their own). Nothing here is created at import time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from jobs.core.policy import Policy
+from jobs.index.base import DispatchIndex
+from jobs.index.clock import ServerClock
+from jobs.index.redis_index import RedisIndex
+from jobs.process.settings import Settings
+from jobs.store.engine import make_engine, make_sessionmaker
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    policy: Policy
+    engine: Engine
+    sessions: sessionmaker[Session]
+    redis: redis.Redis
+    index: DispatchIndex
+    clock: Callable[[], float] = field(default=time.time)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Runtime:
+        engine = make_engine(settings.resolved_database_url(),
+                             pool_size=settings.database_pool_size)
+        client = redis_client(settings.resolved_redis_url())
+        index = RedisIndex(client, settings.key_prefix)
+        return cls(
+            settings=settings,
+            policy=settings.build_policy(),
+            engine=engine,
+            sessions=make_sessionmaker(engine),
+            redis=client,
+            index=index,
+            clock=ServerClock(index.now),
+        )
+
+    def close(self) -> None:
+        self.redis.close()
+        self.engine.dispose()
+
+
+def redis_client(url: str) -> redis.Redis:
+    """A client that fails fast: a dead Redis must become a 503 in seconds, not a hang."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=2,
+        socket_timeout=5,
+        health_check_interval=30,
+        retry_on_timeout=False,
+    )

@@ -1,0 +1,1 @@
+"""The API's other services: batches, tenants and the tenant cache."""

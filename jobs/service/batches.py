@@ -1,0 +1,315 @@
+"""The batch service: submit, look up, list, stream the results of, and cancel batches.
+
+A batch's items are ``jobs`` rows stored ``waiting`` in the batch's one transaction, then fed
+into the tier's live queue as room allows (``jobs.dispatch.feeder``), so a batch is never
+refused by the tier's bound and its items age from their admission, not from the upload.
+Items are validated (the kind's handler) and inserted as they are read: a bad item rolls the
+transaction back (422 naming its index, nothing stored), and what is held in memory at once
+is one chunk of rows, not the batch.
+
+An idempotency key names one batch per tenant: the same key with the same kind and items
+(compared by a sha256 of the validated items) is the same batch; other content is a 409.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.admission import submit as submission
+from jobs.admission.submit import PayloadValidator
+from jobs.core.domain import Job, Tenant
+from jobs.core.errors import (
+    Forbidden,
+    IdempotencyConflict,
+    InvalidRequest,
+    NotFound,
+    TenantLimitExceeded,
+    TierqError,
+    Unavailable,
+)
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.index import wake
+from jobs.process.runtime import Runtime
+from jobs.store import batches as repo
+from jobs.store.batches import Batch
+
+logger = logging.getLogger(__name__)
+
+# The most items one batch may hold; bigger runs are split by the client.
+MAX_BATCH_ITEMS = 100_000
+# Batches a tenant may have with items still waiting: one more is ``429 tenant_limit``
+# (``limit: "batches"``), so no tenant can park an unbounded backlog in SQL.
+MAX_OPEN_BATCHES = 20
+# Retry-After of that refusal: a batch's waiting items take a while to be fed.
+OPEN_BATCHES_RETRY_S = 30
+RESULTS_CHUNK = 500
+MAX_LIST = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSpec:
+    kind: str
+    idempotency_key: str | None = None
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmittedBatch:
+    batch: Batch
+    created: bool  # False: an earlier batch with the same idempotency key and content
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchProgress:
+    batch: Batch
+    status: str  # accepted | running | finished | cancelled
+    counts: dict[str, int]
+    finished_at: float | None
+    estimated_finish_s: float | None
+
+
+# -- submit ----------------------------------------------------------------------------------
+
+
+def submit(
+    runtime: Runtime, validator: PayloadValidator, tenant: Tenant, spec: BatchSpec,
+    items: Iterable[Any],
+) -> SubmittedBatch:
+    """Validate and store every item in one transaction, then ring the dispatcher (its feeder
+    admits the items). Raises ``InvalidRequest`` (naming the bad item), ``IdempotencyConflict``
+    or ``Forbidden``; on any of them nothing is stored."""
+    _check_tier(runtime, tenant)
+    if spec.idempotency_key is not None:
+        submission.check_text(spec.idempotency_key, ("idempotency_key",))
+        with runtime.sessions() as session:
+            existing = repo.batch_by_idempotency_key(session, tenant.id, spec.idempotency_key)
+        if existing is not None:
+            digest = _Digest(spec.kind)
+            for index, payload in enumerate(_validated(validator, spec.kind, items)):
+                digest.add(index, payload)
+            return _resubmitted(existing, spec, digest.hexdigest())
+    _check_open_batches(runtime, tenant)
+    now = runtime.clock()
+    batch = Batch(
+        id=new_job_id(now), tenant_id=tenant.id, tier=tenant.tier, kind=spec.kind, total=1,
+        max_attempts=spec.max_attempts or runtime.policy.max_attempts,
+        idempotency_key=spec.idempotency_key, content_hash="", cancelled=False, created_at=now,
+    )
+    digest = _Digest(spec.kind)
+    try:
+        with runtime.sessions.begin() as session:
+            if not repo.insert_batch(session, batch):
+                raise _KeyTaken
+            rows: list[dict[str, Any]] = []
+            for index, payload in enumerate(_validated(validator, spec.kind, items)):
+                digest.add(index, payload)
+                rows.append(repo.item_values(job_id=new_job_id(now), batch=batch, index=index,
+                                             payload=payload, now=now))
+                if len(rows) >= repo.INSERT_CHUNK:
+                    repo.insert_items(session, rows)
+                    rows = []
+            repo.insert_items(session, rows)
+            repo.set_total(session, batch.id, digest.count)
+            repo.set_content_hash(session, batch.id, digest.hexdigest())
+    except _KeyTaken:  # a concurrent submit with the same key won: compare with it
+        return _lost_race(runtime, tenant, validator, spec, items)
+    try:
+        wake.ring(runtime.redis, runtime.settings.key_prefix)
+    except submission.REDIS_OUTAGE:
+        logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"})
+    logger.info("batch.submitted", extra={"event": "batch.submitted", "batch_id": batch.id,
+                                          "tenant": tenant.id, "tier": tenant.tier,
+                                          "total": digest.count})
+    stored = Batch(**{**batch.__dict__, "total": digest.count,
+                      "content_hash": digest.hexdigest()})
+    return SubmittedBatch(batch=stored, created=True)
+
+
+class _KeyTaken(Exception):
+    """The batch's idempotency key was taken between the look-up and the insert."""
+
+
+def _check_open_batches(runtime: Runtime, tenant: Tenant) -> None:
+    with runtime.sessions() as session:
+        open_batches = repo.open_batches(session, tenant.id)
+    if open_batches >= MAX_OPEN_BATCHES:
+        raise TenantLimitExceeded(
+            f"tenant {tenant.name!r} has {open_batches} batches with items still waiting, "
+            f"the most it may have; submit more once they have entered the queue",
+            tier=tenant.tier, retry_after_s=OPEN_BATCHES_RETRY_S, queue_position=0,
+            limit="batches", open_batches=open_batches, max_open_batches=MAX_OPEN_BATCHES,
+        )
+
+
+class _Digest:
+    """sha256 of the kind and the validated items, in order; counts them too."""
+
+    def __init__(self, kind: str) -> None:
+        self._hash = hashlib.sha256(kind.encode())
+        self.count = 0
+
+    def add(self, index: int, payload: dict[str, Any]) -> None:
+        self._hash.update(b"\n" + json.dumps(payload, sort_keys=True,
+                                             separators=(",", ":")).encode())
+        self.count = index + 1
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def _validated(validator: PayloadValidator, kind: str, items: Iterable[Any]
+               ) -> Iterator[dict[str, Any]]:
+    """Each item validated by the kind's handler, its errors named by its index."""
+    count = 0
+    for index, item in enumerate(items):
+        if index >= MAX_BATCH_ITEMS:
+            raise InvalidRequest(f"a batch holds at most {MAX_BATCH_ITEMS} items; split it",
+                                 details=[{"loc": ["items", index], "msg": "too many items"}])
+        if not isinstance(item, dict):
+            raise _bad_item(index, [{"loc": ["payload"], "msg": "an item must be a JSON object"}])
+        try:
+            yield validator.validate(kind, submission.check_json(item))
+        except InvalidRequest as exc:
+            if type(exc) is not InvalidRequest:  # an unknown kind: not the item's fault
+                raise
+            raise _bad_item(index, list(exc.details.get("details") or []), exc) from None
+        count += 1
+    if count == 0:
+        raise InvalidRequest("a batch needs at least one item",
+                             details=[{"loc": ["items"], "msg": "no items"}])
+
+
+def _bad_item(index: int, details: list[Any], exc: TierqError | None = None) -> InvalidRequest:
+    inner = exc.message if exc is not None else "an item must be a JSON object"
+    located = [{**d, "loc": ["items", index, *d.get("loc", [])]} for d in details
+               if isinstance(d, dict)]
+    return InvalidRequest(f"items[{index}]: {inner}; nothing was stored", index=index,
+                          details=located or [{"loc": ["items", index], "msg": inner}])
+
+
+def _resubmitted(existing: Batch, spec: BatchSpec, content_hash: str) -> SubmittedBatch:
+    if existing.kind != spec.kind or existing.content_hash != content_hash:
+        raise IdempotencyConflict(
+            "this idempotency_key was used for a batch of another kind or items; use a new "
+            "key for new work", batch_id=existing.id, idempotency_key=existing.idempotency_key)
+    return SubmittedBatch(batch=existing, created=False)
+
+
+def _lost_race(runtime: Runtime, tenant: Tenant, validator: PayloadValidator, spec: BatchSpec,
+               items: Iterable[Any]) -> SubmittedBatch:
+    assert spec.idempotency_key is not None
+    with runtime.sessions() as session:
+        existing = repo.batch_by_idempotency_key(session, tenant.id, spec.idempotency_key)
+    if existing is None:
+        raise Unavailable("the batch with this idempotency key moved; retry")
+    digest = _Digest(spec.kind)
+    for index, payload in enumerate(_validated(validator, spec.kind, items)):
+        digest.add(index, payload)
+    return _resubmitted(existing, spec, digest.hexdigest())
+
+
+def _check_tier(runtime: Runtime, tenant: Tenant) -> None:
+    if tenant.tier not in runtime.policy.tiers:
+        raise Forbidden(f"this tenant's tier {tenant.tier!r} is not served by this deployment",
+                        tier=tenant.tier)
+
+
+# -- read ------------------------------------------------------------------------------------
+
+
+def load(runtime: Runtime, tenant: Tenant, batch_id: str) -> Batch:
+    """The tenant's batch; another tenant's is "not found" too."""
+    try:
+        canonical = submission.parse_job_id(batch_id)
+    except NotFound:
+        raise NotFound("no such batch", batch_id=batch_id) from None
+    with runtime.sessions() as session:
+        batch = repo.get_batch(session, canonical, tenant_id=tenant.id)
+    if batch is None:
+        raise NotFound("no such batch", batch_id=batch_id)
+    return batch
+
+
+def progress(runtime: Runtime, batch: Batch) -> BatchProgress:
+    with runtime.sessions() as session:
+        by_status = repo.counts(session, batch.id)
+        first_start, last_finish = repo.finished_span(session, batch.id)
+    counts = {status.value: by_status.get(status, 0) for status in Status
+              if status is not Status.DISPATCHED}
+    counts["running"] += by_status.get(Status.DISPATCHED, 0)
+    remaining = sum(n for status, n in by_status.items() if not status.terminal)
+    done = batch.total - remaining
+    if remaining == 0:
+        status = "cancelled" if batch.cancelled else "finished"
+    elif batch.cancelled:
+        status = "cancelled"
+    else:
+        status = "running" if first_start is not None or done else "accepted"
+    return BatchProgress(
+        batch=batch, status=status, counts=counts,
+        finished_at=last_finish if remaining == 0 else None,
+        estimated_finish_s=_estimate(runtime.clock(), first_start, done, remaining),
+    )
+
+
+def _estimate(now: float, first_start: float | None, done: int, remaining: int
+              ) -> float | None:
+    """Remaining items at the rate the batch has been served since its first start."""
+    if remaining == 0:
+        return 0.0
+    if first_start is None or done == 0 or now <= first_start:
+        return None
+    return round(remaining * (now - first_start) / done, 3)
+
+
+def list_batches(runtime: Runtime, tenant: Tenant, *, limit: int) -> list[BatchProgress]:
+    with runtime.sessions() as session:
+        batches = repo.list_batches(session, tenant.id, limit=min(limit, MAX_LIST))
+    return [progress(runtime, batch) for batch in batches]
+
+
+def results(runtime: Runtime, batch: Batch, *, after: int) -> Iterator[bytes]:
+    """NDJSON lines of the finished items past ``after``, in index order, read in chunks."""
+    while True:
+        with runtime.sessions() as session:
+            jobs = repo.finished_items(session, batch.id, after=after, limit=RESULTS_CHUNK)
+        for job in jobs:
+            yield (json.dumps(result_line(job), separators=(",", ":")) + "\n").encode()
+        if len(jobs) < RESULTS_CHUNK:
+            return
+        after = jobs[-1].batch_index if jobs[-1].batch_index is not None else after + 1
+
+
+def result_line(job: Job) -> dict[str, Any]:
+    line: dict[str, Any] = {"index": job.batch_index, "job_id": job.id,
+                            "status": job.status.value}
+    if job.status is Status.SUCCEEDED:
+        line["result"] = job.result
+    else:
+        line["error"] = job.error or {"cancelled": "the item was cancelled",
+                                      "expired": "the item expired before it started"
+                                      }.get(job.status.value, job.status.value)
+    return line
+
+
+# -- cancel ----------------------------------------------------------------------------------
+
+
+def cancel(runtime: Runtime, tenant: Tenant, batch: Batch) -> BatchProgress:
+    """Cancel every item not yet started: waiting ones in one statement, queued and
+    dispatched ones as single jobs are; running ones are asked to stop."""
+    with runtime.sessions.begin() as session:
+        repo.cancel_waiting(session, batch.id, now=runtime.clock())
+    with runtime.sessions() as session:
+        live = repo.live_items(session, batch.id)
+    for job in live:
+        submission.cancel(runtime, tenant, job.id)
+    logger.info("batch.cancelled", extra={"event": "batch.cancelled", "batch_id": batch.id,
+                                          "tenant": tenant.id})
+    return progress(runtime, Batch(**{**batch.__dict__, "cancelled": True}))

@@ -1,0 +1,1 @@
+"""The Alembic scripts of tierq's schema (installed as ``jobs.migrations``)."""
