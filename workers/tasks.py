@@ -26,7 +26,7 @@ from jobs.core.errors import TierqError
 from jobs.execution.attempt import FAILED, execute
 from jobs.process.runtime import Runtime
 from jobs.process.settings import Settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
 from workers.handlers import HandlerRegistry, default_registry
 
 TASK_NAME = "tierq.run_job"
@@ -105,7 +105,7 @@ def _recorded_error(runtime: Runtime, job_id: str) -> str | None:
     """The error the job was failed with: it is in SQL already (best effort, failures only)."""
     try:
         with runtime.sessions() as session:
-            job = repository.get_job(session, job_id)
+            job = jobs_sql.get_job(session, job_id)
     except sqlalchemy.exc.SQLAlchemyError:
         return None
     return None if job is None else job.error

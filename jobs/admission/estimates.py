@@ -26,7 +26,7 @@ from jobs.core.domain import Job, Tenant
 from jobs.core.states import Status
 from jobs.fleet.pool import PoolFigures
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +71,7 @@ def placements(
         return {}
     inflight = runtime.index.tenant_inflight(tenant.id)
     with runtime.sessions.begin() as session:
-        order = repository.queued_order(session, tenant.id)
+        order = jobs_sql.queued_order(session, tenant.id)
     cap = tenant_cap(tenant, figures)
     found: dict[str, Placement] = {}
     for job in queued:

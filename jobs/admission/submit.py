@@ -46,7 +46,8 @@ from jobs.core.states import Status
 from jobs.fleet.pool import live_pool
 from jobs.index import counters, notify, wake
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import upkeep as upkeep_sql
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
     inserted = False
     try:
         with runtime.sessions.begin() as session:
-            job = repository.insert_job(session, new)
+            job = jobs_sql.insert_job(session, new)
             inserted = True  # only the COMMIT is left
         return job
     except DuplicateJob as duplicate:
@@ -220,7 +221,7 @@ def _settle_commit(runtime: Runtime, new: NewJob, exc: Exception) -> Job:
         time.sleep(delay)
         try:
             with runtime.sessions() as session:
-                job = repository.get_job(session, new.id)
+                job = jobs_sql.get_job(session, new.id)
         except SQL_OUTAGE:
             continue
         if job is not None:
@@ -254,7 +255,7 @@ def _ring(runtime: Runtime) -> None:
 
 def _by_idempotency_key(runtime: Runtime, tenant_id: str, key: str) -> Job | None:
     with runtime.sessions() as session:
-        return repository.job_by_idempotency_key(session, tenant_id, key)
+        return jobs_sql.job_by_idempotency_key(session, tenant_id, key)
 
 
 def check_json(payload: dict[str, Any]) -> dict[str, Any]:
@@ -311,8 +312,8 @@ def load_job(runtime: Runtime, tenant: Tenant, job_id: str) -> Job:
     """The tenant's job; another tenant's job is "not found" too, never "forbidden"."""
     canonical = parse_job_id(job_id)
     with runtime.sessions() as session:
-        job = repository.get_job(session, canonical, tenant_id=tenant.id)
-        pruned = job is None and repository.was_pruned(session, canonical, tenant_id=tenant.id)
+        job = jobs_sql.get_job(session, canonical, tenant_id=tenant.id)
+        pruned = job is None and upkeep_sql.was_pruned(session, canonical, tenant_id=tenant.id)
     if pruned:
         raise JobGone("the job was removed after its retention period", type="job_gone",
                       job_id=job_id)
@@ -325,7 +326,7 @@ def list_jobs(
     runtime: Runtime, tenant: Tenant, *, status: Status | None, limit: int, cursor: str | None
 ) -> tuple[list[Progress], str | None]:
     with runtime.sessions() as session:
-        jobs, next_cursor = repository.list_jobs(
+        jobs, next_cursor = jobs_sql.list_jobs(
             session, tenant_id=tenant.id, status=status, limit=limit, cursor=cursor
         )
     return progress_many(runtime, tenant, jobs), next_cursor
@@ -380,7 +381,7 @@ def hand_out_result(runtime: Runtime, job: Job) -> Any:
     if job.result_fetched_at is None:
         try:
             with runtime.sessions.begin() as session:
-                repository.mark_result_fetched(session, job.id, now=runtime.clock())
+                jobs_sql.mark_result_fetched(session, job.id, now=runtime.clock())
         except SQL_OUTAGE:
             logger.warning("job.fetch_mark_failed", extra={"event": "job.fetch_mark_failed",
                                                            "job_id": job.id})
@@ -405,7 +406,7 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
         return CancelOutcome(job=job, pending=False)
     if job.status is Status.RUNNING:
         with runtime.sessions.begin() as session:
-            flagged = repository.request_cancel(session, job.id)
+            flagged = jobs_sql.request_cancel(session, job.id)
         if not flagged:
             return None
         try:  # the worker learns of it with its next renewal; missed, the reconciler flags it
@@ -418,7 +419,7 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
     # SQL first (the commit point): an interruption after it leaves an index entry of a
     # cancelled job, which the dispatcher drops when it pops it and the reconciler removes.
     with runtime.sessions.begin() as session:
-        moved = repository.transition(
+        moved = jobs_sql.transition(
             session, job.id, src=job.status, attempt=job.attempt, dst=Status.CANCELLED,
             now=runtime.clock(),
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.blobs.store import BlobStore, digest
-from jobs.store import repository
+from jobs.store import blobs as blobs_sql
 
 # A blob no job names is kept this long after it was last stored: its job's commit may
 # still be on its way (an upload's, or a worker's waiting out a database outage).
@@ -31,7 +31,7 @@ def store_blob(
     """Record, then write ``data``; its sha256, for the job that will name it."""
     sha256 = digest(data)
     with sessions.begin() as session:
-        repository.record_blob(session, sha256, size=len(data), now=now)
+        blobs_sql.record_blob(session, sha256, size=len(data), now=now)
     store.put(data)
     return sha256
 
@@ -42,9 +42,9 @@ def prune_blobs(
 ) -> int:
     """One bounded round: delete blobs no job names, past the grace; how many went."""
     with sessions.begin() as session:
-        digests = repository.take_unreferenced_blobs(session, before=now - grace_s,
+        digests = blobs_sql.take_unreferenced_blobs(session, before=now - grace_s,
                                                      limit=limit)
         for sha256 in digests:
             store.delete(sha256)
-        repository.forget_blobs(session, digests)
+        blobs_sql.forget_blobs(session, digests)
     return len(digests)

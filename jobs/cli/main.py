@@ -30,7 +30,7 @@ from jobs.core.policy import (
     MAX_TENANT_QUEUED,
     MAX_TENANT_RATE_PER_S,
 )
-from jobs.process.settings import hide_password, load_settings
+from jobs.process.settings import Settings, hide_password, load_settings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -155,7 +155,8 @@ def up(
 
 
 def api_app() -> FastAPI:
-    """Zero-argument factory for uvicorn (``jobs.cli:api_app``), also in its worker processes."""
+    """Zero-argument factory for uvicorn (``jobs.cli.main:api_app``), also in its worker
+    processes."""
     if not logging.getLogger().handlers:  # a server process of its own (--workers)
         configure_logging()
     from jobs.api.app import create_app
@@ -178,14 +179,13 @@ def api(
     configure_logging(log_level)
     # log_config=None: uvicorn's own lines go through the root handler too, in the same
     # format as tierq's; each server process configures it in ``api_app``.
-    uvicorn.run("jobs.cli:api_app", factory=True, host=host, port=port, workers=workers,
+    uvicorn.run("jobs.cli.main:api_app", factory=True, host=host, port=port, workers=workers,
                 log_level=log_level, log_config=None)
 
 
 @_friendly
 def dispatcher() -> None:
     """Run the dispatcher loop (one leader; extra ones wait as standbys)."""
-    from jobs.dispatch.dispatcher import serve
 
     settings = load_settings()
     _target(settings.describe_target())
@@ -341,12 +341,12 @@ def tenants_list() -> None:
 def _tenant_ref(runtime: Runtime, ref: str) -> str:
     """A tenant's id from its name or its id: one indexed read either way."""
     from jobs.core.errors import NotFound
-    from jobs.store import repository
+    from jobs.store import tenants as tenants_sql
 
     with runtime.sessions() as session:
-        tenant = repository.tenant_by_name(session, ref)
+        tenant = tenants_sql.tenant_by_name(session, ref)
         if tenant is None and _is_uuid(ref):
-            tenant = repository.get_tenant(session, ref)
+            tenant = tenants_sql.get_tenant(session, ref)
     if tenant is None:
         raise NotFound(f"no tenant named or with id {ref!r} (see `tierq tenants list`)")
     return tenant.id
@@ -814,9 +814,44 @@ def build_app() -> typer.Typer:
     return app
 
 
+def serve(settings: Settings) -> None:
+    """Run the dispatcher until SIGTERM or SIGINT; a leader resigns on the way out, so a
+    standby takes over without waiting out the lock's TTL."""
+    import signal
+    import threading
+
+    import redis
+
+    from jobs.dispatch.dispatcher import Dispatcher
+    from jobs.dispatch.leadership import Leadership
+    from jobs.dispatch.loop import run_forever
+    from jobs.process.runtime import Runtime
+    from workers.publisher import CeleryPublisher  # the publishing adapter: Celery stays there
+
+    runtime = Runtime.from_settings(settings)
+    publisher = CeleryPublisher(settings)
+    leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    logger = logging.getLogger("tierq.dispatcher")
+    logger.info("dispatcher.started", extra={"owner": leadership.owner})
+    try:
+        run_forever(Dispatcher(runtime, publisher), stop, leadership)
+    finally:
+        try:
+            leadership.resign(runtime.clock())
+        except redis.RedisError:
+            logger.warning("dispatcher.resign_failed", exc_info=True)
+        publisher.close()
+        runtime.close()
+        logger.info("dispatcher.stopped")
+
+
 def main() -> None:
     build_app()(prog_name="tierq")
 
 
 if __name__ == "__main__":
     main()
+

@@ -8,22 +8,10 @@ conversion happens only here (``from_row``) and in ``jobs.store``. ORM classes n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
-
-if TYPE_CHECKING:
-    from jobs.store.models import JobRow, TenantRow
-
-
-def _epoch(value: datetime | None) -> float | None:
-    return None if value is None else value.timestamp()
-
-
-def _epoch_required(value: datetime) -> float:
-    return value.timestamp()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,20 +28,6 @@ class Tenant:
     max_queued: int | None = None
     rate_per_s: float | None = None
     rate_burst: int | None = None
-
-    @classmethod
-    def from_row(cls, row: TenantRow) -> Tenant:
-        return cls(
-            id=row.id,
-            name=row.name,
-            tier=row.tier,
-            api_key_hash=row.api_key_hash,
-            created_at=_epoch_required(row.created_at),
-            cap=row.cap,
-            max_queued=row.max_queued,
-            rate_per_s=row.rate_per_s,
-            rate_burst=row.rate_burst,
-        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,39 +97,6 @@ class Job:
     def terminal(self) -> bool:
         return self.status.terminal
 
-    @classmethod
-    def from_row(cls, row: JobRow) -> Job:
-        return cls(
-            id=row.id,
-            tenant_id=row.tenant_id,
-            tier=row.tier,
-            kind=row.kind,
-            payload=row.payload,
-            status=Status(row.status),
-            attempt=row.attempt,
-            max_attempts=row.max_attempts,
-            order_key=row.order_key,
-            created_at=_epoch_required(row.created_at),
-            enqueued_at=_epoch_required(row.enqueued_at),
-            max_wait_s=row.max_wait_s,
-            start_by=_epoch(row.start_by),
-            not_before=_epoch(row.not_before),
-            dispatched_at=_epoch(row.dispatched_at),
-            started_at=_epoch(row.started_at),
-            finished_at=_epoch(row.finished_at),
-            result=row.result,
-            error=row.error,
-            idempotency_key=row.idempotency_key,
-            cancel_requested=row.cancel_requested,
-            starts=row.starts,
-            updated_at=_epoch(row.updated_at),
-            result_fetched_at=_epoch(row.result_fetched_at),
-            batch_id=getattr(row, "batch_id", None),
-            batch_index=getattr(row, "batch_index", None),
-            blob=getattr(row, "blob", None),
-            result_blob=getattr(row, "result_blob", None),
-        )
-
 
 @dataclass(frozen=True, kw_only=True)
 class JobSummary:
@@ -169,12 +110,3 @@ class JobSummary:
     created_at: float
     enqueued_at: float
     started_at: float | None = None
-
-    @classmethod
-    def from_columns(
-        cls, *, id: str, kind: str, tier: str, status: str, created_at: datetime,
-        enqueued_at: datetime, started_at: datetime | None,
-    ) -> JobSummary:
-        return cls(id=id, kind=kind, tier=tier, status=Status(status),
-                   created_at=_epoch_required(created_at),
-                   enqueued_at=_epoch_required(enqueued_at), started_at=_epoch(started_at))

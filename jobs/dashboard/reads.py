@@ -19,7 +19,9 @@ from jobs.core.domain import Tenant
 from jobs.dashboard import figures, refusals
 from jobs.fleet.metrics import WAIT_WINDOW_S, read_index_view, recent_waits
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import stats as stats_sql
+from jobs.store import tenants as tenants_sql
 
 TENANT_JOBS = 500
 
@@ -31,7 +33,7 @@ def fleet(runtime: Runtime) -> figures.FleetView:
     recent = refusals.read_recent(runtime.index, now=now, window_s=WAIT_WINDOW_S)
     inflight = runtime.index.inflight_by_tenant()
     with runtime.sessions() as session:
-        holding = repository.tenants_by_ids(session, inflight)
+        holding = tenants_sql.tenants_by_ids(session, inflight)
     shown = figures.nearest_cap(holding, inflight, view.pool)
     uses = [
         figures.tenant_use(holding[tenant_id], view.pool, inflight=inflight[tenant_id],
@@ -49,10 +51,10 @@ def of_tenant(runtime: Runtime, tenant: Tenant) -> figures.TenantView:
     recent = refusals.read_recent(runtime.index, now=now, window_s=WAIT_WINDOW_S)
     card = None
     with runtime.sessions() as session:
-        jobs = repository.latest_jobs(session, tenant_id=tenant.id, limit=TENANT_JOBS)
+        jobs = jobs_sql.latest_jobs(session, tenant_id=tenant.id, limit=TENANT_JOBS)
         for tier in view.tiers:
             if tier.name == tenant.tier:  # absent only when its tier left the configuration
-                waits = repository.recent_waits(session, tier=tier.name,
+                waits = stats_sql.recent_waits(session, tier=tier.name,
                                                 since=now - WAIT_WINDOW_S)
                 card = figures.tier_card(runtime.policy, tier, waits,
                                          recent.of_tenant(tenant.id))

@@ -21,8 +21,9 @@ of a dispatcher does 1-3 before anything:
 7. prune, every ``PRUNE_PERIOD_S`` (every upkeep while a backlog remains): one bounded round
    of ``jobs.dispatch.retention``, deleting finished jobs past their tier's retention.
 
-``serve`` loops ``run_once`` and sleeps on the doorbell (``jobs.index.wake``) between rounds, so a
-submit or a released slot is acted on at once, with no polling delay on the hot path.
+``jobs.dispatch.loop`` runs ``run_once`` and sleeps on the doorbell (``jobs.index.wake``)
+between rounds, so a submit or a released slot is acted on at once, with no polling delay on
+the hot path.
 
 Several dispatchers may run: one leads (``jobs.dispatch.leadership``), the others stand by. The
 leader passes its fencing token to every index write it makes (dispatch, reap, expire, caps,
@@ -38,40 +39,34 @@ next round (the reconciler's epoch check catches it too, for a leader that wrote
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import redis
-import sqlalchemy.exc
 from sqlalchemy.orm import Session
 
 from jobs.blobs.store import BlobStore
 from jobs.core.domain import Job
 from jobs.core.states import Status
 from jobs.dispatch.feeder import FEED_PERIOD_S, BatchFeeder
-from jobs.dispatch.leadership import Leadership
 from jobs.dispatch.rebuild import UNCOMMITTED_GRACE_S, may_be_uncommitted
 from jobs.dispatch.reconciler import RECONCILE_PERIOD_S, Reconciler, ReconcileStats
 from jobs.dispatch.recovery import check_lead, expiry_note, recover
 from jobs.dispatch.retention import PRUNE_PERIOD_S, PruneStats, Retention
 from jobs.fleet import pool
 from jobs.fleet.service_rate import ServiceRateTracker
-from jobs.index import counters, notify, wake
-from jobs.index.base import IndexedJob, Lease, NotLeader
+from jobs.index import counters, notify
+from jobs.index.base import IndexedJob, Lease
 from jobs.process.runtime import Runtime
-from jobs.process.settings import Settings
-from jobs.store import repository
-from jobs.store.repository import Claimed
+from jobs.store import jobs as jobs_sql
+from jobs.store import stats as stats_sql
+from jobs.store import tenants as tenants_sql
+from jobs.store import upkeep as upkeep_sql
+from jobs.store.jobs import Claimed
 
 logger = logging.getLogger("tierq.dispatcher")
 
-__all__ = [
-    "UNCOMMITTED_GRACE_S", "DispatchStats", "Dispatcher", "Publisher", "lead_once", "run_forever",
-    "serve",
-]
+__all__ = ["UNCOMMITTED_GRACE_S", "DispatchStats", "Dispatcher", "Publisher"]
 
 # A job indexed by an API process whose SQL commit has not landed yet is retried this often
 # for ``UNCOMMITTED_GRACE_S`` (``jobs.dispatch.rebuild``); after that it is a failed submit's
@@ -191,7 +186,7 @@ class Dispatcher:
         (not by every scrape of every API replica) and kept in Redis for ``/metrics``."""
         try:
             with self.runtime.sessions() as session:
-                live = repository.count_live(session)
+                live = stats_sql.count_live(session)
             counters.store_live(self.runtime.redis, self.runtime.settings.key_prefix,
                                 {status.value: n for status, n in live.items()})
         except Exception:  # a metric must never stop dispatching
@@ -269,11 +264,11 @@ class Dispatcher:
     def _claim_lead(self) -> None:
         """A new leader names itself in SQL before it reads anything there to restore leases
         from: a deposed leader's reaping decision still in flight then either committed
-        first (and is read) or is refused (``repository.holds_lead``)."""
+        first (and is read) or is refused (``upkeep_sql.holds_lead``)."""
         if self.fence is None or self.fence == self._claimed:
             return
         with self.runtime.sessions.begin() as session:
-            repository.claim_lead(session, self.fence)
+            upkeep_sql.claim_lead(session, self.fence)
         self._claimed = self.fence
 
     def rebuild(self, now: float) -> None:
@@ -295,7 +290,7 @@ class Dispatcher:
     def _push_caps(self, tier_caps: dict[str, int], now: float) -> None:
         if now - self._overrides_read_at >= OVERRIDES_REFRESH_S:
             with self.runtime.sessions() as session:
-                tenants = repository.list_tenants(session)
+                tenants = tenants_sql.list_tenants(session)
             self._overrides = {t.id: t.cap for t in tenants if t.cap is not None}
             self._overrides_read_at = now
         caps = (tier_caps, self._overrides)
@@ -321,7 +316,7 @@ class Dispatcher:
         try:
             with self.runtime.sessions.begin() as session:
                 check_lead(session, self.fence)
-                jobs = repository.get_jobs(session, (lease.job_id for lease in leases))
+                jobs = jobs_sql.get_jobs(session, (lease.job_id for lease in leases))
                 for lease in leases:
                     entry = self._recover(session, lease, jobs.get(lease.job_id), now, stats)
                     if entry is not None:
@@ -358,7 +353,7 @@ class Dispatcher:
             return
         try:
             with self.runtime.sessions.begin() as session:
-                jobs = repository.get_jobs(session, (item.job_id for item in due))
+                jobs = jobs_sql.get_jobs(session, (item.job_id for item in due))
                 expired = [job for job in jobs.values() if self._expire_one(session, job, now)]
         except Exception:
             # still due: the next round tries again
@@ -371,7 +366,7 @@ class Dispatcher:
 
     @staticmethod
     def _expire_one(session: Session, job: Job, now: float) -> bool:
-        return job.status is Status.QUEUED and repository.transition(
+        return job.status is Status.QUEUED and jobs_sql.transition(
             session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED, now=now,
             **expiry_note(job),
         )
@@ -394,9 +389,9 @@ class Dispatcher:
         retry_later: list[Lease] = []
         drop: list[Lease] = []
         with self.runtime.sessions.begin() as session:
-            claimed = repository.claim(session, [lease.job_id for lease in leases], now=now)
+            claimed = jobs_sql.claim(session, [lease.job_id for lease in leases], now=now)
             rest = [lease for lease in leases if lease.job_id not in claimed]
-            jobs = repository.get_jobs(session, (lease.job_id for lease in rest))
+            jobs = jobs_sql.get_jobs(session, (lease.job_id for lease in rest))
             for lease in rest:  # not queued, past its deadline, or not committed yet
                 job = jobs.get(lease.job_id)
                 if job is None:
@@ -441,7 +436,7 @@ class Dispatcher:
         """A queued job popped past its ``start_by`` expires instead of running."""
         if job.status is not Status.QUEUED or job.start_by is None or now < job.start_by:
             return False
-        if repository.transition(
+        if jobs_sql.transition(
             session, job.id, src=Status.QUEUED, attempt=job.attempt, dst=Status.EXPIRED,
             now=now, **expiry_note(job),
         ):
@@ -467,7 +462,7 @@ class Dispatcher:
             handed = [
                 job
                 for job in jobs
-                if repository.transition(
+                if jobs_sql.transition(
                     session, job.id, src=Status.DISPATCHED, attempt=job.attempt,
                     dst=Status.QUEUED, now=now, not_before=not_before,
                 )
@@ -505,88 +500,3 @@ def _retry_soon(lease: Lease, now: float) -> IndexedJob:
         not_before=now + UNCOMMITTED_RETRY_S,
         attempt=lease.attempt,
     )
-
-
-# -- the loop ------------------------------------------------------------------------------
-
-TRANSIENT = (redis.RedisError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
-MAX_BACKOFF_S = 10.0
-
-
-def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> DispatchStats | None:
-    """One turn of a dispatcher among several: renew or take the lock; while leading, rebuild
-    the index first when due (``Dispatcher.needs_rebuild``), else run a round, with its
-    maintenance when that is due. None while standing by, or once a fenced call found
-    another process leading."""
-    dispatcher.fence = leadership.tick(now)
-    if dispatcher.fence is None:
-        return None
-    dispatcher.keep_lead = lambda: _keep_lead(leadership, dispatcher)
-    try:
-        if dispatcher.needs_rebuild():
-            dispatcher.rebuild(now)
-            return DispatchStats(rebuilt=True)
-        return dispatcher.run_once(now, maintain=dispatcher.maintenance_due(now))
-    except NotLeader:
-        leadership.step_down("a fenced call was refused: another process leads")
-        dispatcher.fence = None
-        return None
-
-
-def _keep_lead(leadership: Leadership, dispatcher: Dispatcher) -> None:
-    """Renew the lock if due, in the middle of long work; NotLeader once it is lost."""
-    if leadership.tick(dispatcher.runtime.clock()) != dispatcher.fence:
-        raise NotLeader("the leader lock was lost during a full pass")
-
-
-def run_forever(
-    dispatcher: Dispatcher, stop: threading.Event, leadership: Leadership | None = None
-) -> None:
-    """Loop ``lead_once``: a leader sleeps on the doorbell between rounds, a standby waits to
-    try the lock again; both ride out outages (never longer than a renewal period)."""
-    runtime = dispatcher.runtime
-    if leadership is None:
-        leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
-    longest = min(MAX_BACKOFF_S, leadership.renew_every_s)
-    backoff = min(0.5, longest)
-    while not stop.is_set():
-        try:
-            stats = lead_once(dispatcher, leadership, runtime.clock())
-            backoff = min(0.5, longest)
-            if stats is None:
-                stop.wait(leadership.retry_every_s)
-            elif stats.publish_failed:
-                stop.wait(PUBLISH_RETRY_S)  # the broker is down: do not spin on it
-            elif not (stats.saturated or stats.rebuilt):
-                period = min(MAINTENANCE_PERIOD_S, leadership.wait_s)
-                if stats.feed_pending:
-                    period = min(period, FEED_PERIOD_S)
-                wake.wait(runtime.redis, runtime.settings.key_prefix, period)
-        except TRANSIENT as exc:
-            logger.warning("dispatcher.unavailable", extra={"error": str(exc), "retry_s": backoff})
-            stop.wait(backoff)
-            backoff = min(longest, backoff * 2)
-
-
-def serve(settings: Settings) -> None:
-    """Run the dispatcher until SIGTERM or SIGINT; a leader resigns on the way out, so a
-    standby takes over without waiting out the lock's TTL."""
-    from workers.publisher import CeleryPublisher  # the publishing adapter: Celery stays there
-
-    runtime = Runtime.from_settings(settings)
-    publisher = CeleryPublisher(settings)
-    leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    logger.info("dispatcher.started", extra={"owner": leadership.owner})
-    try:
-        run_forever(Dispatcher(runtime, publisher), stop, leadership)
-    finally:
-        try:
-            leadership.resign(runtime.clock())
-        except redis.RedisError:
-            logger.warning("dispatcher.resign_failed", exc_info=True)
-        publisher.close()
-        runtime.close()
-        logger.info("dispatcher.stopped")

@@ -24,7 +24,7 @@ from jobs.fleet import pool
 from jobs.index.base import IndexedJob
 from jobs.process.runtime import Runtime
 from jobs.store import batches as repo
-from jobs.store import repository
+from jobs.store import tenants as tenants_sql
 
 logger = logging.getLogger("tierq.batch_feeder")
 
@@ -74,7 +74,7 @@ class BatchFeeder:
     ) -> int:
         with self.runtime.sessions() as session:
             items = repo.next_waiting(session, batch_id, limit=budget)
-            tenant = repository.get_tenant(session, items[0].tenant_id) if items else None
+            tenant = tenants_sql.get_tenant(session, items[0].tenant_id) if items else None
         if not items or tenant is None or tenant.id in full or f"tier:{items[0].tier}" in full:
             return 0
         tier = items[0].tier

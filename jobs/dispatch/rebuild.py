@@ -37,7 +37,8 @@ from jobs.dispatch.recovery import indexed
 from jobs.fleet import pool
 from jobs.index.base import DispatchIndex
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 
 logger = logging.getLogger("tierq.rebuild")
 
@@ -122,7 +123,7 @@ def _walk(runtime: Runtime, statuses: tuple[Status, ...]) -> Iterator[list[Job]]
     after = ""
     while True:
         with runtime.sessions() as session:
-            batch = repository.jobs_after(session, statuses, after=after, limit=BATCH)
+            batch = jobs_sql.jobs_after(session, statuses, after=after, limit=BATCH)
         if batch:
             yield batch
         if len(batch) < BATCH:
@@ -134,7 +135,7 @@ def _release_finished(runtime: Runtime, job_ids: list[str], fence: str | None) -
     """Give back the leases of jobs that finished after SQL was read (their worker released
     before the lease was restored); a lease left behind would hold a slot for a TTL."""
     with runtime.sessions() as session:
-        jobs = repository.get_jobs(session, job_ids)
+        jobs = jobs_sql.get_jobs(session, job_ids)
     finished = [job for job in jobs.values() if job.terminal]
     for job in finished:
         runtime.index.release(job.id, attempt=job.attempt, fence=fence)
@@ -159,6 +160,6 @@ def push_caps(runtime: Runtime, now: float, fence: str | None = None) -> None:
     """Push the tier caps (from the live pool) and per-tenant overrides (from SQL)."""
     figures = pool.read_pool(runtime.policy, runtime.index, now=now)
     with runtime.sessions() as session:
-        tenants = repository.list_tenants(session)
+        tenants = tenants_sql.list_tenants(session)
     overrides = {tenant.id: tenant.cap for tenant in tenants if tenant.cap is not None}
     runtime.index.set_caps(figures.caps, overrides, fence=fence)

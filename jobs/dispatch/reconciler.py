@@ -36,7 +36,8 @@ from jobs.dispatch.rebuild import IN_FLIGHT, RebuildStats, may_be_uncommitted, r
 from jobs.dispatch.recovery import check_lead, indexed, recover
 from jobs.index.base import Entry, IndexedJob
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import upkeep as upkeep_sql
 
 logger = logging.getLogger("tierq.reconciler")
 
@@ -102,7 +103,7 @@ class Reconciler:
         """Rebuild from SQL, then make the epochs agree (SQL first: an interruption between
         the two leaves them different, and the next round passes in full again)."""
         with self.runtime.sessions.begin() as session:
-            before = repository.index_epoch(session)
+            before = upkeep_sql.index_epoch(session)
         if keep_lead is None:
             stats = rebuild(self.runtime, now, fence=fence)
         else:
@@ -118,7 +119,7 @@ class Reconciler:
     def _epoch_is_stale(self) -> bool:
         """True when the index's epoch is not SQL's; else advance both by one."""
         with self.runtime.sessions.begin() as session:
-            epoch = repository.index_epoch(session)
+            epoch = upkeep_sql.index_epoch(session)
         found = self.runtime.index.generation()
         if epoch is None or found != str(epoch):
             # None in SQL: the first round ever. None in Redis: it lost its data. Another
@@ -134,7 +135,7 @@ class Reconciler:
     def _advance(self, epoch: int | None, fence: str | None) -> None:
         new = (epoch or 0) + 1
         with self.runtime.sessions.begin() as session:
-            moved = repository.advance_epoch(session, expected=epoch, epoch=new)
+            moved = upkeep_sql.advance_epoch(session, expected=epoch, epoch=new)
         if moved:
             self.runtime.index.set_generation(str(new), fence=fence)
             self.written = str(new)
@@ -143,7 +144,7 @@ class Reconciler:
 
     def _in_flight(self, now: float, fence: str | None, stats: ReconcileStats) -> None:
         with self.runtime.sessions() as session:
-            jobs = repository.jobs_after(
+            jobs = jobs_sql.jobs_after(
                 session, IN_FLIGHT, after=self._flight_cursor, limit=IN_FLIGHT_BATCH
             )
         self._flight_cursor = jobs[-1].id if len(jobs) == IN_FLIGHT_BATCH else ""
@@ -175,7 +176,7 @@ class Reconciler:
 
     def _queued(self, now: float, fence: str | None, stats: ReconcileStats) -> None:
         with self.runtime.sessions() as session:
-            jobs = repository.settled_queued(
+            jobs = jobs_sql.settled_queued(
                 session, after=self._queued_cursor, until=now - QUEUED_GRACE_S,
                 limit=QUEUED_BATCH,
             )
@@ -204,7 +205,7 @@ class Reconciler:
         if not entries:
             return
         with self.runtime.sessions() as session:
-            rows = repository.get_jobs(session, (entry.job_id for entry in entries))
+            rows = jobs_sql.get_jobs(session, (entry.job_id for entry in entries))
         index, stale = self.runtime.index, []
         for entry in entries:
             job = rows.get(entry.job_id)

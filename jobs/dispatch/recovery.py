@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job
 from jobs.core.states import Status
 from jobs.index.base import IndexedJob, NotLeader
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import upkeep as upkeep_sql
 
 logger = logging.getLogger("tierq.dispatcher")
 
@@ -62,7 +63,7 @@ def check_lead(session: Session, fence: str | None) -> None:
     """First in a transaction that decides jobs from leases found lapsed: refuse once another
     dispatcher has claimed the lead in SQL (it may have restored those leases since, and a
     worker started on one). ``fence`` None: unfenced (a lone dispatcher, ``tierq repair``)."""
-    if fence is not None and not repository.holds_lead(session, fence):
+    if fence is not None and not upkeep_sql.holds_lead(session, fence):
         raise NotLeader("another dispatcher has claimed the lead in SQL")
 
 
@@ -73,7 +74,7 @@ def recover(session: Session, job: Job, now: float) -> Recovered:
         outcome = _recover_once(session, job, now)
         if outcome is not None:
             return outcome
-        fresh = repository.get_job(session, job.id)
+        fresh = jobs_sql.get_job(session, job.id)
         if fresh is None:
             return Recovered()
         job = fresh
@@ -122,7 +123,7 @@ def expiry_note(job: Job) -> dict[str, str]:
 def _move(
     session: Session, job: Job, dst: Status, now: float, outcome: Recovered, **fields: str
 ) -> Recovered | None:
-    moved = repository.transition(
+    moved = jobs_sql.transition(
         session, job.id, src=job.status, attempt=job.attempt, dst=dst, now=now, **fields
     )
     return outcome if moved else None

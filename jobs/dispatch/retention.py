@@ -3,7 +3,7 @@
 The hot tables stay small: a job that succeeded, failed, was cancelled or expired more than
 ``tiers.<name>.retention_s`` ago (0: kept forever) is deleted by the leading dispatcher's
 upkeep, every ``PRUNE_PERIOD_S``, at most ``PRUNE_BATCH`` jobs per tier a round (sooner again
-while a batch comes back full). Each batch is one transaction (``repository.prune_finished``)
+while a batch comes back full). Each batch is one transaction (``upkeep_sql.prune_finished``)
 that deletes the rows, leaves a tombstone per job and adds to the tier's totals: it commits
 whole or not at all, so an interruption leaves nothing to repair, and the next round takes
 up what is still due. Pruning is SQL only: a finished job has nothing left in the index.
@@ -38,7 +38,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from jobs.blobs.records import PRUNE_BLOBS_BATCH, prune_blobs
 from jobs.blobs.store import BlobStore
 from jobs.core.policy import Policy, prune_before
-from jobs.store import batches, repository
+from jobs.store import batches
+from jobs.store import upkeep as upkeep_sql
 
 logger = logging.getLogger("tierq.retention")
 
@@ -93,12 +94,12 @@ class Retention:
 
     def _prune_tier(self, tier: str, before: float, now: float, stats: PruneStats) -> None:
         with self.sessions.begin() as session:
-            done = repository.prune_finished(
+            done = upkeep_sql.prune_finished(
                 session, tier=tier, before=before, limit=self.batch_size, now=now
             )
         with self.sessions.begin() as session:
             # A tombstone lives one more retention period after its job was pruned.
-            gone = repository.prune_tombstones(
+            gone = upkeep_sql.prune_tombstones(
                 session, tier=tier, before=before, limit=self.batch_size
             )
         with self.sessions.begin() as session:

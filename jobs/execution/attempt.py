@@ -4,7 +4,7 @@ Celery-free: the ``tierq.run_job`` task only unpacks ``(job_id, attempt)`` and c
 ``execute``. Every state change is a compare-and-set on ``(status, attempt)``, so a
 duplicated or stale message, or a late result after the lease was reaped, changes nothing.
 
-- The start is one statement (``repository.start``: dispatched → running, returning the
+- The start is one statement (``jobs_sql.start``: dispatched → running, returning the
   row). Work nobody will collect is not computed: a cancel request or a passed ``start_by``
   makes the start not happen, and the job ends (``cancelled``/``expired``) without its
   handler running; only then is the row read.
@@ -66,7 +66,7 @@ from jobs.execution.leases import CANCEL_POLL_S, Heartbeat, LeaseKeeper, SqlUnre
 from jobs.index import notify, wake
 from jobs.index.base import IndexedJob
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
 
 logger = logging.getLogger("tierq.worker")
 
@@ -208,11 +208,11 @@ class _Attempt:
 
         def start() -> Job | None:
             with self.runtime.sessions.begin() as session:
-                job = repository.start(
+                job = jobs_sql.start(
                     session, self.job_id, attempt=self.attempt, now=self.clock()
                 )
                 if job is None and retried[0]:
-                    current = repository.get_job(session, self.job_id)
+                    current = jobs_sql.get_job(session, self.job_id)
                     if (current is not None and current.status is Status.RUNNING
                             and current.attempt == self.attempt):
                         return current
@@ -227,7 +227,7 @@ class _Attempt:
     def _read(self) -> Job | None:
         def read() -> Job | None:
             with self.runtime.sessions() as session:
-                return repository.get_job(session, self.job_id)
+                return jobs_sql.get_job(session, self.job_id)
 
         return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
 
@@ -388,7 +388,7 @@ class _Attempt:
             with self.runtime.sessions.begin() as session:
                 if retried[0] and _landed(session, job, src, dst):
                     return True
-                return repository.transition(
+                return jobs_sql.transition(
                     session, job.id, src=src, attempt=job.attempt, dst=dst,
                     now=self.clock(), **fields,
                 )
@@ -459,7 +459,7 @@ def _entry(job: Job, *, attempt: int, not_before: float | None = None) -> Indexe
 
 def _landed(session: Session, job: Job, src: Status, dst: Status) -> bool:
     """This attempt's move to ``dst`` is already in the row (a new attempt for a requeue)."""
-    current = repository.get_job(session, job.id)
+    current = jobs_sql.get_job(session, job.id)
     if current is None or current.status is not dst:
         return False
     expected = job.attempt + 1 if (src, dst) in NEW_ATTEMPT else job.attempt

@@ -39,7 +39,7 @@ from jobs.core.policy import Policy
 from jobs.fleet.pool import PoolFigures, live_pool
 from jobs.index import counters
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import stats as stats_sql
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class FleetCollector:
         """Counters kept in SQL by the pruner (``jobs.dispatch.retention``): every configured tier,
         0 until its first prune."""
         with self._runtime.sessions() as session:
-            totals = repository.retention_totals(session)
+            totals = stats_sql.retention_totals(session)
         pruned = CounterMetricFamily(
             "tierq_jobs_pruned", "Finished jobs removed after their tier's retention period",
             labels=["tier"])

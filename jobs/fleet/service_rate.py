@@ -24,7 +24,7 @@ import redis
 from jobs.core.policy import Policy
 from jobs.index.keys import IndexKeys
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import stats as stats_sql
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class ServiceRateTracker:
         if now - self._refreshed_at < self.every_s:
             return self._current
         with runtime.sessions() as session:
-            times = repository.recent_service_times(session, limit=self.window)
+            times = stats_sql.recent_service_times(session, limit=self.window)
         self._refreshed_at = now
         if not times:
             self._current = None

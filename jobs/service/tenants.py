@@ -25,7 +25,7 @@ from jobs.core.policy import Policy
 from jobs.index import notify
 from jobs.process.runtime import Runtime
 from jobs.service.tenant_cache import TenantCache
-from jobs.store import repository
+from jobs.store import tenants as tenants_sql
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def create_tenant(runtime: Runtime, *, name: str, tier: str) -> tuple[Tenant, st
     check_tier(runtime.policy, tier)
     key = new_api_key()
     with runtime.sessions.begin() as session:
-        tenant = repository.create_tenant(
+        tenant = tenants_sql.create_tenant(
             session, name=name, tier=tier, api_key_hash=hash_key(key), now=runtime.clock()
         )
     logger.info("tenant.created", extra={"event": "tenant.created", "tenant": tenant.id,
@@ -91,7 +91,7 @@ def rotate_key(
     """Give the tenant a new key; the old one stops working at once."""
     key = new_api_key()
     with runtime.sessions.begin() as session:
-        tenant = repository.update_tenant(
+        tenant = tenants_sql.update_tenant(
             session, parse_tenant_id(tenant_id), api_key_hash=hash_key(key)
         )
     if tenant is None:
@@ -103,12 +103,12 @@ def rotate_key(
 
 def list_tenants(runtime: Runtime) -> list[Tenant]:
     with runtime.sessions() as session:
-        return repository.list_tenants(session)
+        return tenants_sql.list_tenants(session)
 
 
 def get_tenant(runtime: Runtime, tenant_id: str) -> Tenant:
     with runtime.sessions() as session:
-        tenant = repository.get_tenant(session, parse_tenant_id(tenant_id))
+        tenant = tenants_sql.get_tenant(session, parse_tenant_id(tenant_id))
     if tenant is None:
         raise NotFound("no such tenant", tenant_id=tenant_id)
     return tenant
@@ -153,7 +153,7 @@ def update_tenant(
             )
         fields[name] = value
     with runtime.sessions.begin() as session:
-        tenant = repository.update_tenant(session, parse_tenant_id(tenant_id), **fields)
+        tenant = tenants_sql.update_tenant(session, parse_tenant_id(tenant_id), **fields)
     if tenant is None:
         raise NotFound("no such tenant", tenant_id=tenant_id)
     _changed(runtime, tenant, cache)
@@ -176,13 +176,13 @@ def tenant_for_key(
     key_hash = hash_key(key)
     if cache is None:
         with runtime.sessions() as session:
-            return repository.tenant_by_key_hash(session, key_hash)
+            return tenants_sql.tenant_by_key_hash(session, key_hash)
     cached = cache.get(key_hash)
     if cached is not None:
         return cached
     generation = cache.generation
     with runtime.sessions() as session:
-        tenant = repository.tenant_by_key_hash(session, key_hash)
+        tenant = tenants_sql.tenant_by_key_hash(session, key_hash)
     if tenant is not None:
         cache.put(key_hash, tenant, generation)
     return tenant

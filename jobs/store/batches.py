@@ -1,6 +1,6 @@
 """SQL of batches: the batch row, its items (``jobs`` rows with ``batch_id``), their counts.
 
-As in ``jobs.store.repository``, functions take a ``Session`` and never commit. Items are
+As everywhere in ``jobs.store``, functions take a ``Session`` and never commit. Items are
 inserted in chunks of ``INSERT_CHUNK`` rows (one executemany each), so a 100,000-item batch
 is a few hundred statements inside its one transaction. Every state change of an item is
 conditional on its status, as every other job change is.
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job
 from jobs.core.states import TERMINAL, Status
 from jobs.store.models import BatchRow, JobRow
+from jobs.store.rows import job_from_row
 
 JOBS = cast(sa.Table, JobRow.__table__)
 BATCHES = cast(sa.Table, BatchRow.__table__)
@@ -158,7 +159,7 @@ def finished_items(session: Session, batch_id: str, *, after: int, limit: int) -
             JobRow.batch_id == batch_id, JobRow.batch_index > after,
             JobRow.status.in_([status.value for status in TERMINAL]),
         ).order_by(JobRow.batch_index).limit(limit)).all()
-    return [Job.from_row(row) for row in rows]
+    return [job_from_row(row) for row in rows]
 
 
 def item_index(session: Session, job_ids: Iterable[str]) -> dict[str, int]:
@@ -221,7 +222,7 @@ def live_items(session: Session, batch_id: str) -> list[Job]:
         JobRow.batch_id == batch_id,
         JobRow.status.in_([Status.QUEUED.value, Status.DISPATCHED.value, Status.RUNNING.value]),
     )).all()
-    return [Job.from_row(row) for row in rows]
+    return [job_from_row(row) for row in rows]
 
 
 def prune_emptied(session: Session, *, tier: str, before: float, limit: int) -> int:

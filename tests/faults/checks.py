@@ -34,7 +34,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.core.domain import Job
 from jobs.core.states import Status
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from jobs.store.models import JobRow
 from tests.faults.handlers import Run, read_runs
@@ -68,7 +69,7 @@ def check_invariants(
         sessions = make_sessionmaker(engine)
         jobs = _wait_terminal(sessions, ids, timeout)
         with sessions() as session:
-            tenants = {job.tenant_id: repository.get_tenant(session, job.tenant_id)
+            tenants = {job.tenant_id: tenants_sql.get_tenant(session, job.tenant_id)
                        for job in jobs.values()}
     finally:
         engine.dispose()
@@ -98,7 +99,7 @@ def _wait_terminal(
     while True:
         with sessions() as session:
             every = set(ids) | set(session.scalars(sa.select(JobRow.id)))
-            jobs = repository.get_jobs(session, every)
+            jobs = jobs_sql.get_jobs(session, every)
         if all(job.terminal for job in jobs.values()) or time.monotonic() > deadline:
             return jobs
         time.sleep(0.25)

@@ -23,7 +23,8 @@ from jobs.dispatch.dispatcher import Dispatcher
 from jobs.execution.attempt import execute
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.migrate import upgrade
 from tests.faults.checks import check_invariants
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
@@ -83,14 +84,14 @@ def runtime(fault_pg: ThrowawayPostgres, fault_redis: ThrowawayRedis) -> Iterato
 
 def make_tenant(runtime: Runtime) -> Tenant:
     with runtime.sessions.begin() as session:
-        return repository.create_tenant(
+        return tenants_sql.create_tenant(
             session, name="acme", tier="standard", api_key_hash="h", now=time.time()
         )
 
 
 def load(runtime: Runtime, job_id: str) -> Job:
     with runtime.sessions() as session:
-        job = repository.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
     assert job is not None
     return job
 

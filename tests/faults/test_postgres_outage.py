@@ -19,7 +19,8 @@ from jobs.core.errors import Unavailable
 from jobs.dispatch.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.migrate import upgrade
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
@@ -78,7 +79,7 @@ def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
     )
     try:
         with runtime.sessions.begin() as session:
-            tenant = repository.create_tenant(
+            tenant = tenants_sql.create_tenant(
                 session, name="acme", tier="standard", api_key_hash="h", now=time.time()
             )
 
@@ -93,7 +94,7 @@ def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
         assert runtime.index.tenant_queued(tenant.id) == 1
         fault_pg.start()
         with runtime.sessions() as session:
-            assert repository.list_jobs(
+            assert jobs_sql.list_jobs(
                 session, tenant_id=tenant.id, status=None, limit=10, cursor=None
             ) == ([], None)
         # ... and drops it once it is clear that the row never will.

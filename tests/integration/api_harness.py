@@ -26,7 +26,7 @@ from jobs.index import notify
 from jobs.index.base import Renewal
 from jobs.process.runtime import Runtime
 from jobs.process.settings import Settings, load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
 
 ADMIN_KEY = "integration-admin-key"
 
@@ -156,15 +156,15 @@ def move(
     notification)."""
     runtime = rt(client)
     with runtime.sessions.begin() as session:
-        job = repository.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
         assert job is not None
         for step in steps:
             extra = fields if step is steps[-1] else {}
-            assert repository.transition(
+            assert jobs_sql.transition(
                 session, job_id, src=job.status, attempt=job.attempt, dst=step,
                 now=runtime.clock(), **extra,
             )
-            job = repository.get_job(session, job_id)
+            job = jobs_sql.get_job(session, job_id)
             assert job is not None
     if announce:
         notify.announce(runtime.redis, runtime.settings.key_prefix, [job_id])
@@ -183,7 +183,7 @@ def start_one(client: ApiClient, job_id: str) -> None:
     move(client, job_id, Status.RUNNING)
     runtime = rt(client)
     with runtime.sessions() as session:
-        job = repository.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
     assert job is not None
     renewal = runtime.index.renew_checked(
         job_id, attempt=job.attempt, ttl_s=30, now=runtime.clock(), announce=True,

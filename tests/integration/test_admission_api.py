@@ -20,7 +20,7 @@ from jobs.dispatch.dispatcher import Dispatcher
 from jobs.fleet.service_rate import MeasuredMean, ServiceRateTracker, publish, read_measured
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
 from tests.integration.api_harness import (
     ADMIN_KEY,
     ApiClient,
@@ -268,13 +268,13 @@ def finished_runs(runtime: Runtime, tenant_id: str, *, count: int, seconds: floa
     with runtime.sessions.begin() as session:
         for i in range(count):
             start = now - 100 + i
-            job = repository.insert_job(session, NewJob(
+            job = jobs_sql.insert_job(session, NewJob(
                 tenant_id=tenant_id, tier="free", kind="echo", payload={},
                 order_key=start, enqueued_at=start))
             steps = ((Status.QUEUED, Status.DISPATCHED, start), (Status.DISPATCHED,
                      Status.RUNNING, start), (Status.RUNNING, Status.SUCCEEDED, start + seconds))
             for src, dst, at in steps:
-                assert repository.transition(session, job.id, src=src, attempt=1, dst=dst,
+                assert jobs_sql.transition(session, job.id, src=src, attempt=1, dst=dst,
                                              now=at)
 
 

@@ -11,7 +11,7 @@ import pytest
 from jobs.core.states import Status
 from jobs.process.settings import load_settings
 from jobs.service.tenants import create_tenant
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
 from tests.integration.api_harness import (
     ADMIN_KEY,
     ApiClient,
@@ -99,7 +99,7 @@ def test_submit_answers_202_with_location_and_body(client: ApiClient) -> None:
         "links": {"self": f"/v1/jobs/{job_id}", "result": f"/v1/jobs/{job_id}/result"},
     }
     with rt(client).sessions.begin() as session:
-        job = repository.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
     assert job is not None and job.status is Status.QUEUED
     assert job.payload == {"seconds": 2.0, "fail": False}
     assert job.start_by == job.enqueued_at + 60

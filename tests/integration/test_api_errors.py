@@ -18,7 +18,7 @@ from jobs.core.domain import NewJob
 from jobs.process.runtime import Runtime
 from jobs.process.settings import Settings, load_settings
 from jobs.service.tenants import create_tenant
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
 from tests.integration.api_harness import ADMIN_KEY, ApiClient, api_client, auth
 from tests.services import RedisServer
 
@@ -382,14 +382,14 @@ def test_redis_unreachable_gives_503_not_500(pg_url: str, key_prefix: str) -> No
         stored = NewJob(tenant_id=tenant.id, tier="free", kind="echo", payload={},
                         order_key=1.0, enqueued_at=runtime.clock())
         with runtime.sessions.begin() as session:
-            repository.insert_job(session, stored)
+            jobs_sql.insert_job(session, stored)
         with api_client(create_app(settings, runtime)) as client:
             refused = client.post("/v1/jobs", json=SLEEP, headers=auth(key))
             assert refused.status_code == 503
             assert refused.json()["error"]["type"] == "unavailable"
             assert int(refused.headers["Retry-After"]) >= 1
             with runtime.sessions.begin() as session:
-                assert len(repository.list_jobs(session, tenant_id=tenant.id)[0]) == 1
+                assert len(jobs_sql.list_jobs(session, tenant_id=tenant.id)[0]) == 1
             ready = client.get("/readyz")
             assert ready.status_code == 503 and ready.json()["error"]["type"] == "unavailable"
             assert client.get("/healthz").status_code == 200

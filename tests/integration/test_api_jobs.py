@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from jobs.core.states import Status
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
 from tests.integration.api_harness import (
     ApiClient,
     Clock,
@@ -147,7 +147,7 @@ def test_cancel_a_running_job_asks_its_handler(client: ApiClient) -> None:
     assert answer.status_code == 202
     assert answer.json() == {"id": job_id, "status": "running", "cancel_requested": True}
     with rt(client).sessions.begin() as session:
-        job = repository.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
     assert job is not None and job.cancel_requested and job.status is Status.RUNNING
     move(client, job_id, Status.SUCCEEDED, result=None)
     done = client.post(f"/v1/jobs/{job_id}/cancel", headers=auth(key))

@@ -19,7 +19,9 @@ from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.service import batches
 from jobs.store import batches as batch_repository
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import stats as stats_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from workers.handlers import default_registry
 
@@ -42,7 +44,7 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
 @pytest.fixture
 def tenant(runtime: Runtime) -> Tenant:
     with runtime.sessions.begin() as session:
-        return repository.create_tenant(session, name="evals", tier="standard",
+        return tenants_sql.create_tenant(session, name="evals", tier="standard",
                                         api_key_hash="evals", now=runtime.clock())
 
 
@@ -72,7 +74,7 @@ def test_a_batch_is_one_transaction_and_a_bad_item_leaves_nothing(
                        batches.BatchSpec(kind="echo"), poisoned())
     with runtime.sessions() as session:
         assert len(batch_repository.list_batches(session, tenant.id, limit=10)) == 1
-        assert repository.count_by_status(session)[Status.WAITING] == 2500
+        assert stats_sql.count_by_status(session)[Status.WAITING] == 2500
 
 
 def test_the_feeder_admits_up_to_the_quota_and_ages_items_from_then(
@@ -81,14 +83,14 @@ def test_the_feeder_admits_up_to_the_quota_and_ages_items_from_then(
     done = batches.submit(runtime, default_registry(), tenant,
                           batches.BatchSpec(kind="echo"), _items(50))
     with runtime.sessions.begin() as session:
-        repository.update_tenant(session, tenant.id, max_queued=7)
+        tenants_sql.update_tenant(session, tenant.id, max_queued=7)
     feeder = BatchFeeder(runtime)
     later = runtime.clock() + 30
     assert feeder.run_once(later).admitted == 7 and feeder.pending
     assert feeder.run_once(later + 1).admitted == 0  # the quota is full
     with runtime.sessions() as session:
         counts = batch_repository.counts(session, done.batch.id)
-        queued = repository.jobs_in_status(session, [Status.QUEUED])
+        queued = jobs_sql.jobs_in_status(session, [Status.QUEUED])
     assert counts == {Status.WAITING: 43, Status.QUEUED: 7}
     assert sorted(job.batch_index for job in queued) == list(range(7))
     assert all(job.enqueued_at == pytest.approx(later) for job in queued)

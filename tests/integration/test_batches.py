@@ -16,7 +16,8 @@ import pytest
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
 from jobs.fleet import pool
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import stats as stats_sql
 from tests.integration.api_harness import ApiClient, Clock, auth, move, rt
 
 pytestmark = pytest.mark.integration
@@ -87,7 +88,7 @@ def test_a_bad_item_is_named_and_nothing_is_stored(client: ApiClient) -> None:
     assert unknown.status_code == 422
     assert client.get("/v1/batches", headers=auth(key)).json()["batches"] == []
     with rt(client).sessions() as session:
-        assert repository.count_by_status(session).get(Status.WAITING, 0) == 0
+        assert stats_sql.count_by_status(session).get(Status.WAITING, 0) == 0
 
 
 def test_ndjson_is_read_as_it_streams(client: ApiClient) -> None:
@@ -147,7 +148,7 @@ def test_feeder_fills_the_tenants_quota_only_and_others_keep_their_room(
     assert client.submit(other).status_code == 202
     # The admitted items age from their admission, not from the upload.
     with runtime.sessions() as session:
-        job = repository.get_job(session, publisher.sent[0][0])
+        job = jobs_sql.get_job(session, publisher.sent[0][0])
     assert job is not None and job.enqueued_at == clock.now and job.batch_id == batch_id
     assert job.created_at < job.enqueued_at or job.created_at == clock.now
 
@@ -260,7 +261,7 @@ def test_an_item_indexed_but_not_yet_queued_is_dropped_then_fed_again(
     assert stats.dropped == 1 and stats.fed == 1
     assert [job_id for job_id, _, _ in publisher.sent] == [item.job_id]
     with runtime.sessions() as session:
-        job = repository.get_job(session, item.job_id)
+        job = jobs_sql.get_job(session, item.job_id)
     assert job is not None and job.status is Status.DISPATCHED and job.attempt == 1
 
 

@@ -29,7 +29,8 @@ from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from workers.handlers import JobContext, RetryableError, default_registry
 
@@ -71,7 +72,7 @@ def dispatcher(runtime: Runtime) -> Dispatcher:
 @pytest.fixture
 def tenant_id(runtime: Runtime) -> str:
     with runtime.sessions.begin() as s:
-        return repository.create_tenant(
+        return tenants_sql.create_tenant(
             s, name="acme", tier="standard", api_key_hash="acme", now=time.time()
         ).id
 
@@ -84,7 +85,7 @@ def queue_job(
         order_key=runtime.policy.order_key("standard", at), enqueued_at=at, **kw,
     )
     with runtime.sessions.begin() as s:
-        job = repository.insert_job(s, new)
+        job = jobs_sql.insert_job(s, new)
     if index:
         assert runtime.index.admit(indexed(job), bound=1000).accepted
     return job
@@ -92,14 +93,14 @@ def queue_job(
 
 def load(runtime: Runtime, job_id: str) -> Job:
     with runtime.sessions() as s:
-        job = repository.get_job(s, job_id)
+        job = jobs_sql.get_job(s, job_id)
     assert job is not None
     return job
 
 
 def move(runtime: Runtime, job: Job, dst: Status, now: float) -> Job:
     with runtime.sessions.begin() as s:
-        assert repository.transition(
+        assert jobs_sql.transition(
             s, job.id, src=job.status, attempt=job.attempt, dst=dst, now=now
         )
     return load(runtime, job.id)
@@ -430,7 +431,7 @@ def test_a_cancel_request_whose_flag_was_lost_reaches_the_running_job(
     job = move(runtime, load(runtime, job.id), Status.RUNNING, now)
     reconciler = dispatcher.reconciler  # its first round (a full pass) ran with the dispatch
     with runtime.sessions.begin() as s:
-        assert repository.request_cancel(s, job.id)  # ... and no flag_cancel
+        assert jobs_sql.request_cancel(s, job.id)  # ... and no flag_cancel
     assert runtime.index.renew_checked(job.id, attempt=1, ttl_s=TTL) is Renewal.HELD
 
     reconciler.run_once(now + 1)
@@ -449,13 +450,13 @@ def test_a_cancel_whose_sql_fails_leaves_the_job_queued_and_indexed(
     now = time.time()
     job = queue_job(runtime, tenant_id, at=now)
     with runtime.sessions() as s:
-        tenant = repository.get_tenant(s, tenant_id)
+        tenant = tenants_sql.get_tenant(s, tenant_id)
     assert tenant is not None
 
     def unreachable(*_: Any, **__: Any) -> bool:
         raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed"))
 
-    monkeypatch.setattr("jobs.store.repository.transition", unreachable)
+    monkeypatch.setattr("jobs.store.jobs.transition", unreachable)
     with pytest.raises(sqlalchemy.exc.OperationalError):
         submit.cancel(runtime, tenant, job.id)
 
@@ -480,7 +481,7 @@ def test_an_entry_expired_before_its_row_was_visible_is_found_and_expired(
     dispatcher.run_once(now + 2)  # due: dropped, no row yet (the pool is free, too)
     assert runtime.index.position(new.id) is None
     with runtime.sessions.begin() as s:  # the slow commit lands
-        repository.insert_job(s, new)
+        jobs_sql.insert_job(s, new)
 
     dispatcher.run_once(now + 2 + QUEUED_GRACE_S + 1)  # reconciled: indexed again
     dispatcher.run_once(now + 2 + QUEUED_GRACE_S + 2)

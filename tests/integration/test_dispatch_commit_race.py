@@ -22,7 +22,8 @@ from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 
 pytestmark = pytest.mark.integration
@@ -53,29 +54,29 @@ def test_a_row_committed_after_the_claim_is_offered_again(
 ) -> None:
     now = runtime.index.now()
     with runtime.sessions.begin() as session:
-        tenant = repository.create_tenant(session, name="racer", tier="standard",
+        tenant = tenants_sql.create_tenant(session, name="racer", tier="standard",
                                           api_key_hash="racer", now=now)
     new = NewJob(id=new_job_id(now), tenant_id=tenant.id, tier="standard", kind="sleep",
                  payload={}, order_key=runtime.policy.order_key("standard", now),
                  enqueued_at=now)
     runtime.index.requeue(IndexedJob(job_id=new.id, tenant=tenant.id, tier="standard",
                                      order_key=new.order_key))
-    real_claim = repository.claim
+    real_claim = jobs_sql.claim
 
     def claim_then_commit(session: Any, job_ids: Any, *, now: float) -> Any:
         claimed = real_claim(session, job_ids, now=now)
         with runtime.sessions.begin() as other:  # the API's INSERT lands just now
-            repository.insert_job(other, new)
+            jobs_sql.insert_job(other, new)
         return claimed
 
-    monkeypatch.setattr(repository, "claim", claim_then_commit)
+    monkeypatch.setattr(jobs_sql, "claim", claim_then_commit)
     publisher = RecordingPublisher()
     dispatcher = Dispatcher(runtime, publisher)
     first = dispatcher.run_once(now)
     assert first.dropped == 0 and publisher.sent == []
-    monkeypatch.setattr(repository, "claim", real_claim)
+    monkeypatch.setattr(jobs_sql, "claim", real_claim)
     dispatcher.run_once(now + 1.0, maintain=False)
     assert publisher.sent == [new.id]
     with runtime.sessions() as session:
-        job = repository.get_job(session, new.id)
+        job = jobs_sql.get_job(session, new.id)
     assert job is not None and job.status is Status.DISPATCHED

@@ -21,7 +21,8 @@ from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 
 pytestmark = pytest.mark.integration
@@ -72,9 +73,9 @@ def dispatcher(runtime: Runtime, publisher: RecordingPublisher) -> Dispatcher:
 
 def tenant(runtime: Runtime, name: str, tier: str = "standard", cap: int | None = None) -> str:
     with runtime.sessions.begin() as s:
-        t = repository.create_tenant(s, name=name, tier=tier, api_key_hash=name, now=T0)
+        t = tenants_sql.create_tenant(s, name=name, tier=tier, api_key_hash=name, now=T0)
         if cap is not None:
-            repository.update_tenant(s, t.id, cap=cap)
+            tenants_sql.update_tenant(s, t.id, cap=cap)
         return t.id
 
 
@@ -98,7 +99,7 @@ def queue_job(
         max_attempts=2,
     )
     with runtime.sessions.begin() as s:
-        job = repository.insert_job(s, new)
+        job = jobs_sql.insert_job(s, new)
     admitted = runtime.index.admit(indexed(job), bound=1000)
     assert admitted.accepted
     return job
@@ -106,7 +107,7 @@ def queue_job(
 
 def status(runtime: Runtime, job_id: str) -> Job:
     with runtime.sessions() as s:
-        job = repository.get_job(s, job_id)
+        job = jobs_sql.get_job(s, job_id)
     assert job is not None
     return job
 
@@ -151,7 +152,7 @@ def test_cancelled_or_expired_jobs_are_never_published(
     t = tenant(runtime, "acme")
     cancelled = queue_job(runtime, t, at=T0)
     with runtime.sessions.begin() as s:  # the API cancelled it in SQL; the index still has it
-        repository.transition(
+        jobs_sql.transition(
             s, cancelled.id, src=Status.QUEUED, attempt=1, dst=Status.CANCELLED, now=T0
         )
     late = queue_job(runtime, t, at=T0 + 1, max_wait_s=5)
@@ -210,7 +211,7 @@ def test_a_job_whose_attempts_are_spent_fails_when_its_lease_expires(
         now += 1
         dispatcher.run_once(now)
         with runtime.sessions.begin() as s:  # the worker starts it, then dies
-            assert repository.transition(s, job.id, src=Status.DISPATCHED, attempt=attempt,
+            assert jobs_sql.transition(s, job.id, src=Status.DISPATCHED, attempt=attempt,
                                          dst=Status.RUNNING, now=now)
         now += runtime.policy.lease_ttl_s + 1
         stats = dispatcher.run_once(now)

@@ -22,7 +22,8 @@ from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import (
     BlockingHandler,
@@ -65,7 +66,7 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
 @pytest.fixture
 def tenant(runtime: Runtime) -> Tenant:
     with runtime.sessions.begin() as session:
-        return repository.create_tenant(
+        return tenants_sql.create_tenant(
             session, name="acme", tier="standard", api_key_hash="hash", now=time.time()
         )
 
@@ -83,7 +84,7 @@ def submit(runtime: Runtime, tenant: Tenant, kind: str, payload: dict[str, Any],
         order_key=runtime.policy.order_key(tenant.tier, now), enqueued_at=now, **kw,
     )
     with runtime.sessions.begin() as session:
-        job = repository.insert_job(session, new)
+        job = jobs_sql.insert_job(session, new)
     indexed = IndexedJob(
         job_id=job.id, tenant=tenant.id, tier=job.tier, order_key=job.order_key,
         start_by=job.start_by,
@@ -98,9 +99,9 @@ def dispatch(runtime: Runtime, job: Job, *, now: float | None = None) -> Job:
     leases = runtime.index.dispatch(1, now=now, lease_ttl_s=LEASE_TTL_S)
     assert [lease.job_id for lease in leases] == [job.id]
     with runtime.sessions.begin() as session:
-        current = repository.get_job(session, job.id)
+        current = jobs_sql.get_job(session, job.id)
         assert current is not None
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, job.id, src=Status.QUEUED, attempt=current.attempt,
             dst=Status.DISPATCHED, now=now,
         )
@@ -109,7 +110,7 @@ def dispatch(runtime: Runtime, job: Job, *, now: float | None = None) -> Job:
 
 def load(runtime: Runtime, job_id: str) -> Job:
     with runtime.sessions() as session:
-        job = repository.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
     assert job is not None
     return job
 
@@ -118,7 +119,7 @@ def request_cancel(runtime: Runtime, job_id: str, *, flag: bool = True) -> None:
     """As the API does: the request in SQL (the commit point), then the flag on the lease,
     which is how a running job learns of it. ``flag=False``: the API stopped in between."""
     with runtime.sessions.begin() as session:
-        assert repository.request_cancel(session, job_id)
+        assert jobs_sql.request_cancel(session, job_id)
     if flag:
         runtime.index.flag_cancel(job_id)
 
@@ -249,7 +250,7 @@ def test_a_message_for_an_older_attempt_leaves_the_current_one_alone(
     # The reaper gave up on attempt 1; attempt 2 is dispatched and holds the lease.
     runtime.index.reap(now=time.time() + 3600)
     with runtime.sessions.begin() as session:
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.QUEUED, now=time.time()
         )
     runtime.index.requeue(
@@ -404,7 +405,7 @@ def test_a_late_result_after_the_lease_was_reaped_is_rejected(
     reaped = runtime.index.reap(now=time.time() + 3600)
     assert [lease.job_id for lease in reaped] == [job.id]
     with runtime.sessions.begin() as session:
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, job.id, src=Status.RUNNING, attempt=1, dst=Status.QUEUED, now=time.time()
         )
     runtime.index.requeue(
@@ -426,7 +427,7 @@ def test_the_heartbeat_renews_the_lease_and_notices_a_cancel(
     dispatched_at = time.time()
     job = dispatch(runtime, submit(runtime, tenant, "echo", {}), now=dispatched_at)
     with runtime.sessions.begin() as session:
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.RUNNING, now=time.time()
         )
     ctx = JobContext(job_id=job.id, attempt=1, tenant_id=tenant.id, kind="echo")
@@ -445,7 +446,7 @@ def test_the_heartbeat_renews_the_lease_and_notices_a_cancel(
 def test_the_heartbeat_marks_a_reaped_lease_lost(runtime: Runtime, tenant: Tenant) -> None:
     job = dispatch(runtime, submit(runtime, tenant, "echo", {}))
     with runtime.sessions.begin() as session:
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.RUNNING, now=time.time()
         )
     ctx = JobContext(job_id=job.id, attempt=1, tenant_id=tenant.id, kind="echo")
@@ -462,7 +463,7 @@ def test_a_running_job_costs_the_database_nothing(runtime: Runtime, tenant: Tena
     statement runs while the handler does (a hung database cannot cost the job its lease)."""
     job = dispatch(runtime, submit(runtime, tenant, "echo", {}))
     with runtime.sessions.begin() as session:
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.RUNNING, now=time.time()
         )
     statements: list[str] = []

@@ -17,13 +17,15 @@ import redis
 from jobs.core.domain import NewJob
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
-from jobs.dispatch.dispatcher import Dispatcher, DispatchStats, lead_once
+from jobs.dispatch.dispatcher import Dispatcher, DispatchStats
 from jobs.dispatch.leadership import Leadership
+from jobs.dispatch.loop import lead_once
 from jobs.index import IndexedJob, MemoryIndex, NotLeader, RedisIndex
 from jobs.index.keys import IndexKeys
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.services import delete_prefixed
 
@@ -181,12 +183,12 @@ def queue_jobs(runtime: Runtime, n: int) -> list[str]:
     now = time.time()
     with runtime.sessions.begin() as s:
         tenants = [
-            repository.create_tenant(s, name=f"t{i}", tier="standard", api_key_hash=f"h{i}",
+            tenants_sql.create_tenant(s, name=f"t{i}", tier="standard", api_key_hash=f"h{i}",
                                      now=now)
             for i in range(n)
         ]
         jobs = [
-            repository.insert_job(s, NewJob(
+            jobs_sql.insert_job(s, NewJob(
                 id=new_job_id(now - 60), tenant_id=t.id, tier="standard", kind="echo",
                 payload={}, order_key=now + i, enqueued_at=now + i,
             ))
@@ -244,6 +246,6 @@ def test_a_deposed_dispatcher_dispatches_nothing_and_stands_by(
     stats = lead_once(new, new_lead, time.time())
     assert stats is not None and stats.dispatched == 1
     with runtime.sessions() as s:
-        assert [j.status for j in repository.jobs_in_status(s, [Status.DISPATCHED])] == [
+        assert [j.status for j in jobs_sql.jobs_in_status(s, [Status.DISPATCHED])] == [
             Status.DISPATCHED
         ]

@@ -26,7 +26,8 @@ from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.services import RedisServer, delete_prefixed
 
@@ -66,9 +67,9 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
 
 def tenant(runtime: Runtime, name: str, cap: int | None = None) -> str:
     with runtime.sessions.begin() as s:
-        t = repository.create_tenant(s, name=name, tier="standard", api_key_hash=name, now=T0)
+        t = tenants_sql.create_tenant(s, name=name, tier="standard", api_key_hash=name, now=T0)
         if cap is not None:
-            repository.update_tenant(s, t.id, cap=cap)
+            tenants_sql.update_tenant(s, t.id, cap=cap)
         return t.id
 
 
@@ -79,7 +80,7 @@ def make_job(runtime: Runtime, tenant_id: str, at: float, **fields: Any) -> Job:
         order_key=runtime.policy.order_key("standard", at), enqueued_at=at, **fields,
     )
     with runtime.sessions.begin() as s:
-        job = repository.insert_job(s, new)
+        job = jobs_sql.insert_job(s, new)
     assert runtime.index.admit(indexed(job), bound=1000).accepted
     return job
 
@@ -88,7 +89,7 @@ def move(runtime: Runtime, job: Job, src: Status, *steps: Status, **fields: Any)
     """Walk a job from ``src`` through ``steps`` in SQL (the index is not told)."""
     with runtime.sessions.begin() as s:
         for dst in steps:
-            assert repository.transition(
+            assert jobs_sql.transition(
                 s, job.id, src=src, attempt=job.attempt, dst=dst, now=T0, **fields
             )
             src = dst

@@ -15,7 +15,9 @@ from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.errors import DuplicateJob, IllegalTransition, InvalidRequest
 from jobs.core.ids import new_job_id
 from jobs.core.states import NEW_ATTEMPT, TRANSITIONS, Status
-from jobs.store import repository as repo
+from jobs.store import jobs as jobs_sql
+from jobs.store import stats as stats_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 
 pytestmark = pytest.mark.integration
@@ -52,7 +54,7 @@ def tenant(sessions: sessionmaker[Session]) -> Tenant:
 
 def _tenant(sessions: sessionmaker[Session], name: str, tier: str = "free") -> Tenant:
     with sessions.begin() as session:
-        return repo.create_tenant(
+        return tenants_sql.create_tenant(
             session, name=name, tier=tier, api_key_hash=f"hash-{name}", now=T0
         )
 
@@ -71,19 +73,19 @@ def _new(tenant: Tenant, **overrides: Any) -> NewJob:
 
 def _insert(sessions: sessionmaker[Session], tenant: Tenant, **overrides: Any) -> Job:
     with sessions.begin() as session:
-        return repo.insert_job(session, _new(tenant, **overrides))
+        return jobs_sql.insert_job(session, _new(tenant, **overrides))
 
 
 def _get(sessions: sessionmaker[Session], job_id: str) -> Job:
     with sessions.begin() as session:
-        job = repo.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
     assert job is not None
     return job
 
 
 def _move(sessions: sessionmaker[Session], job: Job, dst: Status, now: float = T0) -> Job:
     with sessions.begin() as session:
-        assert repo.transition(
+        assert jobs_sql.transition(
             session, job.id, src=job.status, attempt=job.attempt, dst=dst, now=now
         )
     return _get(sessions, job.id)
@@ -108,12 +110,12 @@ def test_tenant_create_read_update(sessions: sessionmaker[Session], tenant: Tena
     assert tenant.name == "acme" and tenant.tier == "free" and tenant.created_at == T0
     assert tenant.cap is None and tenant.rate_per_s is None
     with sessions.begin() as session:
-        assert repo.get_tenant(session, tenant.id) == tenant
-        assert repo.tenant_by_name(session, "acme") == tenant
-        assert repo.tenant_by_key_hash(session, "hash-acme") == tenant
-        assert repo.tenant_by_key_hash(session, "nope") is None
-        assert repo.get_tenant(session, "missing") is None
-        updated = repo.update_tenant(
+        assert tenants_sql.get_tenant(session, tenant.id) == tenant
+        assert tenants_sql.tenant_by_name(session, "acme") == tenant
+        assert tenants_sql.tenant_by_key_hash(session, "hash-acme") == tenant
+        assert tenants_sql.tenant_by_key_hash(session, "nope") is None
+        assert tenants_sql.get_tenant(session, "missing") is None
+        updated = tenants_sql.update_tenant(
             session, tenant.id, tier="premium", api_key_hash="new", cap=2, rate_per_s=1.5
         )
     assert updated is not None
@@ -121,18 +123,18 @@ def test_tenant_create_read_update(sessions: sessionmaker[Session], tenant: Tena
         "premium", "new", 2, 1.5,
     )  # fmt: skip
     with sessions.begin() as session:
-        assert repo.tenant_by_key_hash(session, "new") == updated
-        assert repo.tenant_by_key_hash(session, "hash-acme") is None
-        assert repo.update_tenant(session, "missing", tier="free") is None
+        assert tenants_sql.tenant_by_key_hash(session, "new") == updated
+        assert tenants_sql.tenant_by_key_hash(session, "hash-acme") is None
+        assert tenants_sql.update_tenant(session, "missing", tier="free") is None
         with pytest.raises(TypeError):
-            repo.update_tenant(session, tenant.id, name="renamed")
+            tenants_sql.update_tenant(session, tenant.id, name="renamed")
 
 
 def test_list_tenants(sessions: sessionmaker[Session]) -> None:
     for name in ("zeta", "alpha"):
         _tenant(sessions, name)
     with sessions.begin() as session:
-        assert [t.name for t in repo.list_tenants(session)] == ["alpha", "zeta"]
+        assert [t.name for t in tenants_sql.list_tenants(session)] == ["alpha", "zeta"]
 
 
 def test_duplicate_tenant_name_is_invalid_and_transaction_survives(
@@ -140,10 +142,11 @@ def test_duplicate_tenant_name_is_invalid_and_transaction_survives(
 ) -> None:
     with sessions.begin() as session:
         with pytest.raises(InvalidRequest):
-            repo.create_tenant(session, name="acme", tier="free", api_key_hash="other", now=T0)
-        repo.create_tenant(session, name="beta", tier="free", api_key_hash="beta", now=T0)
+            tenants_sql.create_tenant(session, name="acme", tier="free", api_key_hash="other",
+                                      now=T0)
+        tenants_sql.create_tenant(session, name="beta", tier="free", api_key_hash="beta", now=T0)
     with sessions.begin() as session:
-        assert [t.name for t in repo.list_tenants(session)] == ["acme", "beta"]
+        assert [t.name for t in tenants_sql.list_tenants(session)] == ["acme", "beta"]
 
 
 # -- jobs: insert, read, isolation -----------------------------------------------------------
@@ -163,9 +166,9 @@ def test_another_tenants_job_is_invisible(sessions: sessionmaker[Session], tenan
     other = _tenant(sessions, "other")
     job = _insert(sessions, tenant)
     with sessions.begin() as session:
-        assert repo.get_job(session, job.id, tenant_id=other.id) is None
-        assert repo.get_job(session, job.id, tenant_id=tenant.id) == job
-        assert repo.list_jobs(session, tenant_id=other.id, limit=10) == ([], None)
+        assert jobs_sql.get_job(session, job.id, tenant_id=other.id) is None
+        assert jobs_sql.get_job(session, job.id, tenant_id=tenant.id) == job
+        assert jobs_sql.list_jobs(session, tenant_id=other.id, limit=10) == ([], None)
 
 
 def test_duplicate_idempotency_key(sessions: sessionmaker[Session], tenant: Tenant) -> None:
@@ -173,17 +176,17 @@ def test_duplicate_idempotency_key(sessions: sessionmaker[Session], tenant: Tena
     other = _tenant(sessions, "other")
     with sessions.begin() as session:
         with pytest.raises(DuplicateJob) as raised:
-            repo.insert_job(session, _new(tenant, idempotency_key="once"))
+            jobs_sql.insert_job(session, _new(tenant, idempotency_key="once"))
         assert raised.value.job_id == first.id
         assert raised.value.job == first  # the stored job, for the caller to compare
         # The outer transaction is still usable after the failed insert.
-        later = repo.insert_job(session, _new(tenant, idempotency_key="twice"))
-        theirs = repo.insert_job(session, _new(other, idempotency_key="once"))
+        later = jobs_sql.insert_job(session, _new(tenant, idempotency_key="twice"))
+        theirs = jobs_sql.insert_job(session, _new(other, idempotency_key="once"))
     with sessions.begin() as session:
-        assert repo.job_by_idempotency_key(session, tenant.id, "once") == first
-        assert repo.job_by_idempotency_key(session, tenant.id, "twice") == later
-        assert repo.job_by_idempotency_key(session, other.id, "once") == theirs
-        jobs, _ = repo.list_jobs(session, tenant_id=tenant.id, limit=10)
+        assert jobs_sql.job_by_idempotency_key(session, tenant.id, "once") == first
+        assert jobs_sql.job_by_idempotency_key(session, tenant.id, "twice") == later
+        assert jobs_sql.job_by_idempotency_key(session, other.id, "once") == theirs
+        jobs, _ = jobs_sql.list_jobs(session, tenant_id=tenant.id, limit=10)
     assert {j.id for j in jobs} == {first.id, later.id}
 
 
@@ -202,15 +205,15 @@ def test_list_jobs_newest_first_with_cursor_and_status(
     with sessions.begin() as session:
         seen, cursor, pages = [], None, 0
         while True:
-            page, cursor = repo.list_jobs(session, tenant_id=tenant.id, limit=3, cursor=cursor)
+            page, cursor = jobs_sql.list_jobs(session, tenant_id=tenant.id, limit=3, cursor=cursor)
             seen += [j.id for j in page]
             pages += 1
             if cursor is None:
                 break
         assert (seen, pages) == (newest_first, 3)
-        page, cursor = repo.list_jobs(session, tenant_id=tenant.id, status=D, limit=3)
+        page, cursor = jobs_sql.list_jobs(session, tenant_id=tenant.id, status=D, limit=3)
         assert [j.id for j in page] == [made[6].id, made[4].id, made[2].id]
-        page, cursor = repo.list_jobs(session, tenant_id=tenant.id, status=D, cursor=cursor)
+        page, cursor = jobs_sql.list_jobs(session, tenant_id=tenant.id, status=D, cursor=cursor)
         assert ([j.id for j in page], cursor) == ([made[0].id], None)
         assert all(j.status is D for j in page)
 
@@ -220,12 +223,12 @@ def test_list_jobs_rejects_a_bad_cursor(
     sessions: sessionmaker[Session], tenant: Tenant, cursor: str
 ) -> None:
     with sessions.begin() as session, pytest.raises(InvalidRequest):
-        repo.list_jobs(session, tenant_id=tenant.id, limit=10, cursor=cursor)
+        jobs_sql.list_jobs(session, tenant_id=tenant.id, limit=10, cursor=cursor)
 
 
 def test_list_jobs_rejects_a_zero_limit(sessions: sessionmaker[Session], tenant: Tenant) -> None:
     with sessions.begin() as session, pytest.raises(InvalidRequest):
-        repo.list_jobs(session, tenant_id=tenant.id, limit=0)
+        jobs_sql.list_jobs(session, tenant_id=tenant.id, limit=0)
 
 
 # -- transitions -----------------------------------------------------------------------------
@@ -259,7 +262,7 @@ def test_legal_transition_fails_from_a_wrong_status(
 ) -> None:
     job = _job_in(sessions, tenant, D if src is Q else Q, attempt=1)
     with sessions.begin() as session:
-        assert not repo.transition(session, job.id, src=src, attempt=1, dst=dst, now=T0 + 9)
+        assert not jobs_sql.transition(session, job.id, src=src, attempt=1, dst=dst, now=T0 + 9)
     assert _get(sessions, job.id) == job
 
 
@@ -270,8 +273,8 @@ def test_legal_transition_fails_with_a_stale_attempt(
     job = _job_in(sessions, tenant, src, attempt=2)
     with sessions.begin() as session:
         for stale in (1, 3):
-            assert not repo.transition(session, job.id, src=src, attempt=stale, dst=dst, now=T0)
-        assert not repo.transition(session, "no-such-job", src=src, attempt=2, dst=dst, now=T0)
+            assert not jobs_sql.transition(session, job.id, src=src, attempt=stale, dst=dst, now=T0)
+        assert not jobs_sql.transition(session, "no-such-job", src=src, attempt=2, dst=dst, now=T0)
     assert _get(sessions, job.id) == job
 
 
@@ -288,7 +291,7 @@ def test_illegal_transition_raises_before_any_sql(
     sa.event.listen(engine, "before_cursor_execute", record)
     try:
         with sessions.begin() as session, pytest.raises(IllegalTransition):
-            repo.transition(session, job.id, src=src, attempt=1, dst=dst, now=T0)
+            jobs_sql.transition(session, job.id, src=src, attempt=1, dst=dst, now=T0)
     finally:
         sa.event.remove(engine, "before_cursor_execute", record)
     assert not [s for s in statements if "jobs" in s]
@@ -299,8 +302,8 @@ def test_transition_fields(sessions: sessionmaker[Session], tenant: Tenant) -> N
     job = _job_in(sessions, tenant, R, attempt=1)
     with sessions.begin() as session:
         with pytest.raises(TypeError):
-            repo.transition(session, job.id, src=R, attempt=1, dst=Q, now=T0, status="x")
-        assert repo.transition(
+            jobs_sql.transition(session, job.id, src=R, attempt=1, dst=Q, now=T0, status="x")
+        assert jobs_sql.transition(
             session, job.id, src=R, attempt=1, dst=Q, now=T0 + 5, error="boom", not_before=T0 + 9
         )
     retried = _get(sessions, job.id)
@@ -309,7 +312,7 @@ def test_transition_fields(sessions: sessionmaker[Session], tenant: Tenant) -> N
     retried = _move(sessions, _move(sessions, retried, D), R)
     with sessions.begin() as session:
         result = {"out": [1, 2, {"x": None}]}
-        assert repo.transition(
+        assert jobs_sql.transition(
             session, job.id, src=R, attempt=2, dst=Status.SUCCEEDED, now=T0 + 20, result=result
         )
     done = _get(sessions, job.id)
@@ -327,7 +330,7 @@ def test_claim_takes_queued_jobs_in_time_in_one_statement(
     engine = sessions.kw["bind"]
     sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     with sessions.begin() as session:
-        claimed = repo.claim(
+        claimed = jobs_sql.claim(
             session, [fresh.id, second.id, late.id, running.id, "no-such-job"], now=T0 + 5
         )
     assert sorted(claimed) == sorted([fresh.id, second.id])
@@ -344,13 +347,13 @@ def test_start_moves_this_attempt_to_running_and_returns_the_row(
 ) -> None:
     job = _move(sessions, _insert(sessions, tenant, max_wait_s=10.0), D)
     with sessions.begin() as session:
-        assert repo.start(session, job.id, attempt=2, now=T0 + 1) is None  # another attempt
-        started = repo.start(session, job.id, attempt=1, now=T0 + 1)
+        assert jobs_sql.start(session, job.id, attempt=2, now=T0 + 1) is None  # another attempt
+        started = jobs_sql.start(session, job.id, attempt=1, now=T0 + 1)
     assert started is not None
     assert (started.status, started.starts, started.started_at) == (R, 1, T0 + 1)
     assert started.payload == job.payload
     with sessions.begin() as session:
-        assert repo.start(session, job.id, attempt=1, now=T0 + 2) is None  # not dispatched
+        assert jobs_sql.start(session, job.id, attempt=1, now=T0 + 2) is None  # not dispatched
 
 
 @pytest.mark.parametrize("why", ["cancel", "late"])
@@ -361,11 +364,11 @@ def test_start_refuses_a_job_that_must_not_compute(
     now = T0 + 1
     if why == "cancel":
         with sessions.begin() as session:
-            assert repo.request_cancel(session, job.id)
+            assert jobs_sql.request_cancel(session, job.id)
     else:
         now = T0 + 10  # start_by reached
     with sessions.begin() as session:
-        assert repo.start(session, job.id, attempt=1, now=now) is None
+        assert jobs_sql.start(session, job.id, attempt=1, now=now) is None
     assert _get(sessions, job.id).status is D
 
 
@@ -373,10 +376,10 @@ def test_request_cancel(sessions: sessionmaker[Session], tenant: Tenant) -> None
     running = _job_in(sessions, tenant, R, attempt=1)
     finished = _move(sessions, _job_in(sessions, tenant, R, attempt=1), Status.SUCCEEDED)
     with sessions.begin() as session:
-        assert repo.request_cancel(session, running.id)
-        assert repo.request_cancel(session, running.id)  # asking twice is harmless
-        assert not repo.request_cancel(session, finished.id)
-        assert not repo.request_cancel(session, "no-such-job")
+        assert jobs_sql.request_cancel(session, running.id)
+        assert jobs_sql.request_cancel(session, running.id)  # asking twice is harmless
+        assert not jobs_sql.request_cancel(session, finished.id)
+        assert not jobs_sql.request_cancel(session, "no-such-job")
     assert _get(sessions, running.id).cancel_requested
     assert not _get(sessions, finished.id).cancel_requested
 
@@ -388,10 +391,11 @@ def test_concurrent_cas_has_one_winner(sessions: sessionmaker[Session], tenant: 
 
     def second() -> None:
         with sessions.begin() as session:
-            outcome.append(repo.transition(session, job.id, src=Q, attempt=1, dst=D, now=T0 + 2))
+            outcome.append(jobs_sql.transition(session, job.id, src=Q, attempt=1, dst=D,
+                                               now=T0 + 2))
 
     with sessions.begin() as session:
-        assert repo.transition(session, job.id, src=Q, attempt=1, dst=D, now=T0 + 1)
+        assert jobs_sql.transition(session, job.id, src=Q, attempt=1, dst=D, now=T0 + 1)
         thread = threading.Thread(target=second)
         thread.start()
         thread.join(0.3)
@@ -410,7 +414,7 @@ def test_many_racers_one_winner(sessions: sessionmaker[Session], tenant: Tenant)
     def race(i: int) -> None:
         barrier.wait(5)
         with sessions.begin() as session:
-            won = repo.transition(session, job.id, src=Q, attempt=1, dst=D, now=T0 + i)
+            won = jobs_sql.transition(session, job.id, src=Q, attempt=1, dst=D, now=T0 + i)
         outcome.append(won)
 
     threads = [threading.Thread(target=race, args=(i,)) for i in range(racers)]
@@ -432,9 +436,9 @@ def test_jobs_in_status_and_counts(sessions: sessionmaker[Session], tenant: Tena
     flying = _move(sessions, _insert(sessions, tenant, order_key=T0 + 1), D)
     _move(sessions, _insert(sessions, tenant), Status.CANCELLED)
     with sessions.begin() as session:
-        queued = repo.jobs_in_status(session, [Q])
-        live = repo.jobs_in_status(session, [Q, D, R])
-        counts = repo.count_by_status(session)
+        queued = jobs_sql.jobs_in_status(session, [Q])
+        live = jobs_sql.jobs_in_status(session, [Q, D, R])
+        counts = stats_sql.count_by_status(session)
     assert [j.id for j in queued] == [*sorted([early.id, tie.id]), late.id]
     assert live[0].id == flying.id and len(live) == 4
     assert counts == dict.fromkeys(Status, 0) | {Q: 3, D: 1, Status.CANCELLED: 1}
@@ -449,11 +453,12 @@ def test_recent_service_times_and_waits(sessions: sessionmaker[Session], tenant:
     _move(sessions, _move(sessions, _insert(sessions, tenant), D), Status.FAILED)  # never ran
     _move(sessions, _move(sessions, _insert(sessions, premium), D), R, now=T0 + 30)
     with sessions.begin() as session:
-        assert repo.recent_service_times(session, limit=10) == pytest.approx([4.0, 2.0])
-        assert repo.recent_service_times(session, limit=1) == pytest.approx([4.0])
-        assert repo.recent_waits(session, tier="free", since=T0) == pytest.approx([10.0, 11.0])
-        assert repo.recent_waits(session, tier="free", since=T0 + 10.5) == pytest.approx([11.0])
-        assert repo.recent_waits(session, tier="premium", since=T0) == pytest.approx([30.0])
+        assert stats_sql.recent_service_times(session, limit=10) == pytest.approx([4.0, 2.0])
+        assert stats_sql.recent_service_times(session, limit=1) == pytest.approx([4.0])
+        assert stats_sql.recent_waits(session, tier="free", since=T0) == pytest.approx([10.0, 11.0])
+        waits = stats_sql.recent_waits(session, tier="free", since=T0 + 10.5)
+        assert waits == pytest.approx([11.0])
+        assert stats_sql.recent_waits(session, tier="premium", since=T0) == pytest.approx([30.0])
 
 
 # -- the seam: foreign keys and times ------------------------------------------
@@ -461,7 +466,7 @@ def test_recent_service_times_and_waits(sessions: sessionmaker[Session], tenant:
 
 def test_job_of_unknown_tenant_is_refused(sessions: sessionmaker[Session], tenant: Tenant) -> None:
     with sessions.begin() as session, pytest.raises(sa.exc.IntegrityError):
-        repo.insert_job(session, _new(tenant, tenant_id="no-such-tenant"))
+        jobs_sql.insert_job(session, _new(tenant, tenant_id="no-such-tenant"))
 
 
 def test_times_round_trip_to_the_microsecond(

@@ -23,7 +23,10 @@ from jobs.dispatch.retention import PRUNE_PERIOD_S, Retention
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import stats as stats_sql
+from jobs.store import tenants as tenants_sql
+from jobs.store import upkeep as upkeep_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from jobs.store.models import JobRow, JobTombstoneRow
 from tests.integration.api_harness import ApiClient, Clock, auth, dispatch_one, move, rt
@@ -60,7 +63,7 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
 
 def tenant(runtime: Runtime, name: str, tier: str) -> str:
     with runtime.sessions.begin() as s:
-        return repository.create_tenant(s, name=name, tier=tier, api_key_hash=name, now=T0).id
+        return tenants_sql.create_tenant(s, name=name, tier=tier, api_key_hash=name, now=T0).id
 
 
 def job(session: Session, tenant_id: str, tier: str, *, at: float,
@@ -68,11 +71,11 @@ def job(session: Session, tenant_id: str, tier: str, *, at: float,
     """A job submitted and taken to ``status`` at ``at``."""
     new = NewJob(id=new_job_id(at), tenant_id=tenant_id, tier=tier, kind="echo", payload={},
                  order_key=at, enqueued_at=at)
-    repository.insert_job(session, new)
+    jobs_sql.insert_job(session, new)
     src, attempt = Status.QUEUED, 1
     for step in PATHS[status]:
         extra: dict[str, Any] = {"result": {"ok": True}} if step is Status.SUCCEEDED else {}
-        assert repository.transition(session, new.id, src=src, attempt=attempt, dst=step,
+        assert jobs_sql.transition(session, new.id, src=src, attempt=attempt, dst=step,
                                      now=at, **extra)
         src = step
     return new.id
@@ -90,7 +93,7 @@ def count(runtime: Runtime, table: type[Any]) -> int:
 
 def totals(runtime: Runtime) -> dict[str, tuple[int, int]]:
     with runtime.sessions() as s:
-        return repository.retention_totals(s)
+        return stats_sql.retention_totals(s)
 
 
 # -- batches, periods, abandoned ---------------------------------------------------------------
@@ -140,8 +143,8 @@ def test_abandoned_counts_succeeded_jobs_whose_result_was_never_fetched(
     owner = tenant(runtime, "a", "premium")
     with runtime.sessions.begin() as s:
         fetched = job(s, owner, "premium", at=T0)
-        assert repository.mark_result_fetched(s, fetched, now=T0 + 1)
-        assert not repository.mark_result_fetched(s, fetched, now=T0 + 2)  # the first only
+        assert jobs_sql.mark_result_fetched(s, fetched, now=T0 + 1)
+        assert not jobs_sql.mark_result_fetched(s, fetched, now=T0 + 2)  # the first only
         for status in (Status.SUCCEEDED, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED):
             job(s, owner, "premium", at=T0, status=status)
     stats = Retention(runtime.sessions, runtime.policy).run_once(T0 + 2000)
@@ -161,12 +164,12 @@ def test_tombstones_say_gone_to_the_owner_only_and_are_pruned_a_period_later(
     retention = Retention(runtime.sessions, runtime.policy)
     assert retention.run_once(T0 + 101).pruned == {"free": 1}
     with runtime.sessions() as s:
-        assert repository.was_pruned(s, gone, tenant_id=owner)
-        assert not repository.was_pruned(s, gone, tenant_id=other)
+        assert upkeep_sql.was_pruned(s, gone, tenant_id=owner)
+        assert not upkeep_sql.was_pruned(s, gone, tenant_id=other)
     assert retention.run_once(T0 + 201).tombstones == 0  # kept 100 s after the prune
     assert retention.run_once(T0 + 202).tombstones == 1
     with runtime.sessions() as s:
-        assert not repository.was_pruned(s, gone, tenant_id=owner)
+        assert not upkeep_sql.was_pruned(s, gone, tenant_id=owner)
 
 
 # -- the dispatcher's upkeep ---------------------------------------------------------------------
@@ -205,7 +208,7 @@ def test_a_failing_prune_never_stops_dispatching(
     with runtime.sessions.begin() as s:
         job(s, owner, "free", at=T0)
         queued = job(s, owner, "free", at=T0 + 150, status=Status.QUEUED)
-        waiting = repository.get_job(s, queued)
+        waiting = jobs_sql.get_job(s, queued)
         assert waiting is not None
     assert runtime.index.admit(indexed(waiting), bound=10).accepted
     with runtime.engine.begin() as conn:  # the pruner's table is gone: every prune fails

@@ -27,7 +27,8 @@ from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from tests.services import RedisServer
 from workers.handlers import default_registry
 from workers.publisher import CeleryPublisher
@@ -111,17 +112,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
 def tenant(runtime: Runtime, name: str) -> Tenant:
     """A standard tenant that may queue more than a one-slot pool's quota."""
     with runtime.sessions.begin() as session:
-        created = repository.create_tenant(
+        created = tenants_sql.create_tenant(
             session, name=name, tier="standard", api_key_hash=name, now=time.time()
         )
-        updated = repository.update_tenant(session, created.id, max_queued=10)
+        updated = tenants_sql.update_tenant(session, created.id, max_queued=10)
     assert updated is not None
     return updated
 
 
 def load(runtime: Runtime, job_id: str) -> Job:
     with runtime.sessions() as session:
-        job = repository.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
     assert job is not None
     return job
 
@@ -154,7 +155,7 @@ def test_sigterm_finishes_the_job_in_hand_takes_nothing_new_and_loses_nothing(
     [lease] = runtime.index.dispatch(1, now=time.time(), lease_ttl_s=300)
     assert lease.job_id == sent.id
     with runtime.sessions.begin() as session:
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, sent.id, src=Status.QUEUED, attempt=1, dst=Status.DISPATCHED, now=time.time()
         )
     dispatcher.publisher.publish(sent.id, 1, sent.tier)

@@ -15,7 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.states import Status
-from jobs.store import repository as repo
+from jobs.store import jobs as jobs_sql
+from jobs.store import stats as stats_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 
 pytestmark = pytest.mark.integration
@@ -40,7 +42,8 @@ def sessions(engine: sa.Engine) -> sessionmaker[Session]:
 @pytest.fixture
 def tenant(sessions: sessionmaker[Session]) -> Tenant:
     with sessions.begin() as session:
-        return repo.create_tenant(session, name="acme", tier="free", api_key_hash="h", now=T0)
+        return tenants_sql.create_tenant(session, name="acme", tier="free", api_key_hash="h",
+                                         now=T0)
 
 
 def _new(tenant: Tenant) -> NewJob:
@@ -50,16 +53,16 @@ def _new(tenant: Tenant) -> NewJob:
 
 def _insert(sessions: sessionmaker[Session], tenant: Tenant) -> Job:
     with sessions.begin() as session:
-        return repo.insert_job(session, _new(tenant))
+        return jobs_sql.insert_job(session, _new(tenant))
 
 
 def _claim(sessions: sessionmaker[Session], job_ids: list[str]) -> list[str]:
     """What a dispatch round does in SQL: read the leased jobs, CAS each queued → dispatched."""
     with sessions.begin() as session:
-        jobs = repo.get_jobs(session, job_ids)
+        jobs = jobs_sql.get_jobs(session, job_ids)
         return [
             job.id for job in jobs.values()
-            if repo.transition(session, job.id, src=Q, attempt=job.attempt, dst=D, now=T0 + 1)
+            if jobs_sql.transition(session, job.id, src=Q, attempt=job.attempt, dst=D, now=T0 + 1)
         ]
 
 
@@ -73,7 +76,7 @@ class _Writer:
 
     def _run(self, sessions: sessionmaker[Session], tenant: Tenant) -> None:
         with sessions.begin() as session:
-            repo.insert_job(session, _new(tenant))
+            jobs_sql.insert_job(session, _new(tenant))
             self._held.set()
             self._release.wait(10)
 
@@ -104,7 +107,7 @@ def test_read_then_update_waits_for_the_writer(
     assert claimed == [job.id]
     assert waited >= HOLD_S * 0.75  # it waited for the writer's commit
     with sessions() as session:
-        landed = repo.get_job(session, job.id)
+        landed = jobs_sql.get_job(session, job.id)
     assert landed is not None and landed.status is D
 
 
@@ -114,10 +117,10 @@ def test_reads_neither_wait_for_writers_nor_hold_them_up(
     job = _insert(sessions, tenant)
     with _Writer(sessions, tenant), sessions() as reader:
         started = time.monotonic()
-        assert repo.get_job(reader, job.id) is not None  # the writer holds the lock meanwhile
+        assert jobs_sql.get_job(reader, job.id) is not None  # the writer holds the lock meanwhile
         assert time.monotonic() - started < HOLD_S
     with sessions() as reader:
-        assert repo.get_job(reader, job.id) is not None  # an open read snapshot...
+        assert jobs_sql.get_job(reader, job.id) is not None  # an open read snapshot...
         started = time.monotonic()
         assert _claim(sessions, [job.id]) == [job.id]  # ...and a writer goes ahead at once
         assert time.monotonic() - started < HOLD_S
@@ -165,7 +168,7 @@ def test_no_dispatch_round_lost_under_concurrent_submits(
     assert errors == []
     assert len(claimed) == submitters * per_submitter
     with sessions() as session:
-        counts = repo.count_by_status(session)
+        counts = stats_sql.count_by_status(session)
     assert counts[D] == submitters * per_submitter
     assert counts[Q] == 0
 

@@ -26,7 +26,9 @@ from jobs.execution.attempt import execute
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import blobs as blobs_sql
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.integration.api_harness import auth, make_settings, running_api
 from tests.services import RedisServer
@@ -59,7 +61,7 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str,
 
 def tenant(runtime: Runtime) -> str:
     with runtime.sessions.begin() as s:
-        return repository.create_tenant(s, name="acme", tier="standard", api_key_hash="acme",
+        return tenants_sql.create_tenant(s, name="acme", tier="standard", api_key_hash="acme",
                                         now=T0).id
 
 
@@ -67,7 +69,7 @@ def insert(session: Session, tenant_id: str, *, at: float, blob: str | None = No
            kind: str = "echo", payload: dict[str, Any] | None = None) -> str:
     new = NewJob(id=new_job_id(at), tenant_id=tenant_id, tier="standard", kind=kind,
                  payload=payload or {}, order_key=at, enqueued_at=at, blob=blob)
-    repository.insert_job(session, new)
+    jobs_sql.insert_job(session, new)
     return new.id
 
 
@@ -75,7 +77,7 @@ def finish(session: Session, job_id: str, *, at: float, **fields: Any) -> None:
     src = Status.QUEUED
     for dst in (Status.DISPATCHED, Status.RUNNING, Status.SUCCEEDED):
         extra = fields if dst is Status.SUCCEEDED else {}
-        assert repository.transition(session, job_id, src=src, attempt=1, dst=dst, now=at,
+        assert jobs_sql.transition(session, job_id, src=src, attempt=1, dst=dst, now=at,
                                      **extra)
         src = dst
 
@@ -99,8 +101,8 @@ def test_only_blobs_no_job_names_are_pruned_and_only_after_the_grace(
     assert not store.exists(orphan)
     assert all(store.exists(sha) for sha in (kept, result, young))
     with sessions() as s:
-        assert repository.blob_size(s, orphan) is None
-        assert repository.blob_size(s, young) == len(b"an upload whose job is on its way")
+        assert blobs_sql.blob_size(s, orphan) is None
+        assert blobs_sql.blob_size(s, young) == len(b"an upload whose job is on its way")
 
 
 def test_a_blob_goes_with_the_last_job_that_names_it(runtime: Runtime, store: BlobStore) -> None:
@@ -138,12 +140,12 @@ def test_a_writer_never_loses_its_blob_to_a_pruner_that_holds_it(
         written.set()
 
     with sessions.begin() as s:
-        assert repository.take_unreferenced_blobs(s, before=T0 + 1, limit=10) == [sha]
+        assert blobs_sql.take_unreferenced_blobs(s, before=T0 + 1, limit=10) == [sha]
         store.delete(sha)
         writer = threading.Thread(target=upload)
         writer.start()
         assert not written.wait(0.5), "the writer did not wait for the pruner's row"
-        repository.forget_blobs(s, [sha])
+        blobs_sql.forget_blobs(s, [sha])
     writer.join(10)
 
     assert written.is_set() and store.exists(sha)
@@ -168,7 +170,7 @@ def test_a_large_result_is_kept_as_a_blob_and_handed_out_through_a_link(
             ids.append(response.json()["id"])
             leases = runtime.index.dispatch(1, now=runtime.clock(), lease_ttl_s=30)
             with runtime.sessions.begin() as s:
-                assert repository.claim(s, [lease.job_id for lease in leases],
+                assert jobs_sql.claim(s, [lease.job_id for lease in leases],
                                         now=runtime.clock())
             assert execute(runtime, default_registry(""), ids[-1], 1,
                            worker_id="w@test") == "succeeded"
@@ -209,9 +211,9 @@ def test_an_upload_records_its_blob_and_its_job_names_it(
         body = response.json()
         runtime = client.runtime
         with runtime.sessions() as s:
-            job = repository.get_job(s, body["id"])
+            job = jobs_sql.get_job(s, body["id"])
             assert job is not None and job.blob == body["document"]["sha256"] == digest(text)
-            assert repository.blob_size(s, digest(text)) == len(text)
+            assert blobs_sql.blob_size(s, digest(text)) == len(text)
         # Named by a queued job: kept, however old.
         assert prune_blobs(runtime.sessions, BlobStore(str(tmp_path / "blobs")),
                            now=runtime.clock() + 10 * BLOB_GRACE_S) == 0

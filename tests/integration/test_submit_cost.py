@@ -28,7 +28,8 @@ from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from jobs.store.models import JobRow
 from workers.handlers import default_registry
@@ -60,7 +61,7 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
 @pytest.fixture
 def tenant(runtime: Runtime) -> Tenant:
     with runtime.sessions.begin() as session:
-        return repository.create_tenant(session, name="acme", tier="std",
+        return tenants_sql.create_tenant(session, name="acme", tier="std",
                                         api_key_hash="h", now=T0)
 
 
@@ -138,8 +139,8 @@ def test_a_refusal_is_one_round_trip(
     assert round_trips == [b"EVALSHA"]
 
     with runtime.sessions.begin() as session:
-        repository.update_tenant(session, tenant.id, rate_per_s=1000.0, rate_burst=1000)
-        tenant = repository.get_tenant(session, tenant.id) or tenant
+        tenants_sql.update_tenant(session, tenant.id, rate_per_s=1000.0, rate_burst=1000)
+        tenant = tenants_sql.get_tenant(session, tenant.id) or tenant
     runtime.clock = lambda: T0 + 10  # the bucket fills up again
     round_trips.clear()
     with pytest.raises(CapacityExceeded) as late:  # 3 queued, 2 slots for acme's cap
@@ -224,4 +225,4 @@ def test_the_job_returned_is_the_row_as_stored(runtime: Runtime, tenant: Tenant)
     submitted = submit(runtime, tenant, idempotency_key="k", max_wait_s=30.5)
     job: Job = submitted.progress.job
     with runtime.sessions() as session:
-        assert repository.get_job(session, job.id) == job
+        assert jobs_sql.get_job(session, job.id) == job

@@ -31,7 +31,8 @@ from jobs.core.states import Status
 from jobs.index.base import IndexedJob
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
-from jobs.store import repository
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
 from tests.services import RedisServer
 from workers.app import base_app, make_celery
 from workers.publisher import CeleryPublisher
@@ -123,7 +124,7 @@ def start_worker(settings_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
 @pytest.fixture
 def tenant(runtime: Runtime) -> Tenant:
     with runtime.sessions.begin() as session:
-        return repository.create_tenant(
+        return tenants_sql.create_tenant(
             session, name="acme", tier="standard", api_key_hash="hash", now=time.time()
         )
 
@@ -143,7 +144,7 @@ def wait_for(predicate: Callable[[], Any], worker: Worker, timeout: float = 60.0
 
 def load(runtime: Runtime, job_id: str) -> Job:
     with runtime.sessions() as session:
-        job = repository.get_job(session, job_id)
+        job = jobs_sql.get_job(session, job_id)
     assert job is not None
     return job
 
@@ -155,7 +156,7 @@ def submit(runtime: Runtime, tenant: Tenant, kind: str, payload: dict[str, Any])
         order_key=runtime.policy.order_key(tenant.tier, now), enqueued_at=now,
     )
     with runtime.sessions.begin() as session:
-        job = repository.insert_job(session, new)
+        job = jobs_sql.insert_job(session, new)
     indexed = IndexedJob(job_id=job.id, tenant=tenant.id, tier=job.tier, order_key=job.order_key)
     assert runtime.index.admit(indexed, bound=1000).accepted
     return job
@@ -167,7 +168,7 @@ def dispatch(runtime: Runtime, job: Job) -> Job:
     assert [lease.job_id for lease in leases] == [job.id]
     current = load(runtime, job.id)
     with runtime.sessions.begin() as session:
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, job.id, src=Status.QUEUED, attempt=current.attempt,
             dst=Status.DISPATCHED, now=now,
         )
@@ -268,7 +269,7 @@ def test_stale_and_duplicate_messages_leave_jobs_untouched(
     job = dispatch(runtime, submit(runtime, tenant, "record", {}))
     runtime.index.reap(now=time.time() + 3600)
     with runtime.sessions.begin() as session:
-        assert repository.transition(
+        assert jobs_sql.transition(
             session, job.id, src=Status.DISPATCHED, attempt=1, dst=Status.QUEUED, now=time.time()
         )
     runtime.index.requeue(

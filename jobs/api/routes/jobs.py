@@ -43,7 +43,7 @@ from jobs.core.errors import JobGone, NotFound, Unavailable
 from jobs.core.states import Status
 from jobs.index.notify import Listener
 from jobs.process.runtime import Runtime
-from jobs.store import repository
+from jobs.store import blobs as blobs_sql
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(refuse_unknown_query)])
 
@@ -299,4 +299,4 @@ def cancel_job(
 def blob_size(runtime: Runtime, sha256: str) -> int | None:
     """The size of a stored blob, as recorded when it was written."""
     with runtime.sessions() as session:
-        return repository.blob_size(session, sha256)
+        return blobs_sql.blob_size(session, sha256)

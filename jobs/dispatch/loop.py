@@ -1,0 +1,87 @@
+"""The dispatcher's loop: lead or stand by, run a round, sleep on the doorbell between rounds.
+
+A leader sleeps on the doorbell (``jobs.index.wake``) between rounds, so a submit or a
+released slot is acted on at once, with no polling delay on the hot path; a standby waits to
+try the lock again. Both ride out outages of Redis or SQL, never longer than a renewal period.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+import sqlalchemy.exc
+
+from jobs.dispatch.dispatcher import (
+    MAINTENANCE_PERIOD_S,
+    PUBLISH_RETRY_S,
+    Dispatcher,
+    DispatchStats,
+)
+from jobs.dispatch.feeder import FEED_PERIOD_S
+from jobs.dispatch.leadership import Leadership
+from jobs.index import wake
+from jobs.index.base import NotLeader
+
+logger = logging.getLogger("tierq.dispatcher")
+
+TRANSIENT = (redis.RedisError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
+MAX_BACKOFF_S = 10.0
+
+
+def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> DispatchStats | None:
+    """One turn of a dispatcher among several: renew or take the lock; while leading, rebuild
+    the index first when due (``Dispatcher.needs_rebuild``), else run a round, with its
+    maintenance when that is due. None while standing by, or once a fenced call found
+    another process leading."""
+    dispatcher.fence = leadership.tick(now)
+    if dispatcher.fence is None:
+        return None
+    dispatcher.keep_lead = lambda: _keep_lead(leadership, dispatcher)
+    try:
+        if dispatcher.needs_rebuild():
+            dispatcher.rebuild(now)
+            return DispatchStats(rebuilt=True)
+        return dispatcher.run_once(now, maintain=dispatcher.maintenance_due(now))
+    except NotLeader:
+        leadership.step_down("a fenced call was refused: another process leads")
+        dispatcher.fence = None
+        return None
+
+
+def _keep_lead(leadership: Leadership, dispatcher: Dispatcher) -> None:
+    """Renew the lock if due, in the middle of long work; NotLeader once it is lost."""
+    if leadership.tick(dispatcher.runtime.clock()) != dispatcher.fence:
+        raise NotLeader("the leader lock was lost during a full pass")
+
+
+def run_forever(
+    dispatcher: Dispatcher, stop: threading.Event, leadership: Leadership | None = None
+) -> None:
+    """Loop ``lead_once``: a leader sleeps on the doorbell between rounds, a standby waits to
+    try the lock again; both ride out outages (never longer than a renewal period)."""
+    runtime = dispatcher.runtime
+    if leadership is None:
+        leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
+    longest = min(MAX_BACKOFF_S, leadership.renew_every_s)
+    backoff = min(0.5, longest)
+    while not stop.is_set():
+        try:
+            stats = lead_once(dispatcher, leadership, runtime.clock())
+            backoff = min(0.5, longest)
+            if stats is None:
+                stop.wait(leadership.retry_every_s)
+            elif stats.publish_failed:
+                stop.wait(PUBLISH_RETRY_S)  # the broker is down: do not spin on it
+            elif not (stats.saturated or stats.rebuilt):
+                period = min(MAINTENANCE_PERIOD_S, leadership.wait_s)
+                if stats.feed_pending:
+                    period = min(period, FEED_PERIOD_S)
+                wake.wait(runtime.redis, runtime.settings.key_prefix, period)
+        except TRANSIENT as exc:
+            logger.warning("dispatcher.unavailable", extra={"error": str(exc), "retry_s": backoff})
+            stop.wait(backoff)
+            backoff = min(longest, backoff * 2)
+
+

@@ -1,0 +1,78 @@
+"""Counts and recent figures read from the jobs table: live counts, service times, waits,
+and what retention has pruned (the metrics and the measured service rate read these)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from jobs.core.states import Status
+from jobs.store.models import (
+    JobRow,
+)
+from jobs.store.rows import (
+    TOTALS,
+    dt,
+)
+
+LIVE = (Status.WAITING, Status.QUEUED, Status.DISPATCHED, Status.RUNNING)
+
+
+def count_live(session: Session) -> dict[Status, int]:
+    """Jobs in each live state (waiting, queued, dispatched, running; 0 included): a range of the
+    index on ``(status, ...)``, as long as the live jobs, never the whole table."""
+    counts = dict.fromkeys(LIVE, 0)
+    stmt = (sa.select(JobRow.status, sa.func.count())
+            .where(JobRow.status.in_([status.value for status in LIVE]))
+            .group_by(JobRow.status))
+    for status, count in session.execute(stmt):
+        counts[Status(status)] = count
+    return counts
+
+
+def count_by_status(session: Session) -> dict[Status, int]:
+    """Every state with its number of jobs (0 included)."""
+    counts = dict.fromkeys(Status, 0)
+    stmt = sa.select(JobRow.status, sa.func.count()).group_by(JobRow.status)
+    for status, count in session.execute(stmt):
+        counts[Status(status)] = count
+    return counts
+
+
+def recent_service_times(session: Session, *, limit: int) -> list[float]:
+    """Run time (finished - started) of the last ``limit`` finished runs, newest first."""
+    stmt = (
+        sa.select(JobRow.started_at, JobRow.finished_at)
+        .where(
+            JobRow.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]),
+            JobRow.started_at.is_not(None),
+            JobRow.finished_at.is_not(None),
+        )
+        .order_by(JobRow.finished_at.desc(), JobRow.id.desc())
+        .limit(limit)
+    )
+    return [
+        (finished - started).total_seconds()
+        for started, finished in session.execute(stmt)
+        if started is not None and finished is not None
+    ]
+
+
+def recent_waits(session: Session, *, tier: str, since: float) -> list[float]:
+    """Queue wait (started - enqueued) of the tier's jobs that started at or after ``since``."""
+    stmt = (
+        sa.select(JobRow.enqueued_at, JobRow.started_at)
+        .where(JobRow.tier == tier, JobRow.started_at >= dt(since))
+        .order_by(JobRow.started_at)
+    )
+    return [
+        (started - enqueued).total_seconds()
+        for enqueued, started in session.execute(stmt)
+        if started is not None
+    ]
+
+
+def retention_totals(session: Session) -> dict[str, tuple[int, int]]:
+    """Per tier, ``(pruned, abandoned)`` since the start (tiers never pruned are absent)."""
+    stmt = sa.select(TOTALS.c.tier, TOTALS.c.pruned, TOTALS.c.abandoned)
+    return {tier: (pruned, abandoned) for tier, pruned, abandoned in session.execute(stmt)}
