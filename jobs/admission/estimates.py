@@ -16,6 +16,7 @@ an estimate can bear (the bound and the quota stay exact in the admit script).
 
 from __future__ import annotations
 
+import logging
 import math
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -24,9 +25,12 @@ from dataclasses import dataclass
 from jobs.core import policy
 from jobs.core.domain import Job, Tenant
 from jobs.core.states import Status
-from jobs.fleet.pool import PoolFigures
+from jobs.fleet.pool import PoolFigures, live_pool
+from jobs.process.outage import REDIS_OUTAGE
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,3 +86,41 @@ def placements(
         load = policy.TenantLoad(cap=cap, inflight=inflight, ahead=ahead)
         found[job.id] = placement(figures, position=position, load=load)
     return found
+
+
+# -- what a lookup answers -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """A job with its live place in the queue (both None unless it is queued and indexed)."""
+
+    job: Job
+    queue_position: int | None = None
+    estimated_wait_s: float | None = None  # None also when nothing is being served
+
+
+def progress(runtime: Runtime, tenant: Tenant, job: Job) -> Progress:
+    return progress_many(runtime, tenant, [job])[0]
+
+
+def progress_many(runtime: Runtime, tenant: Tenant, jobs: Sequence[Job]) -> list[Progress]:
+    """Live queue positions and estimates of the tenant's queued jobs among ``jobs``
+    (``jobs.admission.estimates``). Status reads keep working while Redis is down: the positions are
+    then unknown (None), not an error."""
+    if not any(job.status is Status.QUEUED for job in jobs):
+        return [Progress(job=job) for job in jobs]
+    try:
+        figures = live_pool(runtime, now=runtime.clock())
+        places = placements(runtime, tenant, jobs, figures)
+    except REDIS_OUTAGE:
+        logger.warning("index.unreachable", extra={"event": "index.unreachable"})
+        return [Progress(job=job) for job in jobs]
+    return [_progress(job, places.get(job.id)) for job in jobs]
+
+
+def _progress(job: Job, place: Placement | None) -> Progress:
+    if place is None:
+        return Progress(job=job)
+    return Progress(job=job, queue_position=place.position,
+                    estimated_wait_s=place.estimated_wait_s)

@@ -31,9 +31,9 @@ from jobs.admission.estimates import Placement
 from jobs.admission.refusals import Refusal, cause_and_limit, idle_retry_s, rate_refused, refused
 from jobs.core import policy
 from jobs.core.domain import NewJob, Tenant
+from jobs.core.policy import MeasuredMean
 from jobs.fleet import pool
 from jobs.fleet.pool import PoolFigures
-from jobs.fleet.service_rate import MeasuredMean
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
 from jobs.process.runtime import Runtime
 

@@ -1,4 +1,4 @@
-"""The job service behind the API: submit, look up, list and cancel a tenant's jobs.
+"""The API's decision on a submit: admit, persist and settle, or refuse with a typed reason.
 
 Submitting is admit-then-persist: one call to the index checks the tenant's request rate,
 the tier's bound, the tenant's quota and the job's own deadline against the pool's live
@@ -7,73 +7,42 @@ INSERT, one transaction), and only then is the dispatcher rung: rung before, it 
 no row yet and put the job off. A refusal leaves nothing behind; a failed commit takes the
 job back out of the index (best effort: the dispatcher also drops indexed jobs whose row
 never appears). The tier always comes from the tenant's record, never from the request.
-
-Cancelling follows the job's state: a queued job leaves the index and becomes ``cancelled``;
-a dispatched one is cancelled and its lease released; a running one is flagged for its
-handler to stop cooperatively. Each SQL change is a compare-and-set, so a race with the
-dispatcher or a worker is settled by reading the job again and acting on its new state.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import time
-import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import redis
-import sqlalchemy.exc as sa_exc
-
-from jobs.admission import estimates, limits
+from jobs.admission import limits
+from jobs.admission.estimates import Progress, progress
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.errors import (
     DuplicateJob,
     Forbidden,
     IdempotencyConflict,
     InvalidRequest,
-    JobFailed,
-    JobGone,
-    NotFound,
     Unavailable,
 )
 from jobs.core.ids import new_job_id
-from jobs.core.states import Status
-from jobs.fleet.pool import live_pool
-from jobs.index import counters, notify, wake
+from jobs.index import wake
+from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE, is_backend_outage
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
-from jobs.store import upkeep as upkeep_sql
 
 logger = logging.getLogger(__name__)
 
-REDIS_OUTAGE: tuple[type[Exception], ...] = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-)
-SQL_OUTAGE: tuple[type[Exception], ...] = (
-    sa_exc.OperationalError,
-    sa_exc.InterfaceError,
-    sa_exc.TimeoutError,
-)
+
 # Deepest nesting accepted in a payload: deeper JSON is abuse, and would strain encoders.
 MAX_PAYLOAD_DEPTH = 64
+
+
 # Pauses before each read-back of a job whose COMMIT lost its answer.
 _SETTLE_DELAYS_S = (0.25, 1.0)
-# Rounds of "read the job, act on its state" before a cancel gives up on a job that keeps
-# moving under it (each round is one state change elsewhere).
-_CANCEL_ROUNDS = 8
-
-
-def is_backend_outage(exc: BaseException) -> bool:
-    """True for errors that mean SQL or Redis cannot be reached right now (a 503)."""
-    if isinstance(exc, SQL_OUTAGE + REDIS_OUTAGE):
-        return True
-    return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
 
 
 class PayloadValidator(Protocol):
@@ -100,27 +69,9 @@ class Submission:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Progress:
-    """A job with its live place in the queue (both None unless it is queued and indexed)."""
-
-    job: Job
-    queue_position: int | None = None
-    estimated_wait_s: float | None = None  # None also when nothing is being served
-
-
-@dataclass(frozen=True, kw_only=True)
 class Submitted:
     progress: Progress
     created: bool  # False: an earlier job with the same idempotency key
-
-
-@dataclass(frozen=True, kw_only=True)
-class CancelOutcome:
-    job: Job
-    pending: bool  # True: running, cancellation requested from its handler
-
-
-# -- submit ----------------------------------------------------------------------------------
 
 
 def submit(
@@ -156,7 +107,7 @@ def submit(
     job = _persist(runtime, new)
     if job.id != new.id:
         return _resubmitted(runtime, tenant, job, new.kind, new.payload)
-    _ring(runtime)
+    ring_dispatcher(runtime)
     logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
                                         "tenant": tenant.id, "tier": tier, "attempt": 1})
     return Submitted(
@@ -245,7 +196,7 @@ def _forget(runtime: Runtime, job_id: str) -> None:
                                                     "job_id": job_id})
 
 
-def _ring(runtime: Runtime) -> None:
+def ring_dispatcher(runtime: Runtime) -> None:
     """Wake the dispatcher; a missed ring only costs one of its maintenance periods."""
     try:
         wake.ring(runtime.redis, runtime.settings.key_prefix)
@@ -295,151 +246,3 @@ def _bad_value(loc: tuple[str | int, ...], msg: str) -> InvalidRequest:
         f"{'.'.join(str(part) for part in loc)}: {msg}",
         details=[{"loc": list(loc), "msg": msg}],
     )
-
-
-# -- read ------------------------------------------------------------------------------------
-
-
-def parse_job_id(job_id: str) -> str:
-    """The canonical form of a job id; anything that is not a UUID names no job."""
-    try:
-        return str(uuid.UUID(job_id))
-    except ValueError:
-        raise NotFound("no such job", job_id=job_id) from None
-
-
-def load_job(runtime: Runtime, tenant: Tenant, job_id: str) -> Job:
-    """The tenant's job; another tenant's job is "not found" too, never "forbidden"."""
-    canonical = parse_job_id(job_id)
-    with runtime.sessions() as session:
-        job = jobs_sql.get_job(session, canonical, tenant_id=tenant.id)
-        pruned = job is None and upkeep_sql.was_pruned(session, canonical, tenant_id=tenant.id)
-    if pruned:
-        raise JobGone("the job was removed after its retention period", type="job_gone",
-                      job_id=job_id)
-    if job is None:
-        raise NotFound("no such job", job_id=job_id)
-    return job
-
-
-def list_jobs(
-    runtime: Runtime, tenant: Tenant, *, status: Status | None, limit: int, cursor: str | None
-) -> tuple[list[Progress], str | None]:
-    with runtime.sessions() as session:
-        jobs, next_cursor = jobs_sql.list_jobs(
-            session, tenant_id=tenant.id, status=status, limit=limit, cursor=cursor
-        )
-    return progress_many(runtime, tenant, jobs), next_cursor
-
-
-def progress(runtime: Runtime, tenant: Tenant, job: Job) -> Progress:
-    return progress_many(runtime, tenant, [job])[0]
-
-
-def progress_many(runtime: Runtime, tenant: Tenant, jobs: Sequence[Job]) -> list[Progress]:
-    """Live queue positions and estimates of the tenant's queued jobs among ``jobs``
-    (``jobs.admission.estimates``). Status reads keep working while Redis is down: the positions are
-    then unknown (None), not an error."""
-    if not any(job.status is Status.QUEUED for job in jobs):
-        return [Progress(job=job) for job in jobs]
-    try:
-        figures = live_pool(runtime, now=runtime.clock())
-        places = estimates.placements(runtime, tenant, jobs, figures)
-    except REDIS_OUTAGE:
-        logger.warning("index.unreachable", extra={"event": "index.unreachable"})
-        return [Progress(job=job) for job in jobs]
-    return [_progress(job, places.get(job.id)) for job in jobs]
-
-
-def _progress(job: Job, place: estimates.Placement | None) -> Progress:
-    if place is None:
-        return Progress(job=job)
-    return Progress(job=job, queue_position=place.position,
-                    estimated_wait_s=place.estimated_wait_s)
-
-
-def finished_result(job: Job) -> Any:
-    """The result of a succeeded job; a typed error for the other terminal states."""
-    if job.status is Status.FAILED:
-        raise JobFailed("the job failed", job_id=job.id, job_error=job.error)
-    if job.status is Status.CANCELLED:
-        raise JobGone("the job was cancelled", type="job_cancelled", job_id=job.id)
-    if job.status is Status.EXPIRED:
-        message = "the job expired before it started"
-        if job.starts:
-            message = ("the job ran but did not finish, and its retry did not start before "
-                       "its deadline (max_wait_s)")
-        raise JobGone(message, type="job_expired", job_id=job.id)
-    return job.result
-
-
-def hand_out_result(runtime: Runtime, job: Job) -> Any:
-    """The result of a finished job (as ``finished_result``), stamping the first hand-out:
-    a succeeded job pruned without one counts as abandoned (``jobs.dispatch.retention``). Only the
-    first fetch writes; a failed stamp is logged and the result still handed out."""
-    result = finished_result(job)
-    if job.result_fetched_at is None:
-        try:
-            with runtime.sessions.begin() as session:
-                jobs_sql.mark_result_fetched(session, job.id, now=runtime.clock())
-        except SQL_OUTAGE:
-            logger.warning("job.fetch_mark_failed", extra={"event": "job.fetch_mark_failed",
-                                                           "job_id": job.id})
-    return result
-
-
-# -- cancel ----------------------------------------------------------------------------------
-
-
-def cancel(runtime: Runtime, tenant: Tenant, job_id: str) -> CancelOutcome:
-    job = load_job(runtime, tenant, job_id)
-    for _ in range(_CANCEL_ROUNDS):
-        outcome = _cancel_step(runtime, job)
-        if outcome is not None:
-            return outcome
-        job = load_job(runtime, tenant, job.id)  # it moved under us: act on its new state
-    raise Unavailable("the job keeps changing state; retry the cancel", retry_after_s=1)
-
-
-def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
-    if job.terminal:
-        return CancelOutcome(job=job, pending=False)
-    if job.status is Status.RUNNING:
-        with runtime.sessions.begin() as session:
-            flagged = jobs_sql.request_cancel(session, job.id)
-        if not flagged:
-            return None
-        try:  # the worker learns of it with its next renewal; missed, the reconciler flags it
-            runtime.index.flag_cancel(job.id, attempt=job.attempt)
-        except REDIS_OUTAGE:
-            logger.warning("job.cancel_flag_failed", extra={"event": "job.cancel_flag_failed",
-                                                            "job_id": job.id})
-        _log_cancel(job, "job.cancel_requested")
-        return CancelOutcome(job=dataclasses.replace(job, cancel_requested=True), pending=True)
-    # SQL first (the commit point): an interruption after it leaves an index entry of a
-    # cancelled job, which the dispatcher drops when it pops it and the reconciler removes.
-    with runtime.sessions.begin() as session:
-        moved = jobs_sql.transition(
-            session, job.id, src=job.status, attempt=job.attempt, dst=Status.CANCELLED,
-            now=runtime.clock(),
-        )
-    if not moved:
-        return None
-    notify.announce(runtime.redis, runtime.settings.key_prefix, [job.id])
-    try:
-        removed = runtime.index.cancel(job.id) if job.status is Status.QUEUED else False
-        if not removed:
-            # Dispatched, or popped by a dispatcher that has not recorded it yet: free its slot.
-            runtime.index.release(job.id, attempt=job.attempt)
-            _ring(runtime)
-    except REDIS_OUTAGE:
-        logger.warning("job.unindex_failed", extra={"event": "job.unindex_failed",
-                                                    "job_id": job.id})
-    counters.count(runtime.redis, runtime.settings.key_prefix, jobs={"cancelled": 1})
-    _log_cancel(job, "job.cancelled")
-    return CancelOutcome(job=dataclasses.replace(job, status=Status.CANCELLED), pending=False)
-
-
-def _log_cancel(job: Job, event: str) -> None:
-    logger.info(event, extra={"event": event, "job_id": job.id, "tenant": job.tenant_id,
-                              "tier": job.tier, "attempt": job.attempt})

@@ -24,9 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from jobs.admission.submit import REDIS_OUTAGE, is_backend_outage
 from jobs.api.schemas import ErrorResponse
 from jobs.core.errors import Refused, TierqError, Unauthorized, Unavailable
+from jobs.process.outage import REDIS_OUTAGE, is_backend_outage
 
 logger = logging.getLogger(__name__)
 

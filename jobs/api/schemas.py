@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.admission.submit import Progress
+from jobs.admission.estimates import Progress
 from jobs.core.policy import (
     MAX_TENANT_BURST,
     MAX_TENANT_CAP,

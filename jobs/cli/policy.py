@@ -16,9 +16,9 @@ from rich.table import Table
 
 from jobs.core import policy
 from jobs.core.errors import ConfigError
+from jobs.core.policy import MeasuredMean
 from jobs.fleet import pool
 from jobs.fleet.pool import PoolFigures
-from jobs.fleet.service_rate import MeasuredMean
 from jobs.index.base import LiveWorker
 from jobs.process.settings import Settings
 

@@ -19,7 +19,7 @@ module asks this one for the numbers, so the maths lives in one place (see docs/
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_RETENTION_S = 7 * 86400.0
@@ -263,3 +263,33 @@ def latest_useful_excess(max_wait_s: float, tenant_rate: float) -> int | None:
     if tenant_rate <= 0:
         return None
     return math.floor(tenant_rate * max_wait_s + 1e-9)
+
+
+# -- the measured mean service time ------------------------------------------------------------
+
+# The last WINDOW finished runs, the newest weighing most (half the weight HALF_LIFE runs back).
+WINDOW = 200
+HALF_LIFE = 50.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredMean:
+    mean_s: float
+    samples: int  # finished runs behind the figure (at most WINDOW)
+
+
+def weighted_mean(run_times_newest_first: Sequence[float], half_life: float = HALF_LIFE) -> float:
+    """Recency-weighted mean: the ``i``-th newest run weighs ``0.5 ** (i / half_life)``."""
+    if not run_times_newest_first:
+        raise ValueError("no run times to average")
+    weights = [math.pow(0.5, i / half_life) for i in range(len(run_times_newest_first))]
+    total = sum(w * max(0.0, t) for w, t in zip(weights, run_times_newest_first, strict=True))
+    return total / sum(weights)
+
+
+def mean_service_s(policy: Policy, measured: MeasuredMean | None) -> float:
+    """The mean service time to use: measured once enough runs back it, else configured.
+    A measured mean of 0 (instant jobs) is floored at 1 ms so that μ stays finite."""
+    if measured is None or measured.samples < policy.service_samples_min:
+        return policy.mean_service_s
+    return max(0.001, measured.mean_s)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from jobs.core.cadence import BATCHES_PER_ROUND, ITEMS_PER_ROUND
 from jobs.fleet import pool
 from jobs.index.base import IndexedJob
 from jobs.process.runtime import Runtime
@@ -28,11 +29,6 @@ from jobs.store import tenants as tenants_sql
 
 logger = logging.getLogger("tierq.batch_feeder")
 
-FEED_PERIOD_S = 0.1
-# Batches looked at per round, and items admitted per round in all: bounded upkeep (each
-# admit is one Redis round trip, and the round holds up the dispatch that follows it).
-BATCHES_PER_ROUND = 50
-ITEMS_PER_ROUND = 200
 
 
 @dataclass

@@ -13,13 +13,8 @@ import threading
 import redis
 import sqlalchemy.exc
 
-from jobs.dispatch.dispatcher import (
-    MAINTENANCE_PERIOD_S,
-    PUBLISH_RETRY_S,
-    Dispatcher,
-    DispatchStats,
-)
-from jobs.dispatch.feeder import FEED_PERIOD_S
+from jobs.core.cadence import FEED_PERIOD_S, MAINTENANCE_PERIOD_S, MAX_BACKOFF_S, PUBLISH_RETRY_S
+from jobs.dispatch.dispatcher import Dispatcher, DispatchStats
 from jobs.dispatch.leadership import Leadership
 from jobs.index import wake
 from jobs.index.base import NotLeader
@@ -27,7 +22,6 @@ from jobs.index.base import NotLeader
 logger = logging.getLogger("tierq.dispatcher")
 
 TRANSIENT = (redis.RedisError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
-MAX_BACKOFF_S = 10.0
 
 
 def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> DispatchStats | None:

@@ -31,6 +31,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
+from jobs.core.cadence import REBUILD_BATCH as BATCH
+from jobs.core.cadence import UNCOMMITTED_GRACE_S
 from jobs.core.domain import Job
 from jobs.core.states import Status
 from jobs.dispatch.recovery import indexed
@@ -42,13 +44,7 @@ from jobs.store import tenants as tenants_sql
 
 logger = logging.getLogger("tierq.rebuild")
 
-# A job indexed by an API process whose SQL commit has not landed yet is left alone this
-# long (its id carries its creation time, on the one clock); after that it is a leftover of
-# a failed submit.
-UNCOMMITTED_GRACE_S = 30.0
 IN_FLIGHT = (Status.DISPATCHED, Status.RUNNING)
-# Rows read, and index entries written, per batch.
-BATCH = 2000
 
 __all__ = ["IN_FLIGHT", "UNCOMMITTED_GRACE_S", "RebuildStats", "indexed", "may_be_uncommitted",
            "rebuild"]

@@ -30,6 +30,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from jobs.core.cadence import (
+    ENTRY_BATCH,
+    FULL_SWEEP_S,
+    IN_FLIGHT_BATCH,
+    QUEUED_BATCH,
+    QUEUED_GRACE_S,
+)
 from jobs.core.domain import Job
 from jobs.core.states import Status
 from jobs.dispatch.rebuild import IN_FLIGHT, RebuildStats, may_be_uncommitted, rebuild
@@ -41,14 +48,6 @@ from jobs.store import upkeep as upkeep_sql
 
 logger = logging.getLogger("tierq.reconciler")
 
-RECONCILE_PERIOD_S = 2.0
-# A queued row changed this recently may still be on its way into the index (its writer
-# indexes it right after the commit): not a repair yet.
-QUEUED_GRACE_S = 10.0
-FULL_SWEEP_S = 300.0
-IN_FLIGHT_BATCH = 1000
-QUEUED_BATCH = 1000
-ENTRY_BATCH = 1000
 
 
 @dataclass

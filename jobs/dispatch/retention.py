@@ -37,14 +37,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.blobs.records import PRUNE_BLOBS_BATCH, prune_blobs
 from jobs.blobs.store import BlobStore
+from jobs.core.cadence import PRUNE_BATCH
 from jobs.core.policy import Policy, prune_before
 from jobs.store import batches
 from jobs.store import upkeep as upkeep_sql
 
 logger = logging.getLogger("tierq.retention")
 
-PRUNE_PERIOD_S = 10.0
-PRUNE_BATCH = 1000
 
 
 @dataclass

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.core import policy
-from jobs.fleet.service_rate import MeasuredMean, mean_service_s, read_measured
+from jobs.core.policy import MeasuredMean, mean_service_s
+from jobs.fleet.service_rate import read_measured
 from jobs.index.base import DispatchIndex
 from jobs.process.runtime import Runtime
 

@@ -15,48 +15,22 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from jobs.core.policy import Policy
+from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
+from jobs.core.cadence import SERVICE_STALE_AFTER_S as STALE_AFTER_S
+from jobs.core.policy import WINDOW, MeasuredMean, weighted_mean
 from jobs.index.keys import IndexKeys
 from jobs.process.runtime import Runtime
 from jobs.store import stats as stats_sql
 
 logger = logging.getLogger(__name__)
 
-WINDOW = 200
-HALF_LIFE = 50.0
-REFRESH_S = 5.0
-# A figure no dispatcher refreshed for this long is dropped: readers fall back to the
-# configured mean rather than trust a measure of a pool that may be long gone.
-STALE_AFTER_S = 600
 
 
-@dataclass(frozen=True, kw_only=True)
-class MeasuredMean:
-    mean_s: float
-    samples: int  # finished runs behind the figure (at most WINDOW)
-
-
-def weighted_mean(run_times_newest_first: Sequence[float], half_life: float = HALF_LIFE) -> float:
-    """Recency-weighted mean: the ``i``-th newest run weighs ``0.5 ** (i / half_life)``."""
-    if not run_times_newest_first:
-        raise ValueError("no run times to average")
-    weights = [math.pow(0.5, i / half_life) for i in range(len(run_times_newest_first))]
-    total = sum(w * max(0.0, t) for w, t in zip(weights, run_times_newest_first, strict=True))
-    return total / sum(weights)
-
-
-def mean_service_s(policy: Policy, measured: MeasuredMean | None) -> float:
-    """The mean service time to use: measured once enough runs back it, else configured.
-    A measured mean of 0 (instant jobs) is floored at 1 ms so that μ stays finite."""
-    if measured is None or measured.samples < policy.service_samples_min:
-        return policy.mean_service_s
-    return max(0.001, measured.mean_s)
 
 
 def publish(client: redis.Redis, prefix: str, measured: MeasuredMean, *, now: float) -> None:

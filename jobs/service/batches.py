@@ -35,7 +35,9 @@ from jobs.core.errors import (
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
 from jobs.index import wake
+from jobs.process import outage
 from jobs.process.runtime import Runtime
+from jobs.service import jobs as job_service
 from jobs.store import batches as repo
 from jobs.store.batches import Batch
 
@@ -121,7 +123,7 @@ def submit(
         return _lost_race(runtime, tenant, validator, spec, items)
     try:
         wake.ring(runtime.redis, runtime.settings.key_prefix)
-    except submission.REDIS_OUTAGE:
+    except outage.REDIS_OUTAGE:
         logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"})
     logger.info("batch.submitted", extra={"event": "batch.submitted", "batch_id": batch.id,
                                           "tenant": tenant.id, "tier": tenant.tier,
@@ -226,7 +228,7 @@ def _check_tier(runtime: Runtime, tenant: Tenant) -> None:
 def load(runtime: Runtime, tenant: Tenant, batch_id: str) -> Batch:
     """The tenant's batch; another tenant's is "not found" too."""
     try:
-        canonical = submission.parse_job_id(batch_id)
+        canonical = job_service.parse_job_id(batch_id)
     except NotFound:
         raise NotFound("no such batch", batch_id=batch_id) from None
     with runtime.sessions() as session:
@@ -309,7 +311,7 @@ def cancel(runtime: Runtime, tenant: Tenant, batch: Batch) -> BatchProgress:
     with runtime.sessions() as session:
         live = repo.live_items(session, batch.id)
     for job in live:
-        submission.cancel(runtime, tenant, job.id)
+        job_service.cancel(runtime, tenant, job.id)
     logger.info("batch.cancelled", extra={"event": "batch.cancelled", "batch_id": batch.id,
                                           "tenant": tenant.id})
     return progress(runtime, Batch(**{**batch.__dict__, "cancelled": True}))

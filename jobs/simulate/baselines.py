@@ -17,8 +17,8 @@ import math
 
 from sortedcontainers import SortedList
 
+from jobs.core.policy import MeasuredMean
 from jobs.fleet import pool
-from jobs.fleet.service_rate import MeasuredMean
 from jobs.simulate.contender import ACCEPTED, Context, Dispatched, Verdict
 
 RESCORE_PERIOD_S = 1.0

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from jobs.core import policy
-from jobs.core.policy import Policy, Tier
-from jobs.fleet.service_rate import MeasuredMean
+from jobs.core.policy import MeasuredMean, Policy, Tier
 from jobs.simulate.traffic import Traffic
 
 

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from jobs.core import policy
-from jobs.dispatch.dispatcher import MAINTENANCE_PERIOD_S
-from jobs.dispatch.feeder import FEED_PERIOD_S, ITEMS_PER_ROUND
-from jobs.fleet.service_rate import REFRESH_S, WINDOW, MeasuredMean, weighted_mean
+from jobs.core.cadence import FEED_PERIOD_S, ITEMS_PER_ROUND, MAINTENANCE_PERIOD_S
+from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
+from jobs.core.policy import WINDOW, MeasuredMean, weighted_mean
 from jobs.simulate.contender import Contender, Context
 from jobs.simulate.overtaking import Overtaking
 from jobs.simulate.scenario import Pool

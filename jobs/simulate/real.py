@@ -20,10 +20,9 @@ from __future__ import annotations
 import math
 
 from jobs.core import policy
-from jobs.core.policy import RateLimit, Tier
+from jobs.core.policy import MeasuredMean, RateLimit, Tier
 from jobs.fleet import pool as capacity
 from jobs.fleet.pool import PoolFigures
-from jobs.fleet.service_rate import MeasuredMean
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
 from jobs.index.memory import MemoryIndex
 from jobs.simulate.contender import Context, Dispatched, Verdict

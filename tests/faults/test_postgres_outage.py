@@ -15,8 +15,9 @@ import pytest
 import sqlalchemy as sa
 
 from jobs.admission.submit import Submission, submit
+from jobs.core.cadence import UNCOMMITTED_GRACE_S
 from jobs.core.errors import Unavailable
-from jobs.dispatch.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
+from jobs.dispatch.dispatcher import Dispatcher
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql

@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 from jobs.cli.main import build_app
 from jobs.core.domain import NewJob
+from jobs.core.policy import MeasuredMean
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
-from jobs.fleet.service_rate import MeasuredMean, ServiceRateTracker, publish, read_measured
+from jobs.fleet.service_rate import ServiceRateTracker, publish, read_measured
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql

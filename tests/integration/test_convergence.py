@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 import redis
 
+from jobs.core.cadence import QUEUED_GRACE_S
 from jobs.core.domain import Job, NewJob
 from jobs.core.histograms import StartFigures
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
 from jobs.dispatch.rebuild import rebuild
-from jobs.dispatch.reconciler import QUEUED_GRACE_S, Reconciler
+from jobs.dispatch.reconciler import Reconciler
 from jobs.dispatch.recovery import indexed
 from jobs.execution.attempt import execute
 from jobs.execution.leases import Heartbeat
@@ -445,7 +446,7 @@ def test_a_cancel_whose_sql_fails_leaves_the_job_queued_and_indexed(
 ) -> None:
     import sqlalchemy.exc
 
-    from jobs.admission import submit
+    from jobs.service import jobs as job_service
 
     now = time.time()
     job = queue_job(runtime, tenant_id, at=now)
@@ -458,7 +459,7 @@ def test_a_cancel_whose_sql_fails_leaves_the_job_queued_and_indexed(
 
     monkeypatch.setattr("jobs.store.jobs.transition", unreachable)
     with pytest.raises(sqlalchemy.exc.OperationalError):
-        submit.cancel(runtime, tenant, job.id)
+        job_service.cancel(runtime, tenant, job.id)
 
     assert load(runtime, job.id).status is Status.QUEUED
     assert runtime.index.position(job.id) == 0  # still indexed: no orphan

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
+from jobs.core.cadence import UNCOMMITTED_GRACE_S
 from jobs.core.domain import Job, NewJob
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
-from jobs.dispatch.dispatcher import UNCOMMITTED_GRACE_S, Dispatcher
+from jobs.dispatch.dispatcher import Dispatcher
 from jobs.dispatch.rebuild import indexed
 from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex

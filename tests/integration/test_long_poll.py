@@ -18,7 +18,6 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from jobs.admission import submit
 from jobs.api.routes import jobs as routes_jobs
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
@@ -26,6 +25,7 @@ from jobs.execution.attempt import execute
 from jobs.index import notify
 from jobs.index.notify import Listener
 from jobs.process.runtime import Runtime
+from jobs.service import jobs as job_service
 from jobs.service import tenants
 from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, auth, move, rt
 from workers.handlers import default_registry
@@ -166,7 +166,7 @@ def test_dispatch_start_and_cancel_elsewhere_answer_at_once(
     changed_at = time.monotonic()
     tenant = tenants.tenant_for_key(other, key)
     assert tenant is not None
-    assert submit.cancel(other, tenant, second).job.status is Status.CANCELLED
+    assert job_service.cancel(other, tenant, second).job.status is Status.CANCELLED
     assert poll.status() == "cancelled"
     assert poll.answered_at - changed_at < PROMPT_S
 

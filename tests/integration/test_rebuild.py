@@ -17,11 +17,12 @@ import redis
 from typer.testing import CliRunner
 
 from jobs.cli.main import build_app
+from jobs.core.cadence import UNCOMMITTED_GRACE_S
 from jobs.core.domain import Job, NewJob
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
-from jobs.dispatch.rebuild import UNCOMMITTED_GRACE_S, indexed, rebuild
+from jobs.dispatch.rebuild import indexed, rebuild
 from jobs.index.base import IndexedJob
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime

@@ -14,12 +14,13 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from jobs.core.cadence import PRUNE_PERIOD_S
 from jobs.core.domain import NewJob
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
 from jobs.dispatch.rebuild import indexed
-from jobs.dispatch.retention import PRUNE_PERIOD_S, Retention
+from jobs.dispatch.retention import Retention
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobs.core import policy
+from jobs.core.policy import MeasuredMean, mean_service_s, weighted_mean
 from jobs.fleet import pool
-from jobs.fleet.service_rate import MeasuredMean, mean_service_s, weighted_mean
 from jobs.index.rate_limit import MemoryRateLimiter
 from jobs.process.settings import load_settings
 

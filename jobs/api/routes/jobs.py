@@ -1,6 +1,7 @@
 """``/v1/jobs``: submit, look up (optionally long-polling), fetch the result, cancel, list.
 
-Handlers are thin: each calls ``jobs.admission.submit`` and returns a schema. The sync ones run
+Handlers are thin: each calls ``jobs.admission.submit`` or ``jobs.service.jobs`` and returns a
+schema. The sync ones run
 in the threadpool; the status long-poll is async and sleeps on a notification of the job's
 change (``jobs.index.notify``) between SQL reads, so a thousand waiting clients hold no threads and
 cost SQL nothing while they wait.
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from jobs.admission import submit
+from jobs.admission import estimates, submit
 from jobs.admission.refusals import result_retry_after_s
 from jobs.api.deps import (
     BlobStoreDep,
@@ -43,6 +44,7 @@ from jobs.core.errors import JobGone, NotFound, Unavailable
 from jobs.core.states import Status
 from jobs.index.notify import Listener
 from jobs.process.runtime import Runtime
+from jobs.service import jobs as job_service
 from jobs.store import blobs as blobs_sql
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(refuse_unknown_query)])
@@ -125,7 +127,7 @@ def list_jobs(
     cursor: Annotated[str | None, Query(max_length=200,
                                         description="next_cursor of the previous page")] = None,
 ) -> JobListResponse:
-    page, next_cursor = submit.list_jobs(
+    page, next_cursor = job_service.list_jobs(
         runtime, tenant, status=status, limit=limit, cursor=cursor
     )
     return JobListResponse(jobs=[JobResponse.of(p) for p in page], next_cursor=next_cursor)
@@ -153,8 +155,8 @@ async def get_job(
     if wait:
         job = await _wait_for_change(runtime, listener, tenant, job_id, wait, request)
     else:
-        job = await run_in_threadpool(submit.load_job, runtime, tenant, job_id)
-    progress = await run_in_threadpool(submit.progress, runtime, tenant, job)
+        job = await run_in_threadpool(job_service.load_job, runtime, tenant, job_id)
+    progress = await run_in_threadpool(estimates.progress, runtime, tenant, job)
     return JobResponse.of(progress)
 
 
@@ -171,9 +173,9 @@ async def _wait_for_change(
     the job, or a dropped subscription) costs one read and the wait goes on."""
     deadline = time.monotonic() + wait_s
     listener.start()
-    waiter = listener.waiters.add(submit.parse_job_id(job_id), asyncio.get_running_loop())
+    waiter = listener.waiters.add(job_service.parse_job_id(job_id), asyncio.get_running_loop())
     try:
-        job = await run_in_threadpool(submit.load_job, runtime, tenant, job_id)
+        job = await run_in_threadpool(job_service.load_job, runtime, tenant, job_id)
         start_status = job.status
         safety_at = time.monotonic() + _safety_net_s()
         while not job.terminal and job.status is start_status:
@@ -184,7 +186,7 @@ async def _wait_for_change(
                 break
             now = time.monotonic()
             if rung or now >= due:
-                job = await run_in_threadpool(submit.load_job, runtime, tenant, job.id)
+                job = await run_in_threadpool(job_service.load_job, runtime, tenant, job.id)
                 safety_at = time.monotonic() + _safety_net_s()
             if now >= deadline:
                 break
@@ -214,15 +216,15 @@ def _safety_net_s() -> float:
 def get_result(
     job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep
 ) -> ResultResponse | JSONResponse:
-    job = submit.load_job(runtime, tenant, job_id)
+    job = job_service.load_job(runtime, tenant, job_id)
     if job.terminal:
-        result = submit.hand_out_result(runtime, job)
+        result = job_service.hand_out_result(runtime, job)
         if job.result_blob is not None:
             return ResultResponse(id=job.id, status=job.status,
                                   result_url=f"/v1/jobs/{job.id}/result/blob",
                                   result_bytes=blob_size(runtime, job.result_blob))
         return ResultResponse(id=job.id, status=job.status, result=result)
-    progress = submit.progress(runtime, tenant, job)
+    progress = estimates.progress(runtime, tenant, job)
     retry_after = result_retry_after_s(
         running=job.status is not Status.QUEUED,
         estimated_wait_s=progress.estimated_wait_s,
@@ -256,9 +258,9 @@ def get_result(
 def get_result_blob(
     job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, store: BlobStoreDep
 ) -> Response:
-    job = submit.load_job(runtime, tenant, job_id)
+    job = job_service.load_job(runtime, tenant, job_id)
     if job.terminal:
-        submit.finished_result(job)  # the typed error of a job that did not succeed
+        job_service.finished_result(job)  # the typed error of a job that did not succeed
     if job.result_blob is None:
         raise NotFound("this job has no result blob: its result is inline at /result, or "
                        "it has not finished", job_id=job.id)
@@ -289,7 +291,7 @@ def get_result_blob(
 def cancel_job(
     job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, response: Response
 ) -> CancelResponse:
-    outcome = submit.cancel(runtime, tenant, job_id)
+    outcome = job_service.cancel(runtime, tenant, job_id)
     if outcome.pending:
         response.status_code = 202
     job = outcome.job
