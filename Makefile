@@ -4,6 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for the isolated tests (own database, own key prefix): one per core
+TEST_WORKERS ?= 2
 # e.g. make bench SUBMIT_BENCH_ARGS='--jobs 500' for a quick run
 SUBMIT_BENCH_ARGS ?=
 # e.g. make bench E2E_BENCH_ARGS='--jobs 200 --reps 1 --samples 20 --queued 2000 --tenants 4'
@@ -30,13 +32,15 @@ install: $(STAMP) ## create .venv and install tierq with its test, embedded and 
 up: $(STAMP) ## run the whole system on this machine (SQLite + embedded Redis under ./.tierq)
 	$(BIN)/tierq up
 
-lint: $(STAMP) ## ruff and mypy --strict
+lint: $(STAMP) ## ruff, mypy --strict and the layering contract (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
-test: lint ## lint, then the whole test suite (unit, integration, e2e, faults)
+test: lint ## lint, then the whole test suite: the isolated tests in parallel, then those that run alone
 	@sh scripts/test-tools.sh
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/pytest -p no:xdist -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
 	$(BIN)/python bench/dispatch_index.py

@@ -42,7 +42,7 @@ from tests.faults.load import probe_ready
 from tests.faults.report import Violation
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
 
-pytestmark = [pytest.mark.faults, pytest.mark.chaos, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.faults, pytest.mark.chaos, pytest.mark.alone, pytest.mark.timeout(420)]
 
 SEED_ENV = "TIERQ_CHAOS_SEED"
 FAULTS_ENV = "TIERQ_CHAOS_FAULTS"

@@ -38,7 +38,7 @@ from tests.faults.handlers import RUN_LOG_ENV, read_runs
 from tests.fleet.load import DepthSampler, Tenant, refusals_within_limits
 from tests.services import RedisServer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.e2e, pytest.mark.alone, pytest.mark.timeout(150)]
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLERS = "tests.faults.handlers:HANDLERS"
