@@ -37,7 +37,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     source, dist = base / "source", base / "dist"
     # Built from a copy: the build leaves nothing in this tree, and nothing stale from it.
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("jobs", "workers"):
+    for name in ("jobs", "workers", "migrations"):
         shutil.copytree(ROOT / name, source / name, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
