@@ -1,0 +1,223 @@
+"""The twin's state and the small steps every operation shares (those of ``lua/common.lua``),
+with the leader lock that fences them: the base the twin's parts build on (``memory.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+
+from jobs.index.base import NotLeader
+from jobs.index.rate_limit import MemoryRateLimiter
+from jobs.index.values import IndexedJob
+from jobs.index.zset import ZSet
+
+
+def check_scores(job: IndexedJob) -> None:
+    for value in (job.order_key, job.start_by, job.not_before):
+        if value is not None and math.isnan(value):
+            raise ValueError("a score must be a number, not NaN")
+
+
+def check_caps(caps: Mapping[str, int], what: str) -> None:
+    for name, cap in caps.items():
+        if cap < 1:
+            raise ValueError(f"{what} cap for {name!r} must be at least 1, got {cap}")
+
+
+class MemoryLayout:
+    """The data layout of ``keys.py`` in process memory, and its shared steps."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        # The last ``now`` a caller passed: the time of a fence check in a call that takes
+        # none (the leader lock expires on the callers' virtual time, see ``memory.py``).
+        self._seen_now: float | None = None
+        self.clear()
+
+    def _at(self, now: float | None) -> float:
+        if now is None:
+            return self.clock()
+        self._seen_now = now
+        return now
+
+    def now(self) -> float:
+        return self.clock()
+
+    def clear(self) -> None:
+        self._queues: dict[str, ZSet] = {}
+        self._tenant_leases: dict[str, ZSet] = {}
+        self._tiers: dict[str, ZSet] = {}
+        self._runnable, self._blocked, self._queued = ZSet(), ZSet(), ZSet()
+        self._delayed, self._deadlines, self._leases = ZSet(), ZSet(), ZSet()
+        self._meta: dict[str, IndexedJob] = {}
+        self._cancels: set[str] = set()  # leased jobs flagged to cancel (meta's 7th field)
+        self._tier_caps: dict[str, int] = {}
+        self._tenant_caps: dict[str, int] = {}
+        self._tenant_tier: dict[str, str] = {}
+        self._tenant_delayed: dict[str, int] = {}
+        self._workers: dict[str, tuple[float, int]] = {}
+        self._devices: dict[str, str] = {}
+        self._pool: tuple[int, float] | None = None  # pool_capacity's (slots, valid until)
+        self._leader: tuple[str, float] | None = None  # token, expires_at
+        self._leader_epoch = 0
+        self._generation: str | None = None
+        self._buckets = MemoryRateLimiter()
+        # The ``refusals:<minute>`` hashes: (scope, name, reason) -> count, by minute.
+        self._refusals: dict[int, dict[tuple[str, str, str], int]] = {}
+        # The twin of the ``service_mean`` hash ``jobs.fleet.service_rate`` publishes in Redis:
+        # the measured mean service time and its samples.
+        self.service_mean: tuple[float, int] | None = None
+
+    # -- the layout's small steps (the helpers of lua/common.lua) --
+
+    @staticmethod
+    def _zadd(sets: dict[str, ZSet], key: str, member: str, score: float) -> None:
+        sets.setdefault(key, ZSet()).add(member, score)
+
+    @staticmethod
+    def _zrem(sets: dict[str, ZSet], key: str, member: str) -> bool:
+        zset = sets.get(key)
+        if zset is None or not zset.remove(member):
+            return False
+        if not zset:
+            del sets[key]
+        return True
+
+    def _cap_of(self, tenant: str) -> int:
+        cap = self._tenant_caps.get(tenant)
+        if cap is None:
+            tier = self._tenant_tier.get(tenant)
+            cap = None if tier is None else self._tier_caps.get(tier)
+        return 1 if cap is None else cap
+
+    def _at_cap(self, tenant: str) -> bool:
+        return self.tenant_inflight(tenant) >= self._cap_of(tenant)
+
+    def _head(self, tenant: str) -> tuple[str, float] | None:
+        queue = self._queues.get(tenant)
+        return None if queue is None else queue.first()
+
+    def _head_of(self, tenant: str) -> str | None:
+        head = self._head(tenant)
+        return None if head is None else head[0]
+
+    def _refile(self, tenant: str, old: str | None) -> bool:
+        head = self._head(tenant)
+        was_blocked = old is not None and self._blocked.score(old) is not None
+        source = self._blocked if was_blocked else self._runnable
+        if head is None:
+            if old is not None:
+                source.remove(old)
+            return False
+        to_blocked = self._at_cap(tenant)
+        if old == head[0] and was_blocked == to_blocked:
+            return False
+        if old is not None:
+            source.remove(old)
+        (self._blocked if to_blocked else self._runnable).add(head[0], head[1])
+        return was_blocked and not to_blocked
+
+    def _enqueue(self, job_id: str, tenant: str, order_key: float, recheck: bool) -> None:
+        old = self._head_of(tenant)
+        self._zadd(self._queues, tenant, job_id, order_key)
+        self._queued.add(job_id, order_key)
+        if recheck or self._head_of(tenant) != old:
+            self._refile(tenant, old)
+
+    def _undelay(self, job_id: str, tenant: str) -> bool:
+        if not self._delayed.remove(job_id):
+            return False
+        left = self._tenant_delayed[tenant] - 1
+        if left <= 0:
+            del self._tenant_delayed[tenant]
+        else:
+            self._tenant_delayed[tenant] = left
+        return True
+
+    def _index(self, job: IndexedJob) -> None:
+        self._meta[job.job_id] = job
+        self._cancels.discard(job.job_id)
+        retiered = self._tenant_tier.get(job.tenant) != job.tier
+        self._tenant_tier[job.tenant] = job.tier
+        self._zadd(self._tiers, job.tier, job.job_id, job.order_key)
+        if job.start_by is not None:
+            self._deadlines.add(job.job_id, job.start_by)
+        if job.not_before is None:
+            self._enqueue(job.job_id, job.tenant, job.order_key, retiered)
+            return
+        self._delayed.add(job.job_id, job.not_before)
+        self._tenant_delayed[job.tenant] = self._tenant_delayed.get(job.tenant, 0) + 1
+        head = self._head_of(job.tenant)
+        if retiered and head is not None:
+            self._refile(job.tenant, head)
+
+    def _unindex(self, job: IndexedJob) -> str:
+        job_id, tenant = job.job_id, job.tenant
+        state, old = "none", None
+        if self._undelay(job_id, tenant):
+            state = "delayed"
+        elif self._queued.score(job_id) is not None:
+            state, old = "queued", self._head_of(tenant)
+            self._zrem(self._queues, tenant, job_id)
+            self._queued.remove(job_id)
+        elif self._leases.remove(job_id):
+            state = "leased"
+            self._zrem(self._tenant_leases, tenant, job_id)
+        self._zrem(self._tiers, job.tier, job_id)
+        self._deadlines.remove(job_id)
+        del self._meta[job_id]
+        self._cancels.discard(job_id)
+        if state == "queued":
+            self._refile(tenant, old)
+        elif state == "leased":
+            head = self._head_of(tenant)
+            if head is not None:
+                self._refile(tenant, head)
+        return state
+
+    def _check_fence(self, fence: str | None, now: float | None, what: str) -> None:
+        if now is None:
+            now = self._seen_now if self._seen_now is not None else self.clock()
+        if fence and self.leader(now=now) != fence:
+            raise NotLeader(f"{what} refused: the fencing token is not the leader's")
+
+    # -- counts --
+
+    def inflight(self) -> int:
+        return len(self._leases)
+
+    def tenant_inflight(self, tenant: str) -> int:
+        return len(self._tenant_leases.get(tenant, ()))
+
+    def tenant_queued(self, tenant: str) -> int:
+        return len(self._queues.get(tenant, ())) + self._tenant_delayed.get(tenant, 0)
+
+    # -- the leader lock (the fence reads it) --
+
+    def acquire_leadership(self, owner: str, *, ttl_s: float, now: float) -> str | None:
+        if self.leader(now=now) is not None:
+            return None
+        self._leader_epoch += 1
+        token = f"{self._leader_epoch}:{owner}"
+        self._leader = (token, now + ttl_s)
+        return token
+
+    def renew_leadership(self, token: str, *, ttl_s: float, now: float) -> bool:
+        if self.leader(now=now) != token:
+            return False
+        self._leader = (token, now + ttl_s)
+        return True
+
+    def resign_leadership(self, token: str, *, now: float) -> bool:
+        if self.leader(now=now) != token:
+            return False
+        self._leader = None
+        return True
+
+    def leader(self, *, now: float) -> str | None:
+        self._seen_now = now
+        if self._leader is None or self._leader[1] <= now:
+            return None
+        return self._leader[0]

@@ -1,0 +1,128 @@
+"""``RedisIndex``'s lease table and worker registry: what a running attempt and its worker touch."""
+
+from __future__ import annotations
+
+import json
+
+from jobs.core.histograms import StartFigures
+from jobs.index.redis_scripts import RedisScripts, job_args, now_arg, score_arg, text_of
+from jobs.index.values import IndexedJob, Lease, LiveWorker, Renewal
+
+# A worker's device is kept beside its slots, under its id and this suffix (workers.lua).
+DEVICE_SUFFIX = "#device"
+
+
+class RedisLeases(RedisScripts):
+    """Leases (renew, release, reap, restore) and live workers of ``RedisIndex``."""
+
+    def renew(
+        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
+    ) -> bool:
+        return bool(self.renew_checked(job_id, attempt=attempt, ttl_s=ttl_s, now=now))
+
+    def renew_checked(
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        ttl_s: float,
+        now: float | None = None,
+        announce: bool = False,
+        start: StartFigures | None = None,
+    ) -> Renewal:
+        figures = [] if start is None else start.script_args()
+        answer = self._run("renew", [job_id, int(attempt), score_arg(ttl_s), now_arg(now),
+                                     "1" if announce else "", *figures])
+        return Renewal(int(answer))
+
+    def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
+        which = "" if attempt is None else str(int(attempt))
+        return bool(self._run("flag_cancel", [job_id, which]))
+
+    def release(
+        self,
+        job_id: str,
+        *,
+        attempt: int | None = None,
+        fence: str | None = None,
+        ring: bool = False,
+        announce: bool = False,
+        outcome: str | None = None,
+    ) -> bool:
+        which = "" if attempt is None else str(int(attempt))
+        flags = ["1" if ring else "", "1" if announce else "", outcome or ""]
+        return bool(self._run("release", [job_id, which, fence or "", *flags]))
+
+    def reap(
+        self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
+    ) -> list[Lease]:
+        if limit <= 0:
+            return []
+        raw = self._run("reap", [now_arg(now), limit, fence or ""])
+        return [
+            Lease(
+                job_id=text_of(job), tenant=text_of(tenant), tier=text_of(tier),
+                order_key=float(text_of(key)), expires_at=float(text_of(expires_at)),
+                attempt=int(attempt),
+            )
+            for job, tenant, tier, key, expires_at, attempt in raw
+        ]
+
+    def restore_lease(
+        self,
+        job: IndexedJob,
+        *,
+        ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+    ) -> bool:
+        args = [*job_args(job), score_arg(ttl_s), now_arg(now), fence or ""]
+        return bool(self._run("restore_lease", args))
+
+    def inflight(self) -> int:
+        return int(self._client.zcard(self._keys.leases))
+
+    def tenant_inflight(self, tenant: str) -> int:
+        return int(self._client.zcard(self._keys.tenant_leases(tenant)))
+
+    def inflight_by_tenant(self) -> dict[str, int]:
+        leased = [text_of(job) for job in self._client.zrange(self._keys.leases, 0, -1)]
+        if not leased:
+            return {}
+        counts: dict[str, int] = {}
+        # A lease released between the two reads has no entry left: not counted.
+        for meta in self._client.hmget(self._keys.meta, leased):
+            if meta is not None:
+                tenant = str(json.loads(text_of(meta))[0])
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
+
+    # -- the worker registry --
+
+    def register_worker(
+        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self._register_worker(
+            keys=self._keys.worker_keys(),
+            args=[worker_id, int(slots), score_arg(ttl_s), now_arg(now), device],
+        )
+
+    def unregister_worker(self, worker_id: str) -> None:
+        workers, slot_hash = self._keys.worker_keys()
+        pipe = self._client.pipeline(transaction=True)
+        pipe.zrem(workers, worker_id)
+        pipe.hdel(slot_hash, worker_id, worker_id + DEVICE_SUFFIX)
+        pipe.execute()
+
+    def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
+        rows = self._live_workers(keys=self._keys.worker_keys(), args=[now_arg(now)])
+        return sorted(
+            (LiveWorker(worker_id=text_of(worker), slots=int(slots), device=text_of(device),
+                        expires_at=float(text_of(expires_at)))
+             for worker, slots, device, expires_at in rows),
+            key=lambda worker: worker.worker_id,
+        )
+
+    def pool_capacity(self, *, now: float | None = None) -> int:
+        return int(self._pool_capacity(keys=self._keys.worker_keys(), args=[now_arg(now)]))

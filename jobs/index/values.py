@@ -1,0 +1,154 @@
+"""The values the dispatch index takes and returns. They sit apart from the Protocol
+(``base.py``, which re-exports them) so that module holds the contract and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+from jobs.core.policy import RateLimit, Tier
+
+__all__ = [
+    "REFUSALS_KEEP_S",
+    "REFUSAL_BUCKET_S",
+    "Admission",
+    "AdmissionTerms",
+    "Admitted",
+    "Entry",
+    "IndexedJob",
+    "Lease",
+    "LiveWorker",
+    "Renewal",
+    "TierDepth",
+    "refusal_minute",
+]
+
+# Refusals of ``admit_new`` are counted by minute (seconds since the epoch // 60, on the
+# admission's clock), each minute's counts kept this long.
+REFUSAL_BUCKET_S = 60
+REFUSALS_KEEP_S = 600
+
+
+def refusal_minute(now: float) -> int:
+    return math.floor(now / REFUSAL_BUCKET_S)
+
+
+class Renewal(IntEnum):
+    """What a lease renewal found (``renew_checked``); false only when the lease is lost."""
+
+    LOST = 0
+    HELD = 1
+    # Held, and a cancel was requested for the job (``flag_cancel``): stop the handler.
+    CANCEL_REQUESTED = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexedJob:
+    """What the index knows of a queued job."""
+
+    job_id: str
+    tenant: str
+    tier: str
+    order_key: float
+    # The job must have started by then or it expires (None: never).
+    start_by: float | None = None
+    # Retry backoff: not dispatched before this time (None: at once).
+    not_before: float | None = None
+    # The attempt this entry (and the lease it becomes) belongs to.
+    attempt: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admitted:
+    accepted: bool
+    # The tier's queued count after the call (before it, if refused).
+    tier_queued: int
+    # The tenant's queued count after the call (before it, if refused).
+    tenant_queued: int
+    # Jobs ahead of this one in dispatch order (when accepted); the position it would have
+    # had (when refused).
+    position: int
+    # Why it was refused: "capacity" (tier at its bound), "tenant_limit" (tenant quota) or
+    # "deadline" (more than max_position jobs would be ahead of it).
+    reason: str | None = None
+    # The job id was already indexed: nothing changed.
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdmissionTerms:
+    """The policy's side of ``admit_new``; the index reads the rest (the live workers, the
+    leases, the measured mean service time, the tenant's bucket and counts) in the same
+    atomic step, and derives the bounds as ``jobs.core.policy`` does."""
+
+    # The clock of the rate bucket and of the worker registrations.
+    now: float
+    tier: Tier
+    mean_service_s: float  # configured; a published measure replaces it (service_samples_min)
+    service_samples_min: int
+    client_timeout_s: float | None = None
+    pool_concurrency: int | None = None  # None: the live workers' slots
+    rate: RateLimit | None = None  # the tenant's bucket; None: no rate limit
+    tenant_cap: int | None = None  # the tenant's overrides; None: the tier's
+    tenant_quota: int | None = None
+    max_wait_s: float | None = None  # the job's own deadline
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """What ``admit_new`` decided and the figures it decided on. A rate refusal reads no
+    figures: only ``position`` and ``next_token_s`` mean anything then."""
+
+    accepted: bool
+    # "rate" (tenant's bucket empty), "deadline" (would start after max_wait_s, by the pool's
+    # queue or the tenant's own cap), "capacity" (tier at its bound), "tenant_limit" (quota).
+    reason: str | None
+    duplicate: bool  # the job id was already indexed: nothing changed
+    position: int  # jobs ahead of it (accepted), or that would be (refused)
+    tier_queued: int  # after the call (before it, if refused)
+    tenant_queued: int  # after the call (before it, if refused)
+    tenant_inflight: int
+    capacity: int  # the pool's slots
+    inflight: int  # leases held, all tenants
+    measured: tuple[float, int] | None  # the published mean service time and its samples
+    next_token_s: float  # rate refusal: seconds until the bucket holds a token
+    bound: int
+    quota: int
+    max_position: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    job_id: str
+    tenant: str
+    tier: str
+    order_key: float
+    expires_at: float
+    attempt: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """What the index holds for one job (the reconciler's walk)."""
+
+    job_id: str
+    attempt: int
+    leased: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveWorker:
+    """A worker whose registration has not expired: the slots it brings, on which device."""
+
+    worker_id: str
+    slots: int
+    device: str
+    expires_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierDepth:
+    queued: int
+    oldest_order_key: float | None
