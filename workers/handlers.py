@@ -1,16 +1,14 @@
 """The handler contract, as handler authors import it: ``from workers.handlers import ...``.
 
-The contract itself lives in ``jobs.execution.handlers`` (it has no Celery in it, and the API
-validates payloads with it); this module is its documented face (docs/handlers.md).
+The contract lives in ``jobs.execution.handlers`` and the registry in
+``jobs.execution.registry`` (no Celery in either, and the API validates payloads with them);
+this module is their documented face (docs/handlers.md), which stays put whatever moves behind.
 """
 
 from jobs.execution.handlers import (
-    ENTRY_POINT_GROUP,
-    HANDLERS_ENV,
     MAX_SLEEP_S,
     EchoHandler,
     Handler,
-    HandlerRegistry,
     JobCancelled,
     JobContext,
     JobInterrupted,
@@ -18,11 +16,16 @@ from jobs.execution.handlers import (
     RetryableError,
     SleepHandler,
     WorkerStopping,
+    parse_payload,
+)
+from jobs.execution.registry import (
+    ENTRY_POINT_GROUP,
+    HANDLERS_ENV,
+    HandlerRegistry,
     builtin_handlers,
     default_registry,
     load_entry_points,
     load_handlers,
-    parse_payload,
 )
 
 __all__ = [

@@ -26,7 +26,7 @@ from typing import Any
 from celery import signals
 
 from jobs.core.policy import handback_after_s
-from jobs.execution.attempt import hand_back_running
+from jobs.execution.running import hand_back_running
 from jobs.process.settings import Settings
 
 logger = logging.getLogger("tierq.worker")

@@ -23,7 +23,8 @@ from typing import Any
 import sqlalchemy.exc
 
 from jobs.core.errors import TierqError
-from jobs.execution.attempt import FAILED, execute
+from jobs.execution.attempt import execute
+from jobs.execution.running import FAILED
 from jobs.process.runtime import Runtime
 from jobs.process.settings import Settings
 from jobs.store import jobs as jobs_sql

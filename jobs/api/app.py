@@ -46,7 +46,7 @@ from jobs.api.routes import (
 from jobs.api.routes import (
     workers as routes_workers,
 )
-from jobs.execution.handlers import default_registry
+from jobs.execution.registry import default_registry
 from jobs.fleet.metrics import AppMetrics
 from jobs.index.notify import Listener
 from jobs.process.runtime import Runtime

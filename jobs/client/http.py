@@ -1,8 +1,10 @@
-"""A small HTTP client for the tierq API (httpx): ``Client`` and ``AsyncClient``.
+"""A small HTTP client for the tierq API (httpx): ``Client``, and ``AsyncClient`` (from
+``jobs.client.aio``, re-exported here).
 
 Requests, responses, typed errors and the retry and long-poll decisions are pure functions
-in ``jobs.client.protocol``; the two clients here add only the transport and the loops that
-sleep or await, so they cannot drift apart.
+in ``jobs.client.protocol``, headers, timeouts and the retry schedule are ``jobs.client.core``;
+the two clients add only the transport and the loops that sleep or await, so they cannot
+drift apart.
 
 Retries: a ``capacity`` refusal (429) or ``unavailable`` (503) is retried, honouring
 ``Retry-After`` (capped and jittered), as are connection errors; a ``tenant_limit`` refusal
@@ -13,23 +15,17 @@ can never create a second job.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_before_delay,
-)
+from tenacity import Retrying, retry_if_exception
 
+from jobs.client.aio import AsyncClient
+from jobs.client.core import ClientCore
 from jobs.client.protocol import (
     TERMINAL_STATUSES,
     ApiError,
@@ -55,7 +51,6 @@ from jobs.client.protocol import (
     parse_value,
     queues_call,
     result_call,
-    retry_delay_s,
     retryable,
     submit_batch_call,
     submit_call,
@@ -76,44 +71,7 @@ __all__ = [
 ]
 
 
-class _ClientCore:
-    """What both clients share besides ``jobs.client.protocol``: headers, timeouts and the
-    retry schedule. Subclasses add only the transport and the awaiting (or not)."""
-
-    def __init__(self, api_key: str, *, timeout: float, retry: RetryPolicy | None) -> None:
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
-        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "tierq-client"}
-
-    def _retrying_args(self) -> dict[str, Any]:
-        policy = self._retry
-        return {
-            "stop": stop_after_attempt(policy.attempts) | stop_before_delay(policy.total_s),
-            "wait": self._wait_s,
-            "retry": retry_if_exception(retryable),
-            "reraise": True,
-        }
-
-    def _wait_s(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        return retry_delay_s(exc, state.attempt_number, self._retry)
-
-    def _request_args(self, call: Call) -> dict[str, Any]:
-        if call.content is not None:
-            return {
-                "content": call.content,
-                "headers": {"Content-Type": call.content_type or "application/octet-stream"},
-                "params": call.params,
-                "timeout": self._timeout + call.hold_s,
-            }
-        return {
-            "json": call.json,
-            "params": call.params,
-            "timeout": self._timeout + call.hold_s,
-        }
-
-
-class Client(_ClientCore):
+class Client(ClientCore):
     """``with Client(url, key) as c: job = c.submit("echo", {"a": 1}); c.wait(job["id"])``."""
 
     def __init__(
@@ -292,151 +250,3 @@ class Client(_ClientCore):
 
 def _upload_retryable(exc: BaseException) -> bool:
     return retryable(exc) and not isinstance(exc, Unreachable)
-
-
-class AsyncClient(_ClientCore):
-    """``Client`` for asyncio: the same methods, awaited, with the same retries.
-
-    ``async with AsyncClient(url, key) as c: job = await c.submit("echo", {})``.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        *,
-        timeout: float = 10.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        super().__init__(api_key, timeout=timeout, retry=retry)
-        self._http = httpx.AsyncClient(
-            base_url=base_url, headers=self._headers, timeout=timeout, transport=transport
-        )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def submit(
-        self,
-        kind: str,
-        payload: Mapping[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        max_wait_s: float | None = None,
-        max_attempts: int | None = None,
-    ) -> dict[str, Any]:
-        key = idempotency_key or new_idempotency_key()
-        return await self._send(submit_call(kind, payload, idempotency_key=key,
-                                            max_wait_s=max_wait_s, max_attempts=max_attempts))
-
-    async def get(self, job_id: str, *, wait: float | None = None) -> dict[str, Any]:
-        return await self._send(get_call(job_id, wait=wait))
-
-    async def result(self, job_id: str) -> dict[str, Any]:
-        """The result (``status`` succeeded), or the status while it is not finished. A
-        result kept in the blob store (``result_url``) is fetched into ``result``."""
-        body = await self._send(result_call(job_id))
-        linked = linked_result_call(body)
-        if linked is not None:
-            body = {**body, "result": await self._send_value(linked)}
-        return body
-
-    async def cancel(self, job_id: str) -> dict[str, Any]:
-        return await self._send(cancel_call(job_id))
-
-    async def queues(self) -> dict[str, Any]:
-        return await self._send(queues_call())
-
-    async def submit_batch(
-        self,
-        kind: str,
-        items: Iterable[Mapping[str, Any]],
-        *,
-        idempotency_key: str | None = None,
-        max_attempts: int | None = None,
-    ) -> dict[str, Any]:
-        key = idempotency_key or new_idempotency_key()
-        return await self._send(submit_batch_call(kind, items, idempotency_key=key,
-                                                  max_attempts=max_attempts))
-
-    async def batch(self, batch_id: str) -> dict[str, Any]:
-        return await self._send(batch_call(batch_id))
-
-    async def list_batches(self, *, limit: int = 50) -> dict[str, Any]:
-        return await self._send(list_batches_call(limit=limit))
-
-    async def cancel_batch(self, batch_id: str) -> dict[str, Any]:
-        return await self._send(cancel_batch_call(batch_id))
-
-    async def batch_results(
-        self, batch_id: str, *, after: int = -1
-    ) -> AsyncIterator[dict[str, Any]]:
-        call = batch_results_call(batch_id, after=after)
-        try:
-            async with self._http.stream(call.method, call.path, params=call.params,
-                                         timeout=self._timeout) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise error_from_response(response.status_code, response.headers,
-                                              response.content)
-                async for line in response.aiter_lines():
-                    if line.strip():
-                        item: dict[str, Any] = json.loads(line)
-                        yield item
-        except httpx.TransportError as exc:
-            raise unreachable(exc) from exc
-
-    async def list_jobs(self, *, status: str | None = None, limit: int = 50,
-                   cursor: str | None = None) -> dict[str, Any]:
-        return await self._send(list_call(status=status, limit=limit, cursor=cursor))
-
-    async def wait(
-        self,
-        job_id: str,
-        *,
-        # Not asyncio.timeout: this one also shortens the last poll the server may hold.
-        timeout: float | None = None,  # noqa: ASYNC109
-        on_update: Callable[[dict[str, Any]], None] | None = None,
-        poll_s: float = 30.0,
-    ) -> dict[str, Any]:
-        """Long-poll until the job is terminal; ``on_update`` sees every answer.
-        Raises ``TimeoutError`` when ``timeout`` passes first."""
-        poll = LongPoll(job_id=job_id, timeout=timeout, poll_s=poll_s, started=time.monotonic())
-        while True:
-            hold = poll.hold_s(time.monotonic())
-            asked_at = time.monotonic()
-            job = await self.get(job_id, wait=hold)
-            if on_update is not None:
-                on_update(job)
-            pause = poll.pause_s(job, asked_at=asked_at, now=time.monotonic())
-            if pause is None:
-                return job
-            await asyncio.sleep(pause)
-
-    async def _send(self, call: Call) -> dict[str, Any]:
-        retrying = AsyncRetrying(**self._retrying_args())
-        result: dict[str, Any] = await retrying(self._send_once, call)
-        return result
-
-    async def _send_once(self, call: Call) -> dict[str, Any]:
-        body = await self._send_value_once(call)
-        return body if isinstance(body, dict) else {}
-
-    async def _send_value(self, call: Call) -> Any:
-        return await AsyncRetrying(**self._retrying_args())(self._send_value_once, call)
-
-    async def _send_value_once(self, call: Call) -> Any:
-        try:
-            response = await self._http.request(
-                call.method, call.path, **self._request_args(call)
-            )
-        except httpx.TransportError as exc:
-            raise unreachable(exc) from exc
-        return parse_value(response.status_code, response.headers, response.content)

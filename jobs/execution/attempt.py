@@ -13,18 +13,16 @@ duplicated or stale message, or a late result after the lease was reaped, change
   means the start is undone: the job goes back to the queue by compare-and-set, uncharged,
   instead of being run by a worker nobody accounts for.
 - While the handler runs, a heartbeat thread renews the lease (``jobs.execution.leases``); the
-  renewal
-  also tells of a cancel request, so a running job costs SQL nothing. A failed renewal marks
-  the lease lost.
+  renewal also tells of a cancel request, so a running job costs SQL nothing. A failed
+  renewal marks the lease lost.
 - A lease is released only after a state change of *this* attempt succeeded, and release
   names the attempt: a stale call never touches the next attempt's lease. The release also
   rings the doorbell, so the dispatcher fills the slot at once, and announces the change
   (``jobs.index.notify``), so long-polls of the job wake: one round trip. Every other state change
   is announced after its commit on its own.
 - A worker told to stop hands back the jobs it cannot finish within its grace
-  (``hand_back_running``, called by ``workers.stopping``): each handler is asked to stop as a
-  cancel asks, and the job goes back to the queue as a new attempt, uncharged, keeping its
-  place in line, instead of being killed and found by the reaper a lease TTL later.
+  (``hand_back_running``: ``jobs.execution.running``): each goes back to the queue as a new
+  attempt, uncharged, keeping its place in line, instead of waiting a lease TTL for the reaper.
 - ``max_attempts`` counts starts: a retry after the last allowed start, or one that could
   only start after ``start_by``, ends the job ``failed`` (``started_at`` kept), never a
   silent expiry.
@@ -37,32 +35,34 @@ duplicated or stale message, or a late result after the lease was reaped, change
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 from sqlalchemy.orm import Session
 
-from jobs.blobs.records import store_blob
-from jobs.blobs.store import BlobStore, store_url
 from jobs.core.domain import Job
 from jobs.core.histograms import StartFigures
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import NEW_ATTEMPT, Status
-from jobs.execution.handlers import (
-    HandlerRegistry,
-    JobCancelled,
-    JobContext,
-    LeaseLost,
-    RetryableError,
-    WorkerStopping,
-)
+from jobs.execution.handlers import JobContext
 from jobs.execution.leases import CANCEL_POLL_S, Heartbeat, LeaseKeeper, SqlUnreachable, retry_sql
+from jobs.execution.registry import HandlerRegistry
+from jobs.execution.results import result_fields
+from jobs.execution.running import (
+    CANCELLED,
+    FAILED,
+    RUNNING,
+    SUCCEEDED,
+    Ending,
+    call_handler,
+    cut_error,
+    describe_error,
+    hand_back_running,
+    log_job,
+)
 from jobs.index import notify, wake
 from jobs.index.base import IndexedJob
 from jobs.process.runtime import Runtime
@@ -70,13 +70,12 @@ from jobs.store import jobs as jobs_sql
 
 logger = logging.getLogger("tierq.worker")
 
-SUCCEEDED, FAILED, CANCELLED, EXPIRED = "succeeded", "failed", "cancelled", "expired"
+EXPIRED = "expired"  # SUCCEEDED, FAILED, CANCELLED: how a handler ended (running)
 REQUEUED, STALE, HANDED_BACK = "requeued", "stale", "handed_back"
 
-__all__ = ["CANCEL_POLL_S", "Heartbeat", "execute", "hand_back_running"]
+__all__ = ["CANCELLED", "CANCEL_POLL_S", "FAILED", "SUCCEEDED", "Heartbeat", "execute",
+           "hand_back_running"]
 
-# Stored error texts are cut to this length.
-MAX_ERROR_CHARS = 4000
 Clock = Callable[[], float]
 
 
@@ -94,52 +93,10 @@ def execute(
     return _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock).run(registry)
 
 
-class _Running:
-    """The handlers running in this process, so that a stopping worker can reach them."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._contexts: dict[int, JobContext] = {}  # by identity: equal contexts may coexist
-
-    def add(self, ctx: JobContext) -> None:
-        with self._lock:
-            self._contexts[id(ctx)] = ctx
-
-    def discard(self, ctx: JobContext) -> None:
-        with self._lock:
-            self._contexts.pop(id(ctx), None)
-
-    def hand_back_all(self) -> int:
-        with self._lock:
-            contexts = list(self._contexts.values())
-        for ctx in contexts:
-            ctx.mark_handed_back()
-        return len(contexts)
-
-
-_RUNNING = _Running()
-
-
-def hand_back_running() -> int:
-    """Ask every job running in this process to stop and go back to the queue, uncharged;
-    returns how many were asked."""
-    return _RUNNING.hand_back_all()
-
-
 def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
     """Gave up on SQL: the lease lapses and the reaper runs the job again."""
     logger.error("job.sql_gave_up", extra={
         "event": "job.sql_gave_up", "job_id": job_id, "attempt": attempt, "step": step})
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Ending:
-    """How the handler ended: one of SUCCEEDED, FAILED, CANCELLED, "retry", "lease_lost",
-    "handback"."""
-
-    kind: str
-    result: Any = None
-    error: str | None = None
 
 
 class _Attempt:
@@ -192,12 +149,12 @@ class _Attempt:
             return self._hand_back(Status.RUNNING)
         heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
-        _RUNNING.add(ctx)
+        RUNNING.add(ctx)
         try:
-            ending = _call_handler(registry, ctx, job)
+            ending = call_handler(registry, ctx, job)
             return self._finish(ending, heartbeat)
         finally:
-            _RUNNING.discard(ctx)
+            RUNNING.discard(ctx)
             heartbeat.stop()
 
     def _start(self) -> Job | None:
@@ -295,7 +252,7 @@ class _Attempt:
         self._log(logging.INFO, f"job.{dst.value}", before_start=True)
         return dst.value
 
-    def _finish(self, ending: _Ending, heartbeat: Heartbeat) -> str:
+    def _finish(self, ending: Ending, heartbeat: Heartbeat) -> str:
         """Record how the handler ended (a lease lost meanwhile: the reaper has the job)."""
         if ending.kind == "lease_lost":
             self._log(logging.WARNING, "job.stale", reason="lease lost")
@@ -310,28 +267,12 @@ class _Attempt:
                 encoded = json.dumps(ending.result, allow_nan=False, separators=(",", ":"))
             except (TypeError, ValueError) as exc:
                 error = f"result is not JSON-serialisable: {describe_error(exc)}"
-                return self._end(Status.FAILED, heartbeat, error=_cut(error))
-            return self._end(Status.SUCCEEDED, heartbeat, **self._result_fields(encoded))
+                return self._end(Status.FAILED, heartbeat, error=cut_error(error))
+            return self._end(Status.SUCCEEDED, heartbeat, **result_fields(
+                self.runtime, encoded, clock=self.clock, job=self._job, worker_id=self.worker_id))
         if ending.kind == FAILED:
             return self._end(Status.FAILED, heartbeat, error=ending.error)
         return self._end(Status.CANCELLED, heartbeat)
-
-    def _result_fields(self, encoded: str) -> dict[str, Any]:
-        """The result inline, or, when larger than ``result_inline_bytes``, stored in the
-        blob store (recorded first: ``jobs.blobs.records``) and named by ``result_blob``. A
-        blob store that fails keeps it inline: a result in hand is never thrown away."""
-        settings = self.runtime.settings
-        data = encoded.encode()
-        if len(data) <= settings.result_inline_bytes:
-            return {"result": json.loads(encoded)}
-        try:
-            store = blob_store(store_url(settings))
-            sha256 = store_blob(self.runtime.sessions, store, data, now=self.clock())
-        except Exception:
-            self._log(logging.WARNING, "job.result_blob_failed", exc_info=True,
-                      bytes=len(data))
-            return {"result": json.loads(encoded)}
-        return {"result": None, "result_blob": sha256}
 
     def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
         if not self._transition(Status.RUNNING, dst, announce=False, **fields):  # release does
@@ -350,14 +291,14 @@ class _Attempt:
         if starts >= job.max_attempts:
             return self._end(
                 Status.FAILED, heartbeat,
-                error=_cut(f"{error} (start {starts} of {job.max_attempts})"),
+                error=cut_error(f"{error} (start {starts} of {job.max_attempts})"),
             )
         delay = retry_backoff_s(starts, policy.retry_backoff_s, policy.retry_backoff_max_s)
         not_before = self.clock() + delay
         if job.start_by is not None and not_before >= job.start_by:
             return self._end(
                 Status.FAILED, heartbeat,
-                error=_cut(f"{error} (start {starts}; a retry could not start before the "
+                error=cut_error(f"{error} (start {starts}; a retry could not start before the "
                            "job's deadline, max_wait_s)"),
             )
         if not self._transition(Status.RUNNING, Status.QUEUED, not_before=not_before):
@@ -432,13 +373,7 @@ class _Attempt:
             self._log(logging.WARNING, "dispatcher.ring_failed", exc_info=True)
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
-        _log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)
-
-
-@functools.lru_cache(maxsize=4)
-def blob_store(url: str) -> BlobStore:
-    """One store per URL and process: results are written where documents are read."""
-    return BlobStore(url)
+        log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)
 
 
 def start_figures(job: Job) -> StartFigures | None:
@@ -464,46 +399,3 @@ def _landed(session: Session, job: Job, src: Status, dst: Status) -> bool:
         return False
     expected = job.attempt + 1 if (src, dst) in NEW_ATTEMPT else job.attempt
     return current.attempt == expected
-
-
-def _call_handler(registry: HandlerRegistry, ctx: JobContext, job: Job) -> _Ending:
-    """Run the handler; turn every way it can end into an ``_Ending``."""
-    try:
-        payload = registry.validate(job.kind, job.payload)
-        result = registry.get(job.kind).run(ctx, payload)
-    except LeaseLost:
-        return _Ending(kind="lease_lost")
-    except WorkerStopping:
-        return _Ending(kind="handback")
-    except JobCancelled:
-        return _Ending(kind=CANCELLED)
-    except Exception as exc:
-        if ctx.handed_back():  # most likely interrupted by the stop: another worker retries
-            return _Ending(kind="handback")
-        if ctx.cancelled():  # most likely interrupted by the cancel; a retry would be wasted
-            return _Ending(kind=CANCELLED)
-        if isinstance(exc, RetryableError):
-            return _Ending(kind="retry", error=describe_error(exc))
-        _log_job(logging.WARNING, "job.handler_error", job, exc_info=True)
-        return _Ending(kind=FAILED, error=describe_error(exc))
-    if ctx.cancelled():
-        return _Ending(kind=CANCELLED)
-    return _Ending(kind=SUCCEEDED, result=result)
-
-
-def describe_error(exc: BaseException) -> str:
-    """``"<ExceptionType>: <message>"``: what is stored and shown; the traceback is logged."""
-    text = str(exc)
-    return _cut(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
-
-
-def _log_job(level: int, event: str, job: Job, *, exc_info: bool = False, **fields: Any) -> None:
-    extra = {
-        "event": event, "job_id": job.id, "tenant": job.tenant_id, "tier": job.tier,
-        "attempt": job.attempt, **fields,
-    }
-    logger.log(level, event, extra=extra, exc_info=exc_info)
