@@ -4,8 +4,8 @@ Whoever stops a worker (``tierq up``, compose, Kubernetes) sends SIGTERM, waits
 ``policy.stop_grace_s``, then kills it. Celery's warm shutdown lets running jobs finish;
 those still running ``handback_after_s(grace)`` after the signal are asked to stop, as a
 cancel asks, and go back to the queue as a new attempt, not charged one
-(``jobs.execution.attempt.hand_back_running``). Killed instead, they would wait a lease TTL for the
-reaper and be charged the attempt.
+(``jobs.execution.running.hand_back_running``). Killed instead, they would wait a lease TTL for
+the reaper and be charged the attempt.
 
 The thread pool runs jobs in the worker process, which Celery tells of the stop
 (``worker_shutting_down``). A prefork child runs them in its own process: it keeps SIGTERM
