@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from jobs.cli.main import ApiKey, ApiUrl, _client, _fail, _friendly
+from jobs.cli.common import ApiKey, ApiUrl, api_client, fail, friendly
 
 # How often ``--wait`` asks for the batch's counts.
 POLL_S = 1.0
@@ -25,12 +25,12 @@ def _items(path: Path) -> Iterator[dict[str, Any]]:
     try:
         text = path.read_text()
     except OSError as exc:
-        _fail(f"cannot read {path}: {exc.strerror or exc}", 2)
+        fail(f"cannot read {path}: {exc.strerror or exc}", 2)
     if text.lstrip().startswith("["):
         try:
             items = json.loads(text)
         except ValueError as exc:
-            _fail(f"{path} is not valid JSON: {exc}", 2)
+            fail(f"{path} is not valid JSON: {exc}", 2)
         yield from _objects(path, enumerate(items, 1))
         return
     lines = ((number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip())
@@ -39,18 +39,18 @@ def _items(path: Path) -> Iterator[dict[str, Any]]:
         try:
             parsed.append((number, json.loads(line)))
         except ValueError as exc:
-            _fail(f"{path}:{number} is not valid JSON: {exc}", 2)
+            fail(f"{path}:{number} is not valid JSON: {exc}", 2)
     yield from _objects(path, iter(parsed))
 
 
 def _objects(path: Path, numbered: Iterator[tuple[int, Any]]) -> Iterator[dict[str, Any]]:
     for number, item in numbered:
         if not isinstance(item, dict):
-            _fail(f"{path}: item {number} is not a JSON object", 2)
+            fail(f"{path}: item {number} is not a JSON object", 2)
         yield item
 
 
-@_friendly
+@friendly
 def batch_submit(
     file: Annotated[Path, typer.Argument(help="The items: NDJSON, or a JSON array of objects.")],
     kind: Annotated[str, typer.Option("--kind", help="The kind of every item.")],
@@ -65,11 +65,11 @@ def batch_submit(
 
     items = list(_items(file))
     console = Console(highlight=False, soft_wrap=True, stderr=True)
-    with _client(api_url, key, announce=True) as client:
+    with api_client(api_url, key, announce=True) as client:
         try:
             batch = client.submit_batch(kind, items, idempotency_key=idempotency_key)
         except ApiError as exc:
-            _fail(f"not submitted: {exc}", 2)
+            fail(f"not submitted: {exc}", 2)
         Console(highlight=False, soft_wrap=True).print(
             f"batch {batch.get('id')}  tier {batch.get('tier')}  items {batch.get('total')}")
         if wait:
@@ -104,9 +104,9 @@ def _follow(client: Any, batch_id: str, total: int, console: Console) -> None:
                     break
                 time.sleep(POLL_S)
     except ApiError as exc:
-        _fail(f"lost track of batch {batch_id}: {exc}", 1)
+        fail(f"lost track of batch {batch_id}: {exc}", 1)
     except KeyboardInterrupt:
-        _fail(f"stopped waiting; the batch goes on: tierq batch status {batch_id}", 130)
+        fail(f"stopped waiting; the batch goes on: tierq batch status {batch_id}", 130)
     bad = {name: counts.get(name, 0) for name in ("failed", "cancelled", "expired")
            if counts.get(name)}
     summary = ", ".join(f"{n} {name}" for name, n in bad.items())
@@ -119,7 +119,7 @@ def _follow(client: Any, batch_id: str, total: int, console: Console) -> None:
 BatchId = Annotated[str, typer.Argument(help="The batch's id.")]
 
 
-@_friendly
+@friendly
 def batch_results(
     batch_id: BatchId,
     after: Annotated[int, typer.Option(min=-1, help="Only items past this index.")] = -1,
@@ -127,24 +127,24 @@ def batch_results(
     key: ApiKey = None,
 ) -> None:
     """Print the batch's finished items as NDJSON, one line each, in index order."""
-    with _client(api_url, key) as client:
+    with api_client(api_url, key) as client:
         for line in client.batch_results(batch_id, after=after):
             sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
-@_friendly
+@friendly
 def batch_status(batch_id: BatchId, api_url: ApiUrl = None, key: ApiKey = None) -> None:
     """Print a batch (as JSON): its items counted by state and the estimated finish."""
-    with _client(api_url, key) as client:
+    with api_client(api_url, key) as client:
         state = client.batch(batch_id)
     Console(highlight=False, soft_wrap=True).print_json(json.dumps(state))
 
 
-@_friendly
+@friendly
 def batch_cancel(batch_id: BatchId, api_url: ApiUrl = None, key: ApiKey = None) -> None:
     """Cancel every item of the batch that has not started."""
-    with _client(api_url, key, announce=True) as client:
+    with api_client(api_url, key, announce=True) as client:
         state = client.cancel_batch(batch_id)
     Console(highlight=False, soft_wrap=True).print(
         f"batch {batch_id}  {state.get('status')}  {state.get('counts')}")

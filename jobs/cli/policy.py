@@ -5,22 +5,27 @@
 "live": what admission uses right now, read from Redis: the capacity in force (configured,
 or the live workers' slots) and the mean service time the dispatcher measured, once
 ``service_samples_min`` runs back it. Without Redis only the configured column is filled.
+The pool, the index and Redis are imported inside the functions that read them, so loading
+this module (for ``tierq --help``) stays quick.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
+from jobs.cli.common import friendly
 from jobs.core import policy
 from jobs.core.errors import ConfigError
-from jobs.core.policy import MeasuredMean
-from jobs.fleet import pool
-from jobs.fleet.pool import PoolFigures
-from jobs.index.base import LiveWorker
-from jobs.process.settings import Settings
+from jobs.process.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from jobs.core.policy import MeasuredMean
+    from jobs.fleet.pool import PoolFigures
+    from jobs.index.base import LiveWorker
 
 NONE = "-"
 
@@ -37,6 +42,7 @@ def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, 
     """The live figures from Redis, or None and why there are none."""
     import redis
 
+    from jobs.fleet import pool
     from jobs.fleet.service_rate import read_measured
     from jobs.index.redis_index import RedisIndex
     from jobs.process.runtime import redis_client
@@ -61,6 +67,8 @@ def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, 
 
 
 def configured_figures(pol: policy.Policy) -> PoolFigures | None:
+    from jobs.fleet import pool
+
     if pol.pool_concurrency is None:
         return None
     return pool.figures(pol, capacity=pol.pool_concurrency, inflight=0)
@@ -152,3 +160,13 @@ def print_policy(settings: Settings, console: Console) -> None:
         console.print("No live workers yet: every bound and cap is 1 until one registers.")
     if note:
         console.print(note)
+
+
+@friendly
+def show_policy() -> None:
+    """Print the numbers that follow from the configuration, next to the live ones:
+    capacity, mean service time, μ, bounds, caps, quotas, the ageing guarantee."""
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:  # piped or captured: room for the whole table
+        console = Console(highlight=False, soft_wrap=True, width=max(console.width, 132))
+    print_policy(load_settings(), console)

@@ -10,13 +10,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from jobs.cli.main import _fail, _friendly, _target
+from jobs.cli.common import fail, friendly, target
 from jobs.process.settings import load_settings
 
 DEFAULT_POLICIES = "strict,rescore,tierq"
 
 
-@_friendly
+@friendly
 def simulate(
     scenario: Annotated[
         str, typer.Option("--scenario", help="A shipped scenario (seed, noisy, diurnal, batch) "
@@ -52,16 +52,16 @@ def simulate(
     from jobs.simulate.report import busiest_tenants
 
     if plot is not None and not plotting.available():
-        _fail(plotting.MISSING, 2)
+        fail(plotting.MISSING, 2)
     names = [name.strip() for name in policies.split(",") if name.strip()]
     unknown = [name for name in names if name not in sim.CONTENDERS]
     if unknown or not names:
-        _fail(f"--policies: choose from {', '.join(sim.CONTENDERS)}", 2)
+        fail(f"--policies: choose from {', '.join(sim.CONTENDERS)}", 2)
     settings = load_settings(config=config) if config is not None else load_settings()
     pol = settings.build_policy()
     chosen = scenarios.load(scenario)
     count = jobs or chosen.jobs
-    _target(f"scenario {chosen.name}: {count:,} jobs, seed {seed}, policies {', '.join(names)}")
+    target(f"scenario {chosen.name}: {count:,} jobs, seed {seed}, policies {', '.join(names)}")
     comparison = sim.compare(pol, chosen, jobs=count, seed=seed, policies=names)
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:  # piped or captured: room for the whole table

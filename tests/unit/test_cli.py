@@ -238,9 +238,9 @@ def test_debug_shows_the_error_a_line_stands_for(
     app: typer.Typer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The one line hides a traceback; ``--debug`` lets it through, for a bug report."""
-    from jobs.cli import main
+    from jobs.cli import common
 
-    monkeypatch.setitem(main._DEBUG, "on", False)  # restored after: --debug sets it
+    monkeypatch.setitem(common.DEBUG, "on", False)  # restored after: --debug sets it
     monkeypatch.setenv("TIERQ_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nothing")
     plain = CliRunner().invoke(app, ["migrate", "--wait", "0.2"])
     debug = CliRunner().invoke(app, ["--debug", "migrate", "--wait", "0.2"])
@@ -354,7 +354,7 @@ def test_a_stopped_tierq_up_is_not_taken_for_a_running_one(
 def test_the_jobs_table_fits_the_terminal_and_never_cuts_an_id_or_a_status() -> None:
     from rich.console import Console
 
-    from jobs.cli.main import jobs_table
+    from jobs.cli.jobs import jobs_table
 
     job = {"id": "01a22fe3-b169-7e99-8fd7-08b52bad2048", "kind": "document.embed",
            "status": "dispatched", "attempt": 2, "created_at": "2026-12-01T04:36:20.1+00:00",
