@@ -1,8 +1,8 @@
 """Domain values: tenants and jobs as frozen, keyword-only dataclasses.
 
 Times are float epoch seconds (UTC). The database keeps timezone-aware UTC datetimes; the
-conversion happens only here (``from_row``) and in ``jobs.store``. ORM classes never leave
-``jobs.store``: the repository turns every row into one of these values.
+conversion happens only in ``jobs.store`` (``jobs.store.rows``), which turns every row into
+one of these values: ORM classes never leave it, and nothing here knows them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Tenant:
 
 @dataclass(frozen=True, kw_only=True)
 class NewJob:
-    """What the API hands the repository to insert: a job that is queued from the start."""
+    """What the API hands the store to insert: a job that is queued from the start."""
 
     tenant_id: str
     tier: str  # the tenant's tier at submission; it never changes afterwards

@@ -1,7 +1,7 @@
 """Job states and the one table of legal moves between them (drawn in docs/states.md).
 
 Every change of a job's state is a compare-and-set on ``(status, attempt)`` that must be an
-edge of ``TRANSITIONS``; the repository refuses anything else before touching the database.
+edge of ``TRANSITIONS``; the store refuses anything else before touching the database.
 """
 
 from __future__ import annotations
