@@ -114,6 +114,18 @@ def test_ndjson_is_read_as_it_streams(client: ApiClient) -> None:
     assert len(client.get("/v1/batches", headers=auth(key)).json()["batches"]) == 1
 
 
+def test_a_line_nested_too_deep_is_refused_and_stores_nothing(client: ApiClient) -> None:
+    key = client.tenant_key("nester")
+    deep = '{"payload": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+    body = "\n".join([json.dumps(items(1)[0]), deep])
+    refused = client.post("/v1/batches?kind=sleep", content=body.encode(),
+                          headers={**auth(key), "Content-Type": "application/x-ndjson"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["type"] == "invalid_request"
+    assert "items[1]" in refused.json()["error"]["message"]
+    assert client.get("/v1/batches", headers=auth(key)).json()["batches"] == []
+
+
 def test_idempotency_key_names_one_batch(client: ApiClient) -> None:
     key = client.tenant_key("careful")
     body = {"kind": "sleep", "items": items(5), "idempotency_key": "eval-1"}

@@ -148,9 +148,11 @@ def _ndjson(chunks: AsyncIterator[bytes]) -> Iterator[Any]:
 
 
 def _parse_line(line: bytes, index: int) -> Any:
+    """One item; a line nested too deep for the parser (RecursionError) is bad input too,
+    refused as a JSON body of the same value is, never a 500."""
     try:
         return json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidRequest(f"items[{index}]: the line is not valid JSON; nothing was stored",
                              index=index, details=[{"loc": ["items", index],
                                                     "msg": "not valid JSON"}]) from None
