@@ -7,10 +7,9 @@ holds up the dispatch that follows it.
 
 # -- the dispatcher's round --------------------------------------------------------------------
 
-# Caps, reaping and expiry run together this often (and in a leader's first round).
+# Caps (with the tenants' own, read from SQL), reaping and expiry run together this often
+# (and in a leader's first round).
 MAINTENANCE_PERIOD_S = 1.0
-# How often per-tenant cap overrides are re-read from SQL.
-OVERRIDES_REFRESH_S = 10.0
 # A job whose publish failed (broker unreachable) is offered again after this long.
 PUBLISH_RETRY_S = 1.0
 # A job indexed by an API process whose SQL commit has not landed yet is retried this often

@@ -67,6 +67,15 @@ def list_tenants(session: Session) -> list[Tenant]:
     return [tenant_from_row(row) for row in rows]
 
 
+def cap_overrides(session: Session) -> dict[str, int]:
+    """The tenants' own caps, by id: the dispatcher reads them at every upkeep, so only the
+    two columns of the tenants that have one."""
+    rows = session.execute(
+        sa.select(TenantRow.id, TenantRow.cap).where(TenantRow.cap.is_not(None))
+    )
+    return {tenant_id: cap for tenant_id, cap in rows if cap is not None}
+
+
 def tenants_by_ids(session: Session, tenant_ids: Iterable[str]) -> dict[str, Tenant]:
     """The tenants of these ids that exist, by id (one query, by primary key)."""
     ids = sorted(set(tenant_ids))

@@ -147,6 +147,24 @@ def test_a_tenant_at_its_cap_waits_while_others_go_first(
     assert publisher.sent[-1][0] == noisy_jobs[1].id  # it kept its place
 
 
+def test_a_lowered_cap_holds_within_the_promised_five_seconds(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    """docs/api.md: a change of a tenant takes effect everywhere within 5 s."""
+    acme = tenant(runtime, "acme", tier="premium", cap=2)
+    dispatcher.run_once(T0)  # the leader knows the cap of 2
+    with runtime.sessions.begin() as s:
+        tenants_sql.update_tenant(s, acme, cap=1)
+    dispatcher.run_once(T0 + 2)  # the leader's upkeep, a period later
+    for i in range(2):
+        queue_job(runtime, acme, at=T0 + 3 + i / 10, tier="premium")
+
+    dispatcher.run_once(T0 + 4)  # 4 s after the change
+
+    assert len(publisher.sent) == 1
+    assert runtime.index.inflight() == 1
+
+
 def test_cancelled_or_expired_jobs_are_never_published(
     runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
 ) -> None:
