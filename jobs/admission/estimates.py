@@ -74,7 +74,7 @@ def placements(
     if not queued:
         return {}
     inflight = runtime.index.tenant_inflight(tenant.id)
-    with runtime.sessions.begin() as session:
+    with runtime.sessions() as session:  # a read: on SQLite it must not take the write lock
         order = jobs_sql.queued_order(session, tenant.id)
     cap = tenant_cap(tenant, figures)
     found: dict[str, Placement] = {}

@@ -6,7 +6,11 @@ the index and the repository, the way the dispatcher and the workers drive it.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,10 +22,13 @@ from tests.integration.api_harness import (
     Clock,
     auth,
     dispatch_one,
+    make_settings,
     move,
     queue_of,
     rt,
+    running_api,
 )
+from tests.services import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +51,30 @@ def test_status_shows_the_live_queue_position(client: ApiClient, clock: Clock) -
     assert (view["status"], view["queue_position"], view["estimated_wait_s"]) == (
         "dispatched", None, None)
     assert view["dispatched_at"] is not None
+
+
+@pytest.fixture
+def sqlite_client(
+    sqlite_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> Iterator[ApiClient]:
+    with running_api(make_settings(sqlite_url, redis_server.url, key_prefix)) as api:
+        yield api
+
+
+def test_reading_a_queued_job_never_waits_for_a_writer_on_sqlite(
+    sqlite_client: ApiClient, sqlite_url: str
+) -> None:
+    key = sqlite_client.tenant_key("reader")
+    job_id = sqlite_client.submit(key).json()["id"]
+    writer = sqlite3.connect(Path(sqlite_url.removeprefix("sqlite:///")), timeout=0)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        view = sqlite_client.get(f"/v1/jobs/{job_id}", headers=auth(key))
+        assert view.status_code == 200, view.text
+        assert (view.json()["status"], view.json()["queue_position"]) == ("queued", 0)
+    finally:
+        writer.rollback()
+        writer.close()
 
 
 def test_long_poll_returns_the_new_status(client: ApiClient) -> None:
