@@ -39,6 +39,7 @@ from jobs.process import outage
 from jobs.process.runtime import Runtime
 from jobs.service import jobs as job_service
 from jobs.store import batches as repo
+from jobs.store import blobs as blobs_sql
 from jobs.store.batches import Batch
 
 logger = logging.getLogger(__name__)
@@ -281,18 +282,25 @@ def results(runtime: Runtime, batch: Batch, *, after: int) -> Iterator[bytes]:
     while True:
         with runtime.sessions() as session:
             jobs = repo.finished_items(session, batch.id, after=after, limit=RESULTS_CHUNK)
+            sizes = {job.result_blob: blobs_sql.blob_size(session, job.result_blob)
+                     for job in jobs if job.result_blob is not None}
         for job in jobs:
-            yield (json.dumps(result_line(job), separators=(",", ":")) + "\n").encode()
+            line = result_line(job, sizes.get(job.result_blob) if job.result_blob else None)
+            yield (json.dumps(line, separators=(",", ":")) + "\n").encode()
         if len(jobs) < RESULTS_CHUNK:
             return
         after = jobs[-1].batch_index if jobs[-1].batch_index is not None else after + 1
 
 
-def result_line(job: Job) -> dict[str, Any]:
+def result_line(job: Job, result_bytes: int | None = None) -> dict[str, Any]:
+    """One item's line; a result kept in the blob store is linked, as ``/result`` links it."""
     line: dict[str, Any] = {"index": job.batch_index, "job_id": job.id,
                             "status": job.status.value}
     if job.status is Status.SUCCEEDED:
         line["result"] = job.result
+        if job.result_blob is not None:
+            line["result_url"] = f"/v1/jobs/{job.id}/result/blob"
+            line["result_bytes"] = result_bytes
     else:
         line["error"] = job.error or {"cancelled": "the item was cancelled",
                                       "expired": "the item expired before it started"

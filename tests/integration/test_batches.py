@@ -16,6 +16,7 @@ import pytest
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
 from jobs.fleet import pool
+from jobs.store import blobs as blobs_sql
 from jobs.store import jobs as jobs_sql
 from jobs.store import stats as stats_sql
 from tests.integration.api_harness import ApiClient, Clock, auth, move, rt
@@ -195,6 +196,37 @@ def test_feeding_resumes_in_a_new_dispatcher_and_results_stream(
                for row in rows)
     after = client.get(f"/v1/batches/{batch_id}/results?after=9", headers=auth(key))
     assert [json.loads(line)["index"] for line in after.text.splitlines()] == [10, 11]
+
+
+def test_an_item_whose_result_is_a_blob_links_to_it(client: ApiClient, clock: Clock) -> None:
+    key = client.tenant_key("bulk")
+    batch_id = submit(client, key, {"kind": "sleep", "items": items(2)}).json()["id"]
+    runtime = rt(client)
+    publisher = RecordingPublisher()
+    sha = "ab" * 32
+    with runtime.sessions.begin() as session:
+        blobs_sql.record_blob(session, sha, size=5_000_000, now=clock.now)
+    for _ in range(10):  # the first item finishes with a result kept as a blob
+        clock.now += 1
+        Dispatcher(runtime, publisher).run_once(clock.now)
+        if len(publisher.sent) == 2:
+            break
+        first = publisher.sent[0][0]
+        with runtime.sessions() as session:
+            found = jobs_sql.get_job(session, first)
+        if found is not None and found.status is Status.DISPATCHED:
+            move(client, first, Status.RUNNING, Status.SUCCEEDED, result=None, result_blob=sha)
+            runtime.index.release(first, attempt=1)
+    (large, _, _), (small, _, _) = publisher.sent
+    move(client, small, Status.RUNNING, Status.SUCCEEDED, result={"ok": 1})
+
+    lines = client.get(f"/v1/batches/{batch_id}/results", headers=auth(key))
+    rows = {row["job_id"]: row for row in map(json.loads, lines.text.splitlines())}
+    assert rows[large]["result"] is None
+    assert rows[large]["result_url"] == f"/v1/jobs/{large}/result/blob"
+    assert rows[large]["result_bytes"] == 5_000_000
+    assert rows[small]["result"] == {"ok": 1} and "result_url" not in rows[small]
+    assert client.get(rows[large]["result_url"], headers=auth(key)).status_code != 500
 
 
 def test_cancel_stops_every_item_not_started(client: ApiClient, clock: Clock) -> None:
