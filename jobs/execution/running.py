@@ -75,7 +75,10 @@ class Ending:
 
 
 def call_handler(registry: HandlerRegistry, ctx: JobContext, job: Job) -> Ending:
-    """Run the handler; turn every way it can end into an ``Ending``."""
+    """Run the handler; turn every way it can end into an ``Ending``. A job whose cancel
+    is already known (the renewal right after the start told of it) is not run at all."""
+    if ctx.cancelled():
+        return Ending(kind=CANCELLED)
     try:
         payload = registry.validate(job.kind, job.payload)
         result = registry.get(job.kind).run(ctx, payload)

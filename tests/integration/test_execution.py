@@ -340,6 +340,31 @@ def test_cancel_requested_before_start_cancels_without_running(
     assert_released(runtime, job)
 
 
+def test_a_cancel_the_start_renewal_reports_runs_no_handler(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start commits, the client cancels, and the renewal right after the start is the
+    first to tell: the handler is not called, and the job ends cancelled."""
+    recorder = RecordingHandler()
+    registry.register(recorder)
+    job = dispatch(runtime, submit(runtime, tenant, "record", {}))
+    renew = runtime.index.renew_checked
+
+    def cancel_then_renew(job_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("announce"):  # the start's own renewal: the start has committed
+            assert load(runtime, job_id).status is Status.RUNNING
+            request_cancel(runtime, job_id)
+        return renew(job_id, **kwargs)
+
+    monkeypatch.setattr(runtime.index, "renew_checked", cancel_then_renew)
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "cancelled"
+
+    assert recorder.calls == []
+    assert load(runtime, job.id).status is Status.CANCELLED
+    assert_released(runtime, job)
+
+
 @pytest.mark.parametrize(
     ("kind", "payload"),
     [("block", {}), ("block", {"then": "retry"}), ("sleep", {"seconds": 3600})],
