@@ -4,8 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# pytest-xdist workers for the isolated tests (own database, own key prefix): one per core
-TEST_WORKERS ?= 2
+# pytest-xdist workers for the isolated tests (own database, own key prefix): one more than
+# the 2 cores, since most tests wait on processes, sockets and timers more than they compute
+TEST_WORKERS ?= 3
 # e.g. make bench SUBMIT_BENCH_ARGS='--jobs 500' for a quick run
 SUBMIT_BENCH_ARGS ?=
 # e.g. make bench E2E_BENCH_ARGS='--jobs 200 --reps 1 --samples 20 --queued 2000 --tenants 4'
