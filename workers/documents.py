@@ -36,7 +36,10 @@ def _pdf_text(data: bytes) -> str:
 
     try:
         reader = PdfReader(io.BytesIO(data))
-        return "\n\n".join(page.extract_text() or "" for page in reader.pages)
+        text = "\n\n".join(page.extract_text() or "" for page in reader.pages)
+        # A U+0000 pypdf keeps from a PDF's text is no content, and PostgreSQL cannot store
+        # it in the chunks of the result.
+        return text.replace("\x00", "")
     except (PdfReadError, ValueError, KeyError, TypeError) as exc:
         raise UnreadableDocument(f"the PDF cannot be read: {exc}") from None
 

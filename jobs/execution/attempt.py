@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+import sqlalchemy.exc as sa_exc
 from sqlalchemy.orm import Session
 
 from jobs.core.domain import Job
@@ -275,7 +276,18 @@ class _Attempt:
         return self._end(Status.CANCELLED, heartbeat)
 
     def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
-        if not self._transition(Status.RUNNING, dst, announce=False, **fields):  # release does
+        try:
+            moved = self._transition(Status.RUNNING, dst, announce=False, **fields)
+        except sa_exc.DataError as exc:
+            if dst is Status.FAILED and set(fields) == {"error"}:
+                raise  # not even a plain error text could be stored
+            # An outcome the database refuses (a U+0000 in a result PostgreSQL cannot hold)
+            # ends the attempt once, failed with what can be stored, never run again.
+            first = str(exc.orig or exc).splitlines()[0]
+            self._log(logging.WARNING, "job.outcome_unstorable", error=first, outcome=dst.value)
+            return self._end(Status.FAILED, heartbeat, error=cut_error(
+                f"the job's {dst.value} outcome could not be stored: {first}"))
+        if not moved:  # the release announces
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
         heartbeat.stop()  # no renewal may follow the release

@@ -109,6 +109,9 @@ def describe_error(exc: BaseException) -> str:
 
 
 def cut_error(text: str) -> str:
+    """What is stored of an error: at most ``MAX_ERROR_CHARS``, with any U+0000 written out
+    (``\\x00``), which PostgreSQL cannot store in text."""
+    text = text.replace("\x00", "\\x00")
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
 
 

@@ -211,6 +211,48 @@ def test_a_result_json_cannot_hold_fails_the_job(
     assert_released(runtime, job)
 
 
+class NulHandler:
+    """Ends with a U+0000 in what the worker must store: the result, or the error text."""
+
+    kind = "nul"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return payload
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.calls += 1
+        if payload.get("raise"):
+            raise ValueError("bad byte \x00 here")
+        return {"text": "page one\x00page two"}
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["result", "error"])
+def test_an_outcome_holding_a_nul_ends_the_attempt_once_recorded(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, raises: bool
+) -> None:
+    """PostgreSQL cannot store U+0000 in text or JSON: the job still ends, once, with what
+    could be stored, and is never run again by the reaper."""
+    handler = NulHandler()
+    registry.register(handler)
+    job = dispatch(runtime, submit(runtime, tenant, "nul", {"raise": raises}))
+
+    outcome = execute(runtime, registry, job.id, 1, worker_id=WORKER)
+
+    done = load(runtime, job.id)
+    assert outcome == done.status.value and done.terminal
+    assert (done.starts, handler.calls) == (1, 1)
+    if done.status is Status.FAILED:
+        assert done.error is not None and "\x00" not in done.error
+        assert ("ValueError: bad byte" in done.error) if raises else (
+            "could not be stored" in done.error)
+    else:
+        assert not raises and done.result == {"text": "page one\x00page two"}
+    assert_released(runtime, job)
+
+
 def test_a_kind_this_worker_does_not_know_fails_the_job(
     runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
 ) -> None:

@@ -48,6 +48,10 @@ def test_text_is_extracted_from_each_readable_type() -> None:
         extract_text(b"%PDF-1.4\nthis is no pdf at all")
 
 
+def test_a_nul_in_a_pdfs_text_is_dropped() -> None:
+    assert extract_text(make_pdf(["page\x00one"])) == (content_type.PDF, "pageone")
+
+
 def test_chunks_follow_paragraphs_and_stay_under_the_limit() -> None:
     text = "alpha beta\n\ngamma delta\n\n" + " ".join(["word"] * 100) + "\n\n" + "x" * 130
     chunks = chunk_text(text, max_chars=50)
