@@ -5,9 +5,12 @@ Celery-free: the ``tierq.run_job`` task only unpacks ``(job_id, attempt)`` and c
 duplicated or stale message, or a late result after the lease was reaped, changes nothing.
 
 - The start is one statement (``jobs_sql.start``: dispatched → running, returning the
-  row). Work nobody will collect is not computed: a cancel request or a passed ``start_by``
-  makes the start not happen, and the job ends (``cancelled``/``expired``) without its
-  handler running; only then is the row read.
+  row), and names itself in the row with a token new for each message handled: a start
+  retried after its COMMIT's answer was lost finds its own start by that token, never a
+  copy of the same message's start on another worker. Work nobody will collect is not
+  computed: a cancel request or a passed ``start_by`` makes the start not happen, and the
+  job ends (``cancelled``/``expired``) without its handler running; only then is the row
+  read.
 - Right after the start, one round trip renews this attempt's lease and announces the start.
   A lease that is gone (reaped while the message waited in the broker, or lost with Redis)
   means the start is undone: the job goes back to the queue by compare-and-set, uncharged,
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +121,8 @@ class _Attempt:
         self.attempt = attempt
         self.job: Job | None = None  # the row, once read or started
         self.worker_id = worker_id
+        # Names this handling's start in the row: a duplicated message's start is another's.
+        self.token = uuid.uuid4().hex
         self.clock: Clock = clock or runtime.clock
         self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
         self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)
@@ -166,14 +172,13 @@ class _Attempt:
 
         def start() -> Job | None:
             with self.runtime.sessions.begin() as session:
-                job = jobs_sql.start(
-                    session, self.job_id, attempt=self.attempt, now=self.clock()
-                )
+                job = jobs_sql.start(session, self.job_id, attempt=self.attempt,
+                                     now=self.clock(), token=self.token)
                 if job is None and retried[0]:
-                    current = jobs_sql.get_job(session, self.job_id)
-                    if (current is not None and current.status is Status.RUNNING
-                            and current.attempt == self.attempt):
-                        return current
+                    # Only this handling's own start: a copy of the message elsewhere may
+                    # have started the same attempt, and that start is not ours to run.
+                    return jobs_sql.started_by(session, self.job_id, attempt=self.attempt,
+                                               token=self.token)
                 return job
 
         def keep_trying() -> bool:
@@ -216,12 +221,7 @@ class _Attempt:
         latest). The CAS decides against the reaper doing the same; whoever moves the row
         indexes it (else the reconciler will)."""
         job = self._job
-        uncharge: dict[str, Any] = {}
-        if src is Status.RUNNING:
-            starts = max(0, job.starts - 1)
-            uncharge = {"starts": starts}
-            if starts == 0:
-                uncharge["started_at"] = None
+        uncharge = jobs_sql.unstart_fields(job) if src is Status.RUNNING else {}
         if not self._transition(src, Status.QUEUED, **uncharge):
             self._log(logging.INFO, "job.stale", reason="lease gone, job moved on")
             return STALE

@@ -298,11 +298,14 @@ def claim(session: Session, job_ids: Sequence[str], *, now: float) -> dict[str, 
     }
 
 
-def start(session: Session, job_id: str, *, attempt: int, now: float) -> Job | None:
+def start(
+    session: Session, job_id: str, *, attempt: int, now: float, token: str | None = None
+) -> Job | None:
     """Compare-and-set ``dispatched`` → ``running`` for this attempt and return the row, in
     one statement: a worker's start. Only a job that may start starts: not flagged to cancel,
     its ``start_by`` not passed. None: it did not move (stale, cancelled or late: the caller
-    reads the row to tell which)."""
+    reads the row to tell which). ``token`` names the start as the caller's own
+    (``started_by``)."""
     at = dt(now)
     stmt = (
         sa.update(JOBS)
@@ -314,11 +317,33 @@ def start(session: Session, job_id: str, *, attempt: int, now: float) -> Job | N
             sa.or_(JOBS.c.start_by.is_(None), JOBS.c.start_by > at),
         )
         .values(status=Status.RUNNING.value, started_at=at, starts=JOBS.c.starts + 1,
-                updated_at=at)
+                updated_at=at, start_token=token)
         .returning(*JOBS.c)
     )
     row = session.execute(stmt).first()
     return None if row is None else job_from_row(cast(JobRow, row))
+
+
+def started_by(session: Session, job_id: str, *, attempt: int, token: str) -> Job | None:
+    """The row, if this attempt is running under the start made with ``token``: a start
+    whose COMMIT answer was lost is found again by its maker, never by a copy of the same
+    message (another worker's start of this attempt holds another token)."""
+    stmt = sa.select(JOBS).where(
+        JOBS.c.id == job_id,
+        JOBS.c.status == Status.RUNNING.value,
+        JOBS.c.attempt == attempt,
+        JOBS.c.start_token == token,
+    )
+    row = session.execute(stmt).first()
+    return None if row is None else job_from_row(cast(JobRow, row))
+
+
+def unstart_fields(job: Job) -> dict[str, Any]:
+    """The ``transition`` fields that take back a start whose handler never ran: ``starts``
+    as before it, ``started_at`` cleared when it was the first (else the earlier start's
+    time is not known here, and the latest stays)."""
+    starts = max(0, job.starts - 1)
+    return {"starts": starts} if starts else {"starts": 0, "started_at": None}
 
 
 def request_cancel(session: Session, job_id: str) -> bool:

@@ -148,6 +148,9 @@ class JobRow(Base):
     # (sha256 digests in the blob store): a blob no job names is pruned.
     blob: Mapped[str | None] = mapped_column(sa.String(64))
     result_blob: Mapped[str | None] = mapped_column(sa.String(64))
+    # Who made the current start: a token new for every message a worker handles, so a
+    # retried start recognises its own and never a copy's (``jobs.store.jobs.start``).
+    start_token: Mapped[str | None] = mapped_column(sa.String(32))
 
 
 class BlobRow(Base):

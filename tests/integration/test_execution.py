@@ -283,6 +283,53 @@ def test_a_duplicate_message_is_a_no_op(
     assert len(recorder.calls) == 1
 
 
+def test_a_duplicated_message_never_takes_another_workers_start_for_its_own(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 1 starts the attempt and runs it; a copy of the same message reaches worker 2,
+    whose first start fails on an SQL blip. Its retry's "did my start land?" read-back must
+    not find worker 1's start: the attempt runs once."""
+    gate = CopyGateHandler()
+    registry.register(gate)
+    job = dispatch(runtime, submit(runtime, tenant, "gate", {}))
+    first = Background(lambda: execute(runtime, registry, job.id, 1, worker_id="w1@host"))
+    assert gate.started.wait(10)
+    start, blips = jobs_sql.start, [1]
+
+    def blip_once(*args: Any, **kwargs: Any) -> Any:
+        if blips:
+            blips.pop()
+            raise sa.exc.OperationalError("UPDATE jobs", {}, ConnectionError("connection reset"))
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(jobs_sql, "start", blip_once)
+    second = Background(lambda: execute(runtime, registry, job.id, 1, worker_id="w2@host"))
+    try:
+        assert second.join() == "stale"
+        assert not blips, "the copy's start met the blip"
+        assert load(runtime, job.id).status is Status.RUNNING  # still worker 1's
+    finally:
+        gate.gate.set()
+    assert first.join() == "succeeded"
+
+    done = load(runtime, job.id)
+    assert (done.status, done.starts, done.result) == (Status.SUCCEEDED, 1, {"late": True})
+    assert gate.calls == 1
+    assert_released(runtime, job)
+
+
+class CopyGateHandler(GateHandler):
+    """The first call waits for the gate; any later one (a second run) returns at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.calls += 1
+        return super().run(ctx, payload) if self.calls == 1 else {"copy": True}
+
+
 def test_a_message_for_an_older_attempt_leaves_the_current_one_alone(
     runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
 ) -> None:
