@@ -12,14 +12,27 @@ worker finishing meanwhile wins and this changes nothing):
   queue as a new attempt; else ``failed``, saying why, with ``started_at`` kept;
 - terminal: nothing (only the lease's release was lost).
 
-A compare-and-set that fails because the row moved under it (a worker's dispatched →
-running landing just as the lease was reaped) is decided again on the row as it is now.
+A ``running`` row is a start spent only if its handler may have run, and a handler runs
+only after the renewal that follows its start succeeded, which extends the lease to a full
+TTL past the start. So when the reaper finds a lease that lapsed sooner than that after the
+row's start, the start landed after its lease was taken (the message waited in the broker
+past it): that worker finds the lease gone and hands the job back uncharged, without
+running it. The reaper does the same, uncharged: whichever compare-and-set
+lands first moves the row, to the same place, and the other changes nothing. Charging it
+would spend a start nobody computed, and with ``max_attempts: 1`` fail the job.
+
+A compare-and-set that fails because the row moved under it is decided again on the row as
+it is now. The reconciler knows no lease expiry: a row it read as ``dispatched`` that
+started under its decision is left to the worker that started it (the renewal after that
+start finds no lease, and the worker hands it back); a running row it finds without a
+lease later is decided then.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -67,21 +80,43 @@ def check_lead(session: Session, fence: str | None) -> None:
         raise NotLeader("another dispatcher has claimed the lead in SQL")
 
 
-def recover(session: Session, job: Job, now: float) -> Recovered:
+@dataclass(frozen=True)
+class Lapsed:
+    """The lease the reaper took for a job: when it expired, and the TTL a renewal gives."""
+
+    expires_at: float
+    ttl_s: float
+
+    def before_renewal(self, job: Job) -> bool:
+        """The lease lapsed before the renewal that follows the job's start landed (that
+        renewal ends at least a TTL after the start; half a TTL allows for the clocks)."""
+        return job.started_at is not None and self.expires_at < job.started_at + self.ttl_s / 2
+
+
+def recover(session: Session, job: Job, now: float, lapsed: Lapsed | None = None) -> Recovered:
     """Decide (and write, in the caller's transaction) what happens to ``job``, whose lease
-    is gone; see the module docstring."""
+    is gone (``lapsed``: the reaper's lease; None: the reconciler found none); see the
+    module docstring."""
     for _ in range(_ROUNDS):
-        outcome = _recover_once(session, job, now)
+        outcome = _recover_once(session, job, now, lapsed)
         if outcome is not None:
             return outcome
         fresh = jobs_sql.get_job(session, job.id)
-        if fresh is None:
+        if fresh is None or (lapsed is None and _started_under(job, fresh)):
             return Recovered()
         job = fresh
     return Recovered()
 
 
-def _recover_once(session: Session, job: Job, now: float) -> Recovered | None:
+def _started_under(seen: Job, fresh: Job) -> bool:
+    """The attempt read as dispatched has started since the read."""
+    return (seen.status is Status.DISPATCHED and fresh.status is Status.RUNNING
+            and fresh.attempt == seen.attempt)
+
+
+def _recover_once(
+    session: Session, job: Job, now: float, lapsed: Lapsed | None
+) -> Recovered | None:
     """The outcome, or None when the compare-and-set found the row moved."""
     if job.status is Status.QUEUED:
         return Recovered(entry=indexed(job))
@@ -94,6 +129,14 @@ def _recover_once(session: Session, job: Job, now: float) -> Recovered | None:
     if job.status is not Status.RUNNING:
         return Recovered()  # finished: only its release was lost
     log = {"job_id": job.id, "tenant": job.tenant_id, "tier": job.tier, "attempt": job.attempt}
+    if lapsed is not None and lapsed.before_renewal(job):
+        outcome = _move(session, job, Status.QUEUED, now,
+                        Recovered(requeued=True, entry=indexed(job, attempt=job.attempt + 1)),
+                        **jobs_sql.unstart_fields(job))
+        if outcome is not None:
+            logger.info("lease.expired.unstarted",
+                        extra={"event": "lease.expired.unstarted", **log})
+        return outcome
     spent = job.starts >= job.max_attempts
     late = job.start_by is not None and now >= job.start_by
     if spent or late:
@@ -121,7 +164,7 @@ def expiry_note(job: Job) -> dict[str, str]:
 
 
 def _move(
-    session: Session, job: Job, dst: Status, now: float, outcome: Recovered, **fields: str
+    session: Session, job: Job, dst: Status, now: float, outcome: Recovered, **fields: Any
 ) -> Recovered | None:
     moved = jobs_sql.transition(
         session, job.id, src=job.status, attempt=job.attempt, dst=dst, now=now, **fields

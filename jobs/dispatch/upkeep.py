@@ -32,7 +32,7 @@ from jobs.core.states import Status
 from jobs.dispatch.feeder import BatchFeeder
 from jobs.dispatch.rebuild import may_be_uncommitted
 from jobs.dispatch.reconciler import Reconciler
-from jobs.dispatch.recovery import check_lead, expiry_note, recover
+from jobs.dispatch.recovery import Lapsed, check_lead, expiry_note, recover
 from jobs.dispatch.retention import Retention
 from jobs.dispatch.round import DispatchStats
 from jobs.fleet import pool
@@ -160,8 +160,9 @@ class Reap(Chore):
             with runtime.sessions.begin() as session:
                 check_lead(session, fence)
                 jobs = jobs_sql.get_jobs(session, (lease.job_id for lease in leases))
+                ttl = runtime.policy.lease_ttl_s
                 for lease in leases:
-                    entry = self._decide(session, lease, jobs.get(lease.job_id), now, stats)
+                    entry = self._decide(session, lease, jobs.get(lease.job_id), now, stats, ttl)
                     if entry is not None:
                         entries.append(entry)
         except Exception:
@@ -176,12 +177,13 @@ class Reap(Chore):
 
     @staticmethod
     def _decide(
-        session: Session, lease: Lease, job: Job | None, now: float, stats: DispatchStats
+        session: Session, lease: Lease, job: Job | None, now: float, stats: DispatchStats,
+        ttl_s: float,
     ) -> IndexedJob | None:
         """One not in SQL yet is retried while its commit may be on its way."""
         if job is None:
             return retry_soon(lease, now) if may_be_uncommitted(lease.job_id, now) else None
-        outcome = recover(session, job, now)
+        outcome = recover(session, job, now, Lapsed(expires_at=lease.expires_at, ttl_s=ttl_s))
         stats.requeued += outcome.requeued
         stats.failed += outcome.failed
         stats.expired += outcome.expired
