@@ -9,10 +9,21 @@ room and their wait. The first refusal ends that batch's turn. Admitted items th
 ``waiting → queued`` in one UPDATE, with ``enqueued_at`` and the order key of the admission:
 their ageing starts then, not at the upload.
 
-Commit point: the SQL UPDATE. Interrupted before it, the index holds entries of rows still
-``waiting``: the dispatcher drops such an entry when it pops it (its claim finds no queued
-row), and the item is fed again later. After it, a queued row the index lost is indexed
-again by the reconciler. Everything the feeder needs is in SQL, so it survives restarts.
+Fenced as every other leader write: each ``admit`` carries the leader's token (refused in
+the same atomic step once another dispatcher holds the lock), and the UPDATE's transaction
+first checks that SQL still names this leader (``jobs.dispatch.recovery.check_lead``, which
+holds the leadership row until it commits). A deposed leader's feeder thus indexes nothing
+once another dispatcher holds the lock, and moves no row once one has named itself in SQL:
+it raises ``NotLeader`` and the dispatcher steps down. Only the successor's UPDATE gives
+an item its order key in SQL.
+
+Commit point: the SQL UPDATE. Interrupted before it (a crash, or ``NotLeader`` at the lead
+check), the index holds entries of rows still ``waiting``: the dispatcher drops such an
+entry when it pops it (its claim finds no queued row), and the item is fed again later; fed
+while the entry is still there, its ``admit`` is a duplicate, and the feeder requeues the
+entry with this feed's order key (the one its UPDATE writes), so the index and SQL agree on
+where the item stands. After it, a queued row the index lost is indexed again by the reconciler.
+Everything the feeder needs is in SQL, so it survives restarts.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import logging
 from dataclasses import dataclass
 
 from jobs.core.cadence import BATCHES_PER_ROUND, ITEMS_PER_ROUND
+from jobs.dispatch.recovery import check_lead
 from jobs.fleet import pool
 from jobs.index.base import IndexedJob
 from jobs.process.runtime import Runtime
@@ -44,7 +56,9 @@ class BatchFeeder:
     # rather than sleeping until a ring, so a drained quota is refilled at once.
     pending: bool = False
 
-    def run_once(self, now: float) -> FeedStats:
+    def run_once(self, now: float, *, fence: str | None = None) -> FeedStats:
+        """One round, fenced by the leader's token (None: unfenced, a lone dispatcher);
+        raises ``NotLeader`` once another dispatcher leads."""
         stats = FeedStats()
         with self.runtime.sessions() as session:
             batch_ids = repo.batches_with_waiting(session, limit=BATCHES_PER_ROUND)
@@ -58,7 +72,7 @@ class BatchFeeder:
             if budget <= 0:
                 break
             stats.batches += 1
-            stats.admitted += self._feed(batch_id, figures, now, full, budget)
+            stats.admitted += self._feed(batch_id, figures, now, full, budget, fence)
         if stats.admitted:
             logger.info("batch.fed", extra={"event": "batch.fed", "count": stats.admitted,
                                             "batches": stats.batches})
@@ -66,7 +80,7 @@ class BatchFeeder:
 
     def _feed(
         self, batch_id: str, figures: pool.PoolFigures, now: float, full: set[str],
-        budget: int,
+        budget: int, fence: str | None,
     ) -> int:
         with self.runtime.sessions() as session:
             items = repo.next_waiting(session, batch_id, limit=budget)
@@ -80,15 +94,23 @@ class BatchFeeder:
         quota = tenant.max_queued if tenant.max_queued is not None else figures.quotas[tier]
         order_key = self.runtime.policy.order_key(tier, now)
         admitted: list[str] = []
+        indexed_before: list[IndexedJob] = []
         for item in items:
-            outcome = self.runtime.index.admit(
-                IndexedJob(job_id=item.job_id, tenant=tenant.id, tier=tier,
-                           order_key=order_key),
-                bound=bound, tenant_quota=quota,
-            )
+            entry = IndexedJob(job_id=item.job_id, tenant=tenant.id, tier=tier,
+                               order_key=order_key)
+            outcome = self.runtime.index.admit(entry, bound=bound, tenant_quota=quota,
+                                               fence=fence)
             if not outcome.accepted and not outcome.duplicate:
                 full.add(tenant.id if outcome.reason == "tenant_limit" else f"tier:{tier}")
                 break
+            if outcome.duplicate:
+                indexed_before.append(entry)
             admitted.append(item.job_id)
+        if not admitted:
+            return 0
+        # An entry already there was left by a feed interrupted before its UPDATE (a crash,
+        # or a leader deposed in between): it takes this feed's order key, the one SQL gets.
+        self.runtime.index.requeue_many(indexed_before, fence=fence)
         with self.runtime.sessions.begin() as session:
+            check_lead(session, fence)  # a successor's feeder decides these items, not this one
             return repo.admit_items(session, admitted, order_key=order_key, now=now)

@@ -95,17 +95,20 @@ def expire_queued(session: Session, job: Job, now: float) -> bool:
 
 
 def lease_entry(lease: Lease) -> IndexedJob:
+    """The entry a lease was taken from, to restore it as it was (its deadline included)."""
     return IndexedJob(
         job_id=lease.job_id, tenant=lease.tenant, tier=lease.tier, order_key=lease.order_key,
-        attempt=lease.attempt,
+        start_by=lease.start_by, attempt=lease.attempt,
     )
 
 
 def retry_soon(lease: Lease, now: float) -> IndexedJob:
-    """Offered again shortly: a job whose row is not committed yet."""
+    """Offered again shortly: a job whose row is not committed yet. Its deadline comes from
+    the lease (no row to read it from): ``Expire`` ends it on time even while it waits
+    behind a full pool."""
     return IndexedJob(
         job_id=lease.job_id, tenant=lease.tenant, tier=lease.tier, order_key=lease.order_key,
-        not_before=now + UNCOMMITTED_RETRY_S, attempt=lease.attempt,
+        start_by=lease.start_by, not_before=now + UNCOMMITTED_RETRY_S, attempt=lease.attempt,
     )
 
 
@@ -235,7 +238,7 @@ class Feed(Chore):
     def run_once(self, now: float, stats: DispatchStats) -> None:
         if self._feeder is None:
             self._feeder = BatchFeeder(self.lead.runtime)
-        stats.fed = self._feeder.run_once(now).admitted
+        stats.fed = self._feeder.run_once(now, fence=self.lead.fence).admitted
 
 
 @dataclass

@@ -17,9 +17,10 @@ order; job ids are time-ordered, so ties go in arrival order). A tenant at its c
 queued jobs and their keys; other tenants move ahead of it until it drops under its cap.
 
 Leadership: several dispatchers may run; one holds the leader lock, whose value is a fencing
-token. ``dispatch``, ``reap`` and ``expire_due`` take the caller's token (``fence``) and,
-in the same atomic step, refuse with ``NotLeader`` unless it is the lock's value: a deposed
-leader that has not noticed yet changes nothing. The lock's TTL runs on Redis's clock in
+token. ``dispatch``, ``reap``, ``expire_due`` and every other leader write (the batch
+feeder's ``admit`` among them) take the caller's token (``fence``) and, in the same atomic
+step, refuse with ``NotLeader`` unless it is the lock's value: a deposed leader that has not
+noticed yet changes nothing. The lock's TTL runs on Redis's clock in
 ``RedisIndex`` and on the ``now`` passed in by the twin.
 
 The values it takes and returns live in ``values.py`` and are re-exported here.
@@ -79,10 +80,12 @@ class DispatchIndex(Protocol):
         bound: int,
         tenant_quota: int | None = None,
         max_position: int | None = None,
+        fence: str | None = None,
     ) -> Admitted:
         """Index ``job`` if its tier holds fewer than ``bound`` queued jobs (and its tenant
         fewer than ``tenant_quota``, and it would have at most ``max_position`` jobs ahead),
-        as one atomic step; refuse otherwise, leaving nothing."""
+        as one atomic step; refuse otherwise, leaving nothing. Fenced as ``dispatch`` when
+        the leader calls it (the batch feeder): a deposed leader's feeder admits nothing."""
         ...
 
     def admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
@@ -137,7 +140,9 @@ class DispatchIndex(Protocol):
         """Pop up to ``n`` jobs in order-key order across runnable tenants, skipping tenants
         at their cap (they keep their place), and lease each until ``now + lease_ttl_s``.
         Jobs whose ``not_before`` is later than ``now`` wait; jobs past ``start_by`` are
-        still returned (the caller expires them: the index does not know SQL). With a
+        still returned (the caller expires them: the index does not know SQL). Each lease
+        carries the ``start_by`` its entry was indexed with, so a job queued again from its
+        lease alone (its row not visible yet) keeps its deadline. With a
         ``fence``, raise ``NotLeader`` (changing nothing) unless it is the leader's token.
         With a ``capacity``, ``n`` is cut to the slots it leaves free beside the leases
         held now (nothing when none is free)."""
@@ -197,8 +202,8 @@ class DispatchIndex(Protocol):
     def reap(
         self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
     ) -> list[Lease]:
-        """Remove and return leases that expired at or before ``now`` (oldest first); fenced
-        as ``dispatch``."""
+        """Remove and return leases that expired at or before ``now`` (oldest first), each
+        with its ``start_by`` as ``dispatch`` returns it; fenced as ``dispatch``."""
         ...
 
     def expire_due(

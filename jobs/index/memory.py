@@ -52,7 +52,9 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         bound: int,
         tenant_quota: int | None = None,
         max_position: int | None = None,
+        fence: str | None = None,
     ) -> Admitted:
+        self._check_fence(fence, None, "admit")
         check_scores(job)
         tier_queued = len(self._tiers.get(job.tier, ()))
         queued = self.tenant_queued(job.tenant)
@@ -226,7 +228,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
                 (self._blocked if inflight + 1 >= cap else self._runnable).add(*head)
             out.append(Lease(job_id=job.job_id, tenant=job.tenant, tier=job.tier,
                              order_key=job.order_key, expires_at=expires_at,
-                             attempt=job.attempt))
+                             attempt=job.attempt, start_by=job.start_by))
         return out
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:

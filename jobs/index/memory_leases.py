@@ -82,7 +82,7 @@ class MemoryLeases(MemoryLayout):
             self._unindex(job)
             out.append(Lease(job_id=job_id, tenant=job.tenant, tier=job.tier,
                              order_key=job.order_key, expires_at=expires_at,
-                             attempt=job.attempt))
+                             attempt=job.attempt, start_by=job.start_by))
         return out
 
     def restore_lease(

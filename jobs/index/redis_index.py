@@ -72,10 +72,11 @@ class RedisIndex(RedisLeases, RedisUpkeep):
         bound: int,
         tenant_quota: int | None = None,
         max_position: int | None = None,
+        fence: str | None = None,
     ) -> Admitted:
         quota = "" if tenant_quota is None else str(tenant_quota)
         ahead = "" if max_position is None else str(max_position)
-        raw = self._run("admit", [*job_args(job)[:6], str(bound), quota, ahead])
+        raw = self._run("admit", [*job_args(job)[:6], str(bound), quota, ahead, fence or ""])
         reason = text_of(raw[4])
         return Admitted(
             accepted=bool(raw[0]),
@@ -170,9 +171,9 @@ class RedisIndex(RedisLeases, RedisUpkeep):
             Lease(
                 job_id=text_of(job), tenant=text_of(tenant), tier=text_of(tier),
                 order_key=float(text_of(key)), attempt=int(attempt),
-                expires_at=float(text_of(expires_at)),
+                expires_at=float(text_of(expires_at)), start_by=opt_float_of(start_by),
             )
-            for job, tenant, tier, key, attempt, expires_at in raw
+            for job, tenant, tier, key, attempt, expires_at, start_by in raw
         ]
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 
 from jobs.core.histograms import StartFigures
-from jobs.index.redis_scripts import RedisScripts, job_args, now_arg, score_arg, text_of
+from jobs.index.redis_scripts import (
+    RedisScripts,
+    job_args,
+    now_arg,
+    opt_float_of,
+    score_arg,
+    text_of,
+)
 from jobs.index.values import IndexedJob, Lease, LiveWorker, Renewal
 
 # A worker's device is kept beside its slots, under its id and this suffix (workers.lua).
@@ -63,9 +70,9 @@ class RedisLeases(RedisScripts):
             Lease(
                 job_id=text_of(job), tenant=text_of(tenant), tier=text_of(tier),
                 order_key=float(text_of(key)), expires_at=float(text_of(expires_at)),
-                attempt=int(attempt),
+                attempt=int(attempt), start_by=opt_float_of(start_by),
             )
-            for job, tenant, tier, key, expires_at, attempt in raw
+            for job, tenant, tier, key, expires_at, attempt, start_by in raw
         ]
 
     def restore_lease(

@@ -121,12 +121,19 @@ class Admission:
 
 @dataclass(frozen=True, kw_only=True)
 class Lease:
+    """A job handed out (``dispatch``) or taken back (``reap``), with what indexing it again
+    needs: a lease of a job whose row is not visible yet goes back to the queue from the
+    lease alone (``jobs.dispatch.upkeep.retry_soon``), and must keep its deadline there."""
+
     job_id: str
     tenant: str
     tier: str
     order_key: float
     expires_at: float
     attempt: int = 1
+    # The start_by it was indexed with (None: never expires). Its not_before is not kept:
+    # a lease was due when it was handed out, and whoever queues it again sets its own.
+    start_by: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

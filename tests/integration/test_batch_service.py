@@ -5,6 +5,7 @@ idempotency key, and the feeder's waiting → queued move."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,7 +14,12 @@ import redis
 from jobs.core.domain import Tenant
 from jobs.core.errors import IdempotencyConflict, InvalidRequest
 from jobs.core.states import Status
+from jobs.dispatch.dispatcher import Dispatcher, DispatchStats
 from jobs.dispatch.feeder import BatchFeeder
+from jobs.dispatch.leadership import Leadership
+from jobs.dispatch.loop import lead_once
+from jobs.index.base import IndexedJob, NotLeader
+from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
@@ -98,3 +104,116 @@ def test_the_feeder_admits_up_to_the_quota_and_ages_items_from_then(
                for job in queued)
     assert runtime.index.entries_of([job.id for job in queued]).keys() == {
         job.id for job in queued}
+
+
+# -- the feeder is fenced as every other leader write --
+
+
+class NoPublisher:
+    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+        raise AssertionError("nothing is dispatched here")
+
+
+@dataclass
+class Contender:
+    dispatcher: Dispatcher
+    lead: Leadership
+
+    def take_the_lead(self, runtime: Runtime) -> str:
+        """Take the lock and, in the first round, name itself in SQL (``_claim_lead``)."""
+        assert lead_once(self.dispatcher, self.lead, runtime.clock()) is not None
+        assert self.dispatcher.fence is not None
+        return self.dispatcher.fence
+
+
+def contender(runtime: Runtime, owner: str) -> Contender:
+    return Contender(Dispatcher(runtime, NoPublisher()),
+                     Leadership(runtime.index, ttl_s=60, owner=owner))
+
+
+def deposed(runtime: Runtime, key_prefix: str) -> tuple[Contender, Contender]:
+    """A leader whose lock lapsed (a pause it has not noticed: it still holds its fence),
+    and the dispatcher that took the lead in Redis and in SQL since."""
+    old = contender(runtime, "old")
+    stale = old.take_the_lead(runtime)
+    runtime.redis.delete(IndexKeys(key_prefix).leader)
+    successor = contender(runtime, "new")
+    assert successor.take_the_lead(runtime) != stale
+    assert old.dispatcher.fence == stale
+    return old, successor
+
+
+def waiting_ids(runtime: Runtime, batch_id: str) -> list[str]:
+    """The batch's waiting items; its tenant's quota made room for all of them."""
+    with runtime.sessions.begin() as session:
+        batch = batch_repository.get_batch(session, batch_id)
+        assert batch is not None
+        tenants_sql.update_tenant(session, batch.tenant_id, max_queued=100)
+    with runtime.sessions() as session:
+        return [item.job_id for item in batch_repository.next_waiting(session, batch_id,
+                                                                       limit=100)]
+
+
+def test_a_deposed_leaders_feeder_admits_nothing(
+    runtime: Runtime, tenant: Tenant, key_prefix: str
+) -> None:
+    done = batches.submit(runtime, default_registry(), tenant,
+                          batches.BatchSpec(kind="echo"), _items(5))
+    items = waiting_ids(runtime, done.batch.id)
+    old, successor = deposed(runtime, key_prefix)
+
+    with pytest.raises(NotLeader):  # its Feed chore passes the dispatcher's fence
+        old.dispatcher.feed.run(runtime.clock() + 1, DispatchStats())
+
+    assert runtime.index.entries_of(items) == {}
+    with runtime.sessions() as session:
+        assert batch_repository.counts(session, done.batch.id) == {Status.WAITING: 5}
+    stats = DispatchStats()
+    successor.dispatcher.feed.run(runtime.clock() + 2, stats)
+    assert stats.fed == 5  # the leader's own feeder admits them, once
+    assert runtime.index.entries_of(items).keys() == set(items)
+    with runtime.sessions() as session:
+        assert batch_repository.counts(session, done.batch.id) == {Status.QUEUED: 5}
+
+
+def test_a_feeder_deposed_between_its_admits_and_its_update_moves_no_row(
+    runtime: Runtime, tenant: Tenant, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lead is lost after the index admitted the items and before the UPDATE: the
+    UPDATE's transaction checks the lead in SQL first, and moves nothing. The entries left
+    in the index are of rows still waiting, which the dispatcher drops when it pops them."""
+    done = batches.submit(runtime, default_registry(), tenant,
+                          batches.BatchSpec(kind="echo"), _items(3))
+    items = waiting_ids(runtime, done.batch.id)
+    stale = contender(runtime, "old").take_the_lead(runtime)
+    real_admit = runtime.index.admit
+    admitted: list[str] = []
+    successor: list[str] = []
+
+    def admit_then_lose_the_lead(job: IndexedJob, **terms: Any) -> Any:
+        outcome = real_admit(job, **terms)
+        admitted.append(job.job_id)
+        if len(admitted) == len(items):  # a successor takes over in Redis and SQL just now
+            runtime.redis.delete(IndexKeys(key_prefix).leader)
+            successor.append(contender(runtime, "new").take_the_lead(runtime))
+        return outcome
+
+    monkeypatch.setattr(runtime.index, "admit", admit_then_lose_the_lead)
+    with pytest.raises(NotLeader):
+        BatchFeeder(runtime).run_once(runtime.clock() + 1, fence=stale)
+    monkeypatch.undo()
+
+    assert admitted == items
+    with runtime.sessions() as session:
+        assert batch_repository.counts(session, done.batch.id) == {Status.WAITING: 3}
+    # The successor feeds them: the entries the deposed feeder left take the successor's
+    # order key, the one SQL holds, instead of keeping the deposed feeder's.
+    assert BatchFeeder(runtime).run_once(runtime.clock() + 5, fence=successor[0]).admitted == 3
+    runtime.index.set_caps({tier: 10 for tier in runtime.settings.tiers}, fence=successor[0])
+    leases = runtime.index.dispatch(3, lease_ttl_s=60, fence=successor[0])
+    with runtime.sessions() as session:
+        rows = jobs_sql.get_jobs(session, items)
+    assert sorted(lease.job_id for lease in leases) == sorted(items)
+    assert {lease.job_id: lease.order_key for lease in leases} == {
+        job_id: row.order_key for job_id, row in rows.items()}
+

@@ -259,6 +259,36 @@ def test_an_uncommitted_job_is_retried_then_dropped(
     assert runtime.index.inflight() == 0
 
 
+def test_a_job_popped_before_its_row_commits_keeps_its_deadline(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    """A submit indexes its job, then commits the row: a round popping it in between offers
+    it again from its lease. It keeps its deadline there, and expires on time while the
+    pool is full, as a peer with the same deadline does."""
+    racer, a, b, c = (tenant(runtime, n) for n in ("racer", "a", "b", "c"))
+    new = NewJob(id=new_job_id(T0), tenant_id=racer, tier="standard", kind="echo",
+                 payload={}, order_key=runtime.policy.order_key("standard", T0),
+                 enqueued_at=T0, max_wait_s=3, max_attempts=2)
+    assert runtime.index.admit(IndexedJob(
+        job_id=new.id, tenant=racer, tier="standard", order_key=new.order_key,
+        start_by=new.start_by), bound=1000).accepted
+    first, second = queue_job(runtime, a, at=T0 + 0.1), queue_job(runtime, b, at=T0 + 0.2)
+    peer = queue_job(runtime, c, at=T0 + 0.3, max_wait_s=2.7)  # the same start_by
+
+    dispatcher.run_once(T0 + 1)  # pops the racer (no row yet: retried soon) and the first
+    dispatcher.run_once(T0 + 1, maintain=False)  # the second fills the pool
+    assert [sent[0] for sent in publisher.sent] == [first.id, second.id]
+    with runtime.sessions.begin() as s:  # the submit's INSERT commits
+        jobs_sql.insert_job(s, new)
+
+    stats = dispatcher.run_once(T0 + 3.5)
+
+    assert stats.expired == 2
+    assert status(runtime, peer.id).status is Status.EXPIRED
+    assert status(runtime, new.id).status is Status.EXPIRED
+    assert runtime.index.entries_of([new.id]) == {}
+
+
 def test_a_failed_publish_hands_the_jobs_back_without_charging_an_attempt(
     runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
 ) -> None:

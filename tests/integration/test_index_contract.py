@@ -9,6 +9,7 @@ from typing import Any, cast
 import pytest
 import redis
 
+from jobs.dispatch.upkeep import lease_entry, retry_soon
 from jobs.index import (
     Admitted,
     DispatchIndex,
@@ -370,6 +371,38 @@ def test_expire_due(index: DispatchIndex) -> None:
     assert index.expire_due(now=30.0) == []  # a is leased now: not the index's to expire
 
 
+def test_a_job_popped_before_its_row_commits_keeps_its_deadline(index: DispatchIndex) -> None:
+    """A round pops a job whose row is not visible yet and queues it again from its lease
+    alone (``retry_soon``): the lease carries the deadline the entry was indexed with, so
+    the job expires at it like a peer with the same deadline, while the pool stays full."""
+    fill(index, job("early", "t1", key=1.0, start_by=25.0), job("busy", "t2", key=2.0),
+         job("peer", "t3", key=3.0, start_by=25.0))
+    popped = index.dispatch(10, now=10.0, lease_ttl_s=TTL, capacity=1)
+    assert popped == [Lease(job_id="early", tenant="t1", tier="free", order_key=1.0,
+                            expires_at=40.0, start_by=25.0)]
+    index.release("early", attempt=1)
+    index.requeue(retry_soon(popped[0], 10.0))
+    assert ids(index.dispatch(10, now=10.0, lease_ttl_s=TTL, capacity=1)) == ["busy"]
+    assert index.dispatch(10, now=20.0, lease_ttl_s=TTL, capacity=1) == []  # the pool is full
+    assert index.expire_due(now=24.9) == []
+    expired = index.expire_due(now=25.0)
+    assert [(item.job_id, item.start_by) for item in expired] == [("early", 25.0), ("peer", 25.0)]
+    assert index.tenant_queued("t1") == 0 and index.position("peer") is None
+
+
+def test_a_reaped_lease_carries_its_deadline_and_is_restored_with_it(
+    index: DispatchIndex,
+) -> None:
+    fill(index, job("a", "t1", key=1.0, start_by=50.0), job("b", "t2", key=2.0))
+    leased = index.dispatch(10, now=0.0, lease_ttl_s=10.0)
+    assert [(lease.job_id, lease.start_by) for lease in leased] == [("a", 50.0), ("b", None)]
+    reaped = index.reap(now=10.0)
+    assert [(lease.job_id, lease.start_by) for lease in reaped] == [("a", 50.0), ("b", None)]
+    assert index.restore_lease(lease_entry(reaped[0]), ttl_s=0.0, now=10.0)  # handed back
+    again = index.reap(now=10.0)
+    assert again == [replace(reaped[0], expires_at=10.0)]
+
+
 def test_delayed_jobs_wait_for_not_before(index: DispatchIndex) -> None:
     result = index.admit(job("late", "t1", key=0.0, not_before=50.0), bound=BIG)
     assert result.accepted
@@ -479,7 +512,7 @@ def test_names_and_scores_round_trip(index: DispatchIndex) -> None:
     assert index.tier_depths([tier])[tier] == TierDepth(queued=1, oldest_order_key=key)
     (lease,) = index.dispatch(1, now=key, lease_ttl_s=0.1)
     assert lease == Lease(job_id="j", tenant=tenant, tier=tier, order_key=key,
-                          expires_at=key + 0.1)
+                          expires_at=key + 0.1, start_by=key + 1e-6)
     assert index.tenant_inflight(tenant) == 1
 
 

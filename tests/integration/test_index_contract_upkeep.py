@@ -104,6 +104,7 @@ def test_every_leader_write_is_fenced(index: DispatchIndex) -> None:
         lambda: index.cancel("l", fence=stale),
         lambda: index.restore_lease(job("x", "t4"), ttl_s=TTL, now=0.0, fence=stale),
         lambda: index.set_generation("42", fence=stale),
+        lambda: index.admit(job("fed", "t5"), bound=10, fence=stale),  # a batch feeder's
     ):
         with pytest.raises(NotLeader):
             call()
@@ -111,6 +112,7 @@ def test_every_leader_write_is_fenced(index: DispatchIndex) -> None:
     assert set(index.job_ids()) == {"q", "l"} and index.generation() != "42"
     index.set_generation("42", fence=token)
     assert index.generation() == "42"
+    assert index.admit(job("fed", "t5"), bound=10, fence=token).accepted
 
 
 def test_a_deposed_leader_gets_no_lease(index: DispatchIndex) -> None:

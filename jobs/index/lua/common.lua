@@ -166,8 +166,9 @@ local function unindex(job, m)
 end
 
 -- The fence of every write a leader makes (dispatch, reap, expire_due, caps, requeue and
--- release of a rebuild or a reconciler round): true when the caller's fencing token (ARGV; '' for an unfenced call) is not the lock's
--- value, i.e. the caller is not the leader (any more) and must change nothing.
+-- release of a rebuild or a reconciler round, the batch feeder's admit): true when the
+-- caller's fencing token (ARGV; '' for an unfenced call) is not the lock's value, i.e. the
+-- caller is not the leader (any more) and must change nothing.
 local NOT_LEADER = 'NOTLEADER the fencing token is not the leader\'s'
 local function fenced_out(token)
   if token == nil or token == '' then return false end

@@ -7,9 +7,11 @@
 --         so a dispatch round needs no round trip to count the leases first
 -- The leases handed out are counted as 'dispatched' in counters:jobs (jobs.counters; with
 -- redis.pcall: a metric never fails the dispatch).
--- Returns {{job, tenant, tier, order_key, attempt, expires_at}, ...} in dispatch order; a
--- lease belongs to the attempt its entry was indexed with. Fails NOTLEADER, changing
--- nothing, when the token is not the leader's.
+-- Returns {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}, ...} in
+-- dispatch order; a lease belongs to the attempt its entry was indexed with, and keeps its
+-- meta (start_by included: a lease queued again from the reply keeps its deadline; the
+-- lease costs no byte more than the queued entry did). Fails NOTLEADER, changing nothing,
+-- when the token is not the leader's.
 if fenced_out(ARGV[5]) then return redis.error_reply(NOT_LEADER) end
 local n, now = tonumber(ARGV[1]), now_or_server(ARGV[2])
 if ARGV[6] ~= nil and ARGV[6] ~= '' then
@@ -50,7 +52,8 @@ while #out < n do
     if head[1] then
       redis.call('ZADD', inflight + 1 >= cap and BLOCKED or RUNNABLE, head[2], head[1])
     end
-    out[#out + 1] = {job, tenant, m[2], m[3], attempt_of(m), string.format('%.17g', expires_at)}
+    out[#out + 1] = {job, tenant, m[2], m[3], attempt_of(m), string.format('%.17g', expires_at),
+                     m[4] or ''}
   end
 end
 if #out > 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'dispatched', #out) end
