@@ -232,7 +232,7 @@ def serve(settings: Settings) -> None:
     from jobs.process.runtime import Runtime
     from workers.publisher import CeleryPublisher  # the publishing adapter: Celery stays there
 
-    runtime = Runtime.from_settings(settings)
+    runtime = Runtime.from_settings(settings, dispatcher=True)
     publisher = CeleryPublisher(settings)
     leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
     stop = threading.Event()

@@ -185,7 +185,10 @@ class Dispatcher:
     def _claim_lead(self) -> None:
         """A new leader names itself in SQL before it reads anything there to restore leases
         from: a deposed leader's reaping decision still in flight then either committed
-        first (and is read) or is refused (``upkeep_sql.holds_lead``)."""
+        first (and is read) or is refused (``upkeep_sql.holds_lead``). A former leader
+        stalled inside such a decision holds the row: the claim then gives up after a third
+        of the leader TTL (``lock_timeout``) and is made again next turn, nothing read or
+        written meanwhile, until the server ends the stalled transaction."""
         if self.fence is None or self.fence == self._claimed:
             return
         with self.runtime.sessions.begin() as session:

@@ -3,6 +3,14 @@
 A leader sleeps on the doorbell (``jobs.index.wake``) between rounds, so a submit or a
 released slot is acted on at once, with no polling delay on the hot path; a standby waits to
 try the lock again. Both ride out outages of Redis or SQL, never longer than a renewal period.
+
+A lock wait cut by ``lock_timeout`` (a new leader's claim of the ``leadership`` row while a
+stalled former leader still holds it, see ``jobs.store.engine``) is no outage: the turn is
+tried again after the shortest wait, renewing the lock first, and it is logged once
+(``dispatcher.lock_wait_timeout``) until a turn goes through. A session the server ended
+under a stalled dispatcher surfaces on waking as an error of an invalidated connection (its
+transaction rolled back by the server): an outage like any other, after which the next turn's
+renewal tells whether it still leads.
 """
 
 from __future__ import annotations
@@ -18,10 +26,20 @@ from jobs.dispatch.dispatcher import Dispatcher, DispatchStats
 from jobs.dispatch.leadership import Leadership
 from jobs.index import wake
 from jobs.index.base import NotLeader
+from jobs.store.engine import lock_wait_timed_out
 
 logger = logging.getLogger("tierq.dispatcher")
 
 TRANSIENT = (redis.RedisError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
+
+
+def transient(exc: Exception) -> bool:
+    """An outage the loop rides out: ``TRANSIENT``, or any SQL error whose connection was
+    lost under it (a session the server ended, ``idle_in_transaction_session_timeout``:
+    PostgreSQL reports it as an internal error)."""
+    if isinstance(exc, TRANSIENT):
+        return True
+    return isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated
 
 
 def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> DispatchStats | None:
@@ -60,10 +78,11 @@ def run_forever(
         leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
     longest = min(MAX_BACKOFF_S, leadership.renew_every_s)
     backoff = min(0.5, longest)
+    contended = False  # the last turn's lock wait timed out (logged once per streak)
     while not stop.is_set():
         try:
             stats = lead_once(dispatcher, leadership, runtime.clock())
-            backoff = min(0.5, longest)
+            backoff, contended = min(0.5, longest), False
             if stats is None:
                 stop.wait(leadership.retry_every_s)
             elif stats.publish_failed:
@@ -73,9 +92,23 @@ def run_forever(
                 if stats.feed_pending:
                     period = min(period, FEED_PERIOD_S)
                 wake.wait(runtime.redis, runtime.settings.key_prefix, period)
-        except TRANSIENT as exc:
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            if lock_wait_timed_out(exc):
+                if not contended:
+                    contended = True
+                    logger.warning("dispatcher.lock_wait_timeout", extra={
+                        "event": "dispatcher.lock_wait_timeout", "error": one_line(exc),
+                        "retry_s": min(0.5, longest)})
+                stop.wait(min(0.5, longest))  # the holder is done or ended soon: no backoff
+                continue
             logger.warning("dispatcher.unavailable", extra={"error": str(exc), "retry_s": backoff})
             stop.wait(backoff)
             backoff = min(longest, backoff * 2)
 
 
+def one_line(exc: Exception) -> str:
+    """The error's first line (SQLAlchemy appends the statement and a link)."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -20,7 +20,7 @@ from jobs.index.base import DispatchIndex
 from jobs.index.clock import ServerClock
 from jobs.index.redis_index import RedisIndex
 from jobs.process.settings import Settings
-from jobs.store.engine import make_engine, make_sessionmaker
+from jobs.store.engine import LeaderBounds, make_engine, make_sessionmaker
 
 
 @dataclass
@@ -34,16 +34,23 @@ class Runtime:
     clock: Callable[[], float] = field(default=time.time)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Runtime:
+    def from_settings(cls, settings: Settings, *, dispatcher: bool = False) -> Runtime:
+        """``dispatcher``: every SQL connection bounds its lock waits, statements and idle
+        transactions by the leader TTL (``jobs.store.engine.LeaderBounds``), so a stalled
+        dispatcher holds no row past about a TTL. The API and workers keep the server's
+        defaults; in any process, a transaction on the ``leadership`` row bounds itself."""
+        policy = settings.build_policy()
+        bounds = LeaderBounds.for_ttl(policy.leader_ttl_s)
         engine = make_engine(settings.resolved_database_url(),
-                             pool_size=settings.database_pool_size)
+                             pool_size=settings.database_pool_size,
+                             bounds=bounds if dispatcher else None)
         client = redis_client(settings.resolved_redis_url())
         index = RedisIndex(client, settings.key_prefix)
         return cls(
             settings=settings,
-            policy=settings.build_policy(),
+            policy=policy,
             engine=engine,
-            sessions=make_sessionmaker(engine),
+            sessions=make_sessionmaker(engine, bounds=bounds),
             redis=client,
             index=index,
             clock=ServerClock(index.now),

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobs.core.states import TERMINAL, Status
+from jobs.store.engine import bound_leader_transaction
 from jobs.store.models import (
     IndexStateRow,
     LeadershipRow,
@@ -53,7 +54,11 @@ def advance_epoch(session: Session, *, expected: int | None, epoch: int) -> bool
 
 def claim_lead(session: Session, token: str) -> None:
     """Name ``token`` the leader in SQL. Waits for a deposed leader's decision in progress
-    (it holds the row), so what the caller reads afterwards includes it."""
+    (it holds the row), so what the caller reads afterwards includes it; on PostgreSQL at
+    most a third of the leader TTL (``lock_timeout``: the caller tries again next turn),
+    and a holder stalled in its transaction is ended by the server
+    (``jobs.store.engine.bound_leader_transaction``)."""
+    bound_leader_transaction(session)
     stmt = sa.update(LeadershipRow).where(LeadershipRow.id == 1).values(holder=token)
     if rowcount(session, stmt) == 0:
         session.add(LeadershipRow(id=1, holder=token))
@@ -62,7 +67,10 @@ def claim_lead(session: Session, token: str) -> None:
 
 def holds_lead(session: Session, token: str) -> bool:
     """True while SQL names ``token`` the leader; holds the row until the caller's
-    transaction ends, so no successor claims SQL while the caller decides."""
+    transaction ends, so no successor claims SQL while the caller decides. That transaction
+    is bounded from here on (``jobs.store.engine.bound_leader_transaction``): should the
+    caller stall in it, the server ends it and the successor's claim goes through."""
+    bound_leader_transaction(session)
     stmt = (
         sa.update(LeadershipRow)
         .where(LeadershipRow.id == 1, LeadershipRow.holder == token)
