@@ -12,6 +12,7 @@ import contextlib
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,14 +20,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import psutil
 import redis
+import sqlalchemy as sa
 
 from jobs.index.keys import IndexKeys
+from jobs.process.settings import load_settings
+from jobs.store.models import JobRow
 from tests.e2e.harness import Process, System
 from tests.faults.clock_skew import skew_env
 from tests.faults.report import clock_text
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+from workers.publisher import CeleryPublisher
 
 SKEW_S = 120.0
 SKEW_FAULT = "skew-worker-clock"
@@ -36,6 +43,8 @@ STOP_GRACE_S = 10.0
 # A snapshot is restored only once the system has moved on from it.
 SNAPSHOT_AGE_S = 5.0
 SNAPSHOT_EVERY_S = 12.0
+# Stalled batch uploads opened at once by the slow-bodies fault (one tenant's).
+SLOW_UPLOADS = 12
 
 
 @dataclass
@@ -135,6 +144,7 @@ class FaultDriver:
     rng: random.Random
     only: set[str] | None = None  # the faults to choose from (None: all)
     snapshots: list[tuple[float, Path]] = field(default_factory=list)
+    slow_key: str | None = None  # the API key of the tenant whose uploads stall
     log: Callable[[str], None] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -150,6 +160,9 @@ class FaultDriver:
             "restart-redis-empty": (1, self.restart_redis_empty),
             "restore-redis-snapshot": (1, self.restore_snapshot),
             SKEW_FAULT: (1, self.skew_worker),
+            "duplicate-messages": (2, self.duplicate_messages),
+            "stall-leader": (2, self.stall_leader),
+            "slow-bodies": (1, self.slow_bodies),
         }
         unknown = (self.only or set()) - set(every)
         if unknown:
@@ -246,6 +259,50 @@ class FaultDriver:
         if skewed or alive:
             self.fleet.stop(skewed[0] if skewed else self.rng.choice(alive))
 
+    def duplicate_messages(self) -> None:
+        """For a few seconds, a second copy of every message the dispatcher publishes (as a
+        broker that delivers at least once may hand out): each dispatched attempt is sent
+        again to its tier's queue, as its task, by a publisher of the test's own."""
+        seconds = self.rng.uniform(2, 5)
+        copied = duplicate_in_flight(self.fleet.system.env, seconds)
+        self.log(f"duplicated {copied} broker messages over {seconds:.1f} s")
+
+    def stall_leader(self) -> None:
+        """SIGSTOP the leading dispatcher, inside an SQL transaction when it can be caught
+        in one (up to 3 s of looking), for a few leader TTLs; then SIGCONT. A standby must
+        lead meanwhile, and the stalled one step down without harm when it wakes."""
+        leader = self.leader_pid()
+        victim = next((p for p in self.fleet.alive(self.fleet.dispatchers)
+                       if p.popen.pid == leader), None)
+        if victim is None:
+            self.log(f"leader unknown (lock holder pid {leader}): no stall")
+            return
+        inside = wait_inside_transaction(self.fleet.system.env["TIERQ_DATABASE_URL"],
+                                         victim.popen.pid, within_s=3.0)
+        seconds = self.rng.uniform(4, 9)
+        os.killpg(victim.popen.pid, signal.SIGSTOP)
+        where = "inside a transaction" if inside else "between transactions"
+        self.log(f"SIGSTOP leader {victim.name} (pid {victim.popen.pid}) {where} "
+                 f"for {seconds:.1f} s")
+        try:
+            time.sleep(seconds)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(victim.popen.pid, signal.SIGCONT)
+            self.log(f"SIGCONT {victim.name}")
+
+    def slow_bodies(self) -> None:
+        """Batch uploads that send a line and stall (more than any one tenant may hold),
+        held a few seconds and abandoned: other tenants' submits go on, and nothing of
+        an abandoned upload is stored."""
+        system = self.fleet.system
+        if self.slow_key is None:
+            client = system.tenant("slow-uploader", "free")
+            self.slow_key = client.headers["Authorization"].removeprefix("Bearer ")
+        seconds = self.rng.uniform(2, 6)
+        opened = stall_uploads(system.url, self.slow_key, count=SLOW_UPLOADS, hold_s=seconds)
+        self.log(f"{opened} batch uploads stalled for {seconds:.1f} s, then abandoned")
+
     def take_snapshot(self) -> None:
         path = self.redis_server.snapshot()
         self.snapshots.append((time.time(), path))
@@ -266,3 +323,91 @@ class FaultDriver:
             return int(value.decode().split(":", 1)[1].split("/")[1])
         except (IndexError, ValueError):
             return None
+
+
+# -- helpers of the faults ------------------------------------------------------------------
+
+
+def duplicate_in_flight(env: dict[str, str], seconds: float) -> int:
+    """Publish a second message for every attempt that SQL shows dispatched, for
+    ``seconds``; the number of copies sent."""
+    settings = load_settings(database_url=env["TIERQ_DATABASE_URL"],
+                             redis_url=env["TIERQ_REDIS_URL"], key_prefix=env["TIERQ_KEY_PREFIX"])
+    publisher = CeleryPublisher(settings)
+    engine = sa.create_engine(env["TIERQ_DATABASE_URL"], poolclass=sa.NullPool)
+    sent: set[tuple[str, int]] = set()
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            try:
+                with engine.connect() as conn:
+                    rows = conn.execute(sa.select(JobRow.id, JobRow.attempt, JobRow.tier)
+                                        .where(JobRow.status == "dispatched")).all()
+            except sa.exc.OperationalError:
+                rows = []  # PostgreSQL paused or restarting: try again
+            for job_id, attempt, tier in rows:
+                if (job_id, attempt) not in sent:
+                    with contextlib.suppress(Exception):  # a broker down: no copy, as lost
+                        publisher.publish(job_id, attempt, tier)
+                        sent.add((job_id, attempt))
+            time.sleep(0.02)
+    finally:
+        publisher.close()
+        engine.dispose()
+    return len(sent)
+
+
+def wait_inside_transaction(database_url: str, pid: int, *, within_s: float) -> bool:
+    """Wait until a PostgreSQL session of process ``pid`` (or its children) is inside a
+    transaction; False if none was seen within ``within_s``."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    engine = sa.create_engine(database_url, poolclass=sa.NullPool)
+    end = time.monotonic() + within_s
+    try:
+        while time.monotonic() < end:
+            ports = set()
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    ports |= {c.laddr.port for c in proc.net_connections(kind="tcp")
+                              if c.laddr}
+            try:
+                with engine.connect() as conn:
+                    busy = conn.execute(sa.text(
+                        "SELECT client_port FROM pg_stat_activity "
+                        "WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()")).scalars()
+                    if ports & set(busy):
+                        return True
+            except sa.exc.OperationalError:
+                return False
+            time.sleep(0.005)
+    finally:
+        engine.dispose()
+    return False
+
+
+def stall_uploads(url: str, api_key: str, *, count: int, hold_s: float) -> int:
+    """Open ``count`` NDJSON batch uploads that send their headers and half a line, hold
+    them ``hold_s``, then drop the connections; how many were opened."""
+    parsed = urlsplit(url)
+    head = (f"POST /v1/batches?kind=tracked HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
+            f"Authorization: Bearer {api_key}\r\nContent-Type: application/x-ndjson\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n")
+    part = b'{"seconds": 0.1}\n{"seco'
+    chunk = f"{len(part):x}\r\n".encode() + part + b"\r\n"
+    sockets = []
+    try:
+        for _ in range(count):
+            with contextlib.suppress(OSError):
+                sock = socket.create_connection((parsed.hostname, parsed.port), timeout=5)
+                sockets.append(sock)
+                sock.sendall(head.encode() + chunk)
+        time.sleep(hold_s)
+    finally:
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+    return len(sockets)

@@ -1,4 +1,5 @@
-"""The chaos soak's clients: tenants of every tier submitting ``tracked`` jobs, some cancelled.
+"""The chaos soak's clients: tenants of every tier submitting ``tracked`` jobs, some cancelled,
+a few whose error or result holds U+0000.
 
 Each tenant's thread submits bursts at random intervals. Every submission carries its own
 idempotency key and is retried with that key after a 503, a timeout or a dropped connection,
@@ -28,6 +29,9 @@ CANCEL_SHARE = 0.12
 # Answers the API may give under faults; any other is reported.
 EXPECTED = frozenset({200, 202, 429, 503})
 DEADLINE_SHARE = 0.25
+# Of the submissions, this share raises an error holding U+0000 and as many return a result
+# holding it (PostgreSQL stores neither as it is).
+NUL_SHARE = 0.03
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +126,11 @@ class ChaosLoad:
             "idempotency_key": f"{tenant.name}-{n}",
             "max_attempts": rng.choice((2, 3, 3, 5)),
         }
+        pick = rng.random()
+        if pick < NUL_SHARE:  # a handler whose error holds U+0000
+            body["payload"]["nul"] = True
+        elif pick < 2 * NUL_SHARE:  # a result holding U+0000
+            body.update(kind="nul-result", payload={"n": n})
         if rng.random() < DEADLINE_SHARE:
             body["max_wait_s"] = round(rng.uniform(2, 15), 1)
         return Submission(key=body["idempotency_key"], tenant=tenant.name, body=body)

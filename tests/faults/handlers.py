@@ -42,11 +42,27 @@ class TrackedHandler:
         try:
             if not ctx.sleep(float(payload.get("seconds", 0))):
                 ctx.check()  # lease lost or cancelled: stop without a "done"
+            if payload.get("nul"):
+                # An error PostgreSQL cannot store as it is: the attempt still ends once.
+                raise ValueError("bad byte \x00 in the input")
         except BaseException:
             _write("stop", ctx)
             raise
         _write("done", ctx)
         return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+class NulResultHandler:
+    """Returns a result holding U+0000, which PostgreSQL cannot store: the job ends failed
+    with the reason, once, and is never run again."""
+
+    kind = "nul-result"
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return dict(payload)
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        return {"text": "page one\x00page two", "attempt": ctx.attempt}
 
 
 def true_time() -> float:
@@ -95,4 +111,4 @@ def read_runs(path: Path) -> dict[str, list[Run]]:
     return runs
 
 
-HANDLERS: list[Handler] = [TrackedHandler()]
+HANDLERS: list[Handler] = [TrackedHandler(), NulResultHandler()]

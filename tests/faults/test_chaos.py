@@ -1,9 +1,12 @@
 """A bounded chaos soak: mixed load from every tier while processes and servers fail at random.
 
 Six tenants (two per tier) submit ``tracked`` jobs of 0–1.5 s, some with a deadline, some
-cancelled by their client, while the driver (``tests.faults.chaos_faults``) SIGKILLs workers
-and the leading dispatcher, pauses PostgreSQL, flushes Redis, restarts it empty or from an
-older snapshot, and swaps in a worker whose clock is two minutes off. Then the faults stop,
+cancelled by their client, a few whose error or result holds U+0000, while the driver
+(``tests.faults.chaos_faults``) SIGKILLs workers and the leading dispatcher, stalls the
+leader (SIGSTOP, inside an SQL transaction when it can), pauses PostgreSQL, flushes Redis,
+restarts it empty or from an older snapshot, sends a second broker message for every
+dispatched attempt, holds batch uploads that stall mid-body, and swaps in a worker whose
+clock is two minutes off. Then the faults stop,
 the system is left to settle (bounded), and ``check_invariants`` must hold: every accepted
 job terminal, each succeeded job completed exactly once, no attempt charged without a start,
 no tenant above its cap at any instant; and the clients saw only the answers an outage
