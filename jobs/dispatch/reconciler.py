@@ -12,7 +12,9 @@ that what an interruption leaves is one of a few states this loop recognises and
 2. **in flight without a lease**: dispatched and running rows (few: at most the pool's
    slots, plus what needs repair), walked by id, ``IN_FLIGHT_BATCH`` a round, whose attempt
    holds no lease — the lease was reaped while the row moved, or lost with Redis — are
-   decided as a lapsed lease is (``jobs.dispatch.recovery``). A running row with a cancel request
+   decided as a lapsed lease is (``jobs.dispatch.recovery``); a running row started less
+   than half a lease TTL ago is left to a later round, since its worker may be handing it
+   back uncharged right now. A running row with a cancel request
    gets its lease flagged (``flag_cancel``), in case the API was interrupted between its
    commit and its flag: the worker learns of the cancel with its next renewal.
 3. **queued but not indexed**: queued rows whose last change settled more than
@@ -148,7 +150,9 @@ class Reconciler:
             )
         self._flight_cursor = jobs[-1].id if len(jobs) == IN_FLIGHT_BATCH else ""
         held = self.runtime.index.entries_of([job.id for job in jobs])
-        orphans = [job for job in jobs if not _holds_lease(held.get(job.id), job)]
+        settling = now - self.runtime.policy.lease_ttl_s / 2
+        orphans = [job for job in jobs if not _holds_lease(held.get(job.id), job)
+                   and not _just_started(job, settling)]
         for job in jobs:
             if job.cancel_requested and job.status is Status.RUNNING and job not in orphans:
                 # The API flags the lease after its commit; an interruption in between
@@ -226,6 +230,14 @@ def _holds_lease(entry: Entry | None, job: Job) -> bool:
     if entry is None:
         return False
     return entry.attempt > job.attempt or (entry.attempt == job.attempt and entry.leased)
+
+
+def _just_started(job: Job, since: float) -> bool:
+    """A running row started after ``since`` (half a lease TTL ago) may be one whose start
+    landed after its lease was reaped: its worker's next renewal finds no lease and hands
+    it back uncharged within moments. Deciding it now would charge a start nobody ran; it
+    is decided on a later round if it is still there."""
+    return job.status is Status.RUNNING and job.started_at is not None and job.started_at > since
 
 
 def _holds_entry(entry: Entry | None, job: Job) -> bool:
