@@ -105,6 +105,13 @@ class ApiSettings(BaseModel):
     max_document_bytes: Annotated[int, Field(ge=1024)] = 20 * 1024 * 1024
     # Bodies of POST /v1/batches: a batch is many payloads in one request.
     max_batch_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    # The whole body of a POST /v1/batches arrives within this, or the upload is a 408 and
+    # nothing is stored: a client that stalls cannot keep its upload slot for ever.
+    batch_body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    # Batch uploads one tenant may have in flight in one API process; one more is
+    # ``429 tenant_limit`` (``limit: "uploads"``), so one tenant's slow uploads leave the
+    # process to the others.
+    max_concurrent_uploads_per_tenant: Annotated[int, Field(ge=1, le=1000)] = 4
 
 
 class Settings(BaseSettings):

@@ -3,9 +3,11 @@
 A batch's items are ``jobs`` rows stored ``waiting`` in the batch's one transaction, then fed
 into the tier's live queue as room allows (``jobs.dispatch.feeder``), so a batch is never
 refused by the tier's bound and its items age from their admission, not from the upload.
-Items are validated (the kind's handler) and inserted as they are read: a bad item rolls the
-transaction back (422 naming its index, nothing stored), and what is held in memory at once
-is one chunk of rows, not the batch.
+Items are validated (the kind's handler) as they are read, before anything is written: a bad
+item is a 422 naming its index with nothing stored. The validated items are held as compact
+JSON (``ValidatedItems``; the batch body limit bounds them) and written in one short
+transaction, so no write lock is ever held while a client is still sending: on SQLite that
+lock is the whole database's.
 
 An idempotency key names one batch per tenant: the same key with the same kind and items
 (compared by a sha256 of the validated items) is the same batch; other content is a 409.
@@ -80,58 +82,116 @@ class BatchProgress:
 # -- submit ----------------------------------------------------------------------------------
 
 
+class ValidatedItems:
+    """A batch's items as they are read: each validated by the kind's handler as it comes (a
+    bad one is an ``InvalidRequest`` naming its index), digested in order, and kept as its
+    compact JSON, far smaller than the parsed value, until the batch is stored. Bounded by
+    ``MAX_BATCH_ITEMS`` and, over HTTP, by the batch body limit."""
+
+    def __init__(self, validator: PayloadValidator, kind: str) -> None:
+        self.kind = kind
+        self._validator = validator
+        self._digest = _Digest(kind)
+        self._payloads: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self._payloads)
+
+    def add(self, item: Any) -> None:
+        index = len(self._payloads)
+        payload = _validated(self._validator, self.kind, index, item)
+        self._digest.add(index, payload)
+        self._payloads.append(json.dumps(payload, separators=(",", ":")).encode())
+
+    def extend(self, items: Iterable[Any]) -> None:
+        for item in items:
+            self.add(item)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+    def chunks(self, size: int) -> Iterator[list[dict[str, Any]]]:
+        """The validated payloads, parsed back ``size`` at a time."""
+        for start in range(0, len(self._payloads), size):
+            yield [json.loads(raw) for raw in self._payloads[start:start + size]]
+
+    def check_complete(self) -> None:
+        if not self._payloads:
+            raise InvalidRequest("a batch needs at least one item",
+                                 details=[{"loc": ["items"], "msg": "no items"}])
+
+
 def submit(
     runtime: Runtime, validator: PayloadValidator, tenant: Tenant, spec: BatchSpec,
     items: Iterable[Any],
 ) -> SubmittedBatch:
-    """Validate and store every item in one transaction, then ring the dispatcher (its feeder
-    admits the items). Raises ``InvalidRequest`` (naming the bad item), ``IdempotencyConflict``
-    or ``Forbidden``; on any of them nothing is stored."""
+    """Validate every item, then store them (``store``). Raises ``InvalidRequest`` (naming
+    the bad item), ``IdempotencyConflict`` or ``Forbidden``; on any of them nothing is
+    stored."""
     _check_tier(runtime, tenant)
+    validated = ValidatedItems(validator, spec.kind)
+    validated.extend(items)
+    return store(runtime, tenant, spec, validated)
+
+
+def check_submittable(runtime: Runtime, tenant: Tenant, spec: BatchSpec) -> None:
+    """Refuse, before its body is read, a batch that ``store`` would refuse whatever its
+    items: a tier not served, a malformed key, a tenant at its open batches (unless the key
+    names an earlier batch, which a resubmission is answered with)."""
+    _check_tier(runtime, tenant)
+    if spec.idempotency_key is not None:
+        submission.check_text(spec.idempotency_key, ("idempotency_key",))
+        with runtime.sessions() as session:
+            if repo.batch_by_idempotency_key(session, tenant.id, spec.idempotency_key):
+                return
+    _check_open_batches(runtime, tenant)
+
+
+def store(
+    runtime: Runtime, tenant: Tenant, spec: BatchSpec, items: ValidatedItems
+) -> SubmittedBatch:
+    """Store validated items in one short transaction (nothing is read or validated inside
+    it, so the write lock is held for the inserts alone), then ring the dispatcher (its
+    feeder admits the items). Raises ``InvalidRequest`` (no items), ``IdempotencyConflict``
+    or ``TenantLimitExceeded``; on any of them nothing is stored."""
+    _check_tier(runtime, tenant)
+    items.check_complete()
+    content_hash = items.hexdigest()
     if spec.idempotency_key is not None:
         submission.check_text(spec.idempotency_key, ("idempotency_key",))
         with runtime.sessions() as session:
             existing = repo.batch_by_idempotency_key(session, tenant.id, spec.idempotency_key)
         if existing is not None:
-            digest = _Digest(spec.kind)
-            for index, payload in enumerate(_validated(validator, spec.kind, items)):
-                digest.add(index, payload)
-            return _resubmitted(existing, spec, digest.hexdigest())
+            return _resubmitted(existing, spec, content_hash)
     _check_open_batches(runtime, tenant)
     now = runtime.clock()
     batch = Batch(
-        id=new_job_id(now), tenant_id=tenant.id, tier=tenant.tier, kind=spec.kind, total=1,
-        max_attempts=spec.max_attempts or runtime.policy.max_attempts,
-        idempotency_key=spec.idempotency_key, content_hash="", cancelled=False, created_at=now,
+        id=new_job_id(now), tenant_id=tenant.id, tier=tenant.tier, kind=spec.kind,
+        total=len(items), max_attempts=spec.max_attempts or runtime.policy.max_attempts,
+        idempotency_key=spec.idempotency_key, content_hash=content_hash, cancelled=False,
+        created_at=now,
     )
-    digest = _Digest(spec.kind)
     try:
         with runtime.sessions.begin() as session:
             if not repo.insert_batch(session, batch):
                 raise _KeyTaken
-            rows: list[dict[str, Any]] = []
-            for index, payload in enumerate(_validated(validator, spec.kind, items)):
-                digest.add(index, payload)
-                rows.append(repo.item_values(job_id=new_job_id(now), batch=batch, index=index,
-                                             payload=payload, now=now))
-                if len(rows) >= repo.INSERT_CHUNK:
-                    repo.insert_items(session, rows)
-                    rows = []
-            repo.insert_items(session, rows)
-            repo.set_total(session, batch.id, digest.count)
-            repo.set_content_hash(session, batch.id, digest.hexdigest())
+            index = 0
+            for payloads in items.chunks(repo.INSERT_CHUNK):
+                repo.insert_items(session, [
+                    repo.item_values(job_id=new_job_id(now), batch=batch, index=index + i,
+                                     payload=payload, now=now)
+                    for i, payload in enumerate(payloads)])
+                index += len(payloads)
     except _KeyTaken:  # a concurrent submit with the same key won: compare with it
-        return _lost_race(runtime, tenant, validator, spec, items)
+        return _lost_race(runtime, tenant, spec, content_hash)
     try:
         wake.ring(runtime.redis, runtime.settings.key_prefix)
     except outage.REDIS_OUTAGE:
         logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"})
     logger.info("batch.submitted", extra={"event": "batch.submitted", "batch_id": batch.id,
                                           "tenant": tenant.id, "tier": tenant.tier,
-                                          "total": digest.count})
-    stored = Batch(**{**batch.__dict__, "total": digest.count,
-                      "content_hash": digest.hexdigest()})
-    return SubmittedBatch(batch=stored, created=True)
+                                          "total": batch.total})
+    return SubmittedBatch(batch=batch, created=True)
 
 
 class _KeyTaken(Exception):
@@ -166,26 +226,20 @@ class _Digest:
         return self._hash.hexdigest()
 
 
-def _validated(validator: PayloadValidator, kind: str, items: Iterable[Any]
-               ) -> Iterator[dict[str, Any]]:
-    """Each item validated by the kind's handler, its errors named by its index."""
-    count = 0
-    for index, item in enumerate(items):
-        if index >= MAX_BATCH_ITEMS:
-            raise InvalidRequest(f"a batch holds at most {MAX_BATCH_ITEMS} items; split it",
-                                 details=[{"loc": ["items", index], "msg": "too many items"}])
-        if not isinstance(item, dict):
-            raise _bad_item(index, [{"loc": ["payload"], "msg": "an item must be a JSON object"}])
-        try:
-            yield validator.validate(kind, submission.check_json(item))
-        except InvalidRequest as exc:
-            if type(exc) is not InvalidRequest:  # an unknown kind: not the item's fault
-                raise
-            raise _bad_item(index, list(exc.details.get("details") or []), exc) from None
-        count += 1
-    if count == 0:
-        raise InvalidRequest("a batch needs at least one item",
-                             details=[{"loc": ["items"], "msg": "no items"}])
+def _validated(validator: PayloadValidator, kind: str, index: int, item: Any
+               ) -> dict[str, Any]:
+    """The item validated by the kind's handler, its errors named by its index."""
+    if index >= MAX_BATCH_ITEMS:
+        raise InvalidRequest(f"a batch holds at most {MAX_BATCH_ITEMS} items; split it",
+                             details=[{"loc": ["items", index], "msg": "too many items"}])
+    if not isinstance(item, dict):
+        raise _bad_item(index, [{"loc": ["payload"], "msg": "an item must be a JSON object"}])
+    try:
+        return validator.validate(kind, submission.check_json(item))
+    except InvalidRequest as exc:
+        if type(exc) is not InvalidRequest:  # an unknown kind: not the item's fault
+            raise
+        raise _bad_item(index, list(exc.details.get("details") or []), exc) from None
 
 
 def _bad_item(index: int, details: list[Any], exc: TierqError | None = None) -> InvalidRequest:
@@ -204,17 +258,14 @@ def _resubmitted(existing: Batch, spec: BatchSpec, content_hash: str) -> Submitt
     return SubmittedBatch(batch=existing, created=False)
 
 
-def _lost_race(runtime: Runtime, tenant: Tenant, validator: PayloadValidator, spec: BatchSpec,
-               items: Iterable[Any]) -> SubmittedBatch:
+def _lost_race(runtime: Runtime, tenant: Tenant, spec: BatchSpec, content_hash: str
+               ) -> SubmittedBatch:
     assert spec.idempotency_key is not None
     with runtime.sessions() as session:
         existing = repo.batch_by_idempotency_key(session, tenant.id, spec.idempotency_key)
     if existing is None:
         raise Unavailable("the batch with this idempotency key moved; retry")
-    digest = _Digest(spec.kind)
-    for index, payload in enumerate(_validated(validator, spec.kind, items)):
-        digest.add(index, payload)
-    return _resubmitted(existing, spec, digest.hexdigest())
+    return _resubmitted(existing, spec, content_hash)
 
 
 def _check_tier(runtime: Runtime, tenant: Tenant) -> None:

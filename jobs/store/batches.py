@@ -78,15 +78,6 @@ def insert_batch(session: Session, batch: Batch) -> bool:
     return True
 
 
-def set_total(session: Session, batch_id: str, total: int) -> None:
-    session.execute(sa.update(BATCHES).where(BATCHES.c.id == batch_id).values(total=total))
-
-
-def set_content_hash(session: Session, batch_id: str, content_hash: str) -> None:
-    session.execute(
-        sa.update(BATCHES).where(BATCHES.c.id == batch_id).values(content_hash=content_hash))
-
-
 def insert_items(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     """Insert waiting items (values as built by ``item_values``), one executemany per chunk."""
     for start in range(0, len(rows), INSERT_CHUNK):

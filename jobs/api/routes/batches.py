@@ -1,25 +1,38 @@
 """``/v1/batches``: submit (JSON or streamed NDJSON), look up, list, stream results, cancel.
 
-A JSON batch is parsed whole (its items must be validated before anything is stored); an
-NDJSON batch is read line by line as it arrives: the service, in the threadpool, pulls the
-body's chunks from the event loop, validates each item and inserts it in chunks within the
-batch's one transaction, so only a chunk of rows is held at once. Batch bodies have their own
-size limit, ``api.max_batch_body_bytes`` (``jobs.api.body_limit``).
+A batch's body is read whole, and every item validated, before anything is written; then the
+service stores it in one short transaction. The bytes are awaited on the event loop, so a
+client that sends slowly, or stalls, holds no thread and no write lock (on SQLite the lock of
+the whole database): an NDJSON body is split into lines as it arrives and each arrived chunk
+of lines is parsed and validated in the threadpool, a bad line refused (422 naming its index)
+before the rest is sent; a JSON body is parsed and validated whole once it is in. The
+validated items are held as compact JSON, bounded by the batch body size limit,
+``api.max_batch_body_bytes`` (``jobs.api.body_limit``).
+
+A body that has not arrived within ``api.batch_body_timeout_s`` is a 408 (``invalid_request``;
+nothing stored), and a tenant may have ``api.max_concurrent_uploads_per_tenant`` uploads in
+flight in this process (one more is ``429 tenant_limit``, ``limit: "uploads"``): one tenant's
+stalled uploads cannot take the process from the others. The count is this process's own,
+kept on its event loop; each API process bounds what it holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any
+from collections.abc import Awaitable, Iterator
+from typing import Annotated, Any, TypeVar
 
-import anyio.from_thread
+import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
+from jobs.admission.submit import PayloadValidator
 from jobs.api.batch_schemas import (
     BatchListResponse,
     BatchRequest,
@@ -28,8 +41,10 @@ from jobs.api.batch_schemas import (
 )
 from jobs.api.deps import RuntimeDep, TenantDep, ValidatorDep, refuse_unknown_query
 from jobs.api.errors import error_responses
-from jobs.api.schemas import MAX_ATTEMPTS_LIMIT
-from jobs.core.errors import InvalidRequest
+from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, ErrorResponse
+from jobs.core.domain import Tenant
+from jobs.core.errors import InvalidRequest, TenantLimitExceeded
+from jobs.process.runtime import Runtime
 from jobs.service import batches
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"],
@@ -38,6 +53,9 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"],
 NDJSON = "application/x-ndjson"
 _READ = ("invalid_request", "unauthorized", "forbidden", "not_found", "unavailable")
 BatchIdPath = Annotated[str, Path(description="the batch's id, from the submit's answer")]
+# Retry-After of a refusal for too many uploads in flight: one of them has to end first.
+UPLOADS_RETRY_S = 5
+T = TypeVar("T")
 
 _BODY = {
     "required": True,
@@ -58,13 +76,18 @@ _BODY = {
     description="Validate every item (a bad one: 422 naming its index, nothing stored), store "
     "them all in one transaction, and answer 202 at once. The items enter the tier's live "
     "queue as room allows, ageing from then; they are never refused by the tier's bound, only "
-    "by the tenant's limit on open batches (429 tenant_limit, limit batches). As "
-    "JSON (`kind`, `items`) or as NDJSON (one payload per line, `?kind=`).",
+    "by the tenant's limits on open batches and on uploads in flight (429 tenant_limit, "
+    "limit batches or uploads). As JSON (`kind`, `items`) or as NDJSON (one payload per "
+    "line, `?kind=`). The whole body arrives within api.batch_body_timeout_s, or it is a "
+    "408 invalid_request and nothing is stored.",
     openapi_extra={"requestBody": _BODY},
     responses={
         200: {"model": BatchSubmitResponse,
               "description": "this idempotency key was used before for the same kind and "
                              "items: the same batch"},
+        408: {"model": ErrorResponse,
+              "description": "`invalid_request`: the body did not arrive within "
+                             "api.batch_body_timeout_s; nothing was stored"},
         202: {"description": "stored; its items wait for room",
               "headers": {"Location": {"description": "/v1/batches/<id>",
                                        "schema": {"type": "string"}}}},
@@ -88,63 +111,146 @@ async def submit_batch(
     ] = None,
 ) -> BatchSubmitResponse:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    api = runtime.settings.api
     if content_type == NDJSON:
         if kind is None:
             raise InvalidRequest("an NDJSON batch names its kind: ?kind=<kind>",
                                  details=[{"loc": ["query", "kind"], "msg": "required"}])
         spec = batches.BatchSpec(kind=kind, idempotency_key=idempotency_key,
                                  max_attempts=max_attempts)
-        chunks = request.stream()
-        submitted = await run_in_threadpool(
-            lambda: batches.submit(runtime, validator, tenant, spec, _ndjson(chunks)))
+        with _uploads(request).slot(tenant, api.max_concurrent_uploads_per_tenant):
+            await run_in_threadpool(batches.check_submittable, runtime, tenant, spec)
+            items = batches.ValidatedItems(validator, kind)
+            await _within(api.batch_body_timeout_s, _read_ndjson(request, items))
+            submitted = await run_in_threadpool(batches.store, runtime, tenant, spec, items)
     else:
         if kind is not None or idempotency_key is not None or max_attempts is not None:
             raise InvalidRequest("a JSON batch carries kind, idempotency_key and max_attempts "
                                  "in its body, not the query")
-        body = _json_batch(content_type, await request.body())
-        spec = batches.BatchSpec(kind=body.kind, idempotency_key=body.idempotency_key,
-                                 max_attempts=body.max_attempts)
-        submitted = await run_in_threadpool(
-            lambda: batches.submit(runtime, validator, tenant, spec, body.items))
+        if content_type not in ("application/json", ""):
+            raise InvalidRequest(f"send the batch as application/json or {NDJSON}, "
+                                 f"not {content_type!r}")
+        with _uploads(request).slot(tenant, api.max_concurrent_uploads_per_tenant):
+            raw = await _within(api.batch_body_timeout_s, _body(request))
+            submitted = await run_in_threadpool(_submit_json, runtime, validator, tenant, raw)
     response.headers["Location"] = f"/v1/batches/{submitted.batch.id}"
     if not submitted.created:
         response.status_code = 200
     return BatchSubmitResponse.of(submitted.batch)
 
 
-def _json_batch(content_type: str, raw: bytes) -> BatchRequest:
-    if content_type not in ("application/json", ""):
-        raise InvalidRequest(f"send the batch as application/json or {NDJSON}, "
-                             f"not {content_type!r}")
+class _Uploads:
+    """The batch uploads in flight in this process, by tenant. Counted on the event loop
+    (every change happens between two awaits), so it needs no lock."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def slot(self, tenant: Tenant, limit: int) -> Iterator[None]:
+        held = self._held.get(tenant.id, 0)
+        if held >= limit:
+            raise TenantLimitExceeded(
+                f"tenant {tenant.name!r} has {held} batch uploads in flight, the most it may "
+                f"have at once; send this one when one of them has ended",
+                tier=tenant.tier, retry_after_s=UPLOADS_RETRY_S, queue_position=0,
+                limit="uploads", uploads=held, max_concurrent_uploads=limit,
+            )
+        self._held[tenant.id] = held + 1
+        try:
+            yield
+        finally:
+            left = self._held[tenant.id] - 1
+            if left:
+                self._held[tenant.id] = left
+            else:
+                del self._held[tenant.id]
+
+
+def _uploads(request: Request) -> _Uploads:
+    uploads: _Uploads | None = getattr(request.app.state, "batch_uploads", None)
+    if uploads is None:
+        uploads = request.app.state.batch_uploads = _Uploads()
+    return uploads
+
+
+async def _within(timeout_s: float, reading: Awaitable[T]) -> T:
+    """``reading``'s value, or a 408 once ``timeout_s`` has passed: the client had that long
+    to send its body. The connection is closed after the answer (the rest of the body was
+    never read)."""
+    with anyio.move_on_after(timeout_s):
+        return await reading
+    raise HTTPException(408, f"the batch body did not arrive within {timeout_s:g} s "
+                             f"(api.batch_body_timeout_s); nothing was stored",
+                        headers={"Connection": "close"})
+
+
+async def _body(request: Request) -> bytes:
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        raise _left() from None
+
+
+def _left() -> InvalidRequest:
+    """The client went away mid-body: nobody reads this answer, but it is a typed one."""
+    return InvalidRequest("the client closed the connection before its batch body ended; "
+                          "nothing was stored")
+
+
+async def _read_ndjson(request: Request, items: batches.ValidatedItems) -> None:
+    """Add the body's lines to ``items`` as they arrive: each chunk's whole lines are parsed
+    and validated in the threadpool (no loop time spent on them), the bytes awaited here."""
+    lines = _Lines()
+    try:
+        async for chunk in request.stream():
+            complete = lines.feed(chunk)
+            if complete:
+                await run_in_threadpool(_add_lines, items, complete)
+    except ClientDisconnect:
+        raise _left() from None
+    await run_in_threadpool(_add_lines, items, [lines.rest()])
+
+
+class _Lines:
+    """Split a stream of chunks into lines; a line's parts are joined once, when it ends."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        *complete, tail = chunk.split(b"\n")
+        if not complete:
+            self._parts.append(tail)
+            return []
+        complete[0] = b"".join([*self._parts, complete[0]])
+        self._parts = [tail]
+        return complete
+
+    def rest(self) -> bytes:
+        return b"".join(self._parts)
+
+
+def _add_lines(items: batches.ValidatedItems, lines: list[bytes]) -> None:
+    for line in lines:
+        if line.strip():
+            items.add(_parse_line(line, len(items)))
+
+
+def _submit_json(runtime: Runtime, validator: PayloadValidator, tenant: Tenant, raw: bytes
+                 ) -> batches.SubmittedBatch:
+    body = _json_batch(raw)
+    spec = batches.BatchSpec(kind=body.kind, idempotency_key=body.idempotency_key,
+                             max_attempts=body.max_attempts)
+    return batches.submit(runtime, validator, tenant, spec, body.items)
+
+
+def _json_batch(raw: bytes) -> BatchRequest:
     try:
         return BatchRequest.model_validate_json(raw or b"null")
     except ValidationError as exc:
         raise RequestValidationError(
             [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]) from None
-
-
-def _ndjson(chunks: AsyncIterator[bytes]) -> Iterator[Any]:
-    """The body's lines as parsed JSON, pulled from the event loop as they arrive (runs in a
-    worker thread). A line that is not JSON is a 422 naming its index."""
-
-    async def next_chunk() -> bytes | None:
-        try:
-            return await chunks.__anext__()
-        except StopAsyncIteration:
-            return None
-
-    pending, index = b"", 0
-    while True:
-        chunk = anyio.from_thread.run(next_chunk)
-        if chunk is None:
-            break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield _parse_line(line, index)
-                index += 1
-    if pending.strip():
-        yield _parse_line(pending, index)
 
 
 def _parse_line(line: bytes, index: int) -> Any:
