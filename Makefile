@@ -40,8 +40,8 @@ lint: $(STAMP) ## ruff, mypy --strict and the layering contract (import-linter)
 
 test: lint ## lint, then the whole test suite: the isolated tests in parallel, then those that run alone
 	@sh scripts/test-tools.sh
-	$(BIN)/pytest -n $(TEST_WORKERS) -m "not alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(BIN)/pytest -p no:xdist -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not alone" --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/pytest -p no:xdist -m alone --durations=5 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
 	$(BIN)/python bench/dispatch_index.py

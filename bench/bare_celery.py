@@ -1,9 +1,10 @@
 """Bare Celery for the end-to-end bench: the baseline tierq is compared with.
 
-A no-op task (returns its argument) and a start mark (pushes ``time.time()`` onto a Redis
-list, like ``start_mark.StartMark``), on a Redis broker with the Redis result backend, so that
-"the result is stored" means the same on both sides. Celery's defaults otherwise, except
-what tierq's own worker also turns off (mingle, gossip) and the ``fair`` optimisation.
+A no-op task (returns its argument), a start mark (pushes ``time.time()`` onto a Redis
+list, like ``start_mark.StartMark``) and a hold (keeps its slot, like ``start_mark.Hold``),
+on a Redis broker with the Redis result backend, so that "the result is stored" means the
+same on every side. Celery's defaults otherwise, except what tierq's own worker also turns
+off (mingle, gossip) and the ``fair`` optimisation.
 
     BENCH_CELERY_URL=redis://127.0.0.1:6379/0 python bench/bare_celery.py   # the worker
 """
@@ -16,11 +17,13 @@ import time
 from typing import Any
 
 from celery import Celery
+from start_mark import hold_slot
 
 URL_ENV = "BENCH_CELERY_URL"
 QUEUE = "bare"
 NOOP = "bare.noop"
 MARK = "bare.mark"
+HOLD = "bare.hold"
 
 
 def make_app(url: str) -> Celery:
@@ -39,6 +42,10 @@ def make_app(url: str) -> Celery:
     def mark(key: str) -> None:
         started = time.time()
         app.backend.client.lpush(key, repr(started))
+
+    @app.task(name=HOLD)  # type: ignore[untyped-decorator]
+    def hold(key: str, seconds: float) -> None:
+        hold_slot(app.backend.client, key, seconds)
 
     return app
 

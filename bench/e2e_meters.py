@@ -2,13 +2,16 @@
 
 - SQL: ``xact_commit + xact_rollback`` of the bench's database in ``pg_stat_database``, read
   from the maintenance database so that reading adds nothing. Backends flush their counts
-  at most once a second (later when the shared stats are busy), so a reading is taken only
-  once two in a row agree, allowing for the idle system's own trickle.
+  at most once a second, and one that goes idle within a second of its last flush keeps
+  them until its idle timeout, 10 s later: a reading waits that long after the work it
+  counts, and the system's own idle trickle over the wait is taken off (``idle_rate``).
 - Redis: ``INFO commandstats`` of the bench's own server: every command, those that Lua
   scripts run included (Redis counts both). ``MONITOR`` tells them apart (a script's
   commands show ``[0 lua]``), and shows which client sent what, and when.
 - CPU: ``psutil`` user + system time of each process and its descendants; for PostgreSQL,
-  of the backends connected to the bench's database (``pg_stat_activity``).
+  of the backends connected to the bench's database (``pg_stat_activity``); for the
+  client, the thread CPU time of the submitting calls themselves (``ThreadCpu``), not the
+  bench's watching.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,8 +32,9 @@ import sqlalchemy as sa
 
 # Commands the bench itself sends while counting.
 OWN_COMMANDS = ("cmdstat_info", "cmdstat_config|resetstat")
-# Two readings of the SQL counter this close are taken to mean "flushed".
-SQL_SETTLED_SLACK = 5
+# PostgreSQL's idle stats timeout (PGSTAT_IDLE_INTERVAL, 10 s), and a margin: what a backend
+# counted is in pg_stat_database this long after it went idle.
+IDLE_FLUSH_S = 10.5
 
 
 # -- SQL -------------------------------------------------------------------------------------
@@ -39,6 +44,10 @@ SQL_SETTLED_SLACK = 5
 class SqlMeter:
     admin: sa.Engine  # the maintenance database, autocommit
     database: str
+    # The system's own transactions per second with nothing to do, running and held (its
+    # dispatcher or worker stopped): taken off the waits for the counts to be flushed.
+    idle_per_s: float = 0.0
+    held_per_s: float = 0.0
 
     def transactions(self) -> int:
         with self.admin.connect() as conn:
@@ -48,18 +57,15 @@ class SqlMeter:
             ), {"db": self.database}).scalar_one()
         return int(value)
 
-    def settled(self, timeout: float = 15.0) -> int:
-        """The counter once backends have flushed: two readings 0.6 s apart that agree
-        (within the idle trickle), or the last one after ``timeout``."""
-        last = self.transactions()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            time.sleep(0.6)
-            value = self.transactions()
-            if value - last <= SQL_SETTLED_SLACK:
-                return value
-            last = value
-        return last
+    def flushed(self, quiet_since: float) -> int:
+        """The counter with everything done until ``quiet_since`` (``time.monotonic()``)
+        in it: read once every backend has had its idle timeout since."""
+        time.sleep(max(0.0, quiet_since + IDLE_FLUSH_S - time.monotonic()))
+        return self.transactions()
+
+    def trickle(self, since: float, *, held: bool) -> float:
+        """The idle system's own transactions from ``since`` until now."""
+        return (self.held_per_s if held else self.idle_per_s) * (time.monotonic() - since)
 
     def backend_pids(self) -> list[int]:
         with self.admin.connect() as conn:
@@ -199,3 +205,35 @@ class CpuMeter:
             # A process that appeared meanwhile counts whole; one that ended is lost.
             spent[name] = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
         return spent
+
+
+class ThreadCpu:
+    """CPU seconds the client threads spend inside their calls (``time.thread_time``): what
+    submitting costs the client, less the bench's own watching, which runs in other threads
+    and between calls."""
+
+    def __init__(self) -> None:
+        self._spent: list[float] = []
+        self._lock = threading.Lock()
+
+    def wrap(self, make_call: Callable[[], Callable[[int], bool]],
+             ) -> Callable[[], Callable[[int], bool]]:
+        def make_metered() -> Callable[[int], bool]:
+            call = make_call()
+
+            def metered(n: int) -> bool:
+                started = time.thread_time()
+                try:
+                    return call(n)
+                finally:
+                    self._spent.append(time.thread_time() - started)
+
+            return metered
+
+        return make_metered
+
+    def take(self) -> float:
+        """The seconds counted since the last ``take``."""
+        with self._lock:
+            spent, self._spent = self._spent, []
+        return sum(spent)

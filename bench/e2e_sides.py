@@ -1,13 +1,15 @@
-"""The two systems of the end-to-end bench, driven the same way: submit, wait, time a start.
+"""The systems of the end-to-end bench, driven the same way: submit, wait, time a start.
 
 Each side submits from client threads (``hammer`` / ``paced``), knows when N of its jobs have
-their result stored, and takes one idle-latency sample (submit → the handler's own start
-mark). Each counts the SQL transactions and Redis commands it spends itself on watching, so
-that the meters can leave them out.
+their result stored, takes one idle-latency sample (submit → the handler's own start
+mark), and runs N jobs that each hold a slot (``hold_jobs``, the GPU-like run). Each counts
+the SQL transactions and Redis commands it spends itself on watching, so that the meters
+can leave them out.
 
 tierq: ``POST /v1/jobs`` over httpx keep-alive, one tenant per client thread; done is
 ``status = 'succeeded'`` counted in SQL. Celery: ``apply_async``; done is the result key
 (``celery-task-meta-<id>``) existing in Redis, read by a client of the bench's own.
+procrastinate, the PostgreSQL queue: ``e2e_procrastinate.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 import httpx
 import redis
 import sqlalchemy as sa
-from bare_celery import MARK, NOOP, make_app
+from bare_celery import HOLD, MARK, NOOP, make_app
+from e2e_meters import ThreadCpu
 from e2e_stack import Tierq, broker_url
 from submit import Figures, hammer
 
@@ -87,6 +90,7 @@ class TierqSide:
     marks: redis.Redis  # the bench Redis, where handlers push their start marks
     sql_polls: int = 0
     redis_polls: int = 0
+    client_cpu: ThreadCpu = field(default_factory=ThreadCpu)
     _engine: sa.Engine = field(init=False)
     _conn: sa.Connection = field(init=False)
     _http: httpx.Client = field(init=False)  # kept alive between latency samples
@@ -104,11 +108,12 @@ class TierqSide:
         self._conn.close()
         self._engine.dispose()
 
-    def succeeded(self) -> int:
-        """Jobs whose result is stored (one SQL transaction, counted)."""
+    def unfinished(self) -> int:
+        """Jobs not yet ended (one SQL transaction, counted)."""
         self.sql_polls += 1
+        ended = ", ".join(f"'{status}'" for status in sorted(TERMINAL))
         value = self._conn.exec_driver_sql(
-            "SELECT count(*) FROM jobs WHERE status = 'succeeded'").scalar_one()
+            f"SELECT count(*) FROM jobs WHERE status NOT IN ({ended})").scalar_one()
         return int(value)
 
     def stored(self, job_id: str) -> bool:
@@ -120,7 +125,9 @@ class TierqSide:
             raise RuntimeError(f"tierq job {job_id} ended {status}")
         return status == "succeeded"
 
-    def submitter(self, kind: str = "echo", ids: list[str] | None = None) -> MakeCall:
+    def submitter(self, kind: str = "echo", ids: list[str] | None = None,
+                  payload: dict[str, Any] | None = None) -> MakeCall:
+        """Calls that submit one job each; the payload is ``{"n": n}`` unless given."""
         keys = itertools.cycle(self.system.tenant_keys)
         lock = threading.Lock()
 
@@ -129,41 +136,49 @@ class TierqSide:
                 http = self.system.http(next(keys))
 
             def submit(n: int) -> bool:
-                response = http.post("/v1/jobs", json={"kind": kind, "payload": {"n": n}})
+                body = {"kind": kind, "payload": {"n": n} if payload is None else payload}
+                response = http.post("/v1/jobs", json=body)
                 if ids is not None and response.status_code == 202:
                     ids[n] = response.json()["id"]
                 return response.status_code == 202
 
             return submit
 
-        return make_call
+        return self.client_cpu.wrap(make_call)
 
     def end_to_end(self, clients: int, count: int) -> float:
         """Submit ``count`` echo jobs and wait until all succeeded; the wall time."""
         ids = [""] * count
         started = time.perf_counter()
-        accepted = hammer(clients, count, self.submitter(ids=ids)).done
-        if accepted < count:
-            raise RuntimeError(f"tierq accepted {accepted} of {count} jobs")
+        self._submit_all(clients, count, self.submitter(ids=ids))
         wait_in_order(ids, self.stored, 60 + count / 10)
         return time.perf_counter() - started
 
+    def hold_jobs(self, clients: int, count: int, key: str, seconds: float) -> None:
+        """Submit ``count`` jobs holding a slot ``seconds`` each; wait until all succeeded."""
+        ids = [""] * count
+        payload = {"key": key, "seconds": seconds}
+        self._submit_all(clients, count, self.submitter("hold", ids=ids, payload=payload))
+        wait_in_order(ids, self.stored, 60 + 2 * count * seconds)
+
+    def _submit_all(self, clients: int, count: int, make_call: MakeCall) -> None:
+        accepted = hammer(clients, count, make_call).done
+        if accepted < count:
+            raise RuntimeError(f"tierq accepted {accepted} of {count} jobs")
+
     def hold(self) -> None:
-        """Nothing is dispatched while held: the API alone is measured."""
+        """Nothing is dispatched while held: the API alone is measured. (No SQL here: what
+        the bench reads just before a measured phase would be counted in it.)"""
         self.system.processes["dispatcher"].pause()
-        self._target = self.succeeded()
 
     def submit_held(self, clients: int, count: int, rate: float | None) -> Figures:
-        figures = (hammer(clients, count, self.submitter()) if rate is None
-                   else paced(clients, count, rate, self.submitter()))
-        self._target += figures.done
-        return figures
+        return (hammer(clients, count, self.submitter()) if rate is None
+                else paced(clients, count, rate, self.submitter()))
 
     def release(self) -> None:
         """Dispatch again, and wait until what was submitted while held has run."""
         self.system.processes["dispatcher"].resume()
-        wait_for("tierq backlog drained", lambda: self.succeeded() >= self._target, 600,
-                 every=0.2)
+        wait_for("tierq backlog drained", lambda: self.unfinished() == 0, 600, every=0.2)
 
     def start_latency(self) -> float:
         key, http = f"bench:mark:{uuid.uuid4().hex}", self._http
@@ -171,7 +186,7 @@ class TierqSide:
         response = http.post("/v1/jobs", json={"kind": "mark", "payload": {"key": key}})
         response.raise_for_status()
         job_id = response.json()["id"]
-        started = _pop_mark(self.marks, key)
+        started = pop_mark(self.marks, key)
         wait_for("the mark job ended", lambda: _ended(http, job_id), 60)
         time.sleep(IDLE_GAP_S)
         return started - submitted
@@ -181,7 +196,7 @@ def _ended(http: httpx.Client, job_id: str) -> bool:
     return http.get(f"/v1/jobs/{job_id}", params={"wait": 5}).json()["status"] in TERMINAL
 
 
-def _pop_mark(client: redis.Redis, key: str) -> float:
+def pop_mark(client: redis.Redis, key: str) -> float:
     popped = client.blpop([key], timeout=60)
     if popped is None:
         raise TimeoutError("the handler never marked its start")
@@ -194,6 +209,7 @@ class CelerySide:
     sql_polls: int = 0
     redis_polls: int = 0
     idle_queue: str = "bare.idle"  # published to while measuring submit alone: not consumed
+    client_cpu: ThreadCpu = field(default_factory=ThreadCpu)
     app: Any = field(init=False)
     poll: redis.Redis = field(init=False)  # the bench's own reads: left out of the counts
     poll_address: str = field(init=False)
@@ -213,19 +229,22 @@ class CelerySide:
         return bool(self.poll.exists(f"celery-task-meta-{task_id}"))
 
     def publisher(self, ids: list[str] | None = None, queue: str | None = None,
-                  ignore_result: bool = False) -> MakeCall:
-        noop = self.app.tasks[NOOP]
+                  ignore_result: bool = False, task: str = NOOP,
+                  args: list[Any] | None = None) -> MakeCall:
+        """Calls that publish one task each; its arguments are ``[n]`` unless given."""
+        chosen = self.app.tasks[task]
 
         def make_call() -> Callable[[int], bool]:
             def publish(n: int) -> bool:
-                result = noop.apply_async(args=[n], queue=queue, ignore_result=ignore_result)
+                result = chosen.apply_async(args=[n] if args is None else args, queue=queue,
+                                            ignore_result=ignore_result)
                 if ids is not None:
                     ids[n] = result.id
                 return True
 
             return publish
 
-        return make_call
+        return self.client_cpu.wrap(make_call)
 
     def end_to_end(self, clients: int, count: int) -> float:
         ids = [""] * count
@@ -233,6 +252,11 @@ class CelerySide:
         hammer(clients, count, self.publisher(ids))
         wait_in_order(ids, self.stored, 60 + count / 10)
         return time.perf_counter() - started
+
+    def hold_jobs(self, clients: int, count: int, key: str, seconds: float) -> None:
+        ids = [""] * count
+        hammer(clients, count, self.publisher(ids, task=HOLD, args=[key, seconds]))
+        wait_in_order(ids, self.stored, 60 + 2 * count * seconds)
 
     def hold(self) -> None:
         pass
@@ -250,7 +274,7 @@ class CelerySide:
         key = f"bench:mark:{uuid.uuid4().hex}"
         submitted = time.time()
         result = self.app.tasks[MARK].apply_async(args=[key])
-        started = _pop_mark(self.poll, key)
+        started = pop_mark(self.poll, key)
         self.redis_polls += 1
         wait_for("the mark task ended", lambda: self.stored(result.id), 60)
         time.sleep(IDLE_GAP_S)

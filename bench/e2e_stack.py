@@ -177,7 +177,8 @@ def tierq_env(database_url: str, redis_url: str, workdir: Path) -> dict[str, str
     path = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH")) if p)
     env.update(TIERQ_DATABASE_URL=database_url, TIERQ_REDIS_URL=redis_url,
                TIERQ_ADMIN_KEY=ADMIN_KEY, TIERQ_CONFIG=str(config),
-               TIERQ_HANDLERS="start_mark:StartMark", BENCH_MARK_REDIS_URL=redis_url,
+               TIERQ_HANDLERS="start_mark:StartMark,start_mark:Hold",
+               BENCH_MARK_REDIS_URL=redis_url,
                PYTHONPATH=path, PYTHONUNBUFFERED="1")
     return env
 
