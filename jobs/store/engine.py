@@ -86,6 +86,8 @@ DEFAULT_POOL_SIZE = 40
 POOL_OVERFLOW = 10
 # The session ``info`` key under which a sessionmaker carries its LeaderBounds.
 LEADER_BOUNDS = "tierq_leader_bounds"
+# The connection ``info`` key of a connection that carries the bounds from its start.
+BOUNDED_CONNECTION = "tierq_bounded"
 # PostgreSQL's SQLSTATE for a lock wait cut by ``lock_timeout`` (lock_not_available).
 LOCK_NOT_AVAILABLE = "55P03"
 
@@ -164,9 +166,12 @@ def make_sessionmaker(
 def bound_leader_transaction(session: Session) -> None:
     """First in a transaction that takes or checks the ``leadership`` row: on PostgreSQL,
     bound its lock waits, statements and idle time (``SET LOCAL``, one round trip), with the
-    session's bounds (those of the default leader TTL when it has none)."""
+    session's bounds (those of the default leader TTL when it has none); nothing on a
+    connection that carries them already."""
     if session.get_bind().dialect.name != "postgresql":
         return
+    if session.connection().info.get(BOUNDED_CONNECTION):
+        return  # the dispatcher's connections carry the bounds already (``make_engine``)
     bounds = session.info.get(LEADER_BOUNDS)
     if not isinstance(bounds, LeaderBounds):
         bounds = LeaderBounds.for_ttl(Policy.leader_ttl_s)
@@ -195,7 +200,7 @@ class SqliteSession(Session):
         return transaction
 
 
-def _pg_on_connect(bounds: LeaderBounds, dbapi_connection: Any, _record: Any) -> None:
+def _pg_on_connect(bounds: LeaderBounds, dbapi_connection: Any, record: Any) -> None:
     # Session-wide (is_local false), committed: a pooled connection's reset (a ROLLBACK)
     # keeps them.
     cursor = dbapi_connection.cursor()
@@ -205,6 +210,7 @@ def _pg_on_connect(bounds: LeaderBounds, dbapi_connection: Any, _record: Any) ->
     finally:
         cursor.close()
     dbapi_connection.commit()
+    record.info[BOUNDED_CONNECTION] = True
 
 
 def _sqlite_engine(url: URL) -> Engine:

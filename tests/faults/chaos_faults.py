@@ -23,14 +23,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import psutil
-import redis
 import sqlalchemy as sa
 
-from jobs.index.keys import IndexKeys
 from jobs.process.settings import load_settings
 from jobs.store.models import JobRow
 from tests.e2e.harness import Process, System
 from tests.faults.clock_skew import skew_env
+from tests.faults.leader_lock import leader_pid
 from tests.faults.report import clock_text
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
 from workers.publisher import CeleryPublisher
@@ -309,21 +308,8 @@ class FaultDriver:
         self.log(f"redis SAVE → {path.name}")
 
     def leader_pid(self) -> int | None:
-        """The pid in the leader lock's token (``<epoch>:<host>/<pid>/<random>``)."""
-        client = self.redis_server.client()
-        try:
-            value = client.get(IndexKeys(self.fleet.system.env["TIERQ_KEY_PREFIX"]).leader)
-        except redis.RedisError:
-            return None
-        finally:
-            client.close()
-        if not isinstance(value, bytes):
-            return None
-        try:
-            return int(value.decode().split(":", 1)[1].split("/")[1])
-        except (IndexError, ValueError):
-            return None
-
+        """The pid of the leading dispatcher, from the leader lock's token."""
+        return leader_pid(self.redis_server, self.fleet.system.env["TIERQ_KEY_PREFIX"])
 
 # -- helpers of the faults ------------------------------------------------------------------
 

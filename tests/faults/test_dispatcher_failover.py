@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs.index.keys import IndexKeys
 from tests.e2e.harness import Process, System, wait_until
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
 from tests.faults.handlers import read_runs
+from tests.faults.leader_lock import leader_pid
 from tests.faults.load import SubmitLoad, assert_clean_answers
 from tests.faults.servers import ThrowawayRedis
 
@@ -39,18 +39,6 @@ tenant_share = 0.5
 """
 # A jobs.dispatched line, JSON (as the processes log into files) or text.
 DISPATCHED = re.compile(r'jobs\.dispatched.*?jobs(?:=|": ")([^\s"]+)')
-
-
-def leader_pid(redis_server: ThrowawayRedis, prefix: str) -> int | None:
-    """The pid in the lock holder's token (``<epoch>:<host>/<pid>/<random>``)."""
-    client = redis_server.client()
-    try:
-        value = client.get(IndexKeys(prefix).leader)
-    finally:
-        client.close()
-    if value is None:
-        return None
-    return int(value.decode().split(":", 1)[1].split("/")[1])
 
 
 def start_system(fault_system: SystemFactory, leader_ttl_s: float) -> System:

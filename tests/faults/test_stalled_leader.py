@@ -31,7 +31,6 @@ from sqlalchemy.orm import Session
 
 from jobs.core.states import Status
 from jobs.dispatch import loop
-from jobs.index.keys import IndexKeys
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
@@ -39,6 +38,7 @@ from jobs.store import upkeep as upkeep_sql
 from tests.e2e.harness import Process, System, wait_until
 from tests.faults.conftest import SystemFactory
 from tests.faults.handlers import read_runs
+from tests.faults.leader_lock import leader_token, pid_of
 from tests.faults.servers import ThrowawayRedis
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
@@ -54,22 +54,6 @@ base_priority = 10
 max_wait_s = 300
 tenant_share = 1.0
 """
-
-
-def leader_token(redis_server: ThrowawayRedis, prefix: str) -> str | None:
-    client = redis_server.client()
-    try:
-        value = client.get(IndexKeys(prefix).leader)
-    finally:
-        client.close()
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def pid_of(token: str | None) -> int | None:
-    """The pid in a fencing token (``<epoch>:<host>/<pid>/<random>``)."""
-    return None if token is None else int(token.split(":", 1)[1].split("/")[1])
 
 
 def sql_leader(engine: sa.Engine) -> str | None:

@@ -137,46 +137,61 @@ def test_a_start_after_the_lease_was_reaped_hands_the_job_back_uncharged(
     assert load(runtime, job.id).starts == 1
 
 
-@pytest.mark.parametrize("landed", ["before_the_read", "between_the_read_and_the_cas"])
 def test_the_reaper_never_charges_a_start_made_after_its_lease_was_taken(
-    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str, monkeypatch: pytest.MonkeyPatch,
-    db_url: str, landed: str,
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """reap.lua takes the lapsed lease; the worker's start (its message waited in the broker)
-    commits before the reaper's SQL step reads the row, or after it read the row as
-    dispatched and before its compare-and-set. The handler never ran, and never will under
-    that lease: the job goes back uncharged, and with ``max_attempts: 1`` it still runs,
-    instead of ending failed uncomputed."""
-    if landed == "between_the_read_and_the_cas" and db_url.startswith("sqlite"):
-        pytest.skip("SQLite serialises the two writers: the start cannot land in between")
+    commits before the reaper's SQL step reads the row. The handler never ran, and never
+    will under that lease: the job goes back uncharged, and with ``max_attempts: 1`` it
+    still runs, instead of ending failed uncomputed."""
     now = time.time()
     job = queue_job(runtime, tenant_id, at=now, max_attempts=1)
     assert dispatcher.run_once(now).dispatched == 1
+    reap = runtime.index.reap
 
-    def worker_start() -> None:
-        with runtime.sessions.begin() as s:
-            assert jobs_sql.start(s, job.id, attempt=1, now=now + TTL + 0.5) is not None
+    def reap_then_start(**kwargs: Any) -> Any:
+        leases = reap(**kwargs)
+        worker_start(runtime, job, now + TTL + 0.5)
+        return leases
 
-    if landed == "before_the_read":
-        reap = runtime.index.reap
+    monkeypatch.setattr(runtime.index, "reap", reap_then_start)
+    assert_reaped_uncharged(runtime, dispatcher, job, now, monkeypatch)
 
-        def reap_then_start(**kwargs: Any) -> Any:
-            leases = reap(**kwargs)
-            worker_start()
-            return leases
 
-        monkeypatch.setattr(runtime.index, "reap", reap_then_start)
-    else:
-        get_jobs = jobs_sql.get_jobs
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # SQLite serialises writers
+def test_the_reaper_never_charges_a_start_that_lands_between_its_read_and_its_cas(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same start, committed after the reaper's SQL step read the row as dispatched and
+    before its compare-and-set (PostgreSQL's READ COMMITTED re-reads it as running)."""
+    now = time.time()
+    job = queue_job(runtime, tenant_id, at=now, max_attempts=1)
+    assert dispatcher.run_once(now).dispatched == 1
+    get_jobs = jobs_sql.get_jobs
 
-        def read_then_start(*args: Any) -> Any:
-            rows = get_jobs(*args)
-            monkeypatch.setattr(jobs_sql, "get_jobs", get_jobs)
-            assert rows[job.id].status is Status.DISPATCHED
-            worker_start()
-            return rows
+    def read_then_start(*args: Any) -> Any:
+        rows = get_jobs(*args)
+        monkeypatch.setattr(jobs_sql, "get_jobs", get_jobs)
+        assert rows[job.id].status is Status.DISPATCHED
+        worker_start(runtime, job, now + TTL + 0.5)
+        return rows
 
-        monkeypatch.setattr(jobs_sql, "get_jobs", read_then_start)
+    monkeypatch.setattr(jobs_sql, "get_jobs", read_then_start)
+    assert_reaped_uncharged(runtime, dispatcher, job, now, monkeypatch)
+
+
+def worker_start(runtime: Runtime, job: Job, at: float) -> None:
+    """The worker's start of attempt 1, as it commits it."""
+    with runtime.sessions.begin() as s:
+        assert jobs_sql.start(s, job.id, attempt=1, now=at) is not None
+
+
+def assert_reaped_uncharged(
+    runtime: Runtime, dispatcher: Dispatcher, job: Job, now: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reaper's round (with the start landing inside it) sends the job back uncharged;
+    the worker's own hand-back then finds it moved on, and attempt 2 runs, once."""
     stats = dispatcher.run_once(now + TTL + 1)
     monkeypatch.undo()
 
@@ -184,7 +199,6 @@ def test_the_reaper_never_charges_a_start_made_after_its_lease_was_taken(
     back = load(runtime, job.id)
     assert back.status is not Status.FAILED, back.error
     assert (back.attempt, back.starts, back.started_at) == (2, 0, None)
-    # The worker's own hand-back finds the job moved on; attempt 2 runs, once.
     if back.status is Status.QUEUED:  # re-queued after the round's own dispatch
         dispatcher.run_once(now + TTL + 2)
         back = load(runtime, job.id)
