@@ -22,7 +22,13 @@ from kombu.entity import Exchange, Queue
 from jobs.index import wake
 from jobs.process.settings import Settings
 from workers import embedding
-from workers.broker import BrokerNames, broker_names, queue_arguments, transport_config
+from workers.broker import (
+    BrokerNames,
+    broker_names,
+    own_queue_arguments,
+    queue_arguments,
+    transport_config,
+)
 from workers.registration import WorkerRegistration, registration_ttl_s
 from workers.tasks import WorkerResources, register_tasks
 
@@ -76,6 +82,18 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         **transport_config(broker, settings.key_prefix),
     }
     return config
+
+
+def own_queue(settings: Settings, hostname: str) -> Queue:
+    """The queue only this worker consumes: a slot it frees takes its next job from here
+    (``workers.tasks``), bound to the tier queues' exchange by its own name."""
+    names = names_of(settings)
+    name = names.own_queue(hostname)
+    exchange = Exchange(names.exchange, type="direct")  # type: ignore[no-untyped-call]
+    return Queue(  # type: ignore[no-untyped-call]
+        name, exchange, routing_key=name, durable=True,
+        queue_arguments=own_queue_arguments(settings.resolved_broker_url()),
+    )
 
 
 def base_app(settings: Settings, name: str = "tierq") -> Celery:

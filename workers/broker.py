@@ -72,6 +72,10 @@ class BrokerNames:
     def queue(self, tier: str) -> str:
         return f"{self.prefix}tier.{tier}"
 
+    def own_queue(self, hostname: str) -> str:
+        """A worker's own queue: the next job of a slot it frees (``workers.tasks``)."""
+        return f"{self.prefix}worker.{hostname}"
+
     def queues(self, tiers: list[str]) -> list[str]:
         return [self.queue(tier) for tier in tiers]
 
@@ -112,3 +116,14 @@ def transport_config(broker_url: str, key_prefix: str) -> dict[str, Any]:
 
 def queue_arguments(broker_url: str) -> dict[str, Any] | None:
     return {"x-queue-type": "classic"} if is_amqp_broker(broker_url) else None
+
+
+# A worker's own queue outlives its worker this long on RabbitMQ, then goes with whatever it
+# holds (stale by then: each message's lease has lapsed, and the reaper requeued its job).
+OWN_QUEUE_EXPIRES_MS = 600_000
+
+
+def own_queue_arguments(broker_url: str) -> dict[str, Any] | None:
+    if not is_amqp_broker(broker_url):
+        return None
+    return {"x-queue-type": "classic", "x-expires": OWN_QUEUE_EXPIRES_MS}

@@ -17,7 +17,7 @@ from jobs.core.errors import ConfigError
 from jobs.process import logs
 from jobs.process.settings import Settings, load_settings
 from workers import stopping
-from workers.app import make_celery, names_of
+from workers.app import make_celery, names_of, own_queue
 from workers.tasks import resources_of
 
 # Celery pools by the names the CLI takes; threads wake the event loop as a task ends.
@@ -50,12 +50,16 @@ def run_worker(
     app = make_celery(settings)
     resources_of(app).registry()  # a bad TIERQ_HANDLERS stops the worker now, not per job
     stopping.install(settings)
+    hostname = hostname or worker_hostname()
+    own = own_queue(settings, hostname)
+    app.amqp.queues.add(own)
+    resources_of(app).own_queue = own.name
     worker = app.Worker(
-        hostname=hostname or worker_hostname(),
+        hostname=hostname,
         pool_cls=POOLS.get(pool, pool),
         concurrency=concurrency,
         loglevel=loglevel.upper(),
-        queues=names_of(settings).queues(list(settings.tiers)),
+        queues=[*names_of(settings).queues(list(settings.tiers)), own.name],
         without_mingle=True,
         without_gossip=True,
         optimization="fair",

@@ -25,14 +25,17 @@ class CeleryPublisher:
         self._names = names_of(settings)
         self._producer: Any = None
 
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         if self._producer is None:
             self._producer = self._app.producer_pool.acquire(block=True)
         queue = self._names.queue(tier)
         try:
             self._app.send_task(
                 TASK_NAME,
-                args=[job_id, attempt],
+                args=[job_id, attempt] if dispatched_at is None else
+                     [job_id, attempt, dispatched_at],
                 queue=queue,
                 routing_key=queue,
                 producer=self._producer,

@@ -52,6 +52,11 @@ class _HandBack:
         logger.info("worker.stopping", extra={
             "event": "worker.stopping", "handback_after_s": self.after_s})
 
+    def started(self) -> bool:
+        """This process was told to stop."""
+        with self._lock:
+            return self._timer is not None and self._pid == os.getpid()
+
     def _fire(self) -> None:
         count = hand_back_running()
         if count:
@@ -59,9 +64,19 @@ class _HandBack:
                 "event": "worker.handing_back", "jobs": count, "after_s": self.after_s})
 
 
+_INSTALLED: list[_HandBack] = []
+
+
+def stop_requested() -> bool:
+    """This worker process is stopping: a slot it frees takes no next job (``workers.tasks``),
+    which would only wait in the worker's own queue."""
+    return bool(_INSTALLED) and _INSTALLED[-1].started()
+
+
 def install(settings: Settings) -> None:
     """Connect the hand-back to this worker's stop (call once, before the worker starts)."""
     handback = _HandBack(handback_after_s(settings.policy.stop_grace_s))
+    _INSTALLED.append(handback)
 
     def on_shutting_down(**_: Any) -> None:
         handback.start()

@@ -1,8 +1,11 @@
 """The one Celery task: ``tierq.run_job(job_id, attempt)``. Thin: it calls
 ``jobs.execution.attempt``.
 
-The message carries ids, never objects; running it twice is harmless (the compare-and-set
-on ``(status, attempt)`` turns every copy but the first into a no-op).
+The message carries ids (and when its lease was taken), never objects; running it twice is
+harmless (the compare-and-set on ``(status, attempt)`` turns every copy but the first into a
+no-op). A slot that frees takes its next job in the step that releases the last one
+(``jobs.index.hand_over``), and its message goes to this worker's own queue
+(``workers.app.own_queue``): no dispatcher round sits between two jobs.
 
 How the task ends is what Flower shows. A job recorded ``failed`` raises ``JobFailedError``
 after SQL has it, so the task ends FAILURE. The exception is declared in ``throws``: Celery
@@ -16,18 +19,22 @@ next attempt is a new message; ``stale``, a copy of a message with nothing left 
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any
 
 import sqlalchemy.exc
+from celery.utils.nodenames import anon_nodename
 
 from jobs.core.errors import TierqError
-from jobs.execution.attempt import execute
+from jobs.execution.attempt import Handover, execute
 from jobs.execution.running import FAILED
+from jobs.index.base import Lease, MessagePush
 from jobs.process.runtime import Runtime
 from jobs.process.settings import Settings
 from jobs.store import jobs as jobs_sql
+from workers import stopping
 from workers.handlers import HandlerRegistry, default_registry
 
 TASK_NAME = "tierq.run_job"
@@ -60,6 +67,10 @@ class WorkerResources:
         self._pid: int | None = None
         self._runtime: Runtime | None = None
         self._registry: HandlerRegistry | None = None
+        # This worker's own queue (``workers.app.own_queue``), set by the worker that consumes
+        # it: a slot that frees passes its next job there. None: not consumed, not used.
+        self.own_queue: str | None = None
+        self._push: MessagePush | None = None
 
     def runtime(self) -> Runtime:
         with self._lock:
@@ -67,6 +78,18 @@ class WorkerResources:
                 self._runtime = Runtime.from_settings(self.settings)
                 self._pid = os.getpid()
             return self._runtime
+
+    def push(self, app: Any, queue: str) -> MessagePush | None:
+        """The message the index pushes for this worker's next job, on a broker that is the
+        index's own Redis (kombu's keys carry the key prefix there); else None."""
+        settings = self.settings
+        if settings.broker_url and settings.broker_url != settings.resolved_redis_url():
+            return None
+        with self._lock:
+            if self._push is None or self._push.key != settings.key_prefix + queue:
+                self._push = MessagePush(key=settings.key_prefix + queue,
+                                         envelope=message_envelope(app, queue))
+            return self._push
 
     def registry(self) -> HandlerRegistry:
         with self._lock:
@@ -86,7 +109,7 @@ def resources_of(app: Any) -> WorkerResources:
     return resources
 
 
-def run_job(task: Any, job_id: str, attempt: int) -> str:
+def run_job(task: Any, job_id: str, attempt: int, dispatched_at: float | None = None) -> str:
     """Run the attempt; its outcome is the task's result, or ``JobFailedError`` (FAILURE)."""
     resources = resources_of(task.app)
     runtime = resources.runtime()
@@ -96,10 +119,55 @@ def run_job(task: Any, job_id: str, attempt: int) -> str:
         str(job_id),
         int(attempt),
         worker_id=str(task.request.hostname or f"pid-{os.getpid()}"),
+        dispatched_at=None if dispatched_at is None else float(dispatched_at),
+        handover=_handover(task.app, resources, runtime),
     )
     if outcome == FAILED:
         raise JobFailedError(str(job_id), _recorded_error(runtime, str(job_id)))
     return outcome
+
+
+def _handover(app: Any, resources: WorkerResources, runtime: Runtime) -> Handover | None:
+    """How the slot this task frees gets its next job: the message goes to this worker's own
+    queue, so it is the next this worker takes, with no dispatcher round between the two.
+    On a broker that is the index's own Redis the index pushes it in the step that leases
+    the job (``MessagePush``); elsewhere it is published after. None while the worker stops
+    (it would wait there unconsumed) or consumes no such queue."""
+    queue = resources.own_queue
+    if queue is None or stopping.stop_requested():
+        return None
+    ttl = runtime.policy.lease_ttl_s
+
+    def publish(lease: Lease) -> None:
+        app.send_task(TASK_NAME, args=[lease.job_id, lease.attempt, lease.expires_at - ttl],
+                      queue=queue, routing_key=queue)
+
+    return Handover(publish=publish, push=resources.push(app, queue))
+
+
+def message_envelope(app: Any, queue: str) -> str:
+    """A ``tierq.run_job`` message to ``queue`` as kombu's Redis transport stores it, less
+    what differs per message (``jobs.index.values.MessagePush``): Celery's protocol 2
+    headers, the body as plain JSON (no ``body_encoding``), the embed where the body goes."""
+    headers: dict[str, Any] = {
+        "lang": "py", "task": TASK_NAME, "id": "", "shadow": None, "eta": None,
+        "expires": None, "group": None, "group_index": None, "retries": 0,
+        "timelimit": [None, None], "root_id": "", "parent_id": None, "argsrepr": "",
+        "kwargsrepr": "{}", "origin": anon_nodename(),
+        "ignore_result": None, "replaced_task_nesting": 0, "stamped_headers": None,
+        "stamps": {},
+    }
+    return json.dumps({
+        "body": {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": {
+            "correlation_id": "", "reply_to": str(app.thread_oid), "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
+            "delivery_tag": "",
+        },
+    })
 
 
 def _recorded_error(runtime: Runtime, job_id: str) -> str | None:

@@ -7,6 +7,8 @@ import os
 import time
 import uuid
 
+from jobs.core.cadence import UNCOMMITTED_GRACE_S
+
 
 def new_job_id(now: float | None = None) -> str:
     """A UUIDv7: 48 bits of Unix milliseconds, then random bits."""
@@ -20,3 +22,17 @@ def new_job_id(now: float | None = None) -> str:
 
 def new_tenant_id() -> str:
     return str(uuid.uuid4())
+
+
+def created_at(job_id: str) -> float:
+    """Seconds since the epoch at which a (UUIDv7) job id was made; 0 for other ids."""
+    try:
+        return (uuid.UUID(job_id).int >> 80) / 1000
+    except ValueError:
+        return 0.0
+
+
+def may_be_uncommitted(job_id: str, now: float) -> bool:
+    """A job SQL does not show may still be a submit whose commit is on its way (its index
+    entry is written first)."""
+    return now - created_at(job_id) < UNCOMMITTED_GRACE_S

@@ -12,7 +12,10 @@ from enum import StrEnum
 class Status(StrEnum):
     WAITING = "waiting"  # a batch item stored but not yet admitted to its tier's live queue
     QUEUED = "queued"  # accepted, committed and indexed; waiting for a slot
-    DISPATCHED = "dispatched"  # leased and published to its tier's broker queue
+    # Claimed in SQL before its publish: written by earlier versions only (a dispatch now
+    # writes nothing to SQL, and the start moves a row from queued); still started, reaped
+    # and recovered as before.
+    DISPATCHED = "dispatched"
     RUNNING = "running"  # a worker holds the lease and runs the handler
     SUCCEEDED = "succeeded"  # terminal: the result is stored
     FAILED = "failed"  # terminal: non-retryable error, or attempts spent
@@ -32,6 +35,8 @@ TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
         (Status.WAITING, Status.QUEUED),
         (Status.WAITING, Status.CANCELLED),
         (Status.QUEUED, Status.DISPATCHED),
+        # A worker's start: the lease it was dispatched with is the claim.
+        (Status.QUEUED, Status.RUNNING),
         (Status.QUEUED, Status.CANCELLED),
         (Status.QUEUED, Status.EXPIRED),
         # Reaped lease or a lost message: back to the queue with attempt + 1.

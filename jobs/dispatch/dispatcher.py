@@ -44,12 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sqlalchemy.orm import Session
-
 from jobs.core.cadence import PUBLISH_RETRY_S, UNCOMMITTED_GRACE_S
-from jobs.core.domain import Job
-from jobs.core.states import Status
-from jobs.dispatch.rebuild import may_be_uncommitted
 from jobs.dispatch.reconciler import Reconciler
 from jobs.dispatch.retention import Retention
 from jobs.dispatch.round import DispatchStats
@@ -60,16 +55,11 @@ from jobs.dispatch.upkeep import (
     Prune,
     Reap,
     Reconcile,
-    announce,
-    expire_queued,
-    retry_soon,
 )
 from jobs.index import counters
-from jobs.index.base import IndexedJob, Lease
+from jobs.index.base import Lease
 from jobs.process.runtime import Runtime
-from jobs.store import jobs as jobs_sql
 from jobs.store import upkeep as upkeep_sql
-from jobs.store.jobs import Claimed
 
 logger = logging.getLogger("tierq.dispatcher")
 
@@ -77,7 +67,9 @@ __all__ = ["UNCOMMITTED_GRACE_S", "DispatchStats", "Dispatcher", "Publisher"]
 
 
 class Publisher(Protocol):
-    def publish(self, job_id: str, attempt: int, tier: str) -> None: ...
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None: ...
 
 
 @dataclass
@@ -208,110 +200,44 @@ class Dispatcher:
     # -- dispatch --------------------------------------------------------------------------
 
     def _dispatch(self, now: float, stats: DispatchStats) -> None:
-        """Lease, claim (SQL, the commit point: one statement for the whole batch), publish.
-        Interrupted after the lease and before the claim: the row is queued and the lease
-        lapses; the reaper indexes it again. After the claim and before the publish: the
-        lease lapses while dispatched; the reaper re-queues it, uncharged."""
-        ttl = self.runtime.policy.lease_ttl_s
-        index = self.runtime.index
-        leases = index.dispatch(
-            self.batch_size, now=now, lease_ttl_s=ttl, fence=self.fence, capacity=self.caps.capacity
+        """Lease, publish: nothing is written to SQL. The lease is the claim, and the
+        worker's start moves the row from queued (``jobs_sql.start``), settling there what a
+        lease can meet: a row not committed yet, cancelled, or past its deadline.
+        Interrupted after the lease and before the publish: the lease lapses while the row
+        is queued, and the reaper indexes it again."""
+        leases = self.runtime.index.dispatch(
+            self.batch_size, now=now, lease_ttl_s=self.runtime.policy.lease_ttl_s,
+            fence=self.fence, capacity=self.caps.capacity,
         )
         stats.batch_full = stats.batch_full or len(leases) >= self.batch_size
-        if not leases:
-            return
-        retry_later: list[Lease] = []
-        drop: list[Lease] = []
-        with self.runtime.sessions.begin() as session:
-            claimed = jobs_sql.claim(session, [lease.job_id for lease in leases], now=now)
-            rest = [lease for lease in leases if lease.job_id not in claimed]
-            jobs = jobs_sql.get_jobs(session, (lease.job_id for lease in rest))
-            for lease in rest:  # not queued, past its deadline, or not committed yet
-                job = jobs.get(lease.job_id)
-                if job is None:
-                    young = may_be_uncommitted(lease.job_id, now)
-                    (retry_later if young else drop).append(lease)
-                elif self._expire_late(session, job, now, stats):
-                    drop.append(lease)
-                elif job.status is Status.QUEUED:
-                    # Its INSERT committed after the claim's statement read (READ
-                    # COMMITTED): offer it again, not drop it (its entry would be lost
-                    # until the reconciler's grace).
-                    retry_later.append(lease)
-                elif job.status is not Status.DISPATCHED and job.status is not Status.RUNNING:
-                    drop.append(lease)
-        announce(self.runtime, [*claimed, *jobs])  # claimed, or expired at the claim
-        for lease in drop:
-            index.release(lease.job_id, attempt=lease.attempt, fence=self.fence)
-            stats.dropped += 1
-        for lease in retry_later:
-            index.release(lease.job_id, attempt=lease.attempt, fence=self.fence)
-            index.requeue(retry_soon(lease, now), fence=self.fence)
-        to_publish = [claimed[lease.job_id] for lease in leases if lease.job_id in claimed]
-        for lease in leases:
-            won = claimed.get(lease.job_id)
-            if won is not None and won.attempt != lease.attempt:
-                # the index held a stale attempt: the lease is the row's attempt's now
-                index.restore_lease(_claimed_entry(won), ttl_s=ttl, now=now, fence=self.fence)
-        for i, item in enumerate(to_publish):
-            if not self._publish(item, stats):
+        for i, lease in enumerate(leases):
+            if not self._publish(lease, now, stats):
                 # The broker is likely down: hand this job and the rest back at once.
-                self._hand_back(to_publish[i:], now, stats)
+                self._hand_back(leases[i:], now, stats)
                 break
         if stats.dispatched:  # one line a round, however many jobs it dispatched
-            sent = to_publish[: stats.dispatched]
+            sent = leases[: stats.dispatched]
             logger.info("jobs.dispatched", extra={
                 "event": "jobs.dispatched", "count": len(sent),
-                "jobs": ",".join(f"{job.id}:{job.attempt}" for job in sent),
+                "jobs": ",".join(f"{lease.job_id}:{lease.attempt}" for lease in sent),
             })
 
-    @staticmethod
-    def _expire_late(session: Session, job: Job, now: float, stats: DispatchStats) -> bool:
-        """A queued job popped past its ``start_by`` expires instead of running."""
-        if job.status is not Status.QUEUED or job.start_by is None or now < job.start_by:
-            return False
-        if expire_queued(session, job, now):
-            stats.expired += 1
-        return True
-
-    def _publish(self, job: Claimed, stats: DispatchStats) -> bool:
+    def _publish(self, lease: Lease, now: float, stats: DispatchStats) -> bool:
         try:
-            self.publisher.publish(job.id, job.attempt, job.tier)
+            self.publisher.publish(lease.job_id, lease.attempt, lease.tier, dispatched_at=now)
         except Exception:
-            logger.exception("job.publish_failed", extra={"job_id": job.id, "tier": job.tier})
+            logger.exception("job.publish_failed",
+                             extra={"job_id": lease.job_id, "tier": lease.tier})
             return False
         stats.dispatched += 1
         return True
 
-    def _hand_back(self, jobs: list[Claimed], now: float, stats: DispatchStats) -> None:
-        """Return unpublished jobs to the queue after a short backoff: a new attempt (a
-        message may have left after all: the CAS makes it stale), not charged (it never
-        started). If this fails too, the lease lapses and the reaper re-queues them."""
-        stats.publish_failed += len(jobs)
-        not_before = now + PUBLISH_RETRY_S
-        with self.runtime.sessions.begin() as session:
-            handed = [
-                job
-                for job in jobs
-                if jobs_sql.transition(
-                    session, job.id, src=Status.DISPATCHED, attempt=job.attempt,
-                    dst=Status.QUEUED, now=now, not_before=not_before,
-                )
-            ]
-        announce(self.runtime, (job.id for job in handed))
-        self.runtime.index.requeue_many(
-            [_claimed_entry(job, not_before, attempt=job.attempt + 1) for job in handed],
-            fence=self.fence,
-        )
-
-
-
-def _claimed_entry(
-    job: Claimed, not_before: float | None = None, *, attempt: int | None = None
-) -> IndexedJob:
-    return IndexedJob(
-        job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
-        start_by=job.start_by, not_before=not_before,
-        attempt=job.attempt if attempt is None else attempt,
-    )
-
+    def _hand_back(self, leases: list[Lease], now: float, stats: DispatchStats) -> None:
+        """Put unpublished jobs back in the queue, due again after a short backoff, their
+        place kept (a message may have left after all: its start and the next dispatch's
+        meet in the start's compare-and-set, and one runs). If this fails too, the leases
+        lapse and the reaper indexes the jobs again."""
+        stats.publish_failed += len(leases)
+        for lease in leases:
+            self.runtime.index.put_back(lease.job_id, attempt=lease.attempt,
+                                        not_before=now + PUBLISH_RETRY_S, fence=self.fence)

@@ -27,13 +27,13 @@ broker's queues share the key prefix.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from jobs.core.cadence import REBUILD_BATCH as BATCH
 from jobs.core.cadence import UNCOMMITTED_GRACE_S
 from jobs.core.domain import Job
+from jobs.core.ids import may_be_uncommitted
 from jobs.core.states import Status
 from jobs.dispatch.recovery import indexed
 from jobs.fleet import pool
@@ -62,19 +62,6 @@ class RebuildStats:
     removed: int
     # Entries of jobs not in SQL yet, young enough to be a submit whose commit is on its way.
     kept_uncommitted: int
-
-
-def created_at(job_id: str) -> float:
-    """Seconds since the epoch at which a (UUIDv7) job id was made; 0 for other ids."""
-    try:
-        return (uuid.UUID(job_id).int >> 80) / 1000
-    except ValueError:
-        return 0.0
-
-
-def may_be_uncommitted(job_id: str, now: float) -> bool:
-    """A job SQL does not show may still be a submit whose commit is on its way."""
-    return now - created_at(job_id) < UNCOMMITTED_GRACE_S
 
 
 def _no_lead_check() -> None:

@@ -42,18 +42,28 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 import sqlalchemy.exc as sa_exc
 from sqlalchemy.orm import Session
 
+from jobs.core.cadence import UNCOMMITTED_RETRY_S
 from jobs.core.domain import Job
 from jobs.core.histograms import StartFigures
+from jobs.core.ids import may_be_uncommitted
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import NEW_ATTEMPT, Status
 from jobs.execution.handlers import JobContext
-from jobs.execution.leases import CANCEL_POLL_S, Heartbeat, LeaseKeeper, SqlUnreachable, retry_sql
+from jobs.execution.leases import (
+    CANCEL_POLL_S,
+    Heartbeat,
+    LeaseKeeper,
+    SqlUnreachable,
+    retry_sql,
+    virtual_now,
+)
 from jobs.execution.registry import HandlerRegistry
 from jobs.execution.results import result_fields
 from jobs.execution.running import (
@@ -69,11 +79,14 @@ from jobs.execution.running import (
     log_job,
 )
 from jobs.index import notify, wake
-from jobs.index.base import IndexedJob
+from jobs.index.base import IndexedJob, Lease, MessagePush
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
 
 logger = logging.getLogger("tierq.worker")
+
+# What a start moves from (``jobs_sql.start``).
+_STARTABLE = (Status.QUEUED, Status.DISPATCHED)
 
 EXPIRED = "expired"  # SUCCEEDED, FAILED, CANCELLED: how a handler ended (running)
 REQUEUED, STALE, HANDED_BACK = "requeued", "stale", "handed_back"
@@ -84,6 +97,16 @@ __all__ = ["CANCELLED", "CANCEL_POLL_S", "FAILED", "SUCCEEDED", "Heartbeat", "ex
 Clock = Callable[[], float]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Handover:
+    """How the job a freed slot takes next reaches this worker: ``push``, its message, pushed
+    by the index in the step that leases it (the broker is the index's Redis); else
+    ``publish(lease)`` after that step."""
+
+    publish: Callable[[Lease], None]
+    push: MessagePush | None = None
+
+
 def execute(
     runtime: Runtime,
     registry: HandlerRegistry,
@@ -92,10 +115,15 @@ def execute(
     *,
     worker_id: str,
     clock: Clock | None = None,
+    dispatched_at: float | None = None,
+    handover: Handover | None = None,
 ) -> str:
     """Run attempt ``attempt`` of job ``job_id``; return the outcome (see module constants).
-    ``clock``: a virtual clock for tests (default: the runtime's, Redis's)."""
-    return _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock).run(registry)
+    ``clock``: a virtual clock for tests (default: the runtime's, Redis's);
+    ``dispatched_at``: when its lease was taken; ``handover``: how the job this slot takes
+    next reaches it (None: the slot is released, and the dispatcher fills it)."""
+    return _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock,
+                    dispatched_at=dispatched_at, handover=handover).run(registry)
 
 
 def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
@@ -115,8 +143,12 @@ class _Attempt:
         *,
         worker_id: str,
         clock: Clock | None,
+        dispatched_at: float | None = None,
+        handover: Handover | None = None,
     ) -> None:
         self.runtime = runtime
+        self.dispatched_at = dispatched_at
+        self.handover = handover
         self.job_id = job_id
         self.attempt = attempt
         self.job: Job | None = None  # the row, once read or started
@@ -140,7 +172,10 @@ class _Attempt:
     def _run(self, registry: HandlerRegistry) -> str:
         job = self._start()
         if job is None:
-            return self._not_started()
+            settled = self._not_started()
+            if isinstance(settled, str):
+                return settled
+            job = settled
         self.job = job
         self._log(logging.DEBUG, "job.started", kind=job.kind,
                   wait_s=None if job.started_at is None else job.started_at - job.enqueued_at)
@@ -173,7 +208,8 @@ class _Attempt:
         def start() -> Job | None:
             with self.runtime.sessions.begin() as session:
                 job = jobs_sql.start(session, self.job_id, attempt=self.attempt,
-                                     now=self.clock(), token=self.token)
+                                     now=self.clock(), token=self.token,
+                                     dispatched_at=self.dispatched_at)
                 if job is None and retried[0]:
                     # Only this handling's own start: a copy of the message elsewhere may
                     # have started the same attempt, and that start is not ours to run.
@@ -194,14 +230,51 @@ class _Attempt:
 
         return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
 
-    def _not_started(self) -> str:
-        """The start did not happen: a copy of a message, a job moved on, or one that must not
-        compute (cancel requested, ``start_by`` passed), which ends without running."""
+    def _not_started(self) -> str | Job:
+        """The start did not happen: a row not committed yet, a copy of a message, a job
+        moved on, or one that must not compute (cancel requested, ``start_by`` passed), which
+        ends without running. What the dispatch leased for this attempt is settled here: a
+        dispatch writes nothing to SQL, so the start is where a lease meets its row. A row
+        that may start after all (its commit landed between the start's statement and this
+        read) is started again: the row it returns, or the outcome."""
         job = self._read()
-        if job is None or job.status is not Status.DISPATCHED or job.attempt != self.attempt:
+        if job is None:
+            return self._not_committed()
+        if job.attempt != self.attempt or job.status not in _STARTABLE:
+            if job.attempt == self.attempt and job.status is not Status.RUNNING:
+                # ended, or a batch item back to waiting: nobody runs this attempt
+                self._free_lease()
             return self._stale(job)
         self.job = job
-        return self._before_start(job) or self._stale(job)
+        ended = self._before_start(job)
+        if ended is not None:
+            return ended
+        started = self._start()
+        return self._stale(job) if started is None else started
+
+    def _not_committed(self) -> str:
+        """No row: a submit whose commit is still on its way (its index entry comes first)
+        goes back to the queue, its place kept, and is offered again shortly; past the
+        grace of an uncommitted submit, a failed submit's leftover is dropped."""
+        try:
+            if may_be_uncommitted(self.job_id, self.clock()):
+                self.runtime.index.put_back(self.job_id, attempt=self.attempt,
+                                            not_before=self.clock() + UNCOMMITTED_RETRY_S)
+            else:
+                self.runtime.index.release(self.job_id, attempt=self.attempt, ring=True)
+        except redis.RedisError:  # the lease lapses, and the reaper decides
+            logger.warning("job.put_back_failed", extra={
+                "event": "job.put_back_failed", "job_id": self.job_id,
+                "attempt": self.attempt}, exc_info=True)
+        return self._stale(None)
+
+    def _free_lease(self) -> None:
+        try:
+            self.runtime.index.release(self.job_id, attempt=self.attempt, ring=True)
+        except redis.RedisError:
+            logger.warning("job.release_failed", extra={
+                "event": "job.release_failed", "job_id": self.job_id, "attempt": self.attempt},
+                exc_info=True)
 
     def _stale(self, job: Job | None) -> str:
         logger.info(
@@ -246,7 +319,7 @@ class _Attempt:
             dst = Status.EXPIRED
         else:
             return None
-        if not self._transition(Status.DISPATCHED, dst, announce=False):  # the release does
+        if not self._transition(job.status, dst, announce=False):  # the release does
             self._log(logging.INFO, "job.stale", reason="not dispatched any more")
             return STALE
         self._release(dst)
@@ -366,17 +439,44 @@ class _Attempt:
         notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [self.job_id])
 
     def _release(self, outcome: Status) -> None:
-        """After an ending's commit: release, wake the dispatcher, announce the change and
-        count the outcome, one round trip. Best effort: a lease that cannot be released now
-        expires and is reaped (a lost announcement costs a long-poll its safety-net period,
-        a lost count one job in ``tierq_jobs_entered_total``)."""
+        """After an ending's commit: release, announce the change and count the outcome, one
+        round trip. With a ``handover``, the same step leases the best runnable job for the
+        slot this frees (``hand_over``) and hands it to this worker's own queue; without one,
+        or when nothing was leased, the dispatcher's doorbell rings. Best effort: a lease that
+        cannot be released now expires and is reaped (a lost announcement costs a long-poll
+        its safety-net period, a lost count one job in ``tierq_jobs_entered_total``)."""
+        index = self.runtime.index
         try:
-            self.runtime.index.release(
-                self.job_id, attempt=self.attempt, ring=True, announce=True,
-                outcome=outcome.value,
+            if self.handover is None:
+                index.release(self.job_id, attempt=self.attempt, ring=True, announce=True,
+                              outcome=outcome.value)
+                return
+            policy = self.runtime.policy
+            lease = index.hand_over(
+                self.job_id, attempt=self.attempt, lease_ttl_s=policy.lease_ttl_s,
+                capacity=policy.pool_concurrency, now=virtual_now(self._virtual_clock),
+                announce=True, outcome=outcome.value, push=self.handover.push,
             )
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)
+            return
+        if lease is not None and self.handover.push is None:
+            self._pass_on(lease)
+
+    def _pass_on(self, lease: Lease) -> None:
+        """The next job's message, to this worker's own queue; a publish that fails puts the
+        lease back in the queue at once (else the job would wait a lease TTL for the reaper)."""
+        assert self.handover is not None
+        try:
+            self.handover.publish(lease)
+        except Exception:
+            self._log(logging.WARNING, "job.handover_failed", next_job_id=lease.job_id,
+                      exc_info=True)
+            try:
+                self.runtime.index.put_back(lease.job_id, attempt=lease.attempt)
+                self._ring()
+            except redis.RedisError:
+                self._log(logging.WARNING, "job.put_back_failed", exc_info=True)
 
     def _ring(self) -> None:
         try:

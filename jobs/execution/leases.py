@@ -102,7 +102,7 @@ def _log_sql_wait(job_id: str, what: str, tries: int) -> None:
     })
 
 
-def _virtual_now(clock: Clock | None) -> float | None:
+def virtual_now(clock: Clock | None) -> float | None:
     return None if clock is None else clock()
 
 
@@ -124,7 +124,7 @@ class LeaseKeeper:
         ttl = self._runtime.policy.lease_ttl_s
         try:
             renewed = self._runtime.index.renew(
-                self._job_id, attempt=self._attempt, ttl_s=ttl, now=_virtual_now(self._clock)
+                self._job_id, attempt=self._attempt, ttl_s=ttl, now=virtual_now(self._clock)
             )
         except redis.RedisError:  # Redis down too: wait as long as the lease lasts
             return self._renewed_at is not None and now - self._renewed_at < ttl
@@ -199,7 +199,7 @@ class Heartbeat:
         try:
             renewal = self._runtime.index.renew_checked(
                 self._ctx.job_id, attempt=self._ctx.attempt, ttl_s=self._ttl,
-                now=_virtual_now(self._clock), announce=announce, start=start,
+                now=virtual_now(self._clock), announce=announce, start=start,
             )
         except redis.RedisError:
             self._warn("job.renew_failed", exc_info=True)

@@ -43,6 +43,7 @@ from jobs.index.values import (
     IndexedJob,
     Lease,
     LiveWorker,
+    MessagePush,
     Renewal,
     TierDepth,
     refusal_minute,
@@ -59,6 +60,7 @@ __all__ = [
     "IndexedJob",
     "Lease",
     "LiveWorker",
+    "MessagePush",
     "NotLeader",
     "Renewal",
     "TierDepth",
@@ -193,6 +195,37 @@ class DispatchIndex(Protocol):
         ``announce``: publish that the job's status moved (``jobs.index.notify``), also in the
         same round trip. ``outcome``: the status the job just moved to, counted
         (``jobs.index.counters``) in the same round trip."""
+        ...
+
+    def hand_over(
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        lease_ttl_s: float,
+        capacity: int | None = None,
+        now: float | None = None,
+        announce: bool = False,
+        outcome: str | None = None,
+        take_next: bool = True,
+        push: MessagePush | None = None,
+    ) -> Lease | None:
+        """A worker's slot passes on, in one step: ``release`` the lease of ``attempt`` (with
+        ``announce`` and ``outcome`` as there), then, when the pool has a free slot, lease
+        the best runnable job as ``dispatch`` would (order, caps, promotion) and return it.
+        ``capacity``: the pool's slots (None: the live workers'). None leased (no runnable
+        job or no free slot, or ``take_next`` False: a worker that is stopping): the
+        dispatcher's doorbell rings instead. ``push``: the leased job's broker message,
+        pushed in the same step (Redis only; the twin has no broker and refuses it)."""
+        ...
+
+    def put_back(
+        self, job_id: str, *, attempt: int, not_before: float | None = None,
+        fence: str | None = None,
+    ) -> bool:
+        """The lease of ``attempt`` goes back to the queue as its entry was indexed (order
+        key, deadline), delayed until ``not_before``: a job whose row is not committed yet,
+        or one whose publish failed. False when no lease of that attempt is held."""
         ...
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:

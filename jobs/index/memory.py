@@ -35,6 +35,7 @@ from jobs.index.values import (
     Admitted,
     IndexedJob,
     Lease,
+    MessagePush,
     TierDepth,
     refusal_minute,
 )
@@ -230,6 +231,45 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
                              order_key=job.order_key, expires_at=expires_at,
                              attempt=job.attempt, start_by=job.start_by))
         return out
+
+    def hand_over(
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        lease_ttl_s: float,
+        capacity: int | None = None,
+        now: float | None = None,
+        announce: bool = False,
+        outcome: str | None = None,
+        take_next: bool = True,
+        push: MessagePush | None = None,
+    ) -> Lease | None:
+        """``announce`` and ``outcome`` reach nobody here, nor does the doorbell; there is no
+        broker to ``push`` to."""
+        if push is not None:
+            raise ValueError("the twin has no broker to push a message to")
+        self.release(job_id, attempt=attempt)
+        if not take_next:
+            return None
+        at = self._at(now)
+        free = (self.pool_capacity(now=at) if capacity is None else capacity) - self.inflight()
+        if free <= 0:
+            return None
+        leases = self.dispatch(1, lease_ttl_s=lease_ttl_s, now=at)
+        return leases[0] if leases else None
+
+    def put_back(
+        self, job_id: str, *, attempt: int, not_before: float | None = None,
+        fence: str | None = None,
+    ) -> bool:
+        self._check_fence(fence, None, "put_back")
+        known = self._meta.get(job_id)
+        if known is None or self._leases.score(job_id) is None or known.attempt != attempt:
+            return False
+        self._unindex(known)
+        self._index(dataclasses.replace(known, not_before=not_before))
+        return True
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
         self._check_fence(fence, None, "cancel")

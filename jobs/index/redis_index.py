@@ -37,6 +37,7 @@ from jobs.index.keys import PROMOTE_LIMIT
 from jobs.index.redis_leases import DEVICE_SUFFIX, RedisLeases
 from jobs.index.redis_scripts import (
     job_args,
+    lease_of,
     now_arg,
     opt_float_of,
     opt_int_arg,
@@ -167,14 +168,7 @@ class RedisIndex(RedisLeases, RedisUpkeep):
             n, now_arg(now), score_arg(lease_ttl_s), PROMOTE_LIMIT, fence or "",
             "" if capacity is None else int(capacity),
         ])
-        return [
-            Lease(
-                job_id=text_of(job), tenant=text_of(tenant), tier=text_of(tier),
-                order_key=float(text_of(key)), attempt=int(attempt),
-                expires_at=float(text_of(expires_at)), start_by=opt_float_of(start_by),
-            )
-            for job, tenant, tier, key, attempt, expires_at, start_by in raw
-        ]
+        return [lease_of(item) for item in raw]
 
     def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
         return bool(self._run("cancel", [job_id, fence or ""]))

@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 
 from jobs.core.histograms import StartFigures
+from jobs.index.keys import PROMOTE_LIMIT
 from jobs.index.redis_scripts import (
     RedisScripts,
     job_args,
+    lease_of,
     now_arg,
     opt_float_of,
+    opt_score_arg,
     score_arg,
     text_of,
 )
-from jobs.index.values import IndexedJob, Lease, LiveWorker, Renewal
+from jobs.index.values import IndexedJob, Lease, LiveWorker, MessagePush, Renewal
 
 # A worker's device is kept beside its slots, under its id and this suffix (workers.lua).
 DEVICE_SUFFIX = "#device"
@@ -41,6 +44,36 @@ class RedisLeases(RedisScripts):
         answer = self._run("renew", [job_id, int(attempt), score_arg(ttl_s), now_arg(now),
                                      "1" if announce else "", *figures])
         return Renewal(int(answer))
+
+    def hand_over(
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        lease_ttl_s: float,
+        capacity: int | None = None,
+        now: float | None = None,
+        announce: bool = False,
+        outcome: str | None = None,
+        take_next: bool = True,
+        push: MessagePush | None = None,
+    ) -> Lease | None:
+        args = [job_id, str(int(attempt)), "1" if announce else "", outcome or "",
+                score_arg(lease_ttl_s), now_arg(now),
+                "" if capacity is None else str(int(capacity)), PROMOTE_LIMIT,
+                "" if take_next else "1", "" if push is None else push.envelope]
+        keys = [*self._fenced, *self._keys.worker_keys()]
+        if push is not None:
+            keys.append(push.key)
+        raw = self._scripts["hand_over"](keys=keys, args=args)
+        return lease_of(raw[0]) if raw else None
+
+    def put_back(
+        self, job_id: str, *, attempt: int, not_before: float | None = None,
+        fence: str | None = None,
+    ) -> bool:
+        args = [job_id, str(int(attempt)), opt_score_arg(not_before), fence or ""]
+        return bool(self._run("put_back", args))
 
     def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
         which = "" if attempt is None else str(int(attempt))

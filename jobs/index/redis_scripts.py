@@ -15,16 +15,18 @@ from redis.commands.core import Script
 
 from jobs.index.base import NotLeader
 from jobs.index.keys import IndexKeys
-from jobs.index.values import IndexedJob
+from jobs.index.values import IndexedJob, Lease
 
 _SCRIPTS = (
     "admit", "admit_new", "requeue", "dispatch", "release", "renew", "cancel", "reap",
-    "expire_due", "set_caps", "restore_lease", "flag_cancel",
+    "expire_due", "set_caps", "restore_lease", "flag_cancel", "hand_over",
+    "put_back",
 )
 # The Lua prepended to an index script after common.lua: the steps it shares with others.
 _PRELUDES: dict[str, tuple[str, ...]] = {
     "admit": ("admit_job",),
     "admit_new": ("token_bucket", "workers", "admit_job"),
+    "hand_over": ("workers",),
 }
 _LEADERSHIP = ("lead", "renew_lead", "resign")
 
@@ -64,6 +66,16 @@ def now_arg(value: float | None) -> str:
 def opt_float_of(value: Any) -> float | None:
     text = text_of(value)
     return None if text == "" else float(text)
+
+
+def lease_of(raw: Sequence[Any]) -> Lease:
+    """A lease as dispatch.lua and hand_over.lua return it."""
+    job, tenant, tier, key, attempt, expires_at, start_by = raw
+    return Lease(
+        job_id=text_of(job), tenant=text_of(tenant), tier=text_of(tier),
+        order_key=float(text_of(key)), attempt=int(attempt),
+        expires_at=float(text_of(expires_at)), start_by=opt_float_of(start_by),
+    )
 
 
 def job_args(job: IndexedJob) -> list[str]:

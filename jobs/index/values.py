@@ -45,6 +45,18 @@ class Renewal(IntEnum):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MessagePush:
+    """A broker message the index pushes itself, in the step that leases its job, when the
+    broker is the index's own Redis: ``key`` the broker queue's list, ``envelope`` the
+    message as the broker's client would write it (JSON), less its per-message fields. The
+    script fills those in (``hand_over.lua``): the task's id, its arguments
+    ``[job_id, attempt, dispatched_at]``, and their repr."""
+
+    key: str
+    envelope: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class IndexedJob:
     """What the index knows of a queued job."""
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from jobs.store.models import (
 from jobs.store.rows import (
     FRESH,
     JOBS,
+    dialect,
     dt,
     dt_or_none,
     epoch_or_none,
@@ -64,12 +66,9 @@ def insert_job(session: Session, new: NewJob) -> Job:
     aborts the caller's transaction (PostgreSQL) nor needs a unit-of-work flush to detect."""
     values = _new_values(new)
     if new.idempotency_key is None:
-        session.execute(sa.insert(JOBS).values(values))
+        session.execute(_INSERT, values)
     else:
-        stmt = _insert(session).values(values).on_conflict_do_nothing(
-            index_elements=[JOBS.c.tenant_id, JOBS.c.idempotency_key]
-        ).returning(JOBS.c.id)
-        if session.execute(stmt).first() is None:
+        if session.execute(_keyed_insert(dialect(session)), values).first() is None:
             existing = job_by_idempotency_key(session, new.tenant_id, new.idempotency_key)
             if existing is None:  # the winner's row vanished (pruned) in between
                 raise Unavailable("the job with this idempotency key moved; retry")
@@ -78,11 +77,18 @@ def insert_job(session: Session, new: NewJob) -> Job:
     return job_from_row(cast(JobRow, SimpleNamespace(**values)))  # no ORM instance to build
 
 
-def _insert(session: Session) -> Any:
-    """The dialect's INSERT, which knows ``ON CONFLICT`` (PostgreSQL and SQLite spell it alike)."""
-    if session.get_bind().dialect.name == "postgresql":
-        return pg_insert(JOBS)
-    return sqlite_insert(JOBS)
+# Built once: a statement's construction costs more than its execution on the hot path.
+# The values travel as parameters (``execute(stmt, values)``), so each is compiled once.
+_INSERT = sa.insert(JOBS)
+
+
+@functools.cache
+def _keyed_insert(dialect_name: str) -> Any:
+    """The dialect's INSERT ... ON CONFLICT DO NOTHING (PostgreSQL and SQLite spell it alike)."""
+    insert = pg_insert if dialect_name == "postgresql" else sqlite_insert
+    return insert(JOBS).on_conflict_do_nothing(
+        index_elements=[JOBS.c.tenant_id, JOBS.c.idempotency_key]
+    ).returning(JOBS.c.id)
 
 
 def _new_values(new: NewJob) -> dict[str, Any]:
@@ -234,12 +240,41 @@ def transition(
     unknown = set(fields) - TRANSITION_FIELDS
     if unknown:
         raise TypeError(f"transition() got unexpected fields {sorted(unknown)}")
-    stmt = (
-        sa.update(JOBS)
-        .where(JOBS.c.id == job_id, JOBS.c.status == src.value, JOBS.c.attempt == attempt)
-        .values(_transition_values(src, attempt, dst, now, fields))
-    )
-    return rowcount(session, stmt) == 1
+    values = _transition_values(src, attempt, dst, now, fields)
+    stmt, names = _transition_stmt(src, dst, tuple(values), values)
+    params = {f"v_{name}": values[name] for name in names}
+    params.update(w_id=job_id, w_status=src.value, w_attempt=attempt)
+    result: Any = session.execute(stmt, params)
+    return int(result.rowcount) == 1
+
+
+_TRANSITION_STMTS: dict[tuple[Status, Status, tuple[str, ...]], tuple[Any, tuple[str, ...]]] = {}
+
+
+def _transition_stmt(
+    src: Status, dst: Status, shape: tuple[str, ...], values: dict[str, Any]
+) -> tuple[Any, tuple[str, ...]]:
+    """The UPDATE of one shape of move (its source, target and the columns it sets), built
+    once: the values that are SQL expressions are part of it, the others bound parameters
+    (returned by name)."""
+    key = (src, dst, shape)
+    found = _TRANSITION_STMTS.get(key)
+    if found is None:
+        names = tuple(name for name in shape if not isinstance(values[name], sa.ClauseElement))
+        sets = {name: values[name] if name not in names
+                else sa.bindparam(f"v_{name}", type_=JOBS.c[name].type) for name in shape}
+        stmt = (
+            sa.update(JOBS)
+            .where(JOBS.c.id == sa.bindparam("w_id"),
+                   JOBS.c.status == sa.bindparam("w_status"),
+                   JOBS.c.attempt == sa.bindparam("w_attempt"))
+            .values(sets)
+        )
+        found = _TRANSITION_STMTS[key] = (stmt, names)
+    return found
+
+
+_STARTS_PLUS_ONE = JOBS.c.starts + 1
 
 
 def _transition_values(
@@ -249,7 +284,7 @@ def _transition_values(
     if dst is Status.DISPATCHED:
         values["dispatched_at"] = dt(now)
     elif dst is Status.RUNNING:
-        values.update(started_at=dt(now), starts=JOBS.c.starts + 1)
+        values.update(started_at=dt(now), starts=_STARTS_PLUS_ONE)
     elif dst.terminal:
         values["finished_at"] = dt(now)
     if (src, dst) in NEW_ATTEMPT:
@@ -299,29 +334,48 @@ def claim(session: Session, job_ids: Sequence[str], *, now: float) -> dict[str, 
 
 
 def start(
-    session: Session, job_id: str, *, attempt: int, now: float, token: str | None = None
+    session: Session,
+    job_id: str,
+    *,
+    attempt: int,
+    now: float,
+    token: str | None = None,
+    dispatched_at: float | None = None,
 ) -> Job | None:
-    """Compare-and-set ``dispatched`` → ``running`` for this attempt and return the row, in
-    one statement: a worker's start. Only a job that may start starts: not flagged to cancel,
-    its ``start_by`` not passed. None: it did not move (stale, cancelled or late: the caller
-    reads the row to tell which). ``token`` names the start as the caller's own
-    (``started_by``)."""
+    """Compare-and-set ``queued`` (or ``dispatched``, a row of an earlier version) →
+    ``running`` for this attempt and return the row, in one statement: a worker's start,
+    which is also the claim (a dispatch writes nothing to SQL). Only a job that may start
+    starts: not flagged to cancel, its ``start_by`` not passed. None: it did not move
+    (stale, cancelled, late, or not committed yet: the caller reads the row to tell which).
+    ``token`` names the start as the caller's own (``started_by``); ``dispatched_at``: when
+    its lease was taken (kept when the row has one)."""
     at = dt(now)
-    stmt = (
-        sa.update(JOBS)
-        .where(
-            JOBS.c.id == job_id,
-            JOBS.c.status == Status.DISPATCHED.value,
-            JOBS.c.attempt == attempt,
-            JOBS.c.cancel_requested.is_(False),
-            sa.or_(JOBS.c.start_by.is_(None), JOBS.c.start_by > at),
-        )
-        .values(status=Status.RUNNING.value, started_at=at, starts=JOBS.c.starts + 1,
-                updated_at=at, start_token=token)
-        .returning(*JOBS.c)
-    )
-    row = session.execute(stmt).first()
+    row = session.execute(_START, {
+        "w_id": job_id, "w_attempt": attempt, "v_at": at, "v_token": token,
+        "v_dispatched_at": at if dispatched_at is None else dt(dispatched_at),
+    }).first()
     return None if row is None else job_from_row(cast(JobRow, row))
+
+
+# What a worker's start moves from: a queued row (its lease is the claim), or a dispatched
+# one (claimed in SQL by a dispatcher of an earlier version).
+_STARTABLE = (Status.QUEUED.value, Status.DISPATCHED.value)
+_AT = sa.bindparam("v_at", type_=JOBS.c.started_at.type)
+_START = (
+    sa.update(JOBS)
+    .where(
+        JOBS.c.id == sa.bindparam("w_id"),
+        sa.or_(*(JOBS.c.status == status for status in _STARTABLE)),
+        JOBS.c.attempt == sa.bindparam("w_attempt"),
+        JOBS.c.cancel_requested.is_(False),
+        sa.or_(JOBS.c.start_by.is_(None), JOBS.c.start_by > _AT),
+    )
+    .values(status=Status.RUNNING.value, started_at=_AT, starts=JOBS.c.starts + 1,
+            updated_at=_AT, start_token=sa.bindparam("v_token"),
+            dispatched_at=sa.func.coalesce(JOBS.c.dispatched_at, sa.bindparam(
+                "v_dispatched_at", type_=JOBS.c.dispatched_at.type)))
+    .returning(*JOBS.c)
+)
 
 
 def started_by(session: Session, job_id: str, *, attempt: int, token: str) -> Job | None:

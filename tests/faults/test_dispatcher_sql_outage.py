@@ -1,26 +1,35 @@
-"""A dispatcher round cut short by a database outage loses no job.
+"""A database outage stops no dispatch and strands no job.
 
-Each round changes Redis first (pop and lease, reap, expire) and SQL second; when SQL fails
-in between, the round's Redis changes must not strand a job: once the database is back, a
-popped job is dispatched, a reaped one re-queued, a due one expired. Driven with
-``run_once`` and explicit times against a throwaway PostgreSQL that the test stops; at the
-end a worker in the test process runs what is left (``drain``) and the invariants must hold.
+A dispatch needs no SQL: it leases in Redis and publishes, and the row stays queued until a
+worker's start moves it, so jobs are dispatched while the database is down. The chores that
+decide from SQL change Redis first and SQL second (the reaper takes lapsed leases, then reads
+their rows; expiry takes due jobs off the due list, then expires their rows); when SQL fails
+in between, they put back what they took, so their decisions wait for the database: once it
+is back, a reaped job is indexed again, a due one expired. A whole round in the outage stops
+at its upkeep's first SQL read (the caps' overrides), before the reaper or expiry is reached,
+so those two are driven on their own here, each meeting the outage inside its own
+transaction. Driven with explicit times against a throwaway PostgreSQL that the test stops;
+at the end a worker in the test process runs what is left (``drain``) and the invariants must
+hold.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
 import sqlalchemy.exc
 
 from jobs.admission.submit import Submission, submit
+from jobs.core.cadence import FEED_PERIOD_S, MAINTENANCE_PERIOD_S
 from jobs.core.domain import Job, Tenant
 from jobs.core.states import Status
-from jobs.dispatch.dispatcher import Dispatcher
+from jobs.dispatch.dispatcher import Dispatcher, DispatchStats
 from jobs.execution.attempt import execute
+from jobs.index.base import Entry
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
@@ -47,7 +56,9 @@ class RecordingPublisher:
     sent: list[tuple[str, int]] = field(default_factory=list)
     worker: Callable[[str, int], object] | None = None
 
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         self.sent.append((job_id, attempt))
         if self.worker is not None:
             self.worker(job_id, attempt)
@@ -82,10 +93,10 @@ def runtime(fault_pg: ThrowawayPostgres, fault_redis: ThrowawayRedis) -> Iterato
     rt.close()
 
 
-def make_tenant(runtime: Runtime) -> Tenant:
+def make_tenant(runtime: Runtime, name: str = "acme") -> Tenant:
     with runtime.sessions.begin() as session:
         return tenants_sql.create_tenant(
-            session, name="acme", tier="standard", api_key_hash="h", now=time.time()
+            session, name=name, tier="standard", api_key_hash=name, now=time.time()
         )
 
 
@@ -96,12 +107,14 @@ def load(runtime: Runtime, job_id: str) -> Job:
     return job
 
 
-def cut_short(dispatcher: Dispatcher, pg: ThrowawayPostgres, now: float) -> None:
-    """One round while the database is down: it fails part-way, as the loop expects."""
+@contextmanager
+def sql_down(pg: ThrowawayPostgres) -> Iterator[None]:
+    """The database is down inside the block, and back after it."""
     pg.stop("immediate")
-    with pytest.raises(sqlalchemy.exc.OperationalError):
-        dispatcher.run_once(now)
-    pg.start()
+    try:
+        yield
+    finally:
+        pg.start()
 
 
 def rounds_after(dispatcher: Dispatcher, now: float) -> None:
@@ -109,22 +122,34 @@ def rounds_after(dispatcher: Dispatcher, now: float) -> None:
         dispatcher.run_once(now + n * ROUND_STEP_S)
 
 
-def test_a_job_popped_in_a_failed_round_is_dispatched_later(
+def test_dispatch_goes_on_while_sql_is_down(
     runtime: Runtime, fault_pg: ThrowawayPostgres
 ) -> None:
     publisher = RecordingPublisher()
-    dispatcher = Dispatcher(runtime, publisher)
-    tenant = make_tenant(runtime)
+    # One job a dispatch: each of the two rounds in the outage has one to send.
+    dispatcher = Dispatcher(runtime, publisher, batch_size=1)
     now = time.time()
     dispatcher.run_once(now)  # caps and overrides are read; the next round goes straight on
-    job = submit(runtime, default_registry(""), tenant, Submission(kind="echo", payload={}))
-    cut_short(dispatcher, fault_pg, now + 1)  # popped and leased in Redis; SQL not reached
+    job_ids = [
+        submit(runtime, default_registry(""), make_tenant(runtime, name),
+               Submission(kind="echo", payload={})).progress.job.id
+        for name in ("acme", "globex")
+    ]
 
-    rounds_after(dispatcher, now + 1)
+    with sql_down(fault_pg):
+        # A doorbell's round (no upkeep, the feed not due) needs nothing of SQL.
+        stats = dispatcher.run_once(now + FEED_PERIOD_S / 2, maintain=False)
+        assert stats.dispatched == 1
+        # A round with its upkeep dispatches first, then stops at the upkeep's SQL read.
+        with pytest.raises(sqlalchemy.exc.OperationalError):
+            dispatcher.run_once(now + MAINTENANCE_PERIOD_S)
 
-    # Published at last (no worker runs it here, so later rounds may reap it again).
-    assert publisher.sent[0] == (job.progress.job.id, 1)
-    drain(runtime, dispatcher, publisher, [job.progress.job.id], now + 1 + ROUNDS * ROUND_STEP_S)
+    assert sorted(publisher.sent) == sorted((job_id, 1) for job_id in job_ids)
+    for job_id in job_ids:  # nothing was written: each row waits for its worker's start
+        job = load(runtime, job_id)
+        assert (job.status, job.attempt, job.starts) == (Status.QUEUED, 1, 0)
+    # No worker took those messages: their leases lapse and the jobs are sent again.
+    drain(runtime, dispatcher, publisher, job_ids, now + MAINTENANCE_PERIOD_S)
 
 
 def test_a_lease_reaped_in_a_failed_round_still_requeues_its_job(
@@ -133,17 +158,30 @@ def test_a_lease_reaped_in_a_failed_round_still_requeues_its_job(
     publisher = RecordingPublisher()
     dispatcher = Dispatcher(runtime, publisher)
     tenant = make_tenant(runtime)
-    job = submit(runtime, default_registry(""), tenant, Submission(kind="echo", payload={}))
+    job_id = submit(runtime, default_registry(""), tenant,
+                    Submission(kind="echo", payload={})).progress.job.id
     now = time.time()
     assert dispatcher.run_once(now).dispatched == 1  # its worker then vanishes
-    cut_short(dispatcher, fault_pg, now + LEASE_TTL_S + 1)  # the lease is reaped; SQL fails
+    lapsed = now + LEASE_TTL_S + 1
 
-    rounds_after(dispatcher, now + LEASE_TTL_S + 1)
+    with sql_down(fault_pg):
+        with pytest.raises(sqlalchemy.exc.OperationalError):
+            dispatcher.reap.run(lapsed, DispatchStats())  # the lease is taken; SQL fails
+        # Back as it was (lapsed, for the next run): without its row the reaper decides
+        # nothing, and the job is neither lost nor offered again.
+        assert runtime.index.entries_of([job_id]) == {
+            job_id: Entry(job_id=job_id, attempt=1, leased=True)
+        }
 
-    assert (job.progress.job.id, 2) in publisher.sent  # re-queued as attempt 2, sent again
-    assert load(runtime, job.progress.job.id).attempt >= 2
-    drain(runtime, dispatcher, publisher, [job.progress.job.id],
-          now + LEASE_TTL_S + 1 + ROUNDS * ROUND_STEP_S)
+    rounds_after(dispatcher, lapsed)
+
+    # Reaped once SQL answers: the row is queued (no worker started it), so the job is
+    # indexed again as it was and sent again as the same attempt, nothing charged.
+    assert publisher.sent[0] == (job_id, 1) and len(publisher.sent) > 1
+    assert set(publisher.sent) == {(job_id, 1)}
+    job = load(runtime, job_id)
+    assert (job.status, job.attempt, job.starts) == (Status.QUEUED, 1, 0)
+    drain(runtime, dispatcher, publisher, [job_id], lapsed + ROUNDS * ROUND_STEP_S)
 
 
 def test_a_job_due_to_expire_in_a_failed_round_still_expires(
@@ -159,15 +197,22 @@ def test_a_job_due_to_expire_in_a_failed_round_still_expires(
     first = submit(runtime, default_registry(""), tenant, Submission(kind="echo", payload={}))
     assert dispatcher.run_once(now).dispatched == 1
     max_wait_s = 2 * runtime.policy.mean_service_s
-    job = submit(
+    job_id = submit(
         runtime, default_registry(""), tenant,
         Submission(kind="echo", payload={}, max_wait_s=max_wait_s),
-    )
+    ).progress.job.id
     due = now + max_wait_s + 2
-    cut_short(dispatcher, fault_pg, due)  # taken off the due list; SQL fails
+
+    with sql_down(fault_pg):
+        with pytest.raises(sqlalchemy.exc.OperationalError):
+            dispatcher.expire.run(due, DispatchStats())  # taken off the due list; SQL fails
+        # Back in the index as it was, its deadline with it: the next run expires it.
+        assert runtime.index.entries_of([job_id]) == {
+            job_id: Entry(job_id=job_id, attempt=1, leased=False)
+        }
 
     rounds_after(dispatcher, due)
 
-    assert load(runtime, job.progress.job.id).status is Status.EXPIRED
-    drain(runtime, dispatcher, publisher, [first.progress.job.id, job.progress.job.id],
+    assert load(runtime, job_id).status is Status.EXPIRED
+    drain(runtime, dispatcher, publisher, [first.progress.job.id, job_id],
           due + ROUNDS * ROUND_STEP_S)

@@ -108,5 +108,7 @@ def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
 
 
 class _NoPublisher:
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         raise AssertionError(f"{job_id} has no row: it must not be published")

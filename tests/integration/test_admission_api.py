@@ -39,7 +39,9 @@ pytestmark = pytest.mark.integration
 
 
 class NoPublisher:
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         pass
 
 

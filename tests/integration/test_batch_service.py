@@ -110,7 +110,9 @@ def test_the_feeder_admits_up_to_the_quota_and_ages_items_from_then(
 
 
 class NoPublisher:
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         raise AssertionError("nothing is dispatched here")
 
 

@@ -1,8 +1,10 @@
 """Batches over real HTTP on PostgreSQL + Redis: stored waiting in one transaction, validated
 first, fed into the live queue by the dispatcher as room allows, read back, cancelled.
 
-The dispatcher runs here by ``run_once`` with a recording publisher; real workers running a
-batch to completion are in tests/e2e/test_batches_system.py.
+The dispatcher runs here by ``run_once`` with a recording publisher; a dispatch writes
+nothing to SQL (a leased item stays ``queued`` until a worker starts it), so where a promise
+is about what runs, a worker's start (``execute``) with a counting handler tells. Real workers
+running a batch to completion are in tests/e2e/test_batches_system.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import pytest
 
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
+from jobs.execution.attempt import SUCCEEDED, execute
+from jobs.execution.handlers import JobContext
+from jobs.execution.registry import HandlerRegistry
 from jobs.fleet import pool
 from jobs.store import blobs as blobs_sql
 from jobs.store import jobs as jobs_sql
@@ -28,8 +33,37 @@ pytestmark = pytest.mark.integration
 class RecordingPublisher:
     sent: list[tuple[str, int, str]] = field(default_factory=list)
 
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         self.sent.append((job_id, attempt, tier))
+
+
+class CountingSleep:
+    """The sleep kind for a worker's start: records each run instead of sleeping, so a test
+    can tell whether (and how often) an item was computed."""
+
+    kind = "sleep"
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return payload
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.runs.append(ctx.job_id)
+        return {"slept": 0}
+
+
+def counting() -> tuple[HandlerRegistry, CountingSleep]:
+    handler = CountingSleep()
+    return HandlerRegistry([handler]), handler
+
+
+def item_ids(client: ApiClient, key: str, batch_id: str) -> list[str]:
+    lines = client.get(f"/v1/batches/{batch_id}/results", headers=auth(key)).text.splitlines()
+    return [json.loads(line)["job_id"] for line in lines]
 
 
 def items(n: int) -> list[dict[str, Any]]:
@@ -143,6 +177,9 @@ def test_idempotency_key_names_one_batch(client: ApiClient) -> None:
 def test_feeder_fills_the_tenants_quota_only_and_others_keep_their_room(
     client: ApiClient, clock: Clock
 ) -> None:
+    """The feeder admits up to the tenant's queued quota in the index; the dispatch leases up
+    to its cap out of that (rows stay ``queued`` in SQL until a worker starts them), and the
+    quota holds round after round: what was leased is not refilled past quota + cap."""
     key = client.tenant_key("bulk")
     other = client.tenant_key("single")
     batch_id = submit(client, key, {"kind": "sleep", "items": items(400)}).json()["id"]
@@ -153,16 +190,20 @@ def test_feeder_fills_the_tenants_quota_only_and_others_keep_their_room(
         dispatcher.run_once(clock.now + step)
     figures = pool.live_pool(runtime, now=clock.now)
     found = statuses(client, batch_id)
-    admitted = found.get(Status.QUEUED, 0) + found.get(Status.DISPATCHED, 0)
-    assert found.get(Status.QUEUED, 0) == figures.quotas["free"]
-    assert found[Status.DISPATCHED] == figures.caps["free"]
-    assert found[Status.WAITING] == 400 - admitted
+    with runtime.sessions() as session:
+        job = jobs_sql.get_job(session, publisher.sent[0][0])
+    assert job is not None
+    tenant = job.tenant_id
+    assert len(publisher.sent) == figures.caps["free"]  # each leased item published once
+    assert runtime.index.tenant_inflight(tenant) == figures.caps["free"]
+    assert runtime.index.tenant_queued(tenant) == figures.quotas["free"]
+    assert Status.DISPATCHED not in found  # a dispatch writes nothing to SQL
+    assert found[Status.QUEUED] == figures.quotas["free"] + figures.caps["free"]
+    assert found[Status.WAITING] == 400 - found[Status.QUEUED]
     # Another tenant of the same tier is not refused: the batch took only its own quota.
     assert client.submit(other).status_code == 202
     # The admitted items age from their admission, not from the upload.
-    with runtime.sessions() as session:
-        job = jobs_sql.get_job(session, publisher.sent[0][0])
-    assert job is not None and job.enqueued_at == clock.now and job.batch_id == batch_id
+    assert job.enqueued_at == clock.now and job.batch_id == batch_id
     assert job.created_at < job.enqueued_at or job.created_at == clock.now
 
 
@@ -214,7 +255,7 @@ def test_an_item_whose_result_is_a_blob_links_to_it(client: ApiClient, clock: Cl
         first = publisher.sent[0][0]
         with runtime.sessions() as session:
             found = jobs_sql.get_job(session, first)
-        if found is not None and found.status is Status.DISPATCHED:
+        if found is not None and found.status is Status.QUEUED:  # leased, not yet started
             move(client, first, Status.RUNNING, Status.SUCCEEDED, result=None, result_blob=sha)
             runtime.index.release(first, attempt=1)
     (large, _, _), (small, _, _) = publisher.sent
@@ -229,22 +270,36 @@ def test_an_item_whose_result_is_a_blob_links_to_it(client: ApiClient, clock: Cl
 
 
 def test_cancel_stops_every_item_not_started(client: ApiClient, clock: Clock) -> None:
+    """Waiting, queued and leased items (published, not yet started) are all cancelled; the
+    leases are freed at once, and a message already on its way runs nothing."""
     key = client.tenant_key("quitter")
     batch_id = submit(client, key, {"kind": "sleep", "items": items(50)}).json()["id"]
     runtime = rt(client)
-    dispatcher = Dispatcher(runtime, RecordingPublisher())
+    sent = RecordingPublisher()
+    dispatcher = Dispatcher(runtime, sent)
     dispatcher.run_once(clock.now)
     dispatcher.run_once(clock.now + 1)
     before = statuses(client, batch_id)
     assert before.get(Status.WAITING, 0) and before.get(Status.QUEUED, 0)
-    assert before.get(Status.DISPATCHED, 0)
+    leased = [job_id for job_id, _, _ in sent.sent]
+    held = runtime.index.entries_of(leased)
+    assert leased and all(held[job_id].leased for job_id in leased)
     response = client.post(f"/v1/batches/{batch_id}/cancel", headers=auth(key))
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["status"] == "cancelled"
     assert body["counts"]["waiting"] == body["counts"]["queued"] == 0
     assert body["counts"]["cancelled"] == 50
-    # Nothing is fed or dispatched afterwards, and the index holds none of its items.
+    # The index holds none of its items: no lease keeps a slot of the pool.
+    assert runtime.index.entries_of(item_ids(client, key, batch_id)) == {}
+    assert runtime.index.inflight() == 0
+    # A message published before the cancel reaches a worker: its start runs nothing.
+    registry, handler = counting()
+    for job_id, attempt, _ in sent.sent:
+        assert execute(runtime, registry, job_id, attempt, worker_id="w@host",
+                       clock=clock) == "stale"
+    assert handler.runs == []
+    # Nothing is fed or dispatched afterwards.
     publisher = RecordingPublisher()
     Dispatcher(runtime, publisher).run_once(clock.now + 5)
     assert publisher.sent == []
@@ -283,29 +338,83 @@ def test_a_waiting_item_is_a_job_and_can_be_cancelled_alone(
     assert statuses(client, batch_id)[Status.CANCELLED] == 1
 
 
-def test_an_item_indexed_but_not_yet_queued_is_dropped_then_fed_again(
-    client: ApiClient, clock: Clock
-) -> None:
-    """The feeder was interrupted between its admit (Redis) and its UPDATE (SQL): the entry
-    of a row still waiting is dropped when popped, and the item is fed again later."""
+def interrupted_feed(client: ApiClient, name: str) -> tuple[str, Any]:
+    """A batch of one item whose feed was interrupted between its admit (Redis) and its
+    UPDATE (SQL): the index holds an entry of a row still waiting."""
     from jobs.index.base import IndexedJob
     from jobs.store import batches
 
-    key = client.tenant_key("interrupted")
+    key = client.tenant_key(name)
     batch_id = submit(client, key, {"kind": "sleep", "items": items(1)}).json()["id"]
     runtime = rt(client)
     with runtime.sessions() as session:
         [item] = batches.next_waiting(session, batch_id, limit=5)
     runtime.index.admit(IndexedJob(job_id=item.job_id, tenant=item.tenant_id, tier=item.tier,
                                    order_key=0.0), bound=100)
+    return key, item
+
+
+def test_an_item_indexed_but_not_yet_queued_is_fed_and_runs_once(
+    client: ApiClient, clock: Clock
+) -> None:
+    """The entry of a row still waiting is leased and published like any other (a dispatch
+    reads no row); the feed of the same round moves the row to queued and keeps that lease
+    (no second entry, no second message), and the worker's start then runs it, once."""
+    _, item = interrupted_feed(client, "interrupted")
+    runtime = rt(client)
     publisher = RecordingPublisher()
     dispatcher = Dispatcher(runtime, publisher)
     stats = dispatcher.run_once(clock.now)
-    assert stats.dropped == 1 and stats.fed == 1
-    assert [job_id for job_id, _, _ in publisher.sent] == [item.job_id]
+    assert stats.dispatched == 1 and stats.fed == 1
+    assert publisher.sent == [(item.job_id, 1, item.tier)]
     with runtime.sessions() as session:
         job = jobs_sql.get_job(session, item.job_id)
-    assert job is not None and job.status is Status.DISPATCHED and job.attempt == 1
+    assert job is not None and job.status is Status.QUEUED and job.attempt == 1
+    assert runtime.index.tenant_inflight(item.tenant_id) == 1
+    assert runtime.index.tenant_queued(item.tenant_id) == 0
+
+    registry, handler = counting()
+    assert execute(runtime, registry, item.job_id, 1, worker_id="w@host",
+                   clock=clock) == SUCCEEDED
+    assert handler.runs == [item.job_id]
+    with runtime.sessions() as session:
+        done = jobs_sql.get_job(session, item.job_id)
+    assert done is not None and done.status is Status.SUCCEEDED and done.starts == 1
+    assert runtime.index.entries_of([item.job_id]) == {}
+    again = RecordingPublisher()
+    Dispatcher(runtime, again).run_once(clock.now + 5)
+    assert again.sent == []
+
+
+def test_an_item_started_before_its_feed_committed_is_offered_again_soon(
+    client: ApiClient, clock: Clock
+) -> None:
+    """The message of such an entry reaches a worker before the feed's UPDATE: the start
+    finds the row still waiting and runs nothing; the lease must not hold the item (nor its
+    tenant's slot) until it lapses. Once fed, the item is dispatched again within a few
+    rounds, well inside a lease TTL, and runs once."""
+    _, item = interrupted_feed(client, "early")
+    runtime = rt(client)
+    ttl = runtime.policy.lease_ttl_s
+    [lease] = runtime.index.dispatch(5, now=clock.now, lease_ttl_s=ttl)
+    assert lease.job_id == item.job_id
+    registry, handler = counting()
+    assert execute(runtime, registry, item.job_id, 1, worker_id="w@host",
+                   clock=clock) == "stale"
+    assert handler.runs == []
+
+    publisher = RecordingPublisher()
+    dispatcher = Dispatcher(runtime, publisher)
+    for step in range(5):  # the feed, then rounds a second apart: far short of the TTL
+        dispatcher.run_once(clock.now + step)
+        if publisher.sent:
+            break
+    assert ttl > 5
+    assert publisher.sent == [(item.job_id, 1, item.tier)], (
+        runtime.index.entries_of([item.job_id]))
+    assert execute(runtime, registry, item.job_id, 1, worker_id="w@host",
+                   clock=clock) == SUCCEEDED
+    assert handler.runs == [item.job_id]
 
 
 def test_batch_bodies_have_their_own_limit(
@@ -386,3 +495,4 @@ def test_the_clients_submit_read_and_cancel_batches(client: ApiClient) -> None:
     assert cancelled["status"] == "cancelled"
     assert [line["index"] for line in lines] == [0, 1, 2, 3]
     assert {line["status"] for line in lines} == {"cancelled"}
+

@@ -44,7 +44,9 @@ TTL = 10.0
 class RecordingPublisher:
     sent: list[tuple[str, int, str]] = field(default_factory=list)
 
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         self.sent.append((job_id, attempt, tier))
 
 
@@ -72,9 +74,13 @@ def dispatcher(runtime: Runtime) -> Dispatcher:
 
 @pytest.fixture
 def tenant_id(runtime: Runtime) -> str:
+    return new_tenant(runtime, "acme")
+
+
+def new_tenant(runtime: Runtime, name: str) -> str:
     with runtime.sessions.begin() as s:
         return tenants_sql.create_tenant(
-            s, name="acme", tier="standard", api_key_hash="acme", now=time.time()
+            s, name=name, tier="standard", api_key_hash=name, now=time.time()
         ).id
 
 
@@ -162,8 +168,11 @@ def test_the_reaper_never_charges_a_start_made_after_its_lease_was_taken(
 def test_the_reaper_never_charges_a_start_that_lands_between_its_read_and_its_cas(
     runtime: Runtime, dispatcher: Dispatcher, tenant_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same start, committed after the reaper's SQL step read the row as dispatched and
-    before its compare-and-set (PostgreSQL's READ COMMITTED re-reads it as running)."""
+    """The same start, committed after the reaper's SQL step read the row (queued: a
+    dispatch writes nothing to SQL) and before it wrote its decision, a new entry for the
+    attempt it read; the worker's renewal right after its start found the lease gone and
+    handed the job back as attempt 2. The reaper's entry for attempt 1, older than the
+    hand-back's, must neither replace it nor run the job a second time."""
     now = time.time()
     job = queue_job(runtime, tenant_id, at=now, max_attempts=1)
     assert dispatcher.run_once(now).dispatched == 1
@@ -172,8 +181,8 @@ def test_the_reaper_never_charges_a_start_that_lands_between_its_read_and_its_ca
     def read_then_start(*args: Any) -> Any:
         rows = get_jobs(*args)
         monkeypatch.setattr(jobs_sql, "get_jobs", get_jobs)
-        assert rows[job.id].status is Status.DISPATCHED
-        worker_start(runtime, job, now + TTL + 0.5)
+        assert (rows[job.id].status, rows[job.id].attempt) == (Status.QUEUED, 1)
+        assert run(runtime, job, clock=lambda: now + TTL + 0.5) == "handed_back"
         return rows
 
     monkeypatch.setattr(jobs_sql, "get_jobs", read_then_start)
@@ -181,28 +190,39 @@ def test_the_reaper_never_charges_a_start_that_lands_between_its_read_and_its_ca
 
 
 def worker_start(runtime: Runtime, job: Job, at: float) -> None:
-    """The worker's start of attempt 1, as it commits it."""
+    """The worker's start of attempt 1 (queued → running), as it commits it."""
     with runtime.sessions.begin() as s:
         assert jobs_sql.start(s, job.id, attempt=1, now=at) is not None
+
+
+def sent(dispatcher: Dispatcher) -> list[tuple[str, int, str]]:
+    """What the dispatcher published: (job, attempt, tier), oldest first."""
+    publisher = dispatcher.publisher
+    assert isinstance(publisher, RecordingPublisher)
+    return publisher.sent
 
 
 def assert_reaped_uncharged(
     runtime: Runtime, dispatcher: Dispatcher, job: Job, now: float,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The reaper's round (with the start landing inside it) sends the job back uncharged;
-    the worker's own hand-back then finds it moved on, and attempt 2 runs, once."""
+    """The reaper's round (with the start landing inside it) sends the job back uncharged as
+    attempt 2, which the same round leases and publishes; the first worker's own hand-back
+    finds it moved on, and attempt 2 runs, once."""
     stats = dispatcher.run_once(now + TTL + 1)
     monkeypatch.undo()
 
     assert (stats.reaped, stats.failed) == (1, 0)
     back = load(runtime, job.id)
-    assert back.status is not Status.FAILED, back.error
+    assert back.status is Status.QUEUED, back.error
     assert (back.attempt, back.starts, back.started_at) == (2, 0, None)
-    if back.status is Status.QUEUED:  # re-queued after the round's own dispatch
-        dispatcher.run_once(now + TTL + 2)
-        back = load(runtime, job.id)
-    assert back.status is Status.DISPATCHED
+    held = runtime.index.entries_of([job.id])[job.id]
+    assert (held.attempt, held.leased) == (2, True)
+    assert sent(dispatcher)[-1] == (job.id, 2, job.tier)
+    with runtime.sessions.begin() as s:  # the first worker's hand-back, after its renewal
+        assert not runtime.index.renew(job.id, attempt=1, ttl_s=TTL)
+        assert not jobs_sql.transition(s, job.id, src=Status.RUNNING, attempt=1,
+                                       dst=Status.QUEUED, now=now + TTL + 1)
     assert run(runtime, back) == "succeeded"
     assert load(runtime, job.id).starts == 1
 
@@ -210,8 +230,8 @@ def assert_reaped_uncharged(
 def test_a_running_row_whose_lease_is_gone_is_recovered_by_the_reconciler(
     runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
 ) -> None:
-    """The worker's dispatched → running landed between reap.lua and the reaper's SQL
-    update, and the worker died before its renewal could hand it back: nobody holds it. The
+    """The worker's start (queued → running) landed between reap.lua and the reaper's SQL
+    read, and the worker died before its renewal could hand it back: nobody holds it. The
     reconciler decides it once it is no longer just started (until then its worker may be
     handing it back, and charging it would spend a start nobody ran)."""
     now = time.time()
@@ -283,23 +303,40 @@ def test_an_index_restored_from_an_older_snapshot_is_rebuilt(
     runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
 ) -> None:
     """Redis came back from an older RDB/AOF (or a lagging replica): its epoch is SQL's of
-    some rounds ago, so the next round passes in full and puts back what the snapshot lacks."""
+    some rounds ago, so the next round passes in full and puts back what the snapshot lacks:
+    the lease of the job that started since, and the entry of the one leased but not
+    started (its row is queued, so it is indexed again as it is, the same attempt). The
+    dispatch that follows cannot run the second one twice: its two messages carry the same
+    attempt, and only one start lands."""
     now = time.time()
     reconciler = converge(runtime, now)
     old_epoch = runtime.index.generation()
     job = queue_job(runtime, tenant_id, at=now)
+    waiting = queue_job(runtime, new_tenant(runtime, "globex"), at=now)
     reconciler.run_once(now + 1)
-    dispatcher.run_once(now + 1)  # dispatched after the snapshot
-    # The snapshot: the old epoch, without the lease taken since.
+    assert dispatcher.run_once(now + 1).dispatched == 2  # leased after the snapshot
+    worker_start(runtime, job, now + 1)  # ... and one of them started
+    # The snapshot: the old epoch, without the leases taken since.
     runtime.index.set_generation(str(old_epoch))
     runtime.index.release(job.id)
+    runtime.index.release(waiting.id)
     assert runtime.index.inflight() == 0
 
     assert reconciler.run_once(now + 2).full
 
     assert runtime.index.entries_of([job.id])[job.id].leased
     assert runtime.index.tenant_inflight(tenant_id) == 1
+    entry = runtime.index.entries_of([waiting.id])[waiting.id]
+    assert (entry.attempt, entry.leased) == (1, False)
+    assert runtime.index.position(waiting.id) == 0
     assert not reconciler.run_once(now + 3).full
+
+    assert dispatcher.run_once(now + 3).dispatched == 1  # published again, same attempt
+    assert sent(dispatcher).count((waiting.id, 1, waiting.tier)) == 2
+    assert run(runtime, load(runtime, waiting.id)) == "succeeded"
+    assert run(runtime, waiting) == "stale"  # the first message, late
+    done = load(runtime, waiting.id)
+    assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
 
 
 def test_the_leader_rebuilds_before_dispatching_on_an_index_from_an_older_snapshot(
@@ -314,6 +351,7 @@ def test_the_leader_rebuilds_before_dispatching_on_an_index_from_an_older_snapsh
     job = queue_job(runtime, tenant_id, at=now)
     dispatcher.run_once(now, maintain=False)
     assert runtime.index.entries_of([job.id])[job.id].leased
+    worker_start(runtime, job, now)
     assert not dispatcher.needs_rebuild()
     runtime.index.set_generation(str(old_epoch))  # the snapshot, taken before the dispatch
     runtime.index.release(job.id)
@@ -356,15 +394,21 @@ def test_a_zombie_attempt_cannot_keep_the_next_attempts_lease_alive(
 def test_a_lease_that_lapses_before_the_start_is_not_charged(
     runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
 ) -> None:
-    """No worker claimed it (or the broker lost the message), again and again."""
+    """No worker claimed it (or the broker lost the message), again and again: each lapsed
+    lease finds the row queued, and the job is indexed again as it is (the same attempt, no
+    start spent) and leased anew."""
     now = time.time()
     job = queue_job(runtime, tenant_id, at=now, max_attempts=1)
     for round_ in range(3):
         at = now + round_ * (TTL + 1)
-        dispatcher.run_once(at)
-        assert load(runtime, job.id).status is Status.DISPATCHED
+        stats = dispatcher.run_once(at)
+        assert (stats.reaped, stats.requeued, stats.failed) == (min(round_, 1), 0, 0)
+        assert load(runtime, job.id).status is Status.QUEUED
+        held = runtime.index.entries_of([job.id])[job.id]
+        assert (held.attempt, held.leased) == (1, True)
+    assert sent(dispatcher) == [(job.id, 1, job.tier)] * 3
     after = load(runtime, job.id)
-    assert (after.attempt, after.starts, after.max_attempts) == (3, 0, 1)
+    assert (after.attempt, after.starts, after.max_attempts) == (1, 0, 1)
     assert run(runtime, after) == "succeeded"
 
 
@@ -464,17 +508,24 @@ def break_counters(runtime: Runtime) -> None:
 def test_failing_counters_strand_no_reaped_job(
     runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
 ) -> None:
+    """Both kinds of lapsed lease go back and are leased again: one never started (its row
+    queued: indexed again at the same attempt) and one whose worker died (running: a new
+    attempt)."""
     now = time.time()
-    job = queue_job(runtime, tenant_id, at=now)
-    dispatcher.run_once(now)
+    unstarted = queue_job(runtime, tenant_id, at=now)
+    died = queue_job(runtime, new_tenant(runtime, "globex"), at=now)
+    assert dispatcher.run_once(now).dispatched == 2
+    worker_start(runtime, died, now)
     break_counters(runtime)
 
     stats = dispatcher.run_once(now + TTL + 1)
 
-    assert stats.requeued == 1
-    back = load(runtime, job.id)
-    assert (back.status, back.attempt) == (Status.DISPATCHED, 2)  # and dispatched again
-    assert runtime.index.entries_of([job.id])[job.id].leased
+    assert (stats.reaped, stats.requeued, stats.dispatched) == (2, 1, 2)
+    for job, attempt in ((unstarted, 1), (died, 2)):
+        back = load(runtime, job.id)
+        assert (back.status, back.attempt) == (Status.QUEUED, attempt)  # and leased again
+        held = runtime.index.entries_of([job.id])[job.id]
+        assert (held.attempt, held.leased) == (attempt, True)
 
 
 def test_failing_counters_stop_no_start_and_no_release(
@@ -572,9 +623,10 @@ def test_a_deposed_leaders_reap_cannot_requeue_a_job_its_successor_gave_back_its
     runtime: Runtime, tenant_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The leader's reap.lua took a lapsed lease, then its SQL step stalled (the database
-    paused); meanwhile its lock lapsed, the next leader's full pass restored the lease from
-    the row, and the worker started and renewed it. The stalled step must not re-queue the
-    job under the running worker (it would run to completion twice)."""
+    paused); meanwhile its lock lapsed, the worker's start landed (its message waited in the
+    broker), the next leader's full pass restored the lease from the running row, and the
+    worker's renewal found it held. The stalled step must not re-queue the job under the
+    running worker (it would run to completion twice)."""
     now = time.time()
     job = queue_job(runtime, tenant_id, at=now)
     old = Dispatcher(runtime, RecordingPublisher())
@@ -589,9 +641,9 @@ def test_a_deposed_leaders_reap_cannot_requeue_a_job_its_successor_gave_back_its
         assert old.fence is not None and runtime.index.resign_leadership(old.fence, now=now)
         new = Dispatcher(runtime, RecordingPublisher())
         new.fence = runtime.index.acquire_leadership("new", ttl_s=60, now=now)
-        new.rebuild(now + TTL + 1)  # restores the lease of the dispatched row
-        started = move(runtime, load(runtime, job.id), Status.RUNNING, now + TTL + 1)
-        assert runtime.index.renew(job.id, attempt=started.attempt, ttl_s=TTL)
+        worker_start(runtime, job, now + TTL + 1)
+        new.rebuild(now + TTL + 1)  # restores the lease of the running row
+        assert runtime.index.renew(job.id, attempt=1, ttl_s=TTL)
         return leases
 
     monkeypatch.setattr(runtime.index, "reap", reap_then_stall)

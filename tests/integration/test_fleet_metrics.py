@@ -43,7 +43,9 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 class NoPublisher:
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         pass
 
 
@@ -187,8 +189,10 @@ def test_every_transition_is_counted_once_fleet_wide(
     assert value(samples, "tierq_queue_max_wait_seconds", tier="free") == 60
 
     # A cancel through the other replica; the live states: the leader's count, taken with
-    # its reconciler round (after it dispatched what was queued).
-    waiting = a.submit(a.tenant_key("other", "free")).json()["id"]
+    # its reconciler round. A dispatch writes nothing to SQL: the job it leased is counted
+    # queued until a worker starts it (the dispatch script counts it as dispatched, once).
+    waiting = a.submit(a.tenant_key("other", "free"),
+                       {"kind": "echo", "payload": {"x": 2}}).json()["id"]
     third = a.tenant_key("third", "free")
     doomed = a.submit(third).json()["id"]
     assert b.post(f"/v1/jobs/{doomed}/cancel", headers=auth(third)).status_code == 200
@@ -198,11 +202,21 @@ def test_every_transition_is_counted_once_fleet_wide(
     assert scrape(b) == samples
     assert {status: value(samples, "tierq_jobs", status=status)
             for status in ("waiting", "queued", "dispatched", "running")} == {
-        "waiting": 0, "queued": 0, "dispatched": 1, "running": 0}
+        "waiting": 0, "queued": 1, "dispatched": 0, "running": 0}
     assert value(samples, "tierq_jobs_entered_total", status="dispatched") == 2
     assert value(samples, "tierq_jobs_entered_total", status="cancelled") == 1
     assert value(samples, "tierq_jobs_entered_total", status="queued") == 3
-    assert rt(b).index.position(waiting) is None  # dispatched
+    assert rt(b).index.position(waiting) is None  # leased
+    assert rt(b).index.entries_of([waiting])[waiting].leased
+    # Its start (queued -> running) and its end are counted once each; the dispatch is not
+    # counted again by the start.
+    assert execute(rt(b), default_registry(""), waiting, 1, worker_id="w@host",
+                   clock=clock) == SUCCEEDED
+    samples = scrape(a)
+    assert scrape(b) == samples
+    assert {status: value(samples, "tierq_jobs_entered_total", status=status)
+            for status in ("queued", "dispatched", "running", "succeeded")} == {
+        "queued": 3, "dispatched": 2, "running": 2, "succeeded": 2}
 
 
 def test_every_metric_the_alerts_and_grafana_read_is_in_a_real_scrape(

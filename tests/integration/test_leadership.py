@@ -21,6 +21,7 @@ from jobs.dispatch.dispatcher import Dispatcher, DispatchStats
 from jobs.dispatch.leadership import Leadership
 from jobs.dispatch.loop import lead_once
 from jobs.index import IndexedJob, MemoryIndex, NotLeader, RedisIndex
+from jobs.index.base import Entry
 from jobs.index.keys import IndexKeys
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
@@ -159,7 +160,9 @@ def test_twin_renews_every_third_of_the_ttl_and_hands_over_at_expiry() -> None:
 class RecordingPublisher:
     sent: list[tuple[str, int]] = field(default_factory=list)
 
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         self.sent.append((job_id, attempt))
 
 
@@ -210,22 +213,36 @@ def test_a_new_leader_rebuilds_before_its_first_round_and_after_a_loss(
     stats = lead_once(dispatcher, leadership, time.time())
     assert stats is not None and stats.dispatched == 2
     assert sorted(publisher.sent) == sorted((job_id, 1) for job_id in job_ids)
+    running, waiting = job_ids  # a worker starts the first; the other's message is in transit
+    with runtime.sessions.begin() as s:
+        assert jobs_sql.start(s, running, attempt=1, now=time.time()) is not None
 
     delete_prefixed(redis_client, key_prefix)  # Redis lost everything, the lock included
     # Its lock went too: the rebuild's fenced writes are refused, and it steps down.
     assert lead_once(dispatcher, leadership, time.time()) is None
     assert runtime.index.inflight() == 0
-    # It takes the lock again and rebuilds before anything else.
+    # It takes the lock again and rebuilds before anything else: the running job holds its
+    # lease again; the one still queued in SQL, whose lease went with Redis, is queued again.
     assert lead_once(dispatcher, leadership, time.time()) == DispatchStats(rebuilt=True)
-    assert runtime.index.inflight() == 2  # the dispatched jobs hold their leases again
-    assert lead_once(dispatcher, leadership, time.time()) is not None
-    assert len(publisher.sent) == 2  # nothing was dispatched twice
+    assert runtime.index.inflight() == 1
+    assert runtime.index.entries_of(job_ids) == {
+        running: Entry(job_id=running, attempt=1, leased=True),
+        waiting: Entry(job_id=waiting, attempt=1, leased=False),
+    }
+    stats = lead_once(dispatcher, leadership, time.time())
+    assert stats is not None and stats.dispatched == 1
+    # The running job is not dispatched again; the queued one is, as the same attempt.
+    assert sorted(publisher.sent) == sorted([(running, 1), (waiting, 1), (waiting, 1)])
+    # Two messages of one attempt: the first start runs it, the other finds it started.
+    with runtime.sessions.begin() as s:
+        assert jobs_sql.start(s, waiting, attempt=1, now=time.time()) is not None
+        assert jobs_sql.start(s, waiting, attempt=1, now=time.time()) is None
 
 
 def test_a_deposed_dispatcher_dispatches_nothing_and_stands_by(
     runtime: Runtime, redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    queue_jobs(runtime, 1)
+    [job_id] = queue_jobs(runtime, 1)
     old_publisher, new_publisher = RecordingPublisher(), RecordingPublisher()
     old = Dispatcher(runtime, old_publisher)
     new = Dispatcher(runtime, new_publisher)
@@ -245,7 +262,11 @@ def test_a_deposed_dispatcher_dispatches_nothing_and_stands_by(
     assert lead_once(new, new_lead, time.time()) == DispatchStats(rebuilt=True)
     stats = lead_once(new, new_lead, time.time())
     assert stats is not None and stats.dispatched == 1
+    assert new_publisher.sent == [(job_id, 1)]
+    # Leased once, by the new leader; the row stays queued until a worker starts it.
+    assert runtime.index.entries_of([job_id]) == {
+        job_id: Entry(job_id=job_id, attempt=1, leased=True)
+    }
     with runtime.sessions() as s:
-        assert [j.status for j in jobs_sql.jobs_in_status(s, [Status.DISPATCHED])] == [
-            Status.DISPATCHED
-        ]
+        job = jobs_sql.get_job(s, job_id)
+    assert job is not None and (job.status, job.attempt) == (Status.QUEUED, 1)

@@ -22,13 +22,14 @@ from jobs.api.routes import jobs as routes_jobs
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
 from jobs.execution.attempt import execute
+from jobs.execution.handlers import JobContext
+from jobs.execution.registry import HandlerRegistry
 from jobs.index import notify
 from jobs.index.notify import Listener
 from jobs.process.runtime import Runtime
 from jobs.service import jobs as job_service
 from jobs.service import tenants
 from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, auth, move, rt
-from workers.handlers import default_registry
 
 pytestmark = pytest.mark.integration
 
@@ -127,37 +128,83 @@ def statements(client: ApiClient) -> Iterator[Statements]:
     counter.close()
 
 
+class Background:
+    """A call run in a thread of its own, its return value kept."""
+
+    def __init__(self, call: Callable[[], str]) -> None:
+        self._result: list[str] = []
+        self._thread = threading.Thread(target=lambda: self._result.append(call()))
+        self._thread.start()
+
+    def join(self) -> str:
+        self._thread.join(timeout=90)
+        assert self._result, "the call did not return"
+        return self._result[0]
+
+
 class RecordingPublisher:
     def __init__(self) -> None:
         self.sent: list[tuple[str, int, str]] = []
 
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         self.sent.append((job_id, attempt, tier))
 
 
 # -- woken by the change ----------------------------------------------------------------------
 
 
-def test_dispatch_start_and_cancel_elsewhere_answer_at_once(
+class GatedEcho:
+    """The echo kind, held in its handler until the test opens the gate: the worker's start
+    is seen on its own, before the job ends."""
+
+    kind = "echo"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return payload
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.entered.set()
+        assert self.gate.wait(60), "the gate was never opened"
+        return payload
+
+
+def test_start_end_and_cancel_elsewhere_answer_at_once(
     client: ApiClient, other: Runtime, clock: Clock
 ) -> None:
+    """A dispatch changes nothing a client sees (the row stays queued): the poll waits on,
+    and is answered by the worker's start (announced with the renewal that follows it), then
+    by the job's end and by a cancel, each as soon as it happens."""
     key = client.tenant_key("acme", "premium")
     job_id = client.submit(key, {"kind": "echo", "payload": {"x": 1}}).json()["id"]
 
     poll = Poll(client, key, job_id, wait=30)
     waiting(client, 1)
-    changed_at = time.monotonic()
     publisher = RecordingPublisher()
     assert Dispatcher(other, publisher).run_once(clock.now).dispatched == 1
-    assert poll.status() == "dispatched"
-    assert poll.answered_at - changed_at < PROMPT_S
-
-    poll = Poll(client, key, job_id, wait=30)
-    waiting(client, 1)
+    assert publisher.sent == [(job_id, 1, "premium")]
+    handler = GatedEcho()
+    registry = HandlerRegistry([handler])
     changed_at = time.monotonic()
-    outcome = execute(other, default_registry(""), job_id, 1, worker_id="w1")
-    assert outcome == "succeeded"
-    assert poll.status() in ("running", "succeeded")
+    worker = Background(lambda: execute(other, registry, job_id, 1, worker_id="w1"))
+    try:
+        # The first change the poll hears of is the start: the dispatch did not end it.
+        assert poll.status() == "running"
+        assert poll.answered_at - changed_at < PROMPT_S
+        assert handler.entered.wait(20)
+
+        poll = Poll(client, key, job_id, wait=30)
+        waiting(client, 1)
+        changed_at = time.monotonic()
+    finally:
+        handler.gate.set()
+    assert worker.join() == "succeeded"
+    assert poll.status() == "succeeded"
     assert poll.answered_at - changed_at < PROMPT_S
 
     second = client.submit(key).json()["id"]

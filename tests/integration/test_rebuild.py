@@ -1,8 +1,9 @@
 """Rebuilding the Redis index from SQL after it lost its data, against real SQL and Redis.
 
 The index keys of this test's own prefix are deleted (a flush, as far as this test can see),
-then ``rebuild`` must put back what SQL says: queued jobs in their places, leases of the
-jobs in flight (so caps hold), nothing of finished jobs, and a job an API indexed whose
+then ``rebuild`` must put back what SQL says: queued jobs in their places (a leased one whose
+lease went with Redis among them: its row is still queued), leases of the jobs dispatched or
+running in SQL (so caps hold), nothing of finished jobs, and a job an API indexed whose
 commit has not landed yet.
 """
 
@@ -23,7 +24,7 @@ from jobs.core.ids import new_job_id
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
 from jobs.dispatch.rebuild import indexed, rebuild
-from jobs.index.base import IndexedJob
+from jobs.index.base import Entry, IndexedJob
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
@@ -43,7 +44,9 @@ LEASE_TTL_S = 10.0
 class RecordingPublisher:
     sent: list[str] = field(default_factory=list)
 
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         self.sent.append(job_id)
 
 
@@ -99,6 +102,8 @@ def move(runtime: Runtime, job: Job, src: Status, *steps: Status, **fields: Any)
 @dataclass(frozen=True)
 class Scene:
     queued: list[Job]
+    # Leased by a round, not started by any worker yet: its row is queued.
+    leased: Job
     delayed: Job
     running: list[Job]
     finished: list[Job]
@@ -113,6 +118,7 @@ def build_scene(runtime: Runtime) -> Scene:
     a, b, capped = tenant(runtime, "a"), tenant(runtime, "b"), tenant(runtime, "capped", cap=2)
     queued = [make_job(runtime, (a, b)[i % 2], T0 + i) for i in range(5)]
     queued.append(make_job(runtime, b, T0 - 100, max_wait_s=3600))  # first, with a deadline
+    leased = make_job(runtime, b, T0 + 2.5)
     delayed = make_job(runtime, a, T0 + 1.5)
     move(runtime, delayed, Status.QUEUED, Status.DISPATCHED, Status.QUEUED, not_before=NOW + 5)
     index.requeue(indexed(delayed, not_before=NOW + 5))  # a retry, waiting out its backoff
@@ -124,7 +130,7 @@ def build_scene(runtime: Runtime) -> Scene:
     move(runtime, finished[0], Status.QUEUED, Status.DISPATCHED, Status.RUNNING,
          Status.SUCCEEDED)  # its release was lost: its lease stayed
     move(runtime, finished[1], Status.QUEUED, Status.CANCELLED)  # its index entry stayed
-    for job in (*running, finished[0]):
+    for job in (leased, *running, finished[0]):
         index.cancel(job.id)
         assert index.restore_lease(indexed(job), ttl_s=60, now=T0)
     uncommitted = IndexedJob(job_id=new_job_id(NOW - 1), tenant=b, tier="standard",
@@ -132,7 +138,7 @@ def build_scene(runtime: Runtime) -> Scene:
     leftover = IndexedJob(job_id=new_job_id(T0), tenant=b, tier="standard", order_key=T0 + 0.5)
     for entry in (uncommitted, leftover):
         assert index.admit(entry, bound=1000).accepted
-    return Scene(queued=queued, delayed=delayed, running=running, finished=finished,
+    return Scene(queued=queued, leased=leased, delayed=delayed, running=running, finished=finished,
                  capped_tenant=capped, capped_waiting=capped_waiting,
                  uncommitted=uncommitted, leftover=leftover)
 
@@ -147,7 +153,7 @@ def lose_redis(runtime: Runtime) -> None:
 def test_rebuild_restores_queue_order_leases_and_caps(runtime: Runtime) -> None:
     scene = build_scene(runtime)
     index = runtime.index
-    waiting = [*scene.queued, scene.capped_waiting]
+    waiting = [*scene.queued, scene.leased, scene.capped_waiting]
     lose_redis(runtime)
     # The API admits the uncommitted job again after the flush (it is retrying its commit).
     assert index.admit(scene.uncommitted, bound=1000).accepted
@@ -162,16 +168,21 @@ def test_rebuild_restores_queue_order_leases_and_caps(runtime: Runtime) -> None:
     assert index.tenant_queued(scene.delayed.tenant_id) == 4  # 3 queued + the delayed one
     assert index.position(scene.uncommitted.job_id) == len(by_key)
     assert index.tenant_inflight(scene.capped_tenant) == 2
-    assert index.inflight() == 2
+    assert index.inflight() == 2  # the running ones: the queued row's lost lease is not back
+    assert index.entries_of([scene.leased.id]) == {
+        scene.leased.id: Entry(job_id=scene.leased.id, attempt=1, leased=False)
+    }
     assert index.expire_due(now=T0 - 100 + 3600) == [indexed(scene.queued[-1])]
 
     publisher = RecordingPublisher()
     Dispatcher(runtime, publisher).run_once(NOW)
 
-    # The capped tenant is at its cap of 2: its job stays queued although it is first.
+    # The capped tenant is at its cap of 2: its job stays queued although it is first. The
+    # uncommitted job goes too, last: its worker's start finds no row and puts it back.
     assert scene.capped_waiting.id not in publisher.sent
     assert publisher.sent == [job.id for job in sorted(
-        scene.queued[:-1], key=lambda job: job.order_key)]
+        [*scene.queued[:-1], scene.leased], key=lambda job: job.order_key)
+    ] + [scene.uncommitted.job_id]
     assert index.position(scene.capped_waiting.id) == 0
 
 
@@ -188,6 +199,10 @@ def test_rebuild_removes_entries_of_finished_jobs_and_old_leftovers(runtime: Run
     assert scene.leftover.job_id not in ids
     assert scene.uncommitted.job_id in ids
     assert index.tenant_inflight(scene.finished[0].tenant_id) == 0
+    # A lease of a queued row is kept: its worker may be starting it right now.
+    assert index.entries_of([scene.leased.id]) == {
+        scene.leased.id: Entry(job_id=scene.leased.id, attempt=1, leased=True)
+    }
 
 
 def test_a_lease_of_a_live_worker_keeps_its_later_expiry(runtime: Runtime) -> None:
@@ -221,7 +236,7 @@ def test_rebuild_twice_is_idempotent(runtime: Runtime) -> None:
     index = runtime.index
     lose_redis(runtime)
     first = rebuild(runtime, NOW)
-    everything = [*scene.queued, scene.delayed, scene.capped_waiting, *scene.running]
+    everything = [*scene.queued, scene.leased, scene.delayed, scene.capped_waiting, *scene.running]
     before = snapshot(index, everything, scene)
 
     second = rebuild(runtime, NOW)

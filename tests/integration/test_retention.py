@@ -255,12 +255,16 @@ class _Recording:
     def __init__(self, sent: list[str]) -> None:
         self.sent = sent
 
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         self.sent.append(job_id)
 
 
 class _NoPublish:
-    def publish(self, job_id: str, attempt: int, tier: str) -> None:
+    def publish(
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+    ) -> None:
         raise AssertionError("nothing is queued: nothing should be published")
 
 

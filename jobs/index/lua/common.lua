@@ -174,3 +174,65 @@ local function fenced_out(token)
   if token == nil or token == '' then return false end
   return redis.call('GET', KEYS[13]) ~= token
 end
+
+-- Move delayed jobs whose not_before has come into their queues (at most limit, oldest first).
+local function promote_due(now, limit)
+  local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, limit)
+  for _, job in ipairs(due) do
+    local m = meta_of(job)
+    undelay(job, m[1])
+    enqueue(job, m[1], m[3], false)
+  end
+end
+
+-- Lease up to n jobs in order-key order across runnable tenants, each until expires_at; a
+-- tenant found at its cap moves to blocked (it does not count toward n). Returns
+-- {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}, ...} in order;
+-- a lease keeps its entry's meta (start_by included).
+local function lease_next(n, expires_at)
+  local out = {}
+  while #out < n do
+    local top = redis.call('ZRANGE', RUNNABLE, 0, 0, 'WITHSCORES')
+    local job = top[1]
+    if not job then break end
+    local m = meta_of(job)
+    local tenant = m[1]
+    local leases = lkey(tenant)
+    local inflight, cap = redis.call('ZCARD', leases), cap_of(tenant)
+    redis.call('ZREM', RUNNABLE, job)
+    if inflight >= cap then
+      redis.call('ZADD', BLOCKED, top[2], job)  -- found at its cap: blocked, not counted
+    else
+      local queue = qkey(tenant)
+      redis.call('ZREM', queue, job)
+      redis.call('ZREM', QUEUED, job)
+      redis.call('ZREM', tkey(m[2]), job)
+      if m[4] ~= '' then redis.call('ZREM', DEADLINES, job) end
+      redis.call('ZADD', leases, expires_at, job)
+      redis.call('ZADD', LEASES, expires_at, job)
+      -- re-file the tenant under its next job (the refile above, its state known)
+      local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+      if head[1] then
+        redis.call('ZADD', inflight + 1 >= cap and BLOCKED or RUNNABLE, head[2], head[1])
+      end
+      out[#out + 1] = {job, tenant, m[2], m[3], attempt_of(m),
+                       string.format('%.17g', expires_at), m[4] or ''}
+    end
+  end
+  if #out > 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'dispatched', #out) end
+  return out
+end
+
+-- Drop the lease of one attempt (attempt '' any) and re-file its tenant. Returns whether a
+-- lease was dropped, and whether its tenant moved from blocked to runnable.
+local function drop_lease(job, attempt)
+  if not redis.call('ZSCORE', LEASES, job) then return false, false end
+  local m = meta_of(job)
+  if attempt ~= '' and attempt_of(m) ~= tonumber(attempt) then return false, false end
+  local tenant = m[1]
+  redis.call('ZREM', LEASES, job)
+  redis.call('ZREM', lkey(tenant), job)
+  redis.call('HDEL', META, job)
+  local head = head_of(tenant)
+  return true, (head ~= nil and refile(tenant, head))
+end

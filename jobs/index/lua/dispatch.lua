@@ -20,41 +20,6 @@ if ARGV[6] ~= nil and ARGV[6] ~= '' then
 end
 local expires_at = now + tonumber(ARGV[3])
 
-local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
-for _, job in ipairs(due) do
-  local m = meta_of(job)
-  undelay(job, m[1])
-  enqueue(job, m[1], m[3], false)
-end
-
-local out = {}
-while #out < n do
-  local top = redis.call('ZRANGE', RUNNABLE, 0, 0, 'WITHSCORES')
-  local job = top[1]
-  if not job then break end
-  local m = meta_of(job)
-  local tenant = m[1]
-  local leases = lkey(tenant)
-  local inflight, cap = redis.call('ZCARD', leases), cap_of(tenant)
-  redis.call('ZREM', RUNNABLE, job)
-  if inflight >= cap then
-    redis.call('ZADD', BLOCKED, top[2], job)  -- found at its cap: blocked, not counted
-  else
-    local queue = qkey(tenant)
-    redis.call('ZREM', queue, job)
-    redis.call('ZREM', QUEUED, job)
-    redis.call('ZREM', tkey(m[2]), job)
-    if m[4] ~= '' then redis.call('ZREM', DEADLINES, job) end
-    redis.call('ZADD', leases, expires_at, job)
-    redis.call('ZADD', LEASES, expires_at, job)
-    -- re-file the tenant under its next job (the refile of common.lua, its state known)
-    local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
-    if head[1] then
-      redis.call('ZADD', inflight + 1 >= cap and BLOCKED or RUNNABLE, head[2], head[1])
-    end
-    out[#out + 1] = {job, tenant, m[2], m[3], attempt_of(m), string.format('%.17g', expires_at),
-                     m[4] or ''}
-  end
-end
-if #out > 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'dispatched', #out) end
+promote_due(now, tonumber(ARGV[4]))
+local out = lease_next(n, expires_at)
 return out

@@ -15,14 +15,7 @@ if ARGV[5] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
 if ARGV[6] ~= nil and ARGV[6] ~= '' then
   redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[6], 1)
 end
-if not redis.call('ZSCORE', LEASES, job) then return 0 end
-local m = meta_of(job)
-if ARGV[2] ~= '' and attempt_of(m) ~= tonumber(ARGV[2]) then return 0 end
-local tenant = m[1]
-redis.call('ZREM', LEASES, job)
-redis.call('ZREM', lkey(tenant), job)
-redis.call('HDEL', META, job)
-if ARGV[4] == '1' then ring() end
-local head = head_of(tenant)
-if head and refile(tenant, head) then return 1 end
+local dropped, unblocked = drop_lease(job, ARGV[2])
+if dropped and ARGV[4] == '1' then ring() end
+if unblocked then return 1 end
 return 0

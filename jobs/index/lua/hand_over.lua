@@ -1,0 +1,48 @@
+-- hand_over.lua: a worker's slot passes from the attempt that just ended to the best runnable
+-- job, in one step: release that attempt's lease (release.lua), then lease the next job if
+-- the pool has a free slot (dispatch.lua's order, caps and count), so no dispatcher wake-up
+-- sits between two jobs. Nothing leased (no runnable job, or no free slot): the doorbell
+-- rings instead, and the dispatcher does what is left (a batch's feed, a full pool).
+-- KEYS: the layout of common.lua (prepended, then workers.lua), then KEYS[14] workers
+-- KEYS[15] worker_slots  KEYS[16] the broker queue's list (with ARGV[10] only).
+-- ARGV[1] job  ARGV[2] attempt  ARGV[3] '1': publish the job's id on 'changed' (jobs.notify)
+-- ARGV[4] the status the job just moved to ('' none): counted in counters:jobs
+-- ARGV[5] lease ttl in seconds  ARGV[6] now ('' Redis's clock)
+-- ARGV[7] the pool's capacity ('' the live workers' slots)  ARGV[8] promote limit
+-- ARGV[9] '1': lease nothing (the worker is stopping): release and ring only
+-- ARGV[10] the leased job's broker message, less its own fields ('' none: the caller
+--          publishes it): pushed to KEYS[16], its broker queue (jobs.index.values.MessagePush)
+-- Returns {} or {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}}.
+local job = ARGV[1]
+if ARGV[3] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
+if ARGV[4] ~= nil and ARGV[4] ~= '' then
+  redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[4], 1)
+end
+drop_lease(job, ARGV[2])
+local now = now_or_server(ARGV[6])
+local capacity = tonumber(ARGV[7])
+if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now) end
+local out = {}
+if ARGV[9] ~= '1' and redis.call('ZCARD', LEASES) < capacity then
+  promote_due(now, tonumber(ARGV[8]))
+  out = lease_next(1, now + tonumber(ARGV[5]))
+end
+if #out == 0 then
+  ring()
+elseif ARGV[10] ~= nil and ARGV[10] ~= '' then
+  -- Celery's message (protocol 2) as kombu's Redis transport stores it, the body unencoded
+  -- JSON: [args, kwargs, embed]; the task's id names the job, its attempt and this moment.
+  local lease = out[1]
+  local at = tonumber(lease[6]) - tonumber(ARGV[5])
+  local id = lease[1] .. '.' .. lease[5] .. '.' .. string.format('%.6f', now)
+  local message = cjson.decode(ARGV[10])
+  local headers, properties = message['headers'], message['properties']
+  headers['id'], headers['root_id'] = id, id
+  headers['argsrepr'] = "['" .. lease[1] .. "', " .. lease[5] .. ', ' ..
+    string.format('%.6f', at) .. ']'
+  properties['correlation_id'], properties['delivery_tag'] = id, id
+  message['body'] = cjson.encode({{lease[1], tonumber(lease[5]), at}, cjson.decode('{}'),
+                                  message['body']})
+  redis.call('LPUSH', KEYS[16], cjson.encode(message))
+end
+return out

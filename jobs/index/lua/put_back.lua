@@ -1,0 +1,15 @@
+-- put_back.lua: a lease whose job cannot start yet goes back to its queue, as it was indexed
+-- (its meta), due again at not_before: a row not committed yet, or a publish that failed.
+-- KEYS: the layout of common.lua, which is prepended.
+-- ARGV[1] job  ARGV[2] attempt  ARGV[3] not_before ('' due at once)
+-- ARGV[4] the caller's fencing token ('' unfenced: a worker)
+-- Returns 1 when put back, 0 when no lease of that attempt is held (left alone).
+if fenced_out(ARGV[4]) then return redis.error_reply(NOT_LEADER) end
+local job = ARGV[1]
+if not redis.call('ZSCORE', LEASES, job) then return 0 end
+local m = meta_of(job)
+local attempt = attempt_of(m)
+if attempt ~= tonumber(ARGV[2]) then return 0 end
+unindex(job, m)
+index_job(job, m[1], m[2], m[3], m[4] or '', ARGV[3], attempt)
+return 1

@@ -1,0 +1,359 @@
+"""A dispatch writes nothing to SQL: the worker's start is where a lease meets its row, and
+settles what it finds there (``jobs.execution.attempt``: ``_not_started``, ``_not_committed``,
+``_before_start``), against real SQL and a real Redis index. Each test leases jobs as a
+dispatch round does (the index only), then calls ``execute`` as the worker's task would."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from jobs.core.cadence import UNCOMMITTED_GRACE_S, UNCOMMITTED_RETRY_S
+from jobs.core.domain import Job, NewJob, Tenant
+from jobs.core.ids import new_job_id
+from jobs.core.states import Status
+from jobs.execution.attempt import Handover, execute
+from jobs.execution.handlers import JobContext
+from jobs.execution.registry import HandlerRegistry
+from jobs.index.base import Entry, IndexedJob, Lease
+from jobs.index.redis_index import RedisIndex
+from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
+from jobs.store import jobs as jobs_sql
+from jobs.store import tenants as tenants_sql
+from jobs.store.engine import make_engine, make_sessionmaker
+from tests.handlers_for_tests import RecordingHandler
+
+pytestmark = pytest.mark.integration
+
+LEASE_TTL_S = 30.0
+WORKER = "worker-test@host"
+
+
+@pytest.fixture
+def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
+    settings = load_settings(database_url=db_url, key_prefix=key_prefix,
+                             policy={"lease_ttl_s": LEASE_TTL_S})
+    engine = make_engine(db_url)
+    index = RedisIndex(redis_client, key_prefix)
+    index.set_caps({name: 10 for name in settings.tiers})
+    rt = Runtime(settings=settings, policy=settings.build_policy(), engine=engine,
+                 sessions=make_sessionmaker(engine), redis=redis_client, index=index)
+    yield rt
+    engine.dispose()
+
+
+@pytest.fixture
+def tenant(runtime: Runtime) -> Tenant:
+    with runtime.sessions.begin() as session:
+        return tenants_sql.create_tenant(
+            session, name="acme", tier="standard", api_key_hash="hash", now=time.time())
+
+
+class ProbeHandler(RecordingHandler):
+    """Records each call and the row's status and attempt as its handler saw them."""
+
+    kind = "probe"
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__()
+        self.runtime = runtime
+        self.seen: list[tuple[Status, int]] = []
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        row = load(self.runtime, ctx.job_id)
+        self.seen.append((row.status, row.attempt))
+        return super().run(ctx, payload)
+
+
+@pytest.fixture
+def probe(runtime: Runtime) -> ProbeHandler:
+    return ProbeHandler(runtime)
+
+
+@pytest.fixture
+def registry(probe: ProbeHandler) -> HandlerRegistry:
+    return HandlerRegistry([probe])
+
+
+def new_job(runtime: Runtime, tenant: Tenant, now: float, **kw: Any) -> NewJob:
+    return NewJob(id=new_job_id(now), tenant_id=tenant.id, tier=tenant.tier, kind="probe",
+                  payload={}, order_key=runtime.policy.order_key(tenant.tier, now),
+                  enqueued_at=now, **kw)
+
+
+def insert(runtime: Runtime, new: NewJob) -> Job:
+    with runtime.sessions.begin() as session:
+        return jobs_sql.insert_job(session, new)
+
+
+def index_entry(runtime: Runtime, new: NewJob) -> None:
+    entry = IndexedJob(job_id=new.id, tenant=new.tenant_id, tier=new.tier,
+                       order_key=new.order_key, start_by=new.start_by)
+    assert runtime.index.admit(entry, bound=1000).accepted
+
+
+def submit(runtime: Runtime, tenant: Tenant, **kw: Any) -> Job:
+    """What the API does: insert the job, then index it."""
+    new = new_job(runtime, tenant, time.time(), **kw)
+    job = insert(runtime, new)
+    index_entry(runtime, new)
+    return job
+
+
+def dispatch(runtime: Runtime, *, now: float | None = None) -> Lease:
+    """A dispatch round's part: one lease, taken in the index only."""
+    (lease,) = runtime.index.dispatch(1, now=time.time() if now is None else now,
+                                      lease_ttl_s=LEASE_TTL_S)
+    return lease
+
+
+def load(runtime: Runtime, job_id: str) -> Job:
+    with runtime.sessions() as session:
+        job = jobs_sql.get_job(session, job_id)
+    assert job is not None
+    return job
+
+
+def doorbell(runtime: Runtime) -> list[bytes]:
+    return list(runtime.redis.lrange(f"{runtime.settings.key_prefix}wake", 0, -1))
+
+
+# -- a lease meets a queued row: it starts --
+
+
+def test_a_queued_row_leased_by_a_dispatch_starts_with_the_messages_dispatched_at(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    job = submit(runtime, tenant)
+    leased_at = time.time() - 2.5
+    lease = dispatch(runtime, now=leased_at)
+    assert (lease.job_id, lease.attempt) == (job.id, 1)
+    assert load(runtime, job.id).status is Status.QUEUED  # the dispatch wrote nothing to SQL
+
+    outcome = execute(runtime, registry, job.id, lease.attempt, worker_id=WORKER,
+                      dispatched_at=leased_at)
+
+    assert outcome == "succeeded"
+    assert probe.seen == [(Status.RUNNING, 1)]  # queued -> running, then the handler
+    done = load(runtime, job.id)
+    assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
+    assert done.dispatched_at == pytest.approx(leased_at, abs=1e-3)
+    assert done.started_at is not None and done.started_at >= leased_at + 2.0
+    assert runtime.index.inflight() == 0
+
+
+# -- no row: not committed yet, or a failed submit's leftover --
+
+
+def test_a_lease_whose_row_is_not_committed_yet_is_put_back_then_runs(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    now = runtime.index.now()
+    new = new_job(runtime, tenant, now, max_wait_s=600)
+    index_entry(runtime, new)  # the API indexes first; its INSERT has not committed
+    lease = dispatch(runtime, now=now)
+    assert lease.job_id == new.id
+
+    outcome = execute(runtime, registry, new.id, 1, worker_id=WORKER, clock=lambda: now)
+
+    assert outcome == "stale" and probe.calls == []
+    # Back in the queue for the same attempt, held back for UNCOMMITTED_RETRY_S.
+    assert runtime.index.entries_of([new.id]) == {
+        new.id: Entry(job_id=new.id, attempt=1, leased=False)}
+    assert runtime.index.inflight() == 0 and runtime.index.position(new.id) is None
+    assert runtime.index.tenant_queued(tenant.id) == 1
+    depth = runtime.index.tier_depths([tenant.tier])[tenant.tier]
+    assert (depth.queued, depth.oldest_order_key) == (1, new.order_key)
+    early = now + UNCOMMITTED_RETRY_S - 0.01
+    assert runtime.index.dispatch(1, now=early, lease_ttl_s=LEASE_TTL_S) == []
+
+    insert(runtime, new)  # the commit lands
+    due = now + UNCOMMITTED_RETRY_S
+    again = dispatch(runtime, now=due)
+
+    assert (again.job_id, again.attempt) == (new.id, 1)
+    assert (again.order_key, again.start_by) == (new.order_key, new.start_by)
+    assert execute(runtime, registry, new.id, 1, worker_id=WORKER, clock=lambda: due,
+                   dispatched_at=due) == "succeeded"
+    assert probe.seen == [(Status.RUNNING, 1)]
+    assert load(runtime, new.id).status is Status.SUCCEEDED
+    assert runtime.index.inflight() == 0
+
+
+def test_a_lease_without_a_row_past_the_grace_is_dropped(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    now = runtime.index.now()
+    new = new_job(runtime, tenant, now - UNCOMMITTED_GRACE_S - 1.0)
+    index_entry(runtime, new)  # a submit that indexed its job, then failed to commit it
+    assert dispatch(runtime, now=now).job_id == new.id
+
+    outcome = execute(runtime, registry, new.id, 1, worker_id=WORKER, clock=lambda: now)
+
+    assert outcome == "stale" and probe.calls == []
+    assert runtime.index.entries_of([new.id]) == {}
+    assert runtime.index.inflight() == 0 and runtime.index.tenant_queued(tenant.id) == 0
+    assert runtime.index.dispatch(1, now=now + 60.0, lease_ttl_s=LEASE_TTL_S) == []
+
+
+# -- a row that must not compute: it ends without its handler --
+
+
+def test_a_queued_row_with_a_cancel_requested_ends_cancelled_unrun(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    job = submit(runtime, tenant)
+    lease = dispatch(runtime)
+    with runtime.sessions.begin() as session:
+        assert jobs_sql.request_cancel(session, job.id)
+    assert load(runtime, job.id).status is Status.QUEUED
+
+    assert execute(runtime, registry, job.id, lease.attempt, worker_id=WORKER) == "cancelled"
+
+    done = load(runtime, job.id)
+    assert (done.status, done.attempt, done.starts) == (Status.CANCELLED, 1, 0)
+    assert done.started_at is None and probe.calls == []
+    assert runtime.index.inflight() == 0 and runtime.index.entries_of([job.id]) == {}
+    assert doorbell(runtime) == [b"1"]  # the freed slot is the dispatcher's to fill
+
+
+def test_a_queued_row_past_its_start_by_ends_expired_unrun(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    job = submit(runtime, tenant, max_wait_s=60)
+    assert job.start_by is not None
+    lease = dispatch(runtime)
+    assert lease.start_by == pytest.approx(job.start_by, abs=1e-3)
+    late = job.start_by + 1.0
+
+    outcome = execute(runtime, registry, job.id, lease.attempt, worker_id=WORKER,
+                      clock=lambda: late)
+
+    assert outcome == "expired"
+    done = load(runtime, job.id)
+    assert (done.status, done.starts, done.started_at) == (Status.EXPIRED, 0, None)
+    assert probe.calls == []
+    assert runtime.index.inflight() == 0 and runtime.index.entries_of([job.id]) == {}
+
+
+# -- a row moved on: the message is stale --
+
+
+def test_a_row_cancelled_at_the_messages_attempt_releases_its_lease(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    """The API's cancel committed, then stopped before it freed the lease in the index: the
+    worker that gets the message frees it."""
+    job = submit(runtime, tenant)
+    lease = dispatch(runtime)
+    with runtime.sessions.begin() as session:
+        assert jobs_sql.transition(session, job.id, src=Status.QUEUED, attempt=1,
+                                   dst=Status.CANCELLED, now=time.time())
+    cancelled = load(runtime, job.id)
+    assert runtime.index.inflight() == 1
+
+    assert execute(runtime, registry, job.id, lease.attempt, worker_id=WORKER) == "stale"
+
+    assert load(runtime, job.id) == cancelled and probe.calls == []
+    assert runtime.index.inflight() == 0 and runtime.index.entries_of([job.id]) == {}
+    assert runtime.index.tenant_inflight(tenant.id) == 0
+
+
+@pytest.mark.parametrize("cancel_requested", [False, True], ids=["plain", "cancel-requested"])
+def test_a_message_for_an_older_attempt_leaves_the_current_lease_alone(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler,
+    cancel_requested: bool,
+) -> None:
+    """Nor does it settle the current attempt's row: a cancel asked of it is the business of
+    the worker that gets attempt 2's message."""
+    job = submit(runtime, tenant)
+    dispatch(runtime)
+    # Attempt 1 started, its lease was reaped and the job went back as attempt 2, which a
+    # later round leased; attempt 1's message arrives only now (a redelivered copy).
+    with runtime.sessions.begin() as session:
+        assert jobs_sql.start(session, job.id, attempt=1, now=time.time()) is not None
+    assert [r.job_id for r in runtime.index.reap(now=time.time() + 3600)] == [job.id]
+    with runtime.sessions.begin() as session:
+        assert jobs_sql.transition(session, job.id, src=Status.RUNNING, attempt=1,
+                                   dst=Status.QUEUED, now=time.time())
+    runtime.index.requeue(IndexedJob(job_id=job.id, tenant=tenant.id, tier=job.tier,
+                                     order_key=job.order_key, attempt=2))
+    assert dispatch(runtime).attempt == 2
+    if cancel_requested:
+        with runtime.sessions.begin() as session:
+            assert jobs_sql.request_cancel(session, job.id)
+    current = load(runtime, job.id)
+    assert (current.status, current.attempt) == (Status.QUEUED, 2)
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "stale"
+
+    assert load(runtime, job.id) == current and probe.calls == []
+    assert runtime.index.entries_of([job.id]) == {
+        job.id: Entry(job_id=job.id, attempt=2, leased=True)}
+    assert runtime.index.tenant_inflight(tenant.id) == 1
+
+
+# -- the slot a finished job frees goes straight to the next --
+
+
+def test_a_success_hands_the_next_queued_job_over_and_rings_when_none_is_left(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)  # the pool: one slot
+    first, second = submit(runtime, tenant), submit(runtime, tenant)
+    assert dispatch(runtime).job_id == first.id
+    handed: list[Lease] = []
+
+    assert execute(runtime, registry, first.id, 1, worker_id=WORKER,
+                   handover=Handover(publish=handed.append)) == "succeeded"
+
+    assert [(lease.job_id, lease.attempt) for lease in handed] == [(second.id, 1)]
+    assert runtime.index.entries_of([second.id]) == {
+        second.id: Entry(job_id=second.id, attempt=1, leased=True)}
+    assert load(runtime, second.id).status is Status.QUEUED
+    assert doorbell(runtime) == []  # the slot went on: nothing for the dispatcher
+
+    leased_at = handed[0].expires_at - LEASE_TTL_S
+    more: list[Lease] = []
+    assert execute(runtime, registry, second.id, handed[0].attempt, worker_id=WORKER,
+                   dispatched_at=leased_at, handover=Handover(publish=more.append)) == "succeeded"
+
+    assert more == []  # an empty queue: nothing handed over, the doorbell rang instead
+    assert doorbell(runtime) == [b"1"]
+    assert runtime.index.inflight() == 0
+    done = load(runtime, second.id)
+    assert done.status is Status.SUCCEEDED
+    assert done.dispatched_at == pytest.approx(leased_at, abs=1e-3)
+    assert [call[0] for call in probe.calls] == [first.id, second.id]
+
+
+def test_a_handover_that_raises_puts_the_next_lease_back(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
+    first, second = submit(runtime, tenant), submit(runtime, tenant)
+    assert dispatch(runtime).job_id == first.id
+    offered: list[Lease] = []
+
+    def broken_publish(lease: Lease) -> None:
+        offered.append(lease)
+        raise ConnectionError("broker unreachable")
+
+    assert execute(runtime, registry, first.id, 1, worker_id=WORKER,
+                   handover=Handover(publish=broken_publish)) == "succeeded"
+
+    assert [lease.job_id for lease in offered] == [second.id]
+    assert runtime.index.entries_of([second.id]) == {
+        second.id: Entry(job_id=second.id, attempt=1, leased=False)}
+    assert runtime.index.inflight() == 0 and runtime.index.position(second.id) == 0
+    assert doorbell(runtime) == [b"1"]
+    assert load(runtime, first.id).status is Status.SUCCEEDED
+    # Queued again at once, not held back: the next round leases it.
+    again = dispatch(runtime, now=runtime.index.now())
+    assert (again.job_id, again.attempt) == (second.id, 1)
+    assert load(runtime, second.id).status is Status.QUEUED
