@@ -33,6 +33,7 @@ from jobs.index import wake
 from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE, is_backend_outage
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
+from jobs.store.engine import writing
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,10 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
     """Commit the job's row; on a lost idempotency race, the job that won (as stored)."""
     inserted = False
     try:
-        with runtime.sessions.begin() as session:
+        # A keyed insert may read the job holding its key (an ORM session's read); a plain one
+        # is one statement, on a Core connection.
+        with (runtime.sessions.begin() if new.idempotency_key is not None
+              else writing(runtime.engine)) as session:
             job = jobs_sql.insert_job(session, new)
             inserted = True  # only the COMMIT is left
         return job

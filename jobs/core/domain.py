@@ -59,7 +59,7 @@ class Job:
 
     ``attempt`` numbers the job's trips through the dispatcher (each hand-back moves it on,
     so a stale message or lease of an earlier one changes nothing); ``starts`` counts the
-    attempts that started (dispatched → running), and is what ``max_attempts`` limits: work
+    attempts that started (queued → running), and is what ``max_attempts`` limits: work
     handed back before it started is not charged."""
 
     id: str

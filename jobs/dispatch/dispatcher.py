@@ -7,13 +7,20 @@ of a dispatcher does 1-3 before anything:
 1. caps: recompute tier caps from the pool's capacity and push them to the index when they
    change (a tenant under its new cap becomes runnable);
 2. reap: leases that lapsed (worker died, message lost) are decided from each job's row
-   (``jobs.dispatch.recovery``): back in the queue as a new attempt with its original order key,
-   uncharged when it never started, or failed when its starts are spent or its deadline
-   passed;
+   (``jobs.dispatch.recovery``): a row still queued (a dispatch whose message never started)
+   is indexed again as it is; one that moved goes back as a new attempt with its original
+   order key, uncharged when it never started, or fails when its starts are spent or its
+   deadline passed;
 3. expire: queued jobs past ``start_by`` end ``expired`` and are never computed, even while
    the pool is full;
-4. dispatch: pop as many jobs as there are free slots (never more), mark them ``dispatched``
-   in one statement and publish each to its tier's broker queue;
+4. dispatch: lease as many jobs as there are free slots (never more) and publish each lease
+   to its tier's broker queue, writing nothing to SQL: the row stays ``queued`` until the
+   worker's start, which is the claim (``jobs_sql.start``) and settles what a lease can meet
+   (a row not committed yet, cancelled, past its deadline) on the row it reads anyway. In
+   steady state most slots are filled by the worker that frees them (``hand_over``: the
+   release and the next lease in one script, its message to the worker's own queue); the
+   dispatcher fills idle workers (a start-up, a burst, a slot freed with nothing to lease
+   then) and does the upkeep;
 5. feed, every ``FEED_PERIOD_S``: waiting batch items enter their tier's live queue as room
    allows (``jobs.dispatch.feeder``), and the round dispatches again into what they filled;
 6. reconcile, every ``RECONCILE_PERIOD_S``: one bounded round of ``jobs.dispatch.reconciler``,
@@ -23,18 +30,19 @@ of a dispatcher does 1-3 before anything:
 
 Each chore but the dispatch (1-3, 5-7) is a small service of ``jobs.dispatch.upkeep`` with
 its own period; the dispatcher only schedules them. ``jobs.dispatch.loop`` runs ``run_once``
-and sleeps on the doorbell (``jobs.index.wake``) between rounds, so a submit or a released
-slot is acted on at once, with no polling delay on the hot path.
+and sleeps on the doorbell (``jobs.index.wake``) between rounds, so a submit or a slot
+released with no hand-over is acted on at once, with no polling delay on the hot path.
 
 Several dispatchers may run: one leads (``jobs.dispatch.leadership``), the others stand by. The
-leader passes its fencing token to every index write it makes (dispatch, reap, expire, caps,
-requeue, release, rebuild), which refuse it once another process leads (``NotLeader``: it
-steps down at once). Before its first round, and whenever the index's epoch is gone (Redis
-flushed or restarted empty), the leader makes a full pass (``jobs.dispatch.rebuild``), renewing
-its lock between batches: leases of in-flight jobs come back before anything more is
-dispatched, so no tenant goes over its cap. An index restored from an older snapshot shows
-an epoch other than the one the leader last wrote, and is rebuilt the same way before the
-next round (the reconciler's epoch check catches it too, for a leader that wrote none yet).
+leader passes its fencing token to every index write it makes (dispatch, put back, reap,
+expire, caps, requeue, release, rebuild), which refuse it once another process leads
+(``NotLeader``: it steps down at once). Before its first round, and whenever the index's epoch
+is gone (Redis flushed or restarted empty), the leader makes a full pass
+(``jobs.dispatch.rebuild``), renewing its lock between batches: leases of running jobs come
+back before anything more is dispatched, so no tenant goes over its cap. An index restored
+from an older snapshot shows an epoch other than the one the leader last wrote, and is
+rebuilt the same way before the next round (the reconciler's epoch check catches it too, for
+a leader that wrote none yet).
 """
 
 from __future__ import annotations
@@ -114,8 +122,8 @@ class Dispatcher:
         if self.caps.capacity is None:  # the first round: caps and capacity before anything
             self._upkeep(now, stats)
         elif maintain:
-            # What woke the round is served before the upkeep (a popped job past its
-            # deadline expires at the claim); the pass after it fills what reaping freed.
+            # What woke the round is served before the upkeep (a leased job past its
+            # deadline expires at its start); the pass after it fills what reaping freed.
             self._dispatch_free(now, stats)
             self._upkeep(now, stats)
         self._dispatch_free(now, stats)

@@ -18,8 +18,9 @@ it raises ``NotLeader`` and the dispatcher steps down. Only the successor's UPDA
 an item its order key in SQL.
 
 Commit point: the SQL UPDATE. Interrupted before it (a crash, or ``NotLeader`` at the lead
-check), the index holds entries of rows still ``waiting``: the dispatcher drops such an
-entry when it pops it (its claim finds no queued row), and the item is fed again later; fed
+check), the index holds entries of rows still ``waiting``: such an entry is leased and
+published like any other, and the worker's start, finding the row still waiting at its
+attempt, releases the lease without running it (``stale``); the item is fed again later; fed
 while the entry is still there, its ``admit`` is a duplicate, and the feeder requeues the
 entry with this feed's order key (the one its UPDATE writes), so the index and SQL agree on
 where the item stands. After it, a queued row the index lost is indexed again by the reconciler.

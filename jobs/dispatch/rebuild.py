@@ -1,19 +1,23 @@
 """The reconciler's full pass: make the dispatch index agree with SQL, the source of truth,
 while the system runs.
 
-Redis holds nothing SQL does not know, so losing it (a flush, a restart without its data, a
-restore from an older snapshot) loses no job: ``rebuild`` puts the index back. It reconciles
+Redis holds no job SQL does not know, so losing it (a flush, a restart without its data, a
+restore from an older snapshot) loses none: ``rebuild`` puts the index back. It reconciles
 instead of clearing, so there is no window in which a job that an API admits meanwhile
 disappears, and it walks SQL in bounded batches, checking the caller's lead between them:
 
-1. leases first, so tenant caps hold before anything more is dispatched: every dispatched or
-   running attempt holds its lease until at least ``now + lease_ttl_s`` (a live worker keeps
-   renewing it; a dead one's lapses and the reaper decides); a job that finished while this
-   ran gives its lease back;
+1. leases first, so tenant caps hold before anything more is dispatched: every running
+   attempt (or dispatched one, of an earlier version) holds its lease until at least
+   ``now + lease_ttl_s`` (a live worker keeps renewing it; a dead one's lapses and the
+   reaper decides); a job that finished while this ran gives its lease back;
 2. every queued job is indexed again with its original order key, ``start_by``,
    ``not_before`` and attempt (it keeps its place and its ageing). An entry newer than the
    SQL read (a later attempt, or a lease taken since) is kept: nothing dispatched after the
-   read is undone;
+   read is undone. A dispatch writes nothing to SQL, so a lease the index lost with its
+   message on the way cannot come back: the job is indexed as queued, and that message's
+   start finds no lease at its renewal and hands the job back uncharged, unless a new
+   dispatch leased it first (two copies of one attempt: the start's compare-and-set lets
+   only one run it);
 3. index entries of jobs that SQL has neither queued nor in flight are removed, except those
    younger than ``UNCOMMITTED_GRACE_S``: an API indexes a job before its SQL commit lands;
 4. tier caps and per-tenant overrides are pushed.

@@ -9,18 +9,20 @@ that what an interruption leaves is one of a few states this loop recognises and
 1. **epoch**: SQL and Redis hold the same epoch, advanced every round (SQL first). A Redis
    that lost its data has none; one restored from an older snapshot has an older one. Either
    way the round is a full pass instead (``jobs.dispatch.rebuild``), and the epochs agree again.
-2. **in flight without a lease**: dispatched and running rows (few: at most the pool's
-   slots, plus what needs repair), walked by id, ``IN_FLIGHT_BATCH`` a round, whose attempt
-   holds no lease — the lease was reaped while the row moved, or lost with Redis — are
-   decided as a lapsed lease is (``jobs.dispatch.recovery``); a running row started less
-   than half a lease TTL ago is left to a later round, since its worker may be handing it
-   back uncharged right now. A running row with a cancel request
-   gets its lease flagged (``flag_cancel``), in case the API was interrupted between its
-   commit and its flag: the worker learns of the cancel with its next renewal.
+2. **in flight without a lease**: running rows, and dispatched ones of earlier versions (few:
+   at most the pool's slots, plus what needs repair), walked by id, ``IN_FLIGHT_BATCH`` a
+   round, whose attempt holds no lease — the lease was reaped while the row moved, or lost
+   with Redis — are decided as a lapsed lease is (``jobs.dispatch.recovery``); a running row
+   started less than half a lease TTL ago is left to a later round, since its worker may be
+   handing it back uncharged right now. A running row with a cancel request gets its lease
+   flagged (``flag_cancel``), in case the API was interrupted between its commit and its
+   flag: the worker learns of the cancel with its next renewal.
 3. **queued but not indexed**: queued rows whose last change settled more than
    ``QUEUED_GRACE_S`` ago, walked by ``(updated_at, id)`` from a cursor, ``QUEUED_BATCH`` a
-   round, that the index does not hold at their attempt are indexed again. The walk starts
-   over from the oldest every ``FULL_SWEEP_S``, so a row whose commit landed late is found.
+   round, that the index does not hold at their attempt are indexed again. A leased one
+   counts as held: a dispatch writes nothing to SQL, so a queued row whose message is on its
+   way holds a lease, which the reaper decides if it lapses. The walk starts over from the
+   oldest every ``FULL_SWEEP_S``, so a row whose commit landed late is found.
 4. **entries without a live row**: the index's entries, walked with a cursor,
    ``ENTRY_BATCH`` a round; an entry whose row is terminal, or absent past the grace of an
    uncommitted submit, is removed.

@@ -5,12 +5,17 @@ A lease lapses when its worker died, its message was lost, or Redis lost it; eit
 job's SQL row says where it was, and the row decides (each move a compare-and-set, so a
 worker finishing meanwhile wins and this changes nothing):
 
-- ``queued``: a round leased it and never marked it dispatched: index it again as it is;
-- ``dispatched``: it never started, so nothing is charged: back to the queue as a new
-  attempt (``expired`` instead when its ``start_by`` has passed: it truly never started);
+- ``queued``: a dispatch (or a worker's hand-over) whose message never started: the lease
+  was the only trace of it (a dispatch writes nothing to SQL), so the row is indexed again
+  as it is, same attempt, its place and deadline kept; a message of it still to come is a
+  copy of that attempt, and the start's compare-and-set lets only one run it;
+- ``dispatched`` (written by earlier versions only): it never started, so nothing is
+  charged: back to the queue as a new attempt (``expired`` instead when its ``start_by`` has
+  passed: it truly never started);
 - ``running``: a start was spent. With starts left and its deadline not passed, back to the
   queue as a new attempt; else ``failed``, saying why, with ``started_at`` kept;
-- terminal: nothing (only the lease's release was lost).
+- terminal, or a batch item still ``waiting``: nothing (only the lease's release was lost,
+  e.g. a hand-over interrupted after its ending's commit).
 
 A ``running`` row is a start spent only if its handler may have run, and a handler runs
 only after the renewal that follows its start succeeded, which extends the lease to a full

@@ -4,7 +4,7 @@ Celery-free: the ``tierq.run_job`` task only unpacks ``(job_id, attempt)`` and c
 ``execute``. Every state change is a compare-and-set on ``(status, attempt)``, so a
 duplicated or stale message, or a late result after the lease was reaped, changes nothing.
 
-- The start is one statement (``jobs_sql.start``: dispatched → running, returning the
+- The start is one statement (``jobs_sql.start``: queued → running, returning the
   row), and names itself in the row with a token new for each message handled: a start
   retried after its COMMIT's answer was lost finds its own start by that token, never a
   copy of the same message's start on another worker. Work nobody will collect is not
@@ -82,6 +82,7 @@ from jobs.index import notify, wake
 from jobs.index.base import IndexedJob, Lease, MessagePush
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
+from jobs.store.engine import writing
 
 logger = logging.getLogger("tierq.worker")
 
@@ -200,13 +201,13 @@ class _Attempt:
             heartbeat.stop()
 
     def _start(self) -> Job | None:
-        """Dispatched → running, returning the row: one statement. Waits out a database
+        """Queued → running, returning the row (the claim too): one statement. Waits out a database
         outage while the lease is held; after a retry, a start that already landed (the
         COMMIT's answer was lost) is found by reading the row back."""
         retried = [False]
 
         def start() -> Job | None:
-            with self.runtime.sessions.begin() as session:
+            with writing(self.runtime.engine) as session:
                 job = jobs_sql.start(session, self.job_id, attempt=self.attempt,
                                      now=self.clock(), token=self.token,
                                      dispatched_at=self.dispatched_at)
@@ -411,8 +412,14 @@ class _Attempt:
         job, retried = self._job, [False]
 
         def cas() -> bool:
+            if not retried[0]:  # the hot path: one statement on a Core connection
+                with writing(self.runtime.engine) as connection:
+                    return jobs_sql.transition(
+                        connection, job.id, src=src, attempt=job.attempt, dst=dst,
+                        now=self.clock(), **fields,
+                    )
             with self.runtime.sessions.begin() as session:
-                if retried[0] and _landed(session, job, src, dst):
+                if _landed(session, job, src, dst):
                     return True
                 return jobs_sql.transition(
                     session, job.id, src=src, attempt=job.attempt, dst=dst,

@@ -132,7 +132,8 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
         _log_cancel(job, "job.cancel_requested")
         return CancelOutcome(job=dataclasses.replace(job, cancel_requested=True), pending=True)
     # SQL first (the commit point): an interruption after it leaves an index entry of a
-    # cancelled job, which the dispatcher drops when it pops it and the reconciler removes.
+    # cancelled job: a dispatch that pops it publishes it, and the worker's start ends nothing
+    # and frees the slot; the reconciler removes an entry nobody pops.
     with runtime.sessions.begin() as session:
         moved = jobs_sql.transition(
             session, job.id, src=job.status, attempt=job.attempt, dst=Status.CANCELLED,

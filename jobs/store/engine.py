@@ -65,6 +65,8 @@ a writer stalled while holding the write lock holds it until it resumes or exits
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -187,6 +189,18 @@ def lock_wait_timed_out(exc: BaseException) -> bool:
     by the server) soon, so the caller tries again next turn; not an outage."""
     orig = getattr(exc, "orig", None)
     return getattr(orig, "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+
+@contextlib.contextmanager
+def writing(engine: Engine) -> Iterator[sa.Connection]:
+    """A write transaction on a Core connection, as ``sessions.begin()`` is on a session
+    (``BEGIN IMMEDIATE`` on SQLite): for the hot path's single statements, which need no ORM
+    session to be built, begun and closed around them."""
+    with engine.connect() as connection:
+        if engine.dialect.name == "sqlite":
+            connection.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+        with connection.begin():
+            yield connection
 
 
 class SqliteSession(Session):

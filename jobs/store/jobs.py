@@ -58,7 +58,7 @@ TRANSITION_FIELDS = frozenset(
 TIME_FIELDS = frozenset({"not_before", "started_at"})
 
 
-def insert_job(session: Session, new: NewJob) -> Job:
+def insert_job(session: Session | sa.Connection, new: NewJob) -> Job:
     """Insert a queued job, attempt 1. A used idempotency key raises ``DuplicateJob``.
 
     One Core INSERT, no SAVEPOINT: a keyed insert says ``ON CONFLICT DO NOTHING`` on the
@@ -68,6 +68,8 @@ def insert_job(session: Session, new: NewJob) -> Job:
     if new.idempotency_key is None:
         session.execute(_INSERT, values)
     else:
+        if not isinstance(session, Session):
+            raise TypeError("a keyed insert reads the job holding its key: it needs a session")
         if session.execute(_keyed_insert(dialect(session)), values).first() is None:
             existing = job_by_idempotency_key(session, new.tenant_id, new.idempotency_key)
             if existing is None:  # the winner's row vanished (pruned) in between
@@ -213,7 +215,7 @@ def _decode_cursor(cursor: str) -> str:
 
 
 def transition(
-    session: Session,
+    session: Session | sa.Connection,
     job_id: str,
     *,
     src: Status,
@@ -334,7 +336,7 @@ def claim(session: Session, job_ids: Sequence[str], *, now: float) -> dict[str, 
 
 
 def start(
-    session: Session,
+    session: Session | sa.Connection,
     job_id: str,
     *,
     attempt: int,
@@ -378,7 +380,9 @@ _START = (
 )
 
 
-def started_by(session: Session, job_id: str, *, attempt: int, token: str) -> Job | None:
+def started_by(
+    session: Session | sa.Connection, job_id: str, *, attempt: int, token: str
+) -> Job | None:
     """The row, if this attempt is running under the start made with ``token``: a start
     whose COMMIT answer was lost is found again by its maker, never by a copy of the same
     message (another worker's start of this attempt holds another token)."""

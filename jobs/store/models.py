@@ -134,7 +134,7 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(sa.Text())
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(255))
     cancel_requested: Mapped[bool] = mapped_column(sa.Boolean())
-    # Attempts that started (dispatched -> running): what max_attempts limits.
+    # Attempts that started (queued -> running): what max_attempts limits.
     starts: Mapped[int] = mapped_column(sa.Integer(), server_default="0")
     # The last change of the row (insert or transition), on the one clock (Redis's).
     updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

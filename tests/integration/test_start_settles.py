@@ -119,7 +119,8 @@ def load(runtime: Runtime, job_id: str) -> Job:
     return job
 
 
-def doorbell(runtime: Runtime) -> list[bytes]:
+def doorbell(runtime: Runtime) -> list[Any]:
+    """The tokens waiting in the dispatcher's doorbell (``jobs.index.wake``)."""
     return list(runtime.redis.lrange(f"{runtime.settings.key_prefix}wake", 0, -1))
 
 
