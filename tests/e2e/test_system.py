@@ -2,12 +2,16 @@
 
 The tests of the broker's path run once on each broker (Redis, RabbitMQ): submit → dispatch
 → run → result, cancels (queued and running), a failed job, caps across workers, one queue
-per tier, and a killed worker's job recovered by its lease. Ageing and the bound are decided
+per tier, a killed worker's job recovered by its lease, and a freed slot's next job reaching
+its worker with the dispatcher stopped. Ageing and the bound are decided
 by the dispatcher and the API before any message exists: they run on Redis only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +26,7 @@ import redis
 from tests.e2e.conftest import BROKERS
 from tests.e2e.harness import (
     Broker,
+    Process,
     System,
     free_port,
     max_overlap,
@@ -394,3 +399,46 @@ def test_the_bound_refuses_with_capacity_and_is_never_exceeded(
         assert int(refused.headers["x-queue-position"]) >= 3
         assert refused.headers["x-tier"] == "free"
         assert body["retry_after_seconds"] >= 1
+
+
+HAND_OVER_CONFIG = """
+[policy]
+mean_service_s = 0.5
+"""
+
+
+@contextlib.contextmanager
+def stopped(process: Process) -> Iterator[None]:
+    """``process`` (its whole group) stopped, as a stalled host would be, then continued."""
+    os.killpg(process.popen.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(process.popen.pid, signal.SIGCONT)
+
+
+@both_brokers
+def test_a_freed_slot_takes_the_next_job_without_the_dispatcher(
+    deployment: Callable[[str], System],
+) -> None:
+    """The worker's own queue carries the next job, with no dispatcher round between two
+    jobs: with the dispatcher stopped while work waits behind a running job, the worker
+    drains it alone (Redis: the index pushes the message in the step that frees the slot;
+    RabbitMQ: the worker publishes it right after)."""
+    with running(deployment(HAND_OVER_CONFIG)) as system:
+        system.start_api()
+        dispatcher = system.start("dispatcher", "dispatcher")
+        system.start("worker", "worker", "--concurrency", "1")
+        client = system.tenant("acme", "premium")
+        system.wait_for_capacity(client, 1)
+        first = submit(client, "sleep", {"seconds": 1})
+        wait_status(client, first["id"], "running")
+
+        with stopped(dispatcher):
+            queued = [submit(client, "echo", {"n": n}) for n in range(2)]  # its quota
+            ended = [wait_terminal(client, job["id"], timeout=30) for job in [first, *queued]]
+
+    assert [(job["status"], job["attempt"]) for job in ended] == [("succeeded", 1)] * 3
+    # One slot: each ran after the one before it ended, in the order they were submitted.
+    starts = [job["started_at"] for job in ended]
+    assert starts == sorted(starts)
