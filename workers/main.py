@@ -54,6 +54,7 @@ def run_worker(
     own = own_queue(settings, hostname)
     app.amqp.queues.add(own)
     resources_of(app).own_queue = own.name
+    resources_of(app).prestart = POOLS.get(pool, pool) == POOLS["threads"]
     worker = app.Worker(
         hostname=hostname,
         pool_cls=POOLS.get(pool, pool),

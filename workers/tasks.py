@@ -71,6 +71,9 @@ class WorkerResources:
         # it: a slot that frees passes its next job there. None: not consumed, not used.
         self.own_queue: str | None = None
         self._push: MessagePush | None = None
+        # The thread pool: a task runs in the process that handed its job over, so the start
+        # can be made ahead there (``jobs.execution.prestart``).
+        self.prestart = False
 
     def runtime(self) -> Runtime:
         with self._lock:
@@ -109,7 +112,8 @@ def resources_of(app: Any) -> WorkerResources:
     return resources
 
 
-def run_job(task: Any, job_id: str, attempt: int, dispatched_at: float | None = None) -> str:
+def run_job(task: Any, job_id: str, attempt: int, dispatched_at: float | None = None,
+            token: str | None = None) -> str:
     """Run the attempt; its outcome is the task's result, or ``JobFailedError`` (FAILURE)."""
     resources = resources_of(task.app)
     runtime = resources.runtime()
@@ -121,6 +125,7 @@ def run_job(task: Any, job_id: str, attempt: int, dispatched_at: float | None = 
         worker_id=str(task.request.hostname or f"pid-{os.getpid()}"),
         dispatched_at=None if dispatched_at is None else float(dispatched_at),
         handover=_handover(task.app, resources, runtime),
+        token=None if token is None else str(token),
     )
     if outcome == FAILED:
         raise JobFailedError(str(job_id), _recorded_error(runtime, str(job_id)))
@@ -138,11 +143,12 @@ def _handover(app: Any, resources: WorkerResources, runtime: Runtime) -> Handove
         return None
     ttl = runtime.policy.lease_ttl_s
 
-    def publish(lease: Lease) -> None:
-        app.send_task(TASK_NAME, args=[lease.job_id, lease.attempt, lease.expires_at - ttl],
-                      queue=queue, routing_key=queue)
+    def publish(lease: Lease, token: str) -> None:
+        app.send_task(TASK_NAME, args=[lease.job_id, lease.attempt, lease.expires_at - ttl,
+                                       token], queue=queue, routing_key=queue)
 
-    return Handover(publish=publish, push=resources.push(app, queue))
+    return Handover(publish=publish, push=resources.push(app, queue),
+                    prestart=resources.prestart)
 
 
 def message_envelope(app: Any, queue: str) -> str:

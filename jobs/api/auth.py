@@ -15,7 +15,7 @@ from jobs.core.errors import Forbidden, Unauthorized
 from jobs.process.runtime import Runtime
 from jobs.process.settings import Settings
 from jobs.service.tenant_cache import TenantCache
-from jobs.service.tenants import tenant_for_key
+from jobs.service.tenants import hash_key, tenant_for_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +46,19 @@ def authenticate(
     if tenant is None:
         raise Unauthorized("unknown API key")
     return Principal(tenant=tenant)
+
+
+def known_principal(
+    runtime: Runtime, key: str | None, cache: TenantCache
+) -> Principal | None:
+    """The principal ``authenticate`` would find, when that needs no I/O: no key (401), the
+    admin key, or a tenant key ``cache`` holds; None: look it up."""
+    if not key:
+        raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
+    if is_admin_key(runtime.settings, key):
+        return Principal(admin=True)
+    tenant = cache.get(hash_key(key))
+    return None if tenant is None else Principal(tenant=tenant)
 
 
 def require_tenant(principal: Principal) -> Tenant:

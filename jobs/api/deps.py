@@ -3,8 +3,9 @@
 ``RuntimeDep`` (connections and policy), ``ValidatorDep`` (the handler registry that checks
 payloads), ``TenantDep`` (a tenant key's tenant), ``AdminDep`` (the admin key),
 ``PrincipalDep`` (either), ``ListenerDep`` (this process's ``jobs.index.notify.Listener``) and
-``TenantCacheDep`` (its ``jobs.service.tenant_cache.TenantCache``). The sync ones run in the
-threadpool: key lookups may touch SQL.
+``TenantCacheDep`` (its ``jobs.service.tenant_cache.TenantCache``). Those that do no I/O are
+``async``, so a request pays no threadpool hop for them; a key not in the cache is looked up
+in SQL on the threadpool.
 
 ``refuse_unknown_query`` is every router's own dependency: a query parameter the route does
 not take is a 422, as an unknown body field is, so ``?limt=10`` is an error rather than a
@@ -19,9 +20,16 @@ from fastapi import Depends, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from jobs.admission.submit import PayloadValidator
-from jobs.api.auth import Principal, authenticate, require_admin, require_tenant
+from jobs.api.auth import (
+    Principal,
+    authenticate,
+    known_principal,
+    require_admin,
+    require_tenant,
+)
 from jobs.blobs.store import BlobStore
 from jobs.core.domain import Tenant
 from jobs.core.errors import InvalidRequest
@@ -35,22 +43,22 @@ _bearer = HTTPBearer(
 )
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
 
-def get_validator(request: Request) -> PayloadValidator:
+async def get_validator(request: Request) -> PayloadValidator:
     validator: PayloadValidator = request.app.state.validator
     return validator
 
 
-def get_listener(request: Request) -> Listener:
+async def get_listener(request: Request) -> Listener:
     listener: Listener = request.app.state.listener
     return listener
 
 
-def get_tenant_cache(request: Request) -> TenantCache:
+async def get_tenant_cache(request: Request) -> TenantCache:
     cache: TenantCache = request.app.state.tenant_cache
     return cache
 
@@ -58,7 +66,7 @@ def get_tenant_cache(request: Request) -> TenantCache:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def blob_store(request: Request, runtime: RuntimeDep) -> BlobStore:
+async def blob_store(request: Request, runtime: RuntimeDep) -> BlobStore:
     """The app's blob store, built on first use from the runtime's settings."""
     store: BlobStore | None = getattr(request.app.state, "blob_store", None)
     if store is None:
@@ -77,18 +85,24 @@ def _key(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return None if credentials is None else credentials.credentials
 
 
-def get_principal(
+async def get_principal(
     runtime: RuntimeDep, credentials: CredentialsDep, cache: TenantCacheDep,
     listener: ListenerDep,
 ) -> Principal:
+    """The caller, on the event loop when its key is the admin's or cached (no I/O), else
+    looked up in SQL on the threadpool."""
     listener.start()  # the cache keeps tenants only while the listener hears of changes
-    return authenticate(runtime, _key(credentials), cache)
+    key = _key(credentials)
+    known = known_principal(runtime, key, cache)
+    if known is not None:
+        return known
+    return await run_in_threadpool(authenticate, runtime, key, cache)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def get_tenant(principal: PrincipalDep) -> Tenant:
+async def get_tenant(principal: PrincipalDep) -> Tenant:
     return require_tenant(principal)
 
 
@@ -103,7 +117,7 @@ AdminDep = Annotated[Principal, Depends(get_admin)]
 _QUERY_NAMES: dict[int, frozenset[str]] = {}  # by id(route): routes live as long as the app
 
 
-def refuse_unknown_query(request: Request) -> None:
+async def refuse_unknown_query(request: Request) -> None:
     if not request.query_params:
         return  # the hot path (a submit) has none: nothing to look up
     route = request.scope.get("route")

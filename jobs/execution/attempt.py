@@ -64,6 +64,7 @@ from jobs.execution.leases import (
     retry_sql,
     virtual_now,
 )
+from jobs.execution.prestart import PRE_STARTS, Claim
 from jobs.execution.registry import HandlerRegistry
 from jobs.execution.results import result_fields
 from jobs.execution.running import (
@@ -86,6 +87,9 @@ from jobs.store.engine import writing
 
 logger = logging.getLogger("tierq.worker")
 
+# How long a hand-over's task waits for the start being made ahead for it.
+PRESTART_WAIT_S = 5.0
+
 # What a start moves from (``jobs_sql.start``).
 _STARTABLE = (Status.QUEUED, Status.DISPATCHED)
 
@@ -102,10 +106,13 @@ Clock = Callable[[], float]
 class Handover:
     """How the job a freed slot takes next reaches this worker: ``push``, its message, pushed
     by the index in the step that leases it (the broker is the index's Redis); else
-    ``publish(lease)`` after that step."""
+    ``publish(lease, token)`` after that step. ``prestart``: the freeing thread then makes
+    the job's start itself, under the message's token (``jobs.execution.prestart``), while
+    the message travels: only where the task that takes it runs in this process (threads)."""
 
-    publish: Callable[[Lease], None]
+    publish: Callable[[Lease, str], None]
     push: MessagePush | None = None
+    prestart: bool = False
 
 
 def execute(
@@ -118,13 +125,15 @@ def execute(
     clock: Clock | None = None,
     dispatched_at: float | None = None,
     handover: Handover | None = None,
+    token: str | None = None,
 ) -> str:
     """Run attempt ``attempt`` of job ``job_id``; return the outcome (see module constants).
     ``clock``: a virtual clock for tests (default: the runtime's, Redis's);
     ``dispatched_at``: when its lease was taken; ``handover``: how the job this slot takes
-    next reaches it (None: the slot is released, and the dispatcher fills it)."""
+    next reaches it (None: the slot is released, and the dispatcher fills it); ``token``:
+    the one its message carries (a hand-over's, whose start may be made already), else new."""
     return _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock,
-                    dispatched_at=dispatched_at, handover=handover).run(registry)
+                    dispatched_at=dispatched_at, handover=handover, token=token).run(registry)
 
 
 def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
@@ -146,6 +155,7 @@ class _Attempt:
         clock: Clock | None,
         dispatched_at: float | None = None,
         handover: Handover | None = None,
+        token: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.dispatched_at = dispatched_at
@@ -155,7 +165,12 @@ class _Attempt:
         self.job: Job | None = None  # the row, once read or started
         self.worker_id = worker_id
         # Names this handling's start in the row: a duplicated message's start is another's.
-        self.token = uuid.uuid4().hex
+        self.token = token or uuid.uuid4().hex
+        self._from_hand_over = token is not None
+        # Owns its token (``jobs.execution.prestart``): a start under it is this handling's.
+        self._owns_token = False
+        # Started ahead, moments ago, under a lease this process took: no check needed first.
+        self._fresh = False
         self.clock: Clock = clock or runtime.clock
         self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
         self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)
@@ -184,13 +199,20 @@ class _Attempt:
             job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
         )
         heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock)
-        # The lease is checked after the start, in the round trip that announces it: one
-        # reaped while the message waited in the broker (or lost with Redis) means the
-        # handler must not run, and the start is undone.
-        heartbeat.renew_now(announce=True, start=start_figures(job))
-        if ctx.lease_lost():
-            return self._hand_back(Status.RUNNING)
-        heartbeat.start()
+        if self._fresh:
+            # Leased by this process a moment ago: the lease cannot have lapsed, so the
+            # renewal that announces the start goes first in the heartbeat's thread, beside
+            # the handler (a lease lost with Redis meanwhile is told the handler as a lost
+            # lease, at once).
+            heartbeat.start(announce=True, start=start_figures(job))
+        else:
+            # The lease is checked after the start, in the round trip that announces it: one
+            # reaped while the message waited in the broker (or lost with Redis) means the
+            # handler must not run, and the start is undone.
+            heartbeat.renew_now(announce=True, start=start_figures(job))
+            if ctx.lease_lost():
+                return self._hand_back(Status.RUNNING)
+            heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
         RUNNING.add(ctx)
         try:
@@ -204,6 +226,12 @@ class _Attempt:
         """Queued → running, returning the row (the claim too): one statement. Waits out a database
         outage while the lease is held; after a retry, a start that already landed (the
         COMMIT's answer was lost) is found by reading the row back."""
+        if self._from_hand_over:
+            claim, job, age = PRE_STARTS.take(self.token, wait_s=PRESTART_WAIT_S)
+            self._owns_token = claim is Claim.OWN
+            if claim is Claim.STARTED:
+                self._fresh = age < self.runtime.policy.lease_ttl_s / 3
+                return job
         retried = [False]
 
         def start() -> Job | None:
@@ -241,6 +269,10 @@ class _Attempt:
         job = self._read()
         if job is None:
             return self._not_committed()
+        if self._owns_token and job.attempt == self.attempt and job.status is Status.RUNNING:
+            own = self._started_by_me()
+            if own is not None:
+                return own  # the start made ahead for this message, landed late
         if job.attempt != self.attempt or job.status not in _STARTABLE:
             if job.attempt == self.attempt and job.status is not Status.RUNNING:
                 # ended, or a batch item back to waiting: nobody runs this attempt
@@ -252,6 +284,14 @@ class _Attempt:
             return ended
         started = self._start()
         return self._stale(job) if started is None else started
+
+    def _started_by_me(self) -> Job | None:
+        def read() -> Job | None:
+            with self.runtime.sessions() as session:
+                return jobs_sql.started_by(session, self.job_id, attempt=self.attempt,
+                                           token=self.token)
+
+        return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
 
     def _not_committed(self) -> str:
         """No row: a submit whose commit is still on its way (its index entry comes first)
@@ -459,23 +499,52 @@ class _Attempt:
                               outcome=outcome.value)
                 return
             policy = self.runtime.policy
+            token = uuid.uuid4().hex  # the next job's message's
+            if self.handover.prestart:
+                PRE_STARTS.expect(token)  # before its message can be taken
             lease = index.hand_over(
                 self.job_id, attempt=self.attempt, lease_ttl_s=policy.lease_ttl_s,
                 capacity=policy.pool_concurrency, now=virtual_now(self._virtual_clock),
-                announce=True, outcome=outcome.value, push=self.handover.push,
+                announce=True, outcome=outcome.value, push=self.handover.push, token=token,
             )
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)
+            if self.handover is not None:
+                PRE_STARTS.settle(token, None)
             return
-        if lease is not None and self.handover.push is None:
-            self._pass_on(lease)
+        passed = lease is not None and (self.handover.push is not None
+                                        or self._pass_on(lease, token))
+        if not self.handover.prestart:
+            return
+        if passed and lease is not None:
+            # Made beside the broker's hop, not before it: this task returns at once, its
+            # slot frees, and the next message is taken while the start is being made.
+            ahead = lease
+            PRE_STARTS.run(lambda: PRE_STARTS.settle(token, self._start_ahead(ahead, token)))
+        else:
+            PRE_STARTS.settle(token, None)
 
-    def _pass_on(self, lease: Lease) -> None:
+    def _start_ahead(self, lease: Lease, token: str) -> Job | None:
+        """The next job's start, made while its message travels; one try (its task makes it
+        itself when this fails)."""
+        try:
+            with writing(self.runtime.engine) as connection:
+                return jobs_sql.start(
+                    connection, lease.job_id, attempt=lease.attempt, now=self.clock(),
+                    token=token, dispatched_at=lease.expires_at - self.runtime.policy.lease_ttl_s,
+                )
+        except Exception:
+            self._log(logging.DEBUG, "job.start_ahead_failed", next_job_id=lease.job_id,
+                      exc_info=True)
+            return None
+
+    def _pass_on(self, lease: Lease, token: str) -> bool:
         """The next job's message, to this worker's own queue; a publish that fails puts the
         lease back in the queue at once (else the job would wait a lease TTL for the reaper)."""
         assert self.handover is not None
         try:
-            self.handover.publish(lease)
+            self.handover.publish(lease, token)
+            return True
         except Exception:
             self._log(logging.WARNING, "job.handover_failed", next_job_id=lease.job_id,
                       exc_info=True)
@@ -484,6 +553,7 @@ class _Attempt:
                 self._ring()
             except redis.RedisError:
                 self._log(logging.WARNING, "job.put_back_failed", exc_info=True)
+        return False
 
     def _ring(self) -> None:
         try:

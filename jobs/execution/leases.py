@@ -159,11 +159,15 @@ class Heartbeat:
         self.renew_every_s = min(poll_s, self._ttl / 3)
         self._renewed_at = time.monotonic()  # the worker renewed just before the start
         self._stopping = threading.Event()
+        self._first: tuple[bool, StartFigures | None] | None = None
         self._renewer = threading.Thread(
             target=self._loop, name=f"lease-{ctx.job_id}", daemon=True,
         )
 
-    def start(self) -> None:
+    def start(self, *, announce: bool = False, start: StartFigures | None = None) -> None:
+        """Renew every ``renew_every_s`` from now on; ``announce`` or ``start``: renew at once
+        in the heartbeat's thread first, with those (``renew_now``), beside the handler."""
+        self._first = (announce, start) if announce or start is not None else None
         self._renewer.start()
 
     def stop(self) -> None:
@@ -184,6 +188,13 @@ class Heartbeat:
             self._renew(time.monotonic(), announce=announce, start=start)
 
     def _loop(self) -> None:
+        if self._first is not None:
+            announce, start = self._first
+            try:
+                self.renew_now(announce=announce, start=start)
+            except Exception:
+                logger.exception("job.heartbeat_error", extra={
+                    "event": "job.heartbeat_error", "job_id": self._ctx.job_id})
         while not self._stopping.wait(self.renew_every_s):
             try:
                 self.renew_now()

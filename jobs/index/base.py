@@ -209,6 +209,7 @@ class DispatchIndex(Protocol):
         outcome: str | None = None,
         take_next: bool = True,
         push: MessagePush | None = None,
+        token: str | None = None,
     ) -> Lease | None:
         """A worker's slot passes on, in one step: ``release`` the lease of ``attempt`` (with
         ``announce`` and ``outcome`` as there), then, when the pool has a free slot, lease
@@ -216,7 +217,8 @@ class DispatchIndex(Protocol):
         ``capacity``: the pool's slots (None: the live workers'). None leased (no runnable
         job or no free slot, or ``take_next`` False: a worker that is stopping): the
         dispatcher's doorbell rings instead. ``push``: the leased job's broker message,
-        pushed in the same step (Redis only; the twin has no broker and refuses it)."""
+        pushed in the same step (Redis only; the twin has no broker and refuses it), carrying
+        ``token`` as its task's fourth argument when given."""
         ...
 
     def put_back(

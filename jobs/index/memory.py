@@ -244,6 +244,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         outcome: str | None = None,
         take_next: bool = True,
         push: MessagePush | None = None,
+        token: str | None = None,
     ) -> Lease | None:
         """``announce`` and ``outcome`` reach nobody here, nor does the doorbell; there is no
         broker to ``push`` to."""

@@ -57,11 +57,12 @@ class RedisLeases(RedisScripts):
         outcome: str | None = None,
         take_next: bool = True,
         push: MessagePush | None = None,
+        token: str | None = None,
     ) -> Lease | None:
         args = [job_id, str(int(attempt)), "1" if announce else "", outcome or "",
                 score_arg(lease_ttl_s), now_arg(now),
                 "" if capacity is None else str(int(capacity)), PROMOTE_LIMIT,
-                "" if take_next else "1", "" if push is None else push.envelope]
+                "" if take_next else "1", "" if push is None else push.envelope, token or ""]
         keys = [*self._fenced, *self._keys.worker_keys()]
         if push is not None:
             keys.append(push.key)

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 import redis
 
+import jobs.execution.attempt as attempt_module
 from jobs.core.cadence import UNCOMMITTED_GRACE_S, UNCOMMITTED_RETRY_S
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
 from jobs.execution.attempt import Handover, execute
 from jobs.execution.handlers import JobContext
+from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.registry import HandlerRegistry
 from jobs.index.base import Entry, IndexedJob, Lease
 from jobs.index.redis_index import RedisIndex
@@ -310,8 +312,9 @@ def test_a_success_hands_the_next_queued_job_over_and_rings_when_none_is_left(
     assert dispatch(runtime).job_id == first.id
     handed: list[Lease] = []
 
+    hand = Handover(publish=lambda lease, _token: handed.append(lease))
     assert execute(runtime, registry, first.id, 1, worker_id=WORKER,
-                   handover=Handover(publish=handed.append)) == "succeeded"
+                   handover=hand) == "succeeded"
 
     assert [(lease.job_id, lease.attempt) for lease in handed] == [(second.id, 1)]
     assert runtime.index.entries_of([second.id]) == {
@@ -322,7 +325,9 @@ def test_a_success_hands_the_next_queued_job_over_and_rings_when_none_is_left(
     leased_at = handed[0].expires_at - LEASE_TTL_S
     more: list[Lease] = []
     assert execute(runtime, registry, second.id, handed[0].attempt, worker_id=WORKER,
-                   dispatched_at=leased_at, handover=Handover(publish=more.append)) == "succeeded"
+                   dispatched_at=leased_at,
+                   handover=Handover(publish=lambda lease, _token: more.append(lease))
+                   ) == "succeeded"
 
     assert more == []  # an empty queue: nothing handed over, the doorbell rang instead
     assert doorbell(runtime) == [b"1"]
@@ -341,7 +346,7 @@ def test_a_handover_that_raises_puts_the_next_lease_back(
     assert dispatch(runtime).job_id == first.id
     offered: list[Lease] = []
 
-    def broken_publish(lease: Lease) -> None:
+    def broken_publish(lease: Lease, _token: str) -> None:
         offered.append(lease)
         raise ConnectionError("broker unreachable")
 
@@ -358,3 +363,57 @@ def test_a_handover_that_raises_puts_the_next_lease_back(
     again = dispatch(runtime, now=runtime.index.now())
     assert (again.job_id, again.attempt) == (second.id, 1)
     assert load(runtime, second.id).status is Status.QUEUED
+
+
+# -- the start made ahead, while the next job's message travels --
+
+
+def test_the_next_jobs_start_is_made_ahead_and_its_message_runs_it_once(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
+    first, second = submit(runtime, tenant), submit(runtime, tenant)
+    assert dispatch(runtime).job_id == first.id
+    handed: list[tuple[Lease, str]] = []
+    hand = Handover(publish=lambda lease, token: handed.append((lease, token)), prestart=True)
+
+    assert execute(runtime, registry, first.id, 1, worker_id=WORKER, handover=hand) == "succeeded"
+    ((lease, token),) = handed
+    assert lease.job_id == second.id
+    claim_wait = time.monotonic() + 10
+    while load(runtime, second.id).status is not Status.RUNNING:  # made on its own thread
+        assert time.monotonic() < claim_wait, "the start ahead was not made"
+        time.sleep(0.01)
+    assert [call[0] for call in probe.calls] == [first.id]  # started, not run: its message runs it
+
+    assert execute(runtime, registry, second.id, 1, worker_id=WORKER, token=token) == "succeeded"
+    # A copy of that message (the broker delivered it twice) finds the token taken.
+    assert execute(runtime, registry, second.id, 1, worker_id=WORKER, token=token) == "stale"
+
+    assert [call[0] for call in probe.calls] == [first.id, second.id]
+    done = load(runtime, second.id)
+    assert done.status is Status.SUCCEEDED and done.starts == 1 and done.attempt == 1
+    assert runtime.index.inflight() == 0
+
+
+def test_a_start_ahead_that_lands_after_its_message_gave_up_waiting_is_still_run_once(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The message's task owns its token: a start under it found in SQL is its own, even
+    when the start ahead committed after the task stopped waiting for it."""
+    job = submit(runtime, tenant)
+    lease = dispatch(runtime)
+    token = "ahead-token"
+    PRE_STARTS.expect(token)
+    monkeypatch.setattr(attempt_module, "PRESTART_WAIT_S", 0.0)  # gives up at once
+    with runtime.sessions.begin() as session:  # the start ahead lands, its news late
+        assert jobs_sql.start(session, job.id, attempt=lease.attempt, now=time.time(),
+                              token=token) is not None
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER, token=token) == "succeeded"
+    PRE_STARTS.settle(token, None)
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER, token=token) == "stale"
+
+    assert [call[0] for call in probe.calls] == [job.id]
+    assert load(runtime, job.id).starts == 1

@@ -12,6 +12,7 @@
 -- ARGV[9] '1': lease nothing (the worker is stopping): release and ring only
 -- ARGV[10] the leased job's broker message, less its own fields ('' none: the caller
 --          publishes it): pushed to KEYS[16], its broker queue (jobs.index.values.MessagePush)
+-- ARGV[11] the token the message carries ('' none), its fourth argument
 -- Returns {} or {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}}.
 local job = ARGV[1]
 if ARGV[3] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
@@ -38,11 +39,13 @@ elseif ARGV[10] ~= nil and ARGV[10] ~= '' then
   local message = cjson.decode(ARGV[10])
   local headers, properties = message['headers'], message['properties']
   headers['id'], headers['root_id'] = id, id
-  headers['argsrepr'] = "['" .. lease[1] .. "', " .. lease[5] .. ', ' ..
-    string.format('%.6f', at) .. ']'
+  local args, repr = {lease[1], tonumber(lease[5]), at}, string.format('%.6f', at)
+  if ARGV[11] ~= nil and ARGV[11] ~= '' then
+    args[4], repr = ARGV[11], repr .. ", '" .. ARGV[11] .. "'"
+  end
+  headers['argsrepr'] = "['" .. lease[1] .. "', " .. lease[5] .. ', ' .. repr .. ']'
   properties['correlation_id'], properties['delivery_tag'] = id, id
-  message['body'] = cjson.encode({{lease[1], tonumber(lease[5]), at}, cjson.decode('{}'),
-                                  message['body']})
+  message['body'] = cjson.encode({args, cjson.decode('{}'), message['body']})
   redis.call('LPUSH', KEYS[16], cjson.encode(message))
 end
 return out

@@ -1,0 +1,106 @@
+"""Starts made ahead by the slot that hands a job over, for the message that follows it.
+
+A slot that frees leases its next job and hands that job's message to this worker's own
+queue (``jobs.index.hand_over``); while the message makes its way through the broker, the
+job's start is made in SQL, under the token the message carries, on a thread of this
+module's own (the handing task returns at once, so its slot is free for the message). The
+task that takes the message finds the start made and runs its handler at once: the start's
+round trip overlaps the broker's instead of following it.
+
+Process-local, keyed by token (one per message). The first handling to ``take`` a token owns
+it: it gets the start made for it, or is told to make the start itself (the start ahead
+failed or is late), and may then recognise a start under its token as its own. A copy of the
+message (a duplicated delivery) finds the token taken and goes the ordinary way, where the
+compare-and-set on the attempt makes it stale: one handler runs, never two.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from jobs.core.domain import Job
+
+# How long a registration is kept for a message that never came (lost, or its worker gone).
+KEEP_S = 120.0
+
+
+class Claim(Enum):
+    """What ``take`` found for a token."""
+
+    STARTED = "started"  # the start was made ahead: run the job
+    OWN = "own"  # this handling owns the token, no start was made ahead: start it
+    COPY = "copy"  # another handling took the token: a copy of the message
+    UNKNOWN = "unknown"  # nothing was started ahead for it in this process
+
+
+@dataclass
+class _Entry:
+    made_at: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    job: Job | None = None
+    taken: bool = False
+
+
+class PreStarts:
+    """The starts made ahead in this process, by token."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def run(self, step: Callable[[], None]) -> None:
+        """Run ``step`` (a start made ahead) on this process's own threads, so that the
+        task that handed its job over returns at once; built on first use, anew after a fork."""
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=2, thread_name_prefix="start-ahead")
+                self._pid = os.getpid()
+            pool = self._pool
+        pool.submit(step)
+
+    def expect(self, token: str) -> None:
+        """A start will be made ahead for ``token`` (before its message can be taken)."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._entries) > 64:
+                self._entries = {t: e for t, e in self._entries.items()
+                                 if now - e.made_at < KEEP_S}
+            self._entries[token] = _Entry(made_at=now)
+
+    def settle(self, token: str, job: Job | None) -> None:
+        """The start made ahead for ``token``: the row, or None (not made)."""
+        with self._lock:
+            entry = self._entries.get(token)
+        if entry is not None:
+            entry.job = job
+            entry.done.set()
+
+    def take(self, token: str, *, wait_s: float) -> tuple[Claim, Job | None, float]:
+        """Claim ``token`` for this handling, waiting up to ``wait_s`` for a start being made;
+        returns the claim, the row started ahead (``STARTED`` only) and its age in seconds."""
+        with self._lock:
+            entry = self._entries.get(token)
+            if entry is None:
+                return Claim.UNKNOWN, None, 0.0
+            if entry.taken:
+                return Claim.COPY, None, 0.0
+            entry.taken = True
+        entry.done.wait(wait_s)
+        age = time.monotonic() - entry.made_at
+        if entry.done.is_set() and entry.job is not None:
+            with self._lock:
+                self._entries.pop(token, None)
+            return Claim.STARTED, entry.job, age
+        return Claim.OWN, None, age
+
+
+PRE_STARTS = PreStarts()

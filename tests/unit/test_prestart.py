@@ -1,0 +1,68 @@
+"""The registry of starts made ahead: one handling owns a token, a copy never does."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from jobs.core.domain import Job
+from jobs.core.states import Status
+from jobs.execution.prestart import Claim, PreStarts
+
+pytestmark = pytest.mark.unit
+
+
+def job() -> Job:
+    return Job(id="j", tenant_id="t", tier="free", kind="echo", payload={},
+               status=Status.RUNNING, attempt=1, max_attempts=3, order_key=0.0,
+               enqueued_at=0.0, created_at=0.0)
+
+
+def test_a_token_nobody_expected_is_unknown() -> None:
+    assert PreStarts().take("t1", wait_s=0)[0] is Claim.UNKNOWN
+
+
+def test_the_first_taker_gets_the_start_and_a_copy_finds_it_taken() -> None:
+    starts, row = PreStarts(), job()
+    starts.expect("t1")
+    starts.settle("t1", row)
+
+    claim, found, age = starts.take("t1", wait_s=0)
+
+    assert (claim, found) == (Claim.STARTED, row) and age >= 0
+    assert starts.take("t1", wait_s=0)[0] is Claim.UNKNOWN  # its copy: no start to adopt
+
+
+def test_a_start_not_made_leaves_the_taker_owning_its_token_and_a_copy_a_copy() -> None:
+    starts = PreStarts()
+    starts.expect("t1")
+    starts.settle("t1", None)
+
+    assert starts.take("t1", wait_s=0)[:2] == (Claim.OWN, None)
+    assert starts.take("t1", wait_s=0)[0] is Claim.COPY
+
+
+def test_a_late_start_is_waited_for_and_one_too_late_is_the_takers_to_make() -> None:
+    starts, row = PreStarts(), job()
+    starts.expect("late")
+    timer = threading.Timer(0.05, starts.settle, ("late", row))
+    timer.start()
+    assert starts.take("late", wait_s=5)[:2] == (Claim.STARTED, row)
+    timer.join()
+
+    starts.expect("never")
+    assert starts.take("never", wait_s=0.01)[:2] == (Claim.OWN, None)
+
+
+def test_run_runs_the_step_on_a_thread_of_its_own() -> None:
+    starts, ran = PreStarts(), threading.Event()
+    names: list[str] = []
+
+    def step() -> None:
+        names.append(threading.current_thread().name)
+        ran.set()
+
+    starts.run(step)
+    assert ran.wait(5)
+    assert names[0].startswith("start-ahead")
