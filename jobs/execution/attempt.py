@@ -1,28 +1,33 @@
 """The worker side of a job: start it, keep its lease, run its handler, record how it ended.
 
-Celery-free: the ``tierq.run_job`` task only unpacks ``(job_id, attempt)`` and calls
+Celery-free: the ``tierq.run_job`` task only unpacks its message's arguments and calls
 ``execute``. Every state change is a compare-and-set on ``(status, attempt)``, so a
 duplicated or stale message, or a late result after the lease was reaped, changes nothing.
 
 - The start is one statement (``jobs_sql.start``: queued → running, returning the
-  row), and names itself in the row with a token new for each message handled: a start
-  retried after its COMMIT's answer was lost finds its own start by that token, never a
-  copy of the same message's start on another worker. Work nobody will collect is not
-  computed: a cancel request or a passed ``start_by`` makes the start not happen, and the
-  job ends (``cancelled``/``expired``) without its handler running; only then is the row
-  read.
+  row), and is also the claim: a dispatch writes nothing to SQL, so what a lease meets (a
+  row not committed yet, cancelled, late, ended) is settled here (``_not_started``). It
+  names itself in the row with a token new for each message handled: a start retried after
+  its COMMIT's answer was lost finds its own start by that token, never a copy of the same
+  message's start on another worker. Work nobody will collect is not computed: a cancel
+  request or a passed ``start_by`` makes the start not happen, and the job ends
+  (``cancelled``/``expired``) without its handler running; only then is the row read.
 - Right after the start, one round trip renews this attempt's lease and announces the start.
   A lease that is gone (reaped while the message waited in the broker, or lost with Redis)
   means the start is undone: the job goes back to the queue by compare-and-set, uncharged,
-  instead of being run by a worker nobody accounts for.
+  instead of being run by a worker nobody accounts for. A start made ahead by the slot
+  that handed the job over (``jobs.execution.prestart``), moments ago under a lease this
+  process took, cannot have lost its lease that way: that renewal goes first in the
+  heartbeat's thread, beside the handler.
 - While the handler runs, a heartbeat thread renews the lease (``jobs.execution.leases``); the
   renewal also tells of a cancel request, so a running job costs SQL nothing. A failed
   renewal marks the lease lost.
 - A lease is released only after a state change of *this* attempt succeeded, and release
   names the attempt: a stale call never touches the next attempt's lease. The release also
-  rings the doorbell, so the dispatcher fills the slot at once, and announces the change
-  (``jobs.index.notify``), so long-polls of the job wake: one round trip. Every other state change
-  is announced after its commit on its own.
+  passes the slot on (``hand_over``: the best runnable job is leased in the same script and
+  its message sent to this worker's own queue) or, with nothing to pass on, rings the
+  doorbell; and it announces the change (``jobs.index.notify``), so long-polls of the job
+  wake: one round trip. Every other state change is announced after its commit on its own.
 - A worker told to stop hands back the jobs it cannot finish within its grace
   (``hand_back_running``: ``jobs.execution.running``): each goes back to the queue as a new
   attempt, uncharged, keeping its place in line, instead of waiting a lease TTL for the reaper.
