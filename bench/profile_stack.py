@@ -4,8 +4,8 @@ client threads, each process sampled by py-spy (``--gil``: where the CPU goes) m
     python bench/profile_stack.py [--jobs 6000] [--hold-ms 0] [--seconds 20] [--out DIR]
 
 Writes ``<out>/<process>.txt`` (py-spy's raw format, one stack per line with its count) and
-prints each process's heaviest functions, inclusive. py-spy must be installed (``pip install
-py-spy``); the bench's PostgreSQL and Redis are found as in ``bench/e2e.py``.
+prints each process's heaviest functions, inclusive. py-spy comes with the dev extra; the
+bench's PostgreSQL and Redis are found as in ``bench/e2e.py``.
 """
 
 from __future__ import annotations
