@@ -43,23 +43,15 @@ duplicated or stale message, or a late result after the lease was reaped, change
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
-import sqlalchemy.exc as sa_exc
-from sqlalchemy.orm import Session
 
-from jobs.core.cadence import UNCOMMITTED_RETRY_S
 from jobs.core.domain import Job
-from jobs.core.histograms import StartFigures
-from jobs.core.ids import may_be_uncommitted
-from jobs.core.policy import retry_backoff_s
-from jobs.core.states import NEW_ATTEMPT, Status
+from jobs.core.states import Status
 from jobs.execution.handlers import JobContext
 from jobs.execution.leases import (
     CANCEL_POLL_S,
@@ -67,25 +59,30 @@ from jobs.execution.leases import (
     LeaseKeeper,
     SqlUnreachable,
     retry_sql,
+    start_figures,
     virtual_now,
 )
+from jobs.execution.outcome import STALE, RecordsOutcome
 from jobs.execution.prestart import PRE_STARTS, Claim
 from jobs.execution.registry import HandlerRegistry
-from jobs.execution.results import result_fields
 from jobs.execution.running import (
     CANCELLED,
     FAILED,
     RUNNING,
     SUCCEEDED,
-    Ending,
     call_handler,
-    cut_error,
-    describe_error,
     hand_back_running,
     log_job,
 )
-from jobs.index import notify, wake
-from jobs.index.base import IndexedJob, Lease, MessagePush
+from jobs.execution.slots import (
+    Handover,
+    entry_of,
+    free_lease,
+    pass_on,
+    ring,
+    settle_uncommitted,
+)
+from jobs.index import notify
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
 from jobs.store.engine import writing
@@ -99,25 +96,12 @@ PRESTART_WAIT_S = 5.0
 _STARTABLE = (Status.QUEUED, Status.DISPATCHED)
 
 EXPIRED = "expired"  # SUCCEEDED, FAILED, CANCELLED: how a handler ended (running)
-REQUEUED, STALE, HANDED_BACK = "requeued", "stale", "handed_back"
+HANDED_BACK = "handed_back"
 
-__all__ = ["CANCELLED", "CANCEL_POLL_S", "FAILED", "SUCCEEDED", "Heartbeat", "execute",
-           "hand_back_running"]
+__all__ = ["CANCELLED", "CANCEL_POLL_S", "FAILED", "SUCCEEDED", "Handover", "Heartbeat",
+           "execute", "hand_back_running"]
 
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Handover:
-    """How the job a freed slot takes next reaches this worker: ``push``, its message, pushed
-    by the index in the step that leases it (the broker is the index's Redis); else
-    ``publish(lease, token)`` after that step. ``prestart``: the freeing thread then makes
-    the job's start itself, under the message's token (``jobs.execution.prestart``), while
-    the message travels: only where the task that takes it runs in this process (threads)."""
-
-    publish: Callable[[Lease, str], None]
-    push: MessagePush | None = None
-    prestart: bool = False
 
 
 def execute(
@@ -147,7 +131,7 @@ def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
         "event": "job.sql_gave_up", "job_id": job_id, "attempt": attempt, "step": step})
 
 
-class _Attempt:
+class _Attempt(RecordsOutcome):
     """One attempt of one job, dispatched to this worker."""
 
     def __init__(
@@ -281,7 +265,7 @@ class _Attempt:
         if job.attempt != self.attempt or job.status not in _STARTABLE:
             if job.attempt == self.attempt and job.status is not Status.RUNNING:
                 # ended, or a batch item back to waiting: nobody runs this attempt
-                self._free_lease()
+                free_lease(self.runtime, self.job_id, self.attempt)
             return self._stale(job)
         self.job = job
         ended = self._before_start(job)
@@ -299,28 +283,8 @@ class _Attempt:
         return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
 
     def _not_committed(self) -> str:
-        """No row: a submit whose commit is still on its way (its index entry comes first)
-        goes back to the queue, its place kept, and is offered again shortly; past the
-        grace of an uncommitted submit, a failed submit's leftover is dropped."""
-        try:
-            if may_be_uncommitted(self.job_id, self.clock()):
-                self.runtime.index.put_back(self.job_id, attempt=self.attempt,
-                                            not_before=self.clock() + UNCOMMITTED_RETRY_S)
-            else:
-                self.runtime.index.release(self.job_id, attempt=self.attempt, ring=True)
-        except redis.RedisError:  # the lease lapses, and the reaper decides
-            logger.warning("job.put_back_failed", extra={
-                "event": "job.put_back_failed", "job_id": self.job_id,
-                "attempt": self.attempt}, exc_info=True)
+        settle_uncommitted(self.runtime, self.job_id, self.attempt, self.clock())
         return self._stale(None)
-
-    def _free_lease(self) -> None:
-        try:
-            self.runtime.index.release(self.job_id, attempt=self.attempt, ring=True)
-        except redis.RedisError:
-            logger.warning("job.release_failed", extra={
-                "event": "job.release_failed", "job_id": self.job_id, "attempt": self.attempt},
-                exc_info=True)
 
     def _stale(self, job: Job | None) -> str:
         logger.info(
@@ -345,10 +309,10 @@ class _Attempt:
             self._log(logging.INFO, "job.stale", reason="lease gone, job moved on")
             return STALE
         try:
-            self.runtime.index.requeue(_entry(job, attempt=job.attempt + 1))
+            self.runtime.index.requeue(entry_of(job, attempt=job.attempt + 1))
         except redis.RedisError:
             self._log(logging.ERROR, "job.requeue_failed", exc_info=True)
-        self._ring()
+        ring(self.runtime)
         self._log(logging.WARNING, "job.handed_back", reason=reason)
         return HANDED_BACK
 
@@ -372,82 +336,6 @@ class _Attempt:
         self._log(logging.INFO, f"job.{dst.value}", before_start=True)
         return dst.value
 
-    def _finish(self, ending: Ending, heartbeat: Heartbeat) -> str:
-        """Record how the handler ended (a lease lost meanwhile: the reaper has the job)."""
-        if ending.kind == "lease_lost":
-            self._log(logging.WARNING, "job.stale", reason="lease lost")
-            return STALE
-        if ending.kind == "handback":
-            heartbeat.stop()  # the requeue replaces this attempt's lease; no renewal after it
-            return self._hand_back(Status.RUNNING, reason="worker stopping")
-        if ending.kind == "retry":
-            return self._retry(ending.error or "RetryableError", heartbeat)
-        if ending.kind == SUCCEEDED:
-            try:
-                encoded = json.dumps(ending.result, allow_nan=False, separators=(",", ":"))
-            except (TypeError, ValueError) as exc:
-                error = f"result is not JSON-serialisable: {describe_error(exc)}"
-                return self._end(Status.FAILED, heartbeat, error=cut_error(error))
-            return self._end(Status.SUCCEEDED, heartbeat, **result_fields(
-                self.runtime, encoded, clock=self.clock, job=self._job, worker_id=self.worker_id))
-        if ending.kind == FAILED:
-            return self._end(Status.FAILED, heartbeat, error=ending.error)
-        return self._end(Status.CANCELLED, heartbeat)
-
-    def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
-        try:
-            moved = self._transition(Status.RUNNING, dst, announce=False, **fields)
-        except sa_exc.DataError as exc:
-            if dst is Status.FAILED and set(fields) == {"error"}:
-                raise  # not even a plain error text could be stored
-            # An outcome the database refuses (a U+0000 in a result PostgreSQL cannot hold)
-            # ends the attempt once, failed with what can be stored, never run again.
-            first = str(exc.orig or exc).splitlines()[0]
-            self._log(logging.WARNING, "job.outcome_unstorable", error=first, outcome=dst.value)
-            return self._end(Status.FAILED, heartbeat, error=cut_error(
-                f"the job's {dst.value} outcome could not be stored: {first}"))
-        if not moved:  # the release announces
-            self._log(logging.WARNING, "job.stale", reason="late result rejected")
-            return STALE
-        heartbeat.stop()  # no renewal may follow the release
-        self._release(dst)
-        level = logging.WARNING if dst is Status.FAILED else logging.INFO
-        self._log(level, f"job.{dst.value}", error=fields.get("error"),
-                  duration_s=self._run_time())
-        return dst.value
-
-    def _retry(self, error: str, heartbeat: Heartbeat) -> str:
-        job, policy = self._job, self.runtime.policy
-        starts = job.starts  # the row as started: this attempt's start included
-        if starts >= job.max_attempts:
-            return self._end(
-                Status.FAILED, heartbeat,
-                error=cut_error(f"{error} (start {starts} of {job.max_attempts})"),
-            )
-        delay = retry_backoff_s(starts, policy.retry_backoff_s, policy.retry_backoff_max_s)
-        not_before = self.clock() + delay
-        if job.start_by is not None and not_before >= job.start_by:
-            return self._end(
-                Status.FAILED, heartbeat,
-                error=cut_error(f"{error} (start {starts}; a retry could not start before the "
-                           "job's deadline, max_wait_s)"),
-            )
-        if not self._transition(Status.RUNNING, Status.QUEUED, not_before=not_before):
-            self._log(logging.WARNING, "job.stale", reason="late retry rejected")
-            return STALE
-        heartbeat.stop()
-        try:
-            # Replaces this attempt's lease atomically (the entry is the next attempt's): no
-            # release afterwards, which could drop the lease of the next attempt.
-            self.runtime.index.requeue(
-                _entry(job, attempt=job.attempt + 1, not_before=not_before)
-            )
-        except redis.RedisError:
-            self._log(logging.ERROR, "job.requeue_failed", exc_info=True)
-        self._ring()
-        self._log(logging.INFO, "job.requeued", not_before=not_before, error=error)
-        return REQUEUED
-
     def _transition(
         self, src: Status, dst: Status, *, announce: bool = True, **fields: Any
     ) -> bool:
@@ -464,7 +352,7 @@ class _Attempt:
                         now=self.clock(), **fields,
                     )
             with self.runtime.sessions.begin() as session:
-                if _landed(session, job, src, dst):
+                if jobs_sql.landed(session, job, src, dst):
                     return True
                 return jobs_sql.transition(
                     session, job.id, src=src, attempt=job.attempt, dst=dst,
@@ -481,115 +369,26 @@ class _Attempt:
             self._announce()
         return moved
 
-    def _run_time(self) -> float | None:
-        """Seconds since this attempt started (the ``duration_s`` of its ending)."""
-        started = self._job.started_at
-        return None if started is None else round(max(0.0, self.clock() - started), 6)
-
     def _announce(self) -> None:
         """After a commit: wake long-polls of this job (best effort)."""
         notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [self.job_id])
 
     def _release(self, outcome: Status) -> None:
         """After an ending's commit: release, announce the change and count the outcome, one
-        round trip. With a ``handover``, the same step leases the best runnable job for the
-        slot this frees (``hand_over``) and hands it to this worker's own queue; without one,
-        or when nothing was leased, the dispatcher's doorbell rings. Best effort: a lease that
-        cannot be released now expires and is reaped (a lost announcement costs a long-poll
-        its safety-net period, a lost count one job in ``tierq_jobs_entered_total``)."""
-        index = self.runtime.index
+        round trip; with a ``handover``, the same step passes the slot on to the next job
+        (``jobs.execution.slots.pass_on``); without one, the dispatcher's doorbell rings.
+        Best effort: a lease that cannot be released now expires and is reaped (a lost
+        announcement costs a long-poll its safety-net period, a lost count one job in
+        ``tierq_jobs_entered_total``)."""
+        if self.handover is not None:
+            pass_on(self.runtime, self.handover, job_id=self.job_id, attempt=self.attempt,
+                    outcome=outcome, now=virtual_now(self._virtual_clock), clock=self.clock)
+            return
         try:
-            if self.handover is None:
-                index.release(self.job_id, attempt=self.attempt, ring=True, announce=True,
-                              outcome=outcome.value)
-                return
-            policy = self.runtime.policy
-            token = uuid.uuid4().hex  # the next job's message's
-            if self.handover.prestart:
-                PRE_STARTS.expect(token)  # before its message can be taken
-            lease = index.hand_over(
-                self.job_id, attempt=self.attempt, lease_ttl_s=policy.lease_ttl_s,
-                capacity=policy.pool_concurrency, now=virtual_now(self._virtual_clock),
-                announce=True, outcome=outcome.value, push=self.handover.push, token=token,
-            )
+            self.runtime.index.release(self.job_id, attempt=self.attempt, ring=True,
+                                       announce=True, outcome=outcome.value)
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)
-            if self.handover is not None:
-                PRE_STARTS.settle(token, None)
-            return
-        passed = lease is not None and (self.handover.push is not None
-                                        or self._pass_on(lease, token))
-        if not self.handover.prestart:
-            return
-        if passed and lease is not None:
-            # Made beside the broker's hop, not before it: this task returns at once, its
-            # slot frees, and the next message is taken while the start is being made.
-            ahead = lease
-            PRE_STARTS.run(lambda: PRE_STARTS.settle(token, self._start_ahead(ahead, token)))
-        else:
-            PRE_STARTS.settle(token, None)
-
-    def _start_ahead(self, lease: Lease, token: str) -> Job | None:
-        """The next job's start, made while its message travels; one try (its task makes it
-        itself when this fails)."""
-        try:
-            with writing(self.runtime.engine) as connection:
-                return jobs_sql.start(
-                    connection, lease.job_id, attempt=lease.attempt, now=self.clock(),
-                    token=token, dispatched_at=lease.expires_at - self.runtime.policy.lease_ttl_s,
-                )
-        except Exception:
-            self._log(logging.DEBUG, "job.start_ahead_failed", next_job_id=lease.job_id,
-                      exc_info=True)
-            return None
-
-    def _pass_on(self, lease: Lease, token: str) -> bool:
-        """The next job's message, to this worker's own queue; a publish that fails puts the
-        lease back in the queue at once (else the job would wait a lease TTL for the reaper)."""
-        assert self.handover is not None
-        try:
-            self.handover.publish(lease, token)
-            return True
-        except Exception:
-            self._log(logging.WARNING, "job.handover_failed", next_job_id=lease.job_id,
-                      exc_info=True)
-            try:
-                self.runtime.index.put_back(lease.job_id, attempt=lease.attempt)
-                self._ring()
-            except redis.RedisError:
-                self._log(logging.WARNING, "job.put_back_failed", exc_info=True)
-        return False
-
-    def _ring(self) -> None:
-        try:
-            wake.ring(self.runtime.redis, self.runtime.settings.key_prefix)
-        except redis.RedisError:
-            self._log(logging.WARNING, "dispatcher.ring_failed", exc_info=True)
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)
-
-
-def start_figures(job: Job) -> StartFigures | None:
-    """The queue wait (started - enqueued) and dispatch latency (started - dispatched) of a
-    start, as recorded with the renewal that announces it."""
-    if job.started_at is None:
-        return None
-    dispatch_s = None if job.dispatched_at is None else job.started_at - job.dispatched_at
-    return StartFigures(wait_s=job.started_at - job.enqueued_at, dispatch_s=dispatch_s)
-
-
-def _entry(job: Job, *, attempt: int, not_before: float | None = None) -> IndexedJob:
-    return IndexedJob(
-        job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
-        start_by=job.start_by, not_before=not_before, attempt=attempt,
-    )
-
-
-def _landed(session: Session, job: Job, src: Status, dst: Status) -> bool:
-    """This attempt's move to ``dst`` is already in the row (a new attempt for a requeue)."""
-    current = jobs_sql.get_job(session, job.id)
-    if current is None or current.status is not dst:
-        return False
-    expected = job.attempt + 1 if (src, dst) in NEW_ATTEMPT else job.attempt
-    return current.attempt == expected

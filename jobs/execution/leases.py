@@ -27,6 +27,7 @@ import redis
 import sqlalchemy.exc
 import tenacity
 
+from jobs.core.domain import Job
 from jobs.core.errors import TierqError
 from jobs.core.histograms import StartFigures
 from jobs.execution.handlers import JobContext
@@ -228,3 +229,12 @@ class Heartbeat:
     def _warn(self, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         extra = {"event": event, "job_id": self._ctx.job_id, "attempt": self._ctx.attempt}
         logger.warning(event, extra={**extra, **fields}, exc_info=exc_info)
+
+
+def start_figures(job: Job) -> StartFigures | None:
+    """The queue wait (started - enqueued) and dispatch latency (started - dispatched) of a
+    start, as recorded with the renewal that announces it."""
+    if job.started_at is None:
+        return None
+    dispatch_s = None if job.dispatched_at is None else job.started_at - job.dispatched_at
+    return StartFigures(wait_s=job.started_at - job.enqueued_at, dispatch_s=dispatch_s)

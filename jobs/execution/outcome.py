@@ -1,0 +1,137 @@
+"""How a started attempt ends: its handler's ``Ending`` recorded as the job's outcome.
+
+A mixin of ``jobs.execution.attempt._Attempt``, which owns the attempt's state (the row, the
+compare-and-set, the release): what is decided here is only which move an ending makes. A
+success stores its result (inline or as a blob); a retryable error goes back to the queue as
+the next attempt after its backoff, unless its starts are spent or the retry could only
+start after the job's deadline (then ``failed``, saying why); an outcome the database
+refuses (a U+0000 PostgreSQL cannot hold) ends the attempt once, ``failed`` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import sqlalchemy.exc as sa_exc
+
+from jobs.core.domain import Job
+from jobs.core.policy import retry_backoff_s
+from jobs.core.states import Status
+from jobs.execution.leases import Heartbeat
+from jobs.execution.results import result_fields
+from jobs.execution.running import FAILED, SUCCEEDED, Ending, cut_error, describe_error
+from jobs.execution.slots import entry_of, ring
+from jobs.process.runtime import Runtime
+
+REQUEUED, STALE = "requeued", "stale"
+
+
+class RecordsOutcome:
+    """The endings of an attempt; the attempt provides the state and the moves."""
+
+    runtime: Runtime
+    worker_id: str
+    clock: Callable[[], float]
+
+    @property
+    def _job(self) -> Job:
+        raise NotImplementedError
+
+    def _transition(
+        self, src: Status, dst: Status, *, announce: bool = True, **fields: Any
+    ) -> bool:
+        raise NotImplementedError
+
+    def _hand_back(self, src: Status, reason: str = "") -> str:
+        raise NotImplementedError
+
+    def _release(self, outcome: Status) -> None:
+        raise NotImplementedError
+
+    def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
+        raise NotImplementedError
+
+    def _finish(self, ending: Ending, heartbeat: Heartbeat) -> str:
+        """Record how the handler ended (a lease lost meanwhile: the reaper has the job)."""
+        if ending.kind == "lease_lost":
+            self._log(logging.WARNING, "job.stale", reason="lease lost")
+            return STALE
+        if ending.kind == "handback":
+            heartbeat.stop()  # the requeue replaces this attempt's lease; no renewal after it
+            return self._hand_back(Status.RUNNING, reason="worker stopping")
+        if ending.kind == "retry":
+            return self._retry(ending.error or "RetryableError", heartbeat)
+        if ending.kind == SUCCEEDED:
+            try:
+                encoded = json.dumps(ending.result, allow_nan=False, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                error = f"result is not JSON-serialisable: {describe_error(exc)}"
+                return self._end(Status.FAILED, heartbeat, error=cut_error(error))
+            return self._end(Status.SUCCEEDED, heartbeat, **result_fields(
+                self.runtime, encoded, clock=self.clock, job=self._job, worker_id=self.worker_id))
+        if ending.kind == FAILED:
+            return self._end(Status.FAILED, heartbeat, error=ending.error)
+        return self._end(Status.CANCELLED, heartbeat)
+
+    def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
+        try:
+            moved = self._transition(Status.RUNNING, dst, announce=False, **fields)
+        except sa_exc.DataError as exc:
+            if dst is Status.FAILED and set(fields) == {"error"}:
+                raise  # not even a plain error text could be stored
+            # An outcome the database refuses (a U+0000 in a result PostgreSQL cannot hold)
+            # ends the attempt once, failed with what can be stored, never run again.
+            first = str(exc.orig or exc).splitlines()[0]
+            self._log(logging.WARNING, "job.outcome_unstorable", error=first, outcome=dst.value)
+            return self._end(Status.FAILED, heartbeat, error=cut_error(
+                f"the job's {dst.value} outcome could not be stored: {first}"))
+        if not moved:  # the release announces
+            self._log(logging.WARNING, "job.stale", reason="late result rejected")
+            return STALE
+        heartbeat.stop()  # no renewal may follow the release
+        self._release(dst)
+        level = logging.WARNING if dst is Status.FAILED else logging.INFO
+        self._log(level, f"job.{dst.value}", error=fields.get("error"),
+                  duration_s=self._run_time())
+        return dst.value
+
+    def _retry(self, error: str, heartbeat: Heartbeat) -> str:
+        job, policy = self._job, self.runtime.policy
+        starts = job.starts  # the row as started: this attempt's start included
+        if starts >= job.max_attempts:
+            return self._end(
+                Status.FAILED, heartbeat,
+                error=cut_error(f"{error} (start {starts} of {job.max_attempts})"),
+            )
+        delay = retry_backoff_s(starts, policy.retry_backoff_s, policy.retry_backoff_max_s)
+        not_before = self.clock() + delay
+        if job.start_by is not None and not_before >= job.start_by:
+            return self._end(
+                Status.FAILED, heartbeat,
+                error=cut_error(f"{error} (start {starts}; a retry could not start before the "
+                           "job's deadline, max_wait_s)"),
+            )
+        if not self._transition(Status.RUNNING, Status.QUEUED, not_before=not_before):
+            self._log(logging.WARNING, "job.stale", reason="late retry rejected")
+            return STALE
+        heartbeat.stop()
+        try:
+            # Replaces this attempt's lease atomically (the entry is the next attempt's): no
+            # release afterwards, which could drop the lease of the next attempt.
+            self.runtime.index.requeue(
+                entry_of(job, attempt=job.attempt + 1, not_before=not_before)
+            )
+        except redis.RedisError:
+            self._log(logging.ERROR, "job.requeue_failed", exc_info=True)
+        ring(self.runtime)
+        self._log(logging.INFO, "job.requeued", not_before=not_before, error=error)
+        return REQUEUED
+
+    def _run_time(self) -> float | None:
+        """Seconds since this attempt started (the ``duration_s`` of its ending)."""
+        started = self._job.started_at
+        return None if started is None else round(max(0.0, self.clock() - started), 6)

@@ -1,0 +1,164 @@
+"""What a worker does with the leases of its slot beside running the job: pass the slot on
+to the next job when one ends, and settle a lease whose job could not start.
+
+Apart from ``jobs.execution.attempt`` because none of it is the attempt's own state change:
+each step here is one index call (and, for the start made ahead, one statement), best
+effort, and a lease left behind by a failure lapses and is reaped.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from jobs.core.cadence import UNCOMMITTED_RETRY_S
+from jobs.core.domain import Job
+from jobs.core.ids import may_be_uncommitted
+from jobs.core.states import Status
+from jobs.execution.prestart import PRE_STARTS
+from jobs.index import wake
+from jobs.index.base import IndexedJob, Lease, MessagePush
+from jobs.process.runtime import Runtime
+from jobs.store import jobs as jobs_sql
+from jobs.store.engine import writing
+
+logger = logging.getLogger("tierq.worker")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Handover:
+    """How the job a freed slot takes next reaches this worker: ``push``, its message, pushed
+    by the index in the step that leases it (the broker is the index's Redis); else
+    ``publish(lease, token)`` after that step. ``prestart``: the job's start is then made
+    ahead, under the message's token (``jobs.execution.prestart``), while the message
+    travels: only where the task that takes it runs in this process (threads)."""
+
+    publish: Callable[[Lease, str], None]
+    push: MessagePush | None = None
+    prestart: bool = False
+
+
+def pass_on(
+    runtime: Runtime,
+    handover: Handover,
+    *,
+    job_id: str,
+    attempt: int,
+    outcome: Status,
+    now: float | None,
+    clock: Callable[[], float],
+) -> None:
+    """After an ending's commit: release this attempt's lease, announce and count the
+    ending, and lease the best runnable job for the slot it frees (``hand_over``, one
+    script), whose message then reaches this worker's own queue; with nothing to pass on,
+    the script rings the doorbell. ``now``: a virtual clock's time for the index (None:
+    Redis's)."""
+    token = uuid.uuid4().hex  # the next job's message's
+    if handover.prestart:
+        PRE_STARTS.expect(token)  # before its message can be taken
+    policy = runtime.policy
+    try:
+        lease = runtime.index.hand_over(
+            job_id, attempt=attempt, lease_ttl_s=policy.lease_ttl_s,
+            capacity=policy.pool_concurrency, now=now, announce=True,
+            outcome=outcome.value, push=handover.push, token=token,
+        )
+    except redis.RedisError:
+        logger.warning("job.release_failed", extra={
+            "event": "job.release_failed", "job_id": job_id, "attempt": attempt},
+            exc_info=True)
+        PRE_STARTS.settle(token, None)
+        return
+    passed = lease is not None and (handover.push is not None
+                                    or _publish(runtime, handover, lease, token))
+    if not handover.prestart:
+        return
+    if passed and lease is not None:
+        # Made beside the broker's hop, not before it: this task returns at once, its slot
+        # frees, and the next message is taken while the start is being made.
+        ahead = lease
+        PRE_STARTS.run(lambda: PRE_STARTS.settle(token, _start_ahead(runtime, ahead, token,
+                                                                     clock)))
+    else:
+        PRE_STARTS.settle(token, None)
+
+
+def _start_ahead(
+    runtime: Runtime, lease: Lease, token: str, clock: Callable[[], float]
+) -> Job | None:
+    """The next job's start, made while its message travels; one try (its task makes it
+    itself when this fails)."""
+    try:
+        with writing(runtime.engine) as connection:
+            return jobs_sql.start(
+                connection, lease.job_id, attempt=lease.attempt, now=clock(), token=token,
+                dispatched_at=lease.expires_at - runtime.policy.lease_ttl_s,
+            )
+    except Exception:
+        logger.debug("job.start_ahead_failed", extra={
+            "event": "job.start_ahead_failed", "job_id": lease.job_id}, exc_info=True)
+        return None
+
+
+def _publish(runtime: Runtime, handover: Handover, lease: Lease, token: str) -> bool:
+    """The next job's message, to this worker's own queue; a publish that fails puts the
+    lease back in the queue at once (else the job would wait a lease TTL for the reaper)."""
+    try:
+        handover.publish(lease, token)
+        return True
+    except Exception:
+        logger.warning("job.handover_failed", extra={
+            "event": "job.handover_failed", "job_id": lease.job_id}, exc_info=True)
+        try:
+            runtime.index.put_back(lease.job_id, attempt=lease.attempt)
+            ring(runtime)
+        except redis.RedisError:
+            logger.warning("job.put_back_failed", extra={
+                "event": "job.put_back_failed", "job_id": lease.job_id}, exc_info=True)
+    return False
+
+
+def settle_uncommitted(runtime: Runtime, job_id: str, attempt: int, now: float) -> None:
+    """A lease whose row is not there: a submit whose commit is still on its way (its index
+    entry comes first) goes back to the queue, its place kept, offered again shortly; past
+    the grace of an uncommitted submit, a failed submit's leftover is dropped."""
+    try:
+        if may_be_uncommitted(job_id, now):
+            runtime.index.put_back(job_id, attempt=attempt, not_before=now + UNCOMMITTED_RETRY_S)
+        else:
+            runtime.index.release(job_id, attempt=attempt, ring=True)
+    except redis.RedisError:  # the lease lapses, and the reaper decides
+        logger.warning("job.put_back_failed", extra={
+            "event": "job.put_back_failed", "job_id": job_id, "attempt": attempt},
+            exc_info=True)
+
+
+def free_lease(runtime: Runtime, job_id: str, attempt: int) -> None:
+    """Release a lease nobody will run (its row ended, or went back to waiting)."""
+    try:
+        runtime.index.release(job_id, attempt=attempt, ring=True)
+    except redis.RedisError:
+        logger.warning("job.release_failed", extra={
+            "event": "job.release_failed", "job_id": job_id, "attempt": attempt},
+            exc_info=True)
+
+
+def ring(runtime: Runtime) -> None:
+    """Wake the dispatcher (best effort)."""
+    try:
+        wake.ring(runtime.redis, runtime.settings.key_prefix)
+    except redis.RedisError:
+        logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"},
+                       exc_info=True)
+
+
+def entry_of(job: Job, *, attempt: int, not_before: float | None = None) -> IndexedJob:
+    """The index entry of ``job`` queued again at ``attempt``."""
+    return IndexedJob(
+        job_id=job.id, tenant=job.tenant_id, tier=job.tier, order_key=job.order_key,
+        start_by=job.start_by, not_before=not_before, attempt=attempt,
+    )
