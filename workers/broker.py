@@ -26,6 +26,12 @@ messages and publisher confirms. Not quorum queues, although Celery 5.5+ handles
 - replication buys nothing here: the broker is not the record of work. A message lost with
   a broker node is a lease that lapses, and the job is dispatched again from SQL and Redis.
 
+On Redis, kombu's ack emulation is off: it keeps a copy of every delivered message in Redis
+until its ack, so that a visibility timeout can deliver it again (two more round trips per
+message, and the redelivery of long jobs that ``DESIGN.md`` warns of). tierq acks on receipt
+and recovers lost work by its leases, never by redelivery: a message lost with its worker is
+a lease that lapses.
+
 No ``worker_disable_prefetch`` on RabbitMQ: Celery supports it on Redis only (it gates
 kombu's client-side ``can_consume``; RabbitMQ pushes). With ``worker_prefetch_multiplier =
 1`` and messages acked as their job starts (on receipt by a pool slot), a worker holds at
@@ -105,7 +111,8 @@ def transport_config(broker_url: str, key_prefix: str) -> dict[str, Any]:
         "event_queue_prefix": f"{names.prefix}celeryev",
     }
     if is_redis_broker(broker_url):
-        config["broker_transport_options"] = {"global_keyprefix": key_prefix}
+        config["broker_transport_options"] = {"global_keyprefix": key_prefix,
+                                              "ack_emulation": False}
         config["worker_disable_prefetch"] = True  # Redis only: Celery ignores it elsewhere
     elif is_amqp_broker(broker_url):
         # py-amqp waits for the broker's ack of each publish: a publish that returns is

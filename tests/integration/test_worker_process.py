@@ -198,7 +198,8 @@ def test_the_celery_configuration() -> None:
     assert not conf.worker_send_task_events and not conf.task_send_sent_event  # until asked
     assert [q.name for q in conf.task_queues] == [f"tier.{name}" for name in settings.tiers]
     assert conf.task_default_queue == f"tier.{next(iter(settings.tiers))}"
-    assert conf.broker_transport_options == {"global_keyprefix": "{acme}:"}
+    assert conf.broker_transport_options == {"global_keyprefix": "{acme}:",
+                                             "ack_emulation": False}
     assert conf.task_acks_on_failure_or_timeout and not conf.task_reject_on_worker_lost
     task = make_celery(settings).tasks[TASK_NAME]
     assert task.throws == (JobFailedError,) and not task.acks_late and task.max_retries == 0

@@ -59,6 +59,8 @@ def test_redis_keeps_its_names_and_prefixes_its_keys() -> None:
                                        key_prefix="{acme}:"))
     assert [q.name for q in conf["task_queues"]] == ["tier.premium", "tier.standard", "tier.free"]
     assert all(q.queue_arguments is None for q in conf["task_queues"])
-    assert conf["broker_transport_options"] == {"global_keyprefix": "{acme}:"}
+    # acked on receipt: no unacked copy kept in Redis per message (kombu's ack emulation)
+    assert conf["broker_transport_options"] == {"global_keyprefix": "{acme}:",
+                                                "ack_emulation": False}
     assert conf["worker_disable_prefetch"] is True
     assert (conf["control_exchange"], conf["event_exchange"]) == ("celery", "celeryev")
