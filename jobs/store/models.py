@@ -35,6 +35,13 @@ JSON_TYPE = sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "p
 
 STATUS_VALUES = tuple(status.value for status in Status)
 
+# On PostgreSQL the indexes of the jobs table hold only the rows their queries read (the live
+# ones, the finished ones, a batch's): every state change writes a new row version into each
+# index whose predicate it meets, so an index a row does not belong in costs it nothing. A
+# submit, a start and a finish write 17 index entries instead of 36. (SQLite keeps them whole:
+# its planner uses a partial index only when a query repeats its predicate word for word.)
+LIVE_ROWS = sa.text("status IN ('waiting', 'queued', 'dispatched', 'running')")
+
 
 def status_check_sql(values: tuple[str, ...] = STATUS_VALUES) -> str:
     """The CHECK expression on ``jobs.status``; the migration writes out its own copy."""
@@ -96,21 +103,29 @@ class JobRow(Base):
         sa.Index("ix_jobs_tenant_id_id", "tenant_id", "id"),
         sa.Index("ix_jobs_tenant_id_status_id", "tenant_id", "status", "id"),
         # Rebuilding the dispatch index: queued and in-flight jobs in dispatch order.
-        sa.Index("ix_jobs_status_order_key", "status", "order_key"),
+        sa.Index("ix_jobs_status_order_key", "status", "order_key",
+                 postgresql_where=LIVE_ROWS),
         # The reconciler: queued and in-flight jobs by their last change.
-        sa.Index("ix_jobs_status_updated_at", "status", "updated_at"),
+        sa.Index("ix_jobs_status_updated_at", "status", "updated_at",
+                 postgresql_where=LIVE_ROWS),
         # Metrics: recent service times and recent waits per tier.
-        sa.Index("ix_jobs_finished_at", "finished_at"),
-        sa.Index("ix_jobs_tier_started_at", "tier", "started_at"),
+        sa.Index("ix_jobs_finished_at", "finished_at",
+                 postgresql_where=sa.text("finished_at IS NOT NULL")),
+        sa.Index("ix_jobs_tier_started_at", "tier", "started_at",
+                 postgresql_where=sa.text("started_at IS NOT NULL")),
         # Retention: a tier's finished jobs, oldest first (only terminal rows have one).
-        sa.Index("ix_jobs_tier_finished_at", "tier", "finished_at"),
+        sa.Index("ix_jobs_tier_finished_at", "tier", "finished_at",
+                 postgresql_where=sa.text("finished_at IS NOT NULL")),
         # Batches: a batch's items in order (counts, results), and the feeder's walk of the
         # waiting items of each batch.
-        sa.Index("ix_jobs_batch_id_batch_index", "batch_id", "batch_index"),
-        sa.Index("ix_jobs_status_batch_id_batch_index", "status", "batch_id", "batch_index"),
+        sa.Index("ix_jobs_batch_id_batch_index", "batch_id", "batch_index",
+                 postgresql_where=sa.text("batch_id IS NOT NULL")),
+        sa.Index("ix_jobs_status_batch_id_batch_index", "status", "batch_id", "batch_index",
+                 postgresql_where=sa.text("status = 'waiting'")),
         # Blob pruning: is a blob still named by a job?
-        sa.Index("ix_jobs_blob", "blob"),
-        sa.Index("ix_jobs_result_blob", "result_blob"),
+        sa.Index("ix_jobs_blob", "blob", postgresql_where=sa.text("blob IS NOT NULL")),
+        sa.Index("ix_jobs_result_blob", "result_blob",
+                 postgresql_where=sa.text("result_blob IS NOT NULL")),
     )
 
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)

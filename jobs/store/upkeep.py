@@ -105,6 +105,9 @@ def prune_finished(session: Session, *, tier: str, before: float, limit: int,
                # As a row value, only the (tier, finished_at) index can serve the range:
                # walked by finished_at alone, other tiers' older rows would be read first.
                sa.tuple_(JOBS.c.tier, JOBS.c.finished_at) < sa.tuple_(tier, dt(before)),
+               # Implied by the two above; said, so that the index (partial on PostgreSQL,
+               # jobs.store.models) is seen to hold every row asked for.
+               JOBS.c.finished_at.is_not(None),
                JOBS.c.status.in_([status.value for status in TERMINAL]))
         .order_by(JOBS.c.tier, JOBS.c.finished_at)
         .limit(limit)
