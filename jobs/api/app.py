@@ -5,8 +5,9 @@ The OpenAPI document names this deployment's tiers and job kinds (``jobs.api.ope
 ``/dashboard`` its own from this one (``jobs.api.routes.dashboard``), so all three work where
 no CDN can be reached.
 
-Middleware, outermost first: ``CatchAll`` (a bug becomes a typed, logged 500), then
-``BodyLimit`` (413 before parsing). A runtime built here is closed on shutdown; one passed
+Middleware, outermost first: ``FastSubmit`` (the usual submit answered at once, everything
+else passed on), ``CatchAll`` (a bug becomes a typed, logged 500), then ``BodyLimit`` (413
+before parsing). A runtime built here is closed on shutdown; one passed
 in belongs to the caller. The process's ``jobs.index.notify.Listener`` (started on the first
 request) and its tenant cache belong to the app, and the listener stops with it.
 """
@@ -24,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from jobs.admission.submit import KindCatalog, PayloadValidator
 from jobs.api.body_limit import BodyLimit
 from jobs.api.errors import CatchAll, install_error_handlers
+from jobs.api.fast_submit import FastSubmit
 from jobs.api.openapi import install_openapi
 from jobs.api.routes import (
     admin as routes_admin,
@@ -116,4 +118,6 @@ def create_app(
                                     routes_batches.router.prefix:
                                     settings.api.max_batch_body_bytes})
     app.add_middleware(CatchAll)
+    app.add_middleware(FastSubmit, runtime=active, validator=validator, cache=cache,
+                       listener=listener, max_body_bytes=settings.api.max_body_bytes)
     return app

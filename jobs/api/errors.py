@@ -162,6 +162,17 @@ def _internal(request: Request, exc: BaseException) -> JSONResponse:
     return error_response(500, "internal", "an unexpected error occurred; it has been logged")
 
 
+def response_for(request: Request, exc: Exception) -> JSONResponse:
+    """The answer to an exception raised by a service call, as the handlers below (and
+    ``CatchAll``, for anything they do not take) give it: for a route answered outside
+    FastAPI's routing (``jobs.api.fast_submit``)."""
+    if isinstance(exc, TierqError):
+        return _tierq_error(request, exc)
+    if isinstance(exc, (sa_exc.DBAPIError, sa_exc.TimeoutError, *REDIS_OUTAGE)):
+        return _backend_error(request, exc)
+    return _internal(request, exc)
+
+
 def install_error_handlers(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
     """Map every error to the one format; ``routes``: the API's routes (for ``Allow``)."""
     app.add_exception_handler(TierqError, _tierq_error)
