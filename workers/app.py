@@ -124,6 +124,8 @@ class _WorkerLifecycle:
         if getattr(sender, "app", None) is not self.app:
             return
         controller = sender.controller
+        if self.resources.in_process is not None:
+            self.resources.in_process.ready(sender)
         slots = int(getattr(controller, "max_concurrency", None) or controller.concurrency)
         runtime = self.resources.runtime()
         self.registration = WorkerRegistration(

@@ -18,7 +18,8 @@ from jobs.process import logs
 from jobs.process.settings import Settings, load_settings
 from workers import stopping
 from workers.app import make_celery, names_of, own_queue
-from workers.tasks import resources_of
+from workers.handover import InProcess
+from workers.tasks import TASK_NAME, resources_of
 
 # Celery pools by the names the CLI takes; threads wake the event loop as a task ends.
 POOLS = {"threads": "workers.pool:TaskPool"}
@@ -54,7 +55,8 @@ def run_worker(
     own = own_queue(settings, hostname)
     app.amqp.queues.add(own)
     resources_of(app).own_queue = own.name
-    resources_of(app).prestart = POOLS.get(pool, pool) == POOLS["threads"]
+    if POOLS.get(pool, pool) == POOLS["threads"]:
+        resources_of(app).in_process = InProcess(app, TASK_NAME, own.name)
     worker = app.Worker(
         hostname=hostname,
         pool_cls=POOLS.get(pool, pool),

@@ -36,6 +36,7 @@ from jobs.process.settings import Settings
 from jobs.store import jobs as jobs_sql
 from workers import stopping
 from workers.handlers import HandlerRegistry, default_registry
+from workers.handover import InProcess, lease_args
 
 TASK_NAME = "tierq.run_job"
 
@@ -71,9 +72,9 @@ class WorkerResources:
         # it: a slot that frees passes its next job there. None: not consumed, not used.
         self.own_queue: str | None = None
         self._push: MessagePush | None = None
-        # The thread pool: a task runs in the process that handed its job over, so the start
-        # can be made ahead there (``jobs.execution.prestart``).
-        self.prestart = False
+        # The thread pool: a freed slot's next job is handed to this process's own consumer
+        # (``workers.handover``), and its start made ahead here (``jobs.execution.prestart``).
+        self.in_process: InProcess | None = None
 
     def runtime(self) -> Runtime:
         with self._lock:
@@ -142,13 +143,16 @@ def _handover(app: Any, resources: WorkerResources, runtime: Runtime) -> Handove
     if queue is None or stopping.stop_requested():
         return None
     ttl = runtime.policy.lease_ttl_s
+    in_process = resources.in_process
+    if in_process is not None:
+        return Handover(publish=lambda lease, token: in_process.deliver(
+            lease_args(lease, token, ttl)), prestart=True)
 
     def publish(lease: Lease, token: str) -> None:
         app.send_task(TASK_NAME, args=[lease.job_id, lease.attempt, lease.expires_at - ttl,
                                        token], queue=queue, routing_key=queue)
 
-    return Handover(publish=publish, push=resources.push(app, queue),
-                    prestart=resources.prestart)
+    return Handover(publish=publish, push=resources.push(app, queue))
 
 
 def message_envelope(app: Any, queue: str) -> str:

@@ -33,7 +33,7 @@ from jobs.index import wake
 from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE, is_backend_outage
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
-from jobs.store.engine import writing
+from jobs.store.direct import DirectConnection
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +147,13 @@ def _tier_of(runtime: Runtime, tenant: Tenant) -> str:
 def _persist(runtime: Runtime, new: NewJob) -> Job:
     """Commit the job's row; on a lost idempotency race, the job that won (as stored)."""
     inserted = False
+    statement: Any = None
     try:
         # A keyed insert may read the job holding its key (an ORM session's read); a plain one
-        # is one statement, on a Core connection.
+        # is one statement, its own transaction (``jobs.store.direct``).
         with (runtime.sessions.begin() if new.idempotency_key is not None
-              else writing(runtime.engine)) as session:
+              else runtime.one_statement()) as session:
+            statement = session
             job = jobs_sql.insert_job(session, new)
             inserted = True  # only the COMMIT is left
         return job
@@ -159,7 +161,10 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
         _forget(runtime, new.id)
         return duplicate.job
     except Exception as exc:
-        if inserted and is_backend_outage(exc):
+        # A statement that commits itself (a direct connection's) and was cut off may have
+        # committed, as a COMMIT whose answer was lost may have.
+        sent = isinstance(statement, DirectConnection) and statement.sent
+        if (inserted or sent) and is_backend_outage(exc):
             return _settle_commit(runtime, new, exc)
         _forget(runtime, new.id)
         if is_backend_outage(exc):

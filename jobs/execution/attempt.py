@@ -85,7 +85,6 @@ from jobs.execution.slots import (
 from jobs.index import notify
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
-from jobs.store.engine import writing
 
 logger = logging.getLogger("tierq.worker")
 
@@ -224,7 +223,7 @@ class _Attempt(RecordsOutcome):
         retried = [False]
 
         def start() -> Job | None:
-            with writing(self.runtime.engine) as session:
+            with self.runtime.one_statement() as session:
                 job = jobs_sql.start(session, self.job_id, attempt=self.attempt,
                                      now=self.clock(), token=self.token,
                                      dispatched_at=self.dispatched_at)
@@ -346,7 +345,7 @@ class _Attempt(RecordsOutcome):
 
         def cas() -> bool:
             if not retried[0]:  # the hot path: one statement on a Core connection
-                with writing(self.runtime.engine) as connection:
+                with self.runtime.one_statement() as connection:
                     return jobs_sql.transition(
                         connection, job.id, src=src, attempt=job.attempt, dst=dst,
                         now=self.clock(), **fields,

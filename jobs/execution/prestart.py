@@ -1,11 +1,11 @@
 """Starts made ahead by the slot that hands a job over, for the message that follows it.
 
 A slot that frees leases its next job and hands that job's message to this worker's own
-queue (``jobs.index.hand_over``); while the message makes its way through the broker, the
-job's start is made in SQL, under the token the message carries, on a thread of this
-module's own (the handing task returns at once, so its slot is free for the message). The
-task that takes the message finds the start made and runs its handler at once: the start's
-round trip overlaps the broker's instead of following it.
+consumer (``jobs.index.hand_over``, ``workers.handover``); while the consumer takes the
+message, the handing slot makes the job's start in SQL, under the token the message carries.
+The message's task cannot run before the handing task returns its thread, and then finds the
+start made and runs its handler at once: the start overlaps the message's way instead of
+following it.
 
 Process-local, keyed by token (one per message). The first handling to ``take`` a token owns
 it: it gets the start made for it, or is told to make the start itself (the start ahead
@@ -16,11 +16,8 @@ compare-and-set on the attempt makes it stale: one handler runs, never two.
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -53,19 +50,6 @@ class PreStarts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pid = 0
-
-    def run(self, step: Callable[[], None]) -> None:
-        """Run ``step`` (a start made ahead) on this process's own threads, so that the
-        task that handed its job over returns at once; built on first use, anew after a fork."""
-        with self._lock:
-            if self._pool is None or self._pid != os.getpid():
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=2, thread_name_prefix="start-ahead")
-                self._pid = os.getpid()
-            pool = self._pool
-        pool.submit(step)
 
     def expect(self, token: str) -> None:
         """A start will be made ahead for ``token`` (before its message can be taken)."""

@@ -24,7 +24,6 @@ from jobs.index import wake
 from jobs.index.base import IndexedJob, Lease, MessagePush
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
-from jobs.store.engine import writing
 
 logger = logging.getLogger("tierq.worker")
 
@@ -33,9 +32,10 @@ logger = logging.getLogger("tierq.worker")
 class Handover:
     """How the job a freed slot takes next reaches this worker: ``push``, its message, pushed
     by the index in the step that leases it (the broker is the index's Redis); else
-    ``publish(lease, token)`` after that step. ``prestart``: the job's start is then made
-    ahead, under the message's token (``jobs.execution.prestart``), while the message
-    travels: only where the task that takes it runs in this process (threads)."""
+    ``publish(lease, token)`` after that step. ``prestart``: the task that takes the message
+    runs in this process (threads: ``publish`` hands it to the worker's own consumer), and
+    the job's start is made by the handing slot, under the message's token
+    (``jobs.execution.prestart``), while the consumer takes the message."""
 
     publish: Callable[[Lease, str], None]
     push: MessagePush | None = None
@@ -77,14 +77,10 @@ def pass_on(
                                     or _publish(runtime, handover, lease, token))
     if not handover.prestart:
         return
-    if passed and lease is not None:
-        # Made beside the broker's hop, not before it: this task returns at once, its slot
-        # frees, and the next message is taken while the start is being made.
-        ahead = lease
-        PRE_STARTS.run(lambda: PRE_STARTS.settle(token, _start_ahead(runtime, ahead, token,
-                                                                     clock)))
-    else:
-        PRE_STARTS.settle(token, None)
+    # The message is on its way (in-process, to this worker's own consumer), and its task
+    # cannot run before this one returns and frees its thread: the start is made meanwhile.
+    started = _start_ahead(runtime, lease, token, clock) if passed and lease else None
+    PRE_STARTS.settle(token, started)
 
 
 def _start_ahead(
@@ -93,7 +89,7 @@ def _start_ahead(
     """The next job's start, made while its message travels; one try (its task makes it
     itself when this fails)."""
     try:
-        with writing(runtime.engine) as connection:
+        with runtime.one_statement() as connection:
             return jobs_sql.start(
                 connection, lease.job_id, attempt=lease.attempt, now=clock(), token=token,
                 dispatched_at=lease.expires_at - runtime.policy.lease_ttl_s,

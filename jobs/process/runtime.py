@@ -7,11 +7,13 @@ engine and session factory, the Redis client and the dispatch index on it, and t
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
+import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,6 +22,7 @@ from jobs.index.base import DispatchIndex
 from jobs.index.clock import ServerClock
 from jobs.index.redis_index import RedisIndex
 from jobs.process.settings import Settings
+from jobs.store.direct import DirectConnection, DirectPool, direct_pool, one_statement
 from jobs.store.engine import LeaderBounds, make_engine, make_sessionmaker
 
 
@@ -32,6 +35,9 @@ class Runtime:
     redis: redis.Redis
     index: DispatchIndex
     clock: Callable[[], float] = field(default=time.time)
+    # The hot path's single statements on PostgreSQL (``jobs.store.direct``); None: SQLite,
+    # or a runtime built by hand (tests), which runs them through ``engine``.
+    direct: DirectPool | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dispatcher: bool = False) -> Runtime:
@@ -54,10 +60,18 @@ class Runtime:
             redis=client,
             index=index,
             clock=ServerClock(index.now),
+            direct=None if dispatcher else direct_pool(engine, size=settings.database_pool_size),
         )
+
+    def one_statement(self) -> contextlib.AbstractContextManager[sa.Connection |
+                                                                  DirectConnection]:
+        """Where one hot-path statement runs as its own transaction (``jobs.store.direct``)."""
+        return one_statement(self.engine, self.direct)
 
     def close(self) -> None:
         self.redis.close()
+        if self.direct is not None:
+            self.direct.close()
         self.engine.dispose()
 
 

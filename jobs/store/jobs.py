@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job, JobSummary, NewJob
 from jobs.core.errors import DuplicateJob, InvalidRequest, Unavailable
 from jobs.core.states import TERMINAL, Status
+from jobs.store.direct import Runner
 from jobs.store.models import (
     JobRow,
 )
@@ -60,7 +61,7 @@ from jobs.store.rows import (
 )
 
 
-def insert_job(session: Session | sa.Connection, new: NewJob) -> Job:
+def insert_job(session: Runner, new: NewJob) -> Job:
     """Insert a queued job, attempt 1. A used idempotency key raises ``DuplicateJob``.
 
     One Core INSERT, no SAVEPOINT: a keyed insert says ``ON CONFLICT DO NOTHING`` on the

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job
 from jobs.core.errors import IllegalTransition
 from jobs.core.states import NEW_ATTEMPT, Status, is_legal
+from jobs.store.direct import Runner
 from jobs.store.models import JobRow
 from jobs.store.rows import JOBS, dt, dt_or_none, epoch_or_none, job_from_row
 
@@ -33,7 +34,7 @@ TIME_FIELDS = frozenset({"not_before", "started_at"})
 
 
 def transition(
-    session: Session | sa.Connection,
+    session: Runner,
     job_id: str,
     *,
     src: Status,
@@ -154,7 +155,7 @@ def claim(session: Session, job_ids: Sequence[str], *, now: float) -> dict[str, 
 
 
 def start(
-    session: Session | sa.Connection,
+    session: Runner,
     job_id: str,
     *,
     attempt: int,
@@ -199,7 +200,7 @@ _START = (
 
 
 def started_by(
-    session: Session | sa.Connection, job_id: str, *, attempt: int, token: str
+    session: Runner, job_id: str, *, attempt: int, token: str
 ) -> Job | None:
     """The row, if this attempt is running under the start made with ``token``: a start
     whose COMMIT answer was lost is found again by its maker, never by a copy of the same
@@ -222,7 +223,7 @@ def unstart_fields(job: Job) -> dict[str, Any]:
     return {"starts": starts} if starts else {"starts": 0, "started_at": None}
 
 
-def landed(session: Session | sa.Connection, job: Job, src: Status, dst: Status) -> bool:
+def landed(session: Runner, job: Job, src: Status, dst: Status) -> bool:
     """This attempt's move to ``dst`` is already in the row (a new attempt for a requeue): a
     compare-and-set retried after its COMMIT's answer was lost."""
     row = session.execute(sa.select(JOBS.c.status, JOBS.c.attempt)

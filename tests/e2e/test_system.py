@@ -264,17 +264,31 @@ def test_flower_sees_the_workers_and_their_tasks(system: System) -> None:
     acme = system.tenant("acme", "premium")
     system.wait_for_capacity(acme, 2)
 
+    def tasks_of(job_id: str) -> list[dict[str, Any]]:
+        return [task for task in flower.get("/api/tasks").json().values()
+                if job_id in str(task.get("args"))]
+
     def seen_by_flower() -> list[dict[str, Any]]:
         """Run a job; Flower's record of its task, if any. Flower turns task events on in
         the workers a few seconds after it starts (its periodic ``enable_events``)."""
         job = submit(acme, "echo", {"seen": True})
         assert wait_terminal(acme, job["id"])["status"] == "succeeded"
         time.sleep(0.5)  # the task's events travel through the broker to Flower
-        return [task for task in flower.get("/api/tasks").json().values()
-                if job["id"] in str(task.get("args"))]
+        return tasks_of(job["id"])
 
     tasks = wait_until(seen_by_flower, timeout=30, every=0.5)
     assert tasks[0]["name"] == "tierq.run_job" and tasks[0]["state"] == "SUCCESS"
+
+    # A job that a freed slot takes next (handed to the worker's own consumer, never through
+    # a dispatcher round) is a task Flower sees as well.
+    busy = [submit(acme, "sleep", {"seconds": 1}) for _ in range(2)]
+    for job in busy:
+        wait_status(acme, job["id"], "running")
+    handed = submit(acme, "echo", {"handed": True})
+    assert wait_terminal(acme, handed["id"])["status"] == "succeeded"
+    tasks = wait_until(lambda: [task for task in tasks_of(handed["id"])
+                                if task["state"] == "SUCCESS"], timeout=10, every=0.5)
+    assert tasks[0]["name"] == "tierq.run_job"
 
 
 NOISY_CONFIG = """
@@ -417,18 +431,20 @@ def stopped(process: Process) -> Iterator[None]:
         os.killpg(process.popen.pid, signal.SIGCONT)
 
 
-@both_brokers
+@pytest.mark.parametrize(("broker", "pool"), [("redis", "threads"), ("rabbitmq", "threads"),
+                                             ("redis", "prefork")], indirect=["broker"])
 def test_a_freed_slot_takes_the_next_job_without_the_dispatcher(
-    deployment: Callable[[str], System],
+    deployment: Callable[[str], System], pool: str,
 ) -> None:
-    """The worker's own queue carries the next job, with no dispatcher round between two
-    jobs: with the dispatcher stopped while work waits behind a running job, the worker
-    drains it alone (Redis: the index pushes the message in the step that frees the slot;
-    RabbitMQ: the worker publishes it right after)."""
+    """A freed slot takes the next job itself, with no dispatcher round between two jobs:
+    with the dispatcher stopped while work waits behind a running job, the worker drains it
+    alone (threads: the message is handed to the worker's own consumer in-process; prefork:
+    it goes to the worker's own queue, pushed by the index in the step that frees the slot
+    on Redis)."""
     with running(deployment(HAND_OVER_CONFIG)) as system:
         system.start_api()
         dispatcher = system.start("dispatcher", "dispatcher")
-        system.start("worker", "worker", "--concurrency", "1")
+        system.start("worker", "worker", "--concurrency", "1", "--pool", pool)
         client = system.tenant("acme", "premium")
         system.wait_for_capacity(client, 1)
         first = submit(client, "sleep", {"seconds": 1})

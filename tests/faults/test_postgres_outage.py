@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -22,6 +24,7 @@ from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
+from jobs.store.direct import DirectConnection
 from jobs.store.migrate import upgrade
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
@@ -67,11 +70,15 @@ def test_a_database_outage_under_load_answers_503_and_loses_no_accepted_job(
     assert {job.status.value for job in jobs.values()} == {"succeeded"}
 
 
+@pytest.mark.parametrize("keyed", [False, True])
 def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
-    fault_pg: ThrowawayPostgres, fault_redis: ThrowawayRedis
+    fault_pg: ThrowawayPostgres, fault_redis: ThrowawayRedis, keyed: bool
 ) -> None:
     """The database dies during the COMMIT of a job: the answer is 503, and the job either
-    exists and runs or is gone everywhere; never a row the index does not know about."""
+    exists and runs or is gone everywhere; never a row the index does not know about. A
+    plain submit's INSERT is sent alone, its own transaction (``jobs.store.direct``): cut off
+    as it is sent, whether it committed is not known either; a keyed one commits in a
+    session, cut off just before its COMMIT."""
     url = fault_pg.create_database()
     upgrade(url)
     runtime = Runtime.from_settings(
@@ -87,9 +94,18 @@ def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
         def stop_before_commit(_conn: sa.Connection) -> None:
             fault_pg.stop("immediate")  # the COMMIT is about to be sent: it never arrives
 
+        sent = DirectConnection.execute
+
+        def stop_as_sent(self: DirectConnection, stmt: Any, params: Any = None) -> Any:
+            fault_pg.stop("immediate")  # the INSERT is about to be sent: it never arrives
+            return sent(self, stmt, params)
+
+        assert runtime.direct is not None
         sa.event.listen(runtime.engine, "commit", stop_before_commit)
-        with pytest.raises(Unavailable, match="unconfirmed"):
-            submit(runtime, default_registry(""), tenant, Submission(kind="echo", payload={}))
+        with mock.patch.object(DirectConnection, "execute", stop_as_sent), \
+                pytest.raises(Unavailable, match="unconfirmed"):
+            submit(runtime, default_registry(""), tenant, Submission(
+                kind="echo", payload={}, idempotency_key="k" if keyed else None))
         sa.event.remove(runtime.engine, "commit", stop_before_commit)
         # Unconfirmed, so still indexed: the dispatcher runs it if its row shows up...
         assert runtime.index.tenant_queued(tenant.id) == 1

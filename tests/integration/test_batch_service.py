@@ -28,6 +28,7 @@ from jobs.store import batches as batch_repository
 from jobs.store import jobs as jobs_sql
 from jobs.store import stats as stats_sql
 from jobs.store import tenants as tenants_sql
+from jobs.store.direct import direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from workers.handlers import default_registry
 
@@ -42,8 +43,10 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
     index = RedisIndex(redis_client, key_prefix)
     rt = Runtime(settings=settings, policy=settings.build_policy(), engine=engine,
                  sessions=make_sessionmaker(engine), redis=redis_client, index=index,
-                 clock=index.now)
+                 clock=index.now, direct=direct_pool(engine, size=4))
     yield rt
+    if rt.direct is not None:
+        rt.direct.close()
     engine.dispose()
 
 

@@ -29,6 +29,7 @@ from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
+from jobs.store.direct import direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
 
@@ -68,8 +69,11 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
         sessions=make_sessionmaker(engine),
         redis=redis_client,
         index=RedisIndex(redis_client, key_prefix),
+        direct=direct_pool(engine, size=4),
     )
     yield rt
+    if rt.direct is not None:
+        rt.direct.close()
     engine.dispose()
 
 

@@ -27,6 +27,7 @@ from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
+from jobs.store.direct import direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
 
@@ -44,8 +45,11 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
     index = RedisIndex(redis_client, key_prefix)
     index.set_caps({name: 10 for name in settings.tiers})
     rt = Runtime(settings=settings, policy=settings.build_policy(), engine=engine,
-                 sessions=make_sessionmaker(engine), redis=redis_client, index=index)
+                 sessions=make_sessionmaker(engine), redis=redis_client, index=index,
+                 direct=direct_pool(engine, size=4))
     yield rt
+    if rt.direct is not None:
+        rt.direct.close()
     engine.dispose()
 
 
@@ -372,8 +376,6 @@ def test_the_next_jobs_start_is_made_ahead_and_its_message_runs_it_once(
     runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The start ahead runs inline here (its own thread is tests/unit/test_prestart.py's).
-    monkeypatch.setattr(PRE_STARTS, "run", lambda step: step())
     runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
     first, second = submit(runtime, tenant), submit(runtime, tenant)
     assert dispatch(runtime).job_id == first.id
@@ -381,7 +383,7 @@ def test_the_next_jobs_start_is_made_ahead_and_its_message_runs_it_once(
     hand = Handover(publish=lambda lease, token: handed.append((lease, token)), prestart=True)
 
     assert execute(runtime, registry, first.id, 1, worker_id=WORKER, handover=hand) == "succeeded"
-    ((lease, token),) = handed
+    ((lease, token),) = handed  # handed to the consumer before the start was made
     assert lease.job_id == second.id
     assert load(runtime, second.id).status is Status.RUNNING  # the start made ahead
     assert [call[0] for call in probe.calls] == [first.id]  # started, not run: its message runs it

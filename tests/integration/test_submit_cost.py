@@ -3,7 +3,8 @@
 A submit's admission is one Redis round trip, whatever it checks (rate, live workers,
 measured mean, the job's own deadline) and whether it is accepted or refused; an accepted
 submit adds one more, the dispatcher's doorbell, rung after the commit. Its row is one
-INSERT in one transaction (a keyed one reads its key first). An idempotent resubmit, or one
+INSERT in one transaction (a keyed one reads its key first); on PostgreSQL that INSERT is sent
+alone, a transaction of its own (``jobs.store.direct``). An idempotent resubmit, or one
 that loses the race for its key, gets the first job and makes no second row.
 Round trips are counted at the client's socket (``send_packed_command``: one per command or
 pipeline sent), on SQLite and PostgreSQL.
@@ -30,6 +31,7 @@ from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
+from jobs.store.direct import DirectConnection, direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from jobs.store.models import JobRow
 from workers.handlers import default_registry
@@ -50,11 +52,13 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
     index = RedisIndex(redis_client, key_prefix)
     rt = Runtime(settings=settings, policy=settings.build_policy(), engine=engine,
                  sessions=make_sessionmaker(engine), redis=redis_client, index=index,
-                 clock=lambda: T0)
+                 clock=lambda: T0, direct=direct_pool(engine, size=4))
     index.register_worker("w1", slots=4, ttl_s=600, now=T0)
     redis_client.hset(IndexKeys(key_prefix).service_mean,
                       mapping={"mean_s": "2.0", "samples": 50})
     yield rt
+    if rt.direct is not None:
+        rt.direct.close()
     engine.dispose()
 
 
@@ -81,9 +85,19 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
 
 @pytest.fixture
-def statements(runtime: Runtime) -> Iterator[list[str]]:
-    """Every SQL statement the engine sends from now on, and "COMMIT"/"ROLLBACK"."""
+def statements(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every SQL statement sent from now on, and "COMMIT"/"ROLLBACK": the engine's, and the
+    direct connections' (PostgreSQL's hot path, ``jobs.store.direct``), where a statement is
+    its own transaction and so is followed by its implicit "COMMIT"."""
     seen: list[str] = []
+    direct_execute = DirectConnection.execute
+
+    def on_direct(self: DirectConnection, stmt: Any, params: Any = None) -> Any:
+        result = direct_execute(self, stmt, params)
+        seen.extend([str(stmt).split()[0].upper(), "COMMIT"])
+        return result
+
+    monkeypatch.setattr(DirectConnection, "execute", on_direct)
 
     def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         seen.append(statement.split()[0].upper())

@@ -53,16 +53,3 @@ def test_a_late_start_is_waited_for_and_one_too_late_is_the_takers_to_make() -> 
 
     starts.expect("never")
     assert starts.take("never", wait_s=0.01)[:2] == (Claim.OWN, None)
-
-
-def test_run_runs_the_step_on_a_thread_of_its_own() -> None:
-    starts, ran = PreStarts(), threading.Event()
-    names: list[str] = []
-
-    def step() -> None:
-        names.append(threading.current_thread().name)
-        ran.set()
-
-    starts.run(step)
-    assert ran.wait(5)
-    assert names[0].startswith("start-ahead")

@@ -1,0 +1,185 @@
+"""The hot path's single statements on PostgreSQL, sent straight to the driver.
+
+A submit's INSERT, a worker's start and the compare-and-set that ends an attempt are each one
+statement, and a transaction of their own. Through SQLAlchemy each costs three round trips
+(``BEGIN``, the statement, ``COMMIT``) and more Python than the database spends on it; here
+each is one round trip on an autocommit psycopg connection (PostgreSQL runs a lone statement
+as its own transaction), psycopg prepares it server-side once it recurs, and its SQL is the
+same Core statement the store builds, compiled once for PostgreSQL. The store's functions
+take a ``DirectConnection`` where they take a Core connection, so there is one definition of
+each statement; SQLite keeps SQLAlchemy (``jobs.store.engine.writing``), where these costs
+are not network round trips.
+
+Errors are SQLAlchemy's (``DBAPIError.instance``, as SQLAlchemy itself raises them), so an
+outage, a refused value or a broken connection is told apart as everywhere else. A connection
+whose statement failed is closed rather than reused when it is broken. Connections are kept
+per process (a fork builds its own) and opened on first use, at most ``size`` kept idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.orm import Session
+
+from jobs.store.engine import writing
+
+CONNECT_TIMEOUT_S = 3
+
+
+class DirectResult:
+    """What the store reads of a statement's result: ``rowcount``, ``first()``, rows."""
+
+    def __init__(self, rowcount: int, rows: list[Any]) -> None:
+        self.rowcount = rowcount
+        self._rows = rows
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+
+class _Compiled:
+    """A Core statement as PostgreSQL SQL, with the parameters that hold JSON."""
+
+    def __init__(self, stmt: Any, engine: Engine, keys: tuple[str, ...] | None) -> None:
+        compiled = stmt.compile(dialect=engine.dialect,
+                                column_keys=None if keys is None else list(keys))
+        self.sql = str(compiled)
+        names = compiled.bind_names
+        # Values the statement holds itself (``status == 'queued'``, ``starts + 1``).
+        self.literals = {name: bind.value for bind, name in names.items()
+                         if not bind.required and bind.callable is None}
+        self.json = frozenset(
+            name for bind, name in names.items()
+            if isinstance(bind.type, sa.JSON) or isinstance(
+                getattr(bind.type, "impl", None), sa.JSON)
+        )
+        self.returns = bool(compiled.effective_returning)
+
+
+class DirectConnection:
+    """One autocommit psycopg connection, executing Core statements as the store's
+    functions do on a Core connection: each ``execute`` is its own transaction."""
+
+    def __init__(self, pool: DirectPool, raw: psycopg.Connection[Any]) -> None:
+        self._pool = pool
+        self._raw = raw
+        # A statement was handed to the server: cut off now, it may have committed (its
+        # answer lost), as a COMMIT may have.
+        self.sent = False
+
+    def execute(self, stmt: Any, params: Mapping[str, Any] | None = None) -> DirectResult:
+        compiled = self._pool.compiled(stmt, tuple(params or ()) if stmt.is_insert else None)
+        params = {**compiled.literals, **(params or {})}
+        for name in compiled.json & params.keys():
+            value = params[name]
+            if value is not None:
+                params[name] = Jsonb(value)
+        try:
+            self.sent = True
+            cursor = self._raw.execute(compiled.sql, params)
+            rows = cursor.fetchall() if compiled.returns else []
+        except psycopg.Error as exc:
+            broken = self._raw.broken or self._raw.closed
+            raise sa.exc.DBAPIError.instance(
+                compiled.sql, params, exc, psycopg.Error, connection_invalidated=broken,
+            ) from exc
+        return DirectResult(cursor.rowcount, rows)
+
+    @property
+    def usable(self) -> bool:
+        return not (self._raw.broken or self._raw.closed)
+
+
+class DirectPool:
+    """This process's autocommit connections to one PostgreSQL database."""
+
+    def __init__(self, engine: Engine, *, size: int) -> None:
+        self._engine = engine
+        url: URL = engine.url.set(drivername="postgresql")
+        self._conninfo = url.render_as_string(hide_password=False)
+        self._size = size
+        self._lock = threading.Lock()
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._pid = os.getpid()
+        self._compiled: dict[tuple[int, tuple[str, ...] | None], _Compiled] = {}
+
+    def compiled(self, stmt: Any, keys: tuple[str, ...] | None) -> _Compiled:
+        key = (id(stmt), keys)
+        found = self._compiled.get(key)
+        if found is None:  # statements are built once and live as long as the process
+            found = self._compiled[key] = _Compiled(stmt, self._engine, keys)
+        return found
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[DirectConnection]:
+        raw = self._take()
+        connection = DirectConnection(self, raw)
+        try:
+            yield connection
+        finally:
+            self._give_back(raw)
+
+    def _take(self) -> psycopg.Connection[Any]:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
+                self._idle, self._pid = [], os.getpid()
+            if self._idle:
+                return self._idle.pop()
+        try:
+            return psycopg.connect(self._conninfo, autocommit=True, row_factory=namedtuple_row,
+                                   connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.Error as exc:
+            raise sa.exc.DBAPIError.instance(
+                None, None, exc, psycopg.Error, connection_invalidated=True) from exc
+
+    def _give_back(self, raw: psycopg.Connection[Any]) -> None:
+        if raw.broken or raw.closed:
+            raw.close()
+            return
+        with self._lock:
+            if self._pid == os.getpid() and len(self._idle) < self._size:
+                self._idle.append(raw)
+                return
+        raw.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for raw in idle:
+            raw.close()
+
+
+# What the store's single-statement functions run on: a session, a Core connection inside a
+# transaction, or a direct connection (each statement its own transaction).
+Runner = Session | sa.Connection | DirectConnection
+
+
+@contextlib.contextmanager
+def one_statement(engine: Engine, pool: DirectPool | None) -> Iterator[sa.Connection |
+                                                                        DirectConnection]:
+    """Where one hot-path statement runs as a transaction of its own: a direct connection
+    on PostgreSQL, else a write transaction on a Core connection (``writing``)."""
+    if pool is None:
+        with writing(engine) as connection:
+            yield connection
+    else:
+        with pool.connection() as direct:
+            yield direct
+
+
+def direct_pool(engine: Engine, *, size: int) -> DirectPool | None:
+    """The direct connections of a PostgreSQL engine; None elsewhere (SQLite)."""
+    return DirectPool(engine, size=size) if engine.dialect.name == "postgresql" else None
