@@ -76,9 +76,10 @@ from jobs.execution.running import (
 )
 from jobs.execution.slots import (
     Handover,
+    Passed,
     entry_of,
     free_lease,
-    pass_on,
+    pass_slot,
     ring,
     settle_uncommitted,
 )
@@ -331,17 +332,19 @@ class _Attempt(RecordsOutcome):
         if not self._transition(job.status, dst, announce=False):  # the release does
             self._log(logging.INFO, "job.stale", reason="not dispatched any more")
             return STALE
-        self._release(dst)
+        self._release(dst, self._pass_slot())
         self._log(logging.INFO, f"job.{dst.value}", before_start=True)
         return dst.value
 
     def _transition(
-        self, src: Status, dst: Status, *, announce: bool = True, **fields: Any
+        self, src: Status, dst: Status, *, announce: bool = True, unsure: bool = False,
+        **fields: Any,
     ) -> bool:
         """The CAS, waiting out a database outage while the lease is held. After a retry, a
         CAS that finds its own change already made (the commit landed, its answer was lost)
-        counts as done."""
-        job, retried = self._job, [False]
+        counts as done; ``unsure``: a statement making this change may have landed already,
+        so look first."""
+        job, retried = self._job, [unsure]
 
         def cas() -> bool:
             if not retried[0]:  # the hot path: one statement on a Core connection
@@ -372,22 +375,40 @@ class _Attempt(RecordsOutcome):
         """After a commit: wake long-polls of this job (best effort)."""
         notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [self.job_id])
 
-    def _release(self, outcome: Status) -> None:
-        """After an ending's commit: release, announce the change and count the outcome, one
-        round trip; with a ``handover``, the same step passes the slot on to the next job
-        (``jobs.execution.slots.pass_on``); without one, the dispatcher's doorbell rings.
-        Best effort: a lease that cannot be released now expires and is reaped (a lost
-        announcement costs a long-poll its safety-net period, a lost count one job in
+    def _pass_slot(self) -> Passed | None:
+        """With a ``handover``, before the ending's commit: the job this slot takes next,
+        leased and sent (``jobs.execution.slots.pass_slot``), this attempt's lease kept."""
+        if self.handover is None:
+            return None
+        return pass_slot(self.runtime, self.handover, job_id=self.job_id,
+                         attempt=self.attempt, now=virtual_now(self._virtual_clock))
+
+    def _release(self, outcome: Status | None, passed: Passed | None = None) -> None:
+        """After an ending's commit: release, announce the change and count the outcome
+        (None: a stale ending, nothing to announce), one round trip; the dispatcher's
+        doorbell rings unless the slot ``passed`` to a next job already. Best effort: a
+        lease that cannot be released now expires and is reaped (a lost announcement costs
+        a long-poll its safety-net period, a lost count one job in
         ``tierq_jobs_entered_total``)."""
-        if self.handover is not None:
-            pass_on(self.runtime, self.handover, job_id=self.job_id, attempt=self.attempt,
-                    outcome=outcome, now=virtual_now(self._virtual_clock), clock=self.clock)
-            return
         try:
-            self.runtime.index.release(self.job_id, attempt=self.attempt, ring=True,
-                                       announce=True, outcome=outcome.value)
+            self.runtime.index.release(
+                self.job_id, attempt=self.attempt, ring=passed is None,
+                announce=outcome is not None, outcome=None if outcome is None else outcome.value)
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)
+
+    def _end_and_start(
+        self, dst: Status, fields: dict[str, Any], passed: Passed
+    ) -> tuple[bool, Job | None]:
+        """This attempt's ending and the next job's start (made ahead for its message,
+        under its token), one statement (``jobs.store.jobs.end_and_start``); one try."""
+        lease = passed.lease
+        with self.runtime.one_statement() as connection:
+            return jobs_sql.end_and_start(
+                connection, self.job_id, attempt=self.attempt, dst=dst, now=self.clock(),
+                fields=fields, next_id=lease.job_id, next_attempt=lease.attempt,
+                token=passed.token,
+                dispatched_at=lease.expires_at - self.runtime.policy.lease_ttl_s)
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)

@@ -21,10 +21,11 @@ import sqlalchemy.exc as sa_exc
 from jobs.core.domain import Job
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
-from jobs.execution.leases import Heartbeat
+from jobs.execution.leases import Heartbeat, is_sql_outage
+from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.results import result_fields
 from jobs.execution.running import FAILED, SUCCEEDED, Ending, cut_error, describe_error
-from jobs.execution.slots import entry_of, ring
+from jobs.execution.slots import Handover, Passed, entry_of, ring
 from jobs.process.runtime import Runtime
 
 REQUEUED, STALE = "requeued", "stale"
@@ -41,15 +42,26 @@ class RecordsOutcome:
     def _job(self) -> Job:
         raise NotImplementedError
 
+    handover: Handover | None
+
     def _transition(
-        self, src: Status, dst: Status, *, announce: bool = True, **fields: Any
+        self, src: Status, dst: Status, *, announce: bool = True, unsure: bool = False,
+        **fields: Any,
     ) -> bool:
         raise NotImplementedError
 
     def _hand_back(self, src: Status, reason: str = "") -> str:
         raise NotImplementedError
 
-    def _release(self, outcome: Status) -> None:
+    def _pass_slot(self) -> Passed | None:
+        raise NotImplementedError
+
+    def _release(self, outcome: Status | None, passed: Passed | None = None) -> None:
+        raise NotImplementedError
+
+    def _end_and_start(
+        self, dst: Status, fields: dict[str, Any], passed: Passed
+    ) -> tuple[bool, Job | None]:
         raise NotImplementedError
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
@@ -78,26 +90,63 @@ class RecordsOutcome:
         return self._end(Status.CANCELLED, heartbeat)
 
     def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
-        try:
-            moved = self._transition(Status.RUNNING, dst, announce=False, **fields)
-        except sa_exc.DataError as exc:
-            if dst is Status.FAILED and set(fields) == {"error"}:
-                raise  # not even a plain error text could be stored
-            # An outcome the database refuses (a U+0000 in a result PostgreSQL cannot hold)
-            # ends the attempt once, failed with what can be stored, never run again.
-            first = str(exc.orig or exc).splitlines()[0]
-            self._log(logging.WARNING, "job.outcome_unstorable", error=first, outcome=dst.value)
-            return self._end(Status.FAILED, heartbeat, error=cut_error(
-                f"the job's {dst.value} outcome could not be stored: {first}"))
-        if not moved:  # the release announces
+        """An ending: the slot passed on first (the next job leased and sent, this attempt's
+        lease kept), then the ending committed (with the thread pool, in the statement that
+        starts that next job), then this attempt's lease released."""
+        passed = self._pass_slot()
+        moved, dst, fields = self._record_end(dst, fields, passed)
+        heartbeat.stop()  # no renewal may follow the release
+        if not moved:
+            if passed is not None:  # its slot went on to the next job: the lease goes too
+                self._release(None, passed)
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
-        heartbeat.stop()  # no renewal may follow the release
-        self._release(dst)
+        self._release(dst, passed)
         level = logging.WARNING if dst is Status.FAILED else logging.INFO
         self._log(level, f"job.{dst.value}", error=fields.get("error"),
                   duration_s=self._run_time())
         return dst.value
+
+    def _record_end(
+        self, dst: Status, fields: dict[str, Any], passed: Passed | None
+    ) -> tuple[bool, Status, dict[str, Any]]:
+        """Commit the ending: whether it moved, and the move and fields it made. With the
+        next job's start made ahead here (``prestart``), both in one statement, once: one
+        that fails leaves the start to the next job's own task (which finds it, by its
+        token, if the statement landed after all) and the ending to ``_end_alone``."""
+        ahead = passed is not None and self.handover is not None and self.handover.prestart
+        if not ahead or passed is None:
+            return self._end_alone(dst, fields)
+        started: Job | None = None
+        try:
+            moved, started = self._end_and_start(dst, fields, passed)
+            return moved, dst, fields
+        except sa_exc.DataError:
+            return self._end_alone(dst, fields)  # nothing of it was stored
+        except Exception as exc:
+            if not is_sql_outage(exc):
+                raise
+            return self._end_alone(dst, fields, unsure=True)
+        finally:
+            PRE_STARTS.settle(passed.token, started)
+
+    def _end_alone(
+        self, dst: Status, fields: dict[str, Any], *, unsure: bool = False
+    ) -> tuple[bool, Status, dict[str, Any]]:
+        """The ending's compare-and-set (``unsure``: it may have landed already). An outcome
+        the database refuses (a U+0000 in a result PostgreSQL cannot hold) ends the attempt
+        once, failed with what can be stored, never run again."""
+        try:
+            moved = self._transition(Status.RUNNING, dst, announce=False, unsure=unsure,
+                                     **fields)
+        except sa_exc.DataError as exc:
+            if dst is Status.FAILED and set(fields) == {"error"}:
+                raise  # not even a plain error text could be stored
+            first = str(exc.orig or exc).splitlines()[0]
+            self._log(logging.WARNING, "job.outcome_unstorable", error=first, outcome=dst.value)
+            return self._end_alone(Status.FAILED, {"error": cut_error(
+                f"the job's {dst.value} outcome could not be stored: {first}")})
+        return moved, dst, fields
 
     def _retry(self, error: str, heartbeat: Heartbeat) -> str:
         job, policy = self._job, self.runtime.policy

@@ -18,12 +18,10 @@ import redis
 from jobs.core.cadence import UNCOMMITTED_RETRY_S
 from jobs.core.domain import Job
 from jobs.core.ids import may_be_uncommitted
-from jobs.core.states import Status
 from jobs.execution.prestart import PRE_STARTS
 from jobs.index import wake
 from jobs.index.base import IndexedJob, Lease, MessagePush
 from jobs.process.runtime import Runtime
-from jobs.store import jobs as jobs_sql
 
 logger = logging.getLogger("tierq.worker")
 
@@ -42,21 +40,23 @@ class Handover:
     prestart: bool = False
 
 
-def pass_on(
-    runtime: Runtime,
-    handover: Handover,
-    *,
-    job_id: str,
-    attempt: int,
-    outcome: Status,
-    now: float | None,
-    clock: Callable[[], float],
-) -> None:
-    """After an ending's commit: release this attempt's lease, announce and count the
-    ending, and lease the best runnable job for the slot it frees (``hand_over``, one
-    script), whose message then reaches this worker's own queue; with nothing to pass on,
-    the script rings the doorbell. ``now``: a virtual clock's time for the index (None:
-    Redis's)."""
+@dataclass(frozen=True, kw_only=True)
+class Passed:
+    """The job a freed slot took next: its lease, and the token its message carries."""
+
+    lease: Lease
+    token: str
+
+
+def pass_slot(
+    runtime: Runtime, handover: Handover, *, job_id: str, attempt: int, now: float | None,
+) -> Passed | None:
+    """Before an ending is committed: lease the best runnable job for the slot it frees
+    (``hand_over`` with ``keep``: this attempt's lease stays until its ending is committed
+    and the caller releases it), and send that job's message to this worker. None: nothing
+    to take (the dispatcher is rung with the release), or the index or the broker failed (a
+    job leased and not sent is put back at once). ``now``: a virtual clock's time for the
+    index (None: Redis's)."""
     token = uuid.uuid4().hex  # the next job's message's
     if handover.prestart:
         PRE_STARTS.expect(token)  # before its message can be taken
@@ -64,40 +64,20 @@ def pass_on(
     try:
         lease = runtime.index.hand_over(
             job_id, attempt=attempt, lease_ttl_s=policy.lease_ttl_s,
-            capacity=policy.pool_concurrency, now=now, announce=True,
-            outcome=outcome.value, push=handover.push, token=token,
+            capacity=policy.pool_concurrency, now=now, push=handover.push, token=token,
+            keep=True,
         )
     except redis.RedisError:
-        logger.warning("job.release_failed", extra={
-            "event": "job.release_failed", "job_id": job_id, "attempt": attempt},
+        logger.warning("job.handover_failed", extra={
+            "event": "job.handover_failed", "job_id": job_id, "attempt": attempt},
             exc_info=True)
+        lease = None
+    if lease is not None and (handover.push is not None
+                              or _publish(runtime, handover, lease, token)):
+        return Passed(lease=lease, token=token)
+    if handover.prestart:
         PRE_STARTS.settle(token, None)
-        return
-    passed = lease is not None and (handover.push is not None
-                                    or _publish(runtime, handover, lease, token))
-    if not handover.prestart:
-        return
-    # The message is on its way (in-process, to this worker's own consumer), and its task
-    # cannot run before this one returns and frees its thread: the start is made meanwhile.
-    started = _start_ahead(runtime, lease, token, clock) if passed and lease else None
-    PRE_STARTS.settle(token, started)
-
-
-def _start_ahead(
-    runtime: Runtime, lease: Lease, token: str, clock: Callable[[], float]
-) -> Job | None:
-    """The next job's start, made while its message travels; one try (its task makes it
-    itself when this fails)."""
-    try:
-        with runtime.one_statement() as connection:
-            return jobs_sql.start(
-                connection, lease.job_id, attempt=lease.attempt, now=clock(), token=token,
-                dispatched_at=lease.expires_at - runtime.policy.lease_ttl_s,
-            )
-    except Exception:
-        logger.debug("job.start_ahead_failed", extra={
-            "event": "job.start_ahead_failed", "job_id": lease.job_id}, exc_info=True)
-        return None
+    return None
 
 
 def _publish(runtime: Runtime, handover: Handover, lease: Lease, token: str) -> bool:

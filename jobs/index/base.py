@@ -210,10 +210,14 @@ class DispatchIndex(Protocol):
         take_next: bool = True,
         push: MessagePush | None = None,
         token: str | None = None,
+        keep: bool = False,
     ) -> Lease | None:
         """A worker's slot passes on, in one step: ``release`` the lease of ``attempt`` (with
         ``announce`` and ``outcome`` as there), then, when the pool has a free slot, lease
         the best runnable job as ``dispatch`` would (order, caps, promotion) and return it.
+        ``keep``: the lease of ``attempt`` stays, for the caller to ``release`` once its
+        ending is committed; the next job is chosen as if it were released (its slot free,
+        its tenant's lease not counted), and nothing is announced, counted or rung here.
         ``capacity``: the pool's slots (None: the live workers'). None leased (no runnable
         job or no free slot, or ``take_next`` False: a worker that is stopping): the
         dispatcher's doorbell rings instead. ``push``: the leased job's broker message,

@@ -245,12 +245,37 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         take_next: bool = True,
         push: MessagePush | None = None,
         token: str | None = None,
+        keep: bool = False,
     ) -> Lease | None:
         """``announce`` and ``outcome`` reach nobody here, nor does the doorbell; there is no
         broker to ``push`` to."""
         if push is not None:
             raise ValueError("the twin has no broker to push a message to")
-        self.release(job_id, attempt=attempt)
+        kept: tuple[str, float] | None = None
+        if not keep:
+            self.release(job_id, attempt=attempt)
+        else:
+            held, known = self._leases.score(job_id), self._meta.get(job_id)
+            if held is not None and known is not None and known.attempt == attempt:
+                kept = (known.tenant, held)  # set aside for the choice, put back after it
+                self._leases.remove(job_id)
+                self._zrem(self._tenant_leases, known.tenant, job_id)
+                head = self._head_of(known.tenant)
+                if head is not None:
+                    self._refile(known.tenant, head)  # under its cap now, for the choice
+        handed = self._next(take_next=take_next, lease_ttl_s=lease_ttl_s, capacity=capacity,
+                            now=now)
+        if kept is not None:
+            tenant, expires_at = kept
+            self._leases.add(job_id, expires_at)
+            self._zadd(self._tenant_leases, tenant, job_id, expires_at)
+            head = self._head_of(tenant)
+            if head is not None:
+                self._refile(tenant, head)
+        return handed
+
+    def _next(self, *, take_next: bool, lease_ttl_s: float, capacity: int | None,
+              now: float | None) -> Lease | None:
         if not take_next:
             return None
         at = self._at(now)

@@ -58,11 +58,13 @@ class RedisLeases(RedisScripts):
         take_next: bool = True,
         push: MessagePush | None = None,
         token: str | None = None,
+        keep: bool = False,
     ) -> Lease | None:
         args = [job_id, str(int(attempt)), "1" if announce else "", outcome or "",
                 score_arg(lease_ttl_s), now_arg(now),
                 "" if capacity is None else str(int(capacity)), PROMOTE_LIMIT,
-                "" if take_next else "1", "" if push is None else push.envelope, token or ""]
+                "" if take_next else "1", "" if push is None else push.envelope, token or "",
+                "1" if keep else ""]
         keys = [*self._fenced, *self._keys.worker_keys()]
         if push is not None:
             keys.append(push.key)

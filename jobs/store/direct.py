@@ -66,7 +66,6 @@ class _Compiled:
             if isinstance(bind.type, sa.JSON) or isinstance(
                 getattr(bind.type, "impl", None), sa.JSON)
         )
-        self.returns = bool(compiled.effective_returning)
 
 
 class DirectConnection:
@@ -90,7 +89,7 @@ class DirectConnection:
         try:
             self.sent = True
             cursor = self._raw.execute(compiled.sql, params)
-            rows = cursor.fetchall() if compiled.returns else []
+            rows = cursor.fetchall() if cursor.description is not None else []
         except psycopg.Error as exc:
             broken = self._raw.broken or self._raw.closed
             raise sa.exc.DBAPIError.instance(

@@ -43,6 +43,7 @@ from jobs.store.moves import (
     TRANSITION_FIELDS,
     Claimed,
     claim,
+    end_and_start,
     landed,
     start,
     started_by,
@@ -276,7 +277,8 @@ def mark_result_fetched(session: Session, job_id: str, *, now: float) -> bool:
 
 
 __all__ = [
-    "TIME_FIELDS", "TRANSITION_FIELDS", "Claimed", "claim", "get_job", "get_jobs", "insert_job",
+    "TIME_FIELDS", "TRANSITION_FIELDS", "Claimed", "claim", "end_and_start", "get_job",
+    "get_jobs", "insert_job",
     "jobs_after", "jobs_in_status", "landed", "latest_jobs", "list_jobs", "mark_result_fetched",
     "queued_order", "request_cancel", "settled_queued", "start", "started_by", "transition",
     "unstart_fields",

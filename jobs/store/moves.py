@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job
 from jobs.core.errors import IllegalTransition
 from jobs.core.states import NEW_ATTEMPT, Status, is_legal
-from jobs.store.direct import Runner
+from jobs.store.direct import DirectConnection, Runner
 from jobs.store.models import JobRow
 from jobs.store.rows import JOBS, dt, dt_or_none, epoch_or_none, job_from_row
 
@@ -170,33 +170,114 @@ def start(
     (stale, cancelled, late, or not committed yet: the caller reads the row to tell which).
     ``token`` names the start as the caller's own (``started_by``); ``dispatched_at``: when
     its lease was taken (kept when the row has one)."""
-    at = dt(now)
-    row = session.execute(_START, {
-        "w_id": job_id, "w_attempt": attempt, "v_at": at, "v_token": token,
-        "v_dispatched_at": at if dispatched_at is None else dt(dispatched_at),
-    }).first()
+    params = _start_params("w", "v", job_id, attempt, now, token, dispatched_at)
+    row = session.execute(_START, params).first()
     return None if row is None else job_from_row(cast(JobRow, row))
+
+
+def end_and_start(
+    session: Runner,
+    job_id: str,
+    *,
+    attempt: int,
+    dst: Status,
+    now: float,
+    fields: dict[str, Any],
+    next_id: str,
+    next_attempt: int,
+    token: str,
+    dispatched_at: float | None,
+) -> tuple[bool, Job | None]:
+    """A slot's ending and its next job's start together: this attempt's move running →
+    ``dst`` (``transition``, with ``fields``) and the start of ``next_id`` (``start``, under
+    ``token``). One statement on PostgreSQL, so one round trip and one transaction (each
+    sub-statement changes its own row, and both commit or neither does); two in the caller's
+    transaction elsewhere. Returns whether the ending moved, and the next job's row if it
+    started."""
+    if _dialect_of(session) != "postgresql":
+        moved = transition(session, job_id, src=Status.RUNNING, attempt=attempt, dst=dst,
+                           now=now, **fields)
+        return moved, start(session, next_id, attempt=next_attempt, now=now, token=token,
+                            dispatched_at=dispatched_at)
+    if not is_legal(Status.RUNNING, dst) or set(fields) - TRANSITION_FIELDS:
+        raise IllegalTransition(f"running -> {dst.value} with {sorted(fields)} is not an "
+                                "ending", job_id=job_id)
+    values = _transition_values(Status.RUNNING, attempt, dst, now, fields)
+    stmt, names = _end_and_start_stmt(dst, tuple(values), values)
+    params = {f"v_{name}": values[name] for name in names}
+    params.update(w_id=job_id, w_status=Status.RUNNING.value, w_attempt=attempt)
+    params.update(_start_params("n", "nv", next_id, next_attempt, now, token, dispatched_at))
+    row = session.execute(stmt, params).first()
+    started = None if row is None or row.id is None else job_from_row(cast(JobRow, row))
+    return row is not None and int(row.ended_rows) == 1, started
+
+
+def _dialect_of(session: Runner) -> str:
+    if isinstance(session, DirectConnection):
+        return "postgresql"
+    if isinstance(session, sa.Connection):
+        return session.dialect.name
+    return session.get_bind().dialect.name
+
+
+_END_AND_START: dict[tuple[Status, tuple[str, ...]], tuple[Any, tuple[str, ...]]] = {}
+
+
+def _end_and_start_stmt(
+    dst: Status, shape: tuple[str, ...], values: dict[str, Any]
+) -> tuple[Any, tuple[str, ...]]:
+    """``WITH ended AS (the ending's UPDATE), started AS (the start's UPDATE) SELECT`` how
+    many rows ended, and the started row (NULLs when none), built once per shape."""
+    key = (dst, shape)
+    found = _END_AND_START.get(key)
+    if found is None:
+        ending, names = _transition_stmt(Status.RUNNING, dst, shape, values)
+        ended = ending.returning(JOBS.c.id).cte("ended")
+        started = _START_NEXT.cte("started")
+        one = sa.select(sa.literal(1).label("one")).subquery("one")
+        count = sa.select(sa.func.count()).select_from(ended).scalar_subquery()
+        stmt = (sa.select(count.label("ended_rows"), *started.c)
+                .select_from(one.outerjoin(started, sa.true())))
+        found = _END_AND_START[key] = (stmt, names)
+    return found
+
+
+def _start_params(w: str, v: str, job_id: str, attempt: int, now: float, token: str | None,
+                  dispatched_at: float | None) -> dict[str, Any]:
+    at = dt(now)
+    return {f"{w}_id": job_id, f"{w}_attempt": attempt, f"{v}_at": at, f"{v}_token": token,
+            f"{v}_dispatched_at": at if dispatched_at is None else dt(dispatched_at)}
 
 
 # What a worker's start moves from: a queued row (its lease is the claim), or a dispatched
 # one (claimed in SQL by a dispatcher of an earlier version).
 _STARTABLE = (Status.QUEUED.value, Status.DISPATCHED.value)
-_AT = sa.bindparam("v_at", type_=JOBS.c.started_at.type)
-_START = (
-    sa.update(JOBS)
-    .where(
-        JOBS.c.id == sa.bindparam("w_id"),
-        sa.or_(*(JOBS.c.status == status for status in _STARTABLE)),
-        JOBS.c.attempt == sa.bindparam("w_attempt"),
-        JOBS.c.cancel_requested.is_(False),
-        sa.or_(JOBS.c.start_by.is_(None), JOBS.c.start_by > _AT),
+
+
+def _start_statement(w: str, v: str) -> Any:
+    """The start's UPDATE, its parameters named ``<w>_id``, ``<w>_attempt``, ``<v>_at``,
+    ``<v>_token`` and ``<v>_dispatched_at`` (two prefixes: it is also a part of
+    ``end_and_start``, beside an UPDATE that names its own ``w_`` and ``v_``)."""
+    at = sa.bindparam(f"{v}_at", type_=JOBS.c.started_at.type)
+    return (
+        sa.update(JOBS)
+        .where(
+            JOBS.c.id == sa.bindparam(f"{w}_id"),
+            sa.or_(*(JOBS.c.status == status for status in _STARTABLE)),
+            JOBS.c.attempt == sa.bindparam(f"{w}_attempt"),
+            JOBS.c.cancel_requested.is_(False),
+            sa.or_(JOBS.c.start_by.is_(None), JOBS.c.start_by > at),
+        )
+        .values(status=Status.RUNNING.value, started_at=at, starts=JOBS.c.starts + 1,
+                updated_at=at, start_token=sa.bindparam(f"{v}_token"),
+                dispatched_at=sa.func.coalesce(JOBS.c.dispatched_at, sa.bindparam(
+                    f"{v}_dispatched_at", type_=JOBS.c.dispatched_at.type)))
+        .returning(*JOBS.c)
     )
-    .values(status=Status.RUNNING.value, started_at=_AT, starts=JOBS.c.starts + 1,
-            updated_at=_AT, start_token=sa.bindparam("v_token"),
-            dispatched_at=sa.func.coalesce(JOBS.c.dispatched_at, sa.bindparam(
-                "v_dispatched_at", type_=JOBS.c.dispatched_at.type)))
-    .returning(*JOBS.c)
-)
+
+
+_START = _start_statement("w", "v")
+_START_NEXT = _start_statement("n", "nv")
 
 
 def started_by(

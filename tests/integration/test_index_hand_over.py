@@ -280,6 +280,55 @@ def test_a_hand_over_that_leases_nothing_rings_the_doorbell(
     assert redis_client.lrange(bell, 0, -1) == [b"1"]
 
 
+# -- hand_over(keep=True): the ending lease stays until its commit, its slot passed on --
+
+
+def test_a_kept_lease_stays_until_released_and_its_slot_passes_on(
+    index: DispatchIndex,
+) -> None:
+    fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0), job("c", "t3", key=3.0))
+    assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+    # A pool of one, full: a's slot is the one passed on, and a's lease is still held.
+    handed = index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=1.0, keep=True)
+    assert handed == lease("b", "t2", 2.0, 1.0 + TTL)
+    assert index.entries_of(["a", "b"]) == {"a": Entry(job_id="a", attempt=1, leased=True),
+                                            "b": Entry(job_id="b", attempt=1, leased=True)}
+    assert index.inflight() == 2
+    # Both held: the pool has no free slot for anything else until a's release.
+    assert index.dispatch(5, now=1.0, lease_ttl_s=TTL, capacity=1) == []
+    assert index.reap(now=1.0 + TTL / 2) == []  # a's lease keeps its expiry
+    index.release("a", attempt=1)
+    assert index.inflight() == 1 and index.position("c") == 0
+
+
+def test_a_kept_lease_counts_for_its_tenant_again_after_the_choice(
+    index: DispatchIndex,
+) -> None:
+    fill(index, job("a1", "a", key=1.0), job("a2", "a", key=2.0), job("a3", "a", key=3.0))
+    assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a1"]
+    # a's cap is 1: a1's slot passes to a2 (a1 not counted for the choice)...
+    handed = index.hand_over("a1", attempt=1, lease_ttl_s=TTL, capacity=BIG, now=0.0,
+                             keep=True)
+    assert handed is not None and handed.job_id == "a2"
+    # ... but a holds two leases now: a3 waits for a release, not for a free slot.
+    assert index.tenant_inflight("a") == 2
+    assert index.dispatch(5, now=0.0, lease_ttl_s=TTL, capacity=BIG) == []
+    index.release("a1", attempt=1)
+    assert index.dispatch(5, now=0.0, lease_ttl_s=TTL, capacity=BIG) == []  # a2 holds the cap
+    index.release("a2", attempt=1)
+    assert ids(index.dispatch(5, now=0.0, lease_ttl_s=TTL, capacity=BIG)) == ["a3"]
+
+
+def test_keeping_a_lease_that_is_gone_passes_on_no_slot(index: DispatchIndex) -> None:
+    fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0))
+    assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+    assert ids(index.reap(now=TTL + 1)) == ["a"]  # reaped: its slot was given back already
+    assert ids(index.dispatch(1, now=TTL + 1, lease_ttl_s=TTL, capacity=1)) == ["b"]
+    assert index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=TTL + 1,
+                           keep=True) is None
+    assert index.inflight() == 1
+
+
 # -- the twin and Redis agree, with hand_over and put_back among the other operations --
 
 
@@ -298,13 +347,14 @@ class HandOverPair(IndexPair):
         ttl=st.sampled_from([1.0, 5.0, 30.0]),
         take_next=st.booleans() | st.just(True),
         any_id=st.booleans(),
+        keep=st.booleans(),
     )
     def hand_over(self, data: st.DataObject, attempt: int, capacity: int | None, ttl: float,
-                  take_next: bool, any_id: bool) -> None:
+                  take_next: bool, any_id: bool, keep: bool) -> None:
         job_id = data.draw(st.sampled_from(JOB_IDS if any_id or not self.leased else self.leased))
         handed = self.both(lambda index: index.hand_over(
             job_id, attempt=attempt, lease_ttl_s=ttl, capacity=capacity, now=self.now,
-            take_next=take_next))
+            take_next=take_next, keep=keep))
         if handed is not None:
             self.leased.append(handed.job_id)
 
@@ -344,9 +394,10 @@ def hand_over_step(pair: HandOverPair, rng: random.Random) -> None:
     if rng.random() < 0.6:
         capacity = rng.choice([None, 2, 4, 6, rng.randint(0, 6)])
         ttl, take_next = rng.choice([1.0, 30.0]), rng.random() < 0.9
+        keep = rng.random() < 0.5
         handed = pair.both(lambda index: index.hand_over(
             job_id, attempt=attempt, lease_ttl_s=ttl, capacity=capacity, now=pair.now,
-            take_next=take_next))
+            take_next=take_next, keep=keep))
         if handed is not None:
             pair.leased.append(handed.job_id)
     else:

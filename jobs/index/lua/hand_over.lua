@@ -13,13 +13,31 @@
 -- ARGV[10] the leased job's broker message, less its own fields ('' none: the caller
 --          publishes it): pushed to KEYS[16], its broker queue (jobs.index.values.MessagePush)
 -- ARGV[11] the token the message carries ('' none), its fourth argument
+-- ARGV[12] '1': keep the ending attempt's lease (the caller releases it after its commit,
+--          release.lua, announcing and counting there, ringing there when nothing was
+--          leased): the next job is chosen as if it were released, its slot counted free and
+--          its tenant's lease not counted, and the lease is put back as it was; ARGV[3] and
+--          ARGV[4] are then ignored and the doorbell is not rung
 -- Returns {} or {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}}.
 local job = ARGV[1]
-if ARGV[3] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
-if ARGV[4] ~= nil and ARGV[4] ~= '' then
-  redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[4], 1)
+local keep, kept = ARGV[12] == '1', nil
+if keep then
+  local at = redis.call('ZSCORE', LEASES, job)
+  local m = at and meta_of(job)
+  if m and attempt_of(m) == tonumber(ARGV[2]) then
+    kept = {m[1], at}  -- set aside for the choice, put back after it
+    redis.call('ZREM', LEASES, job)
+    redis.call('ZREM', lkey(m[1]), job)
+    local head = head_of(m[1])
+    if head then refile(m[1], head) end  -- under its cap now, for the choice
+  end
+else
+  if ARGV[3] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
+  if ARGV[4] ~= nil and ARGV[4] ~= '' then
+    redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[4], 1)
+  end
+  drop_lease(job, ARGV[2])
 end
-drop_lease(job, ARGV[2])
 local now = now_or_server(ARGV[6])
 local capacity = tonumber(ARGV[7])
 if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now) end
@@ -28,8 +46,14 @@ if ARGV[9] ~= '1' and redis.call('ZCARD', LEASES) < capacity then
   promote_due(now, tonumber(ARGV[8]))
   out = lease_next(1, now + tonumber(ARGV[5]))
 end
+if kept then
+  redis.call('ZADD', LEASES, kept[2], job)
+  redis.call('ZADD', lkey(kept[1]), kept[2], job)
+  local head = head_of(kept[1])
+  if head then refile(kept[1], head) end  -- its tenant counts the lease again
+end
 if #out == 0 then
-  ring()
+  if not keep then ring() end
 elseif ARGV[10] ~= nil and ARGV[10] ~= '' then
   -- Celery's message (protocol 2) as kombu's Redis transport stores it, the body unencoded
   -- JSON: [args, kwargs, embed]; the task's id names the job, its attempt and this moment.
