@@ -128,6 +128,9 @@ class _WorkerLifecycle:
             self.resources.in_process.ready(sender)
         slots = int(getattr(controller, "max_concurrency", None) or controller.concurrency)
         runtime = self.resources.runtime()
+        tier_push = self.resources.tier_push(self.app)
+        if tier_push is not None:  # submits may now push their jobs' messages themselves
+            runtime.index.set_tier_push(tier_push)
         self.registration = WorkerRegistration(
             runtime.index,
             worker_id=str(sender.hostname),

@@ -30,11 +30,12 @@ from celery.utils.nodenames import anon_nodename
 from jobs.core.errors import TierqError
 from jobs.execution.attempt import Handover, execute
 from jobs.execution.running import FAILED
-from jobs.index.base import Lease, MessagePush
+from jobs.index.base import Lease, MessagePush, TierPush, TierQueue
 from jobs.process.runtime import Runtime
 from jobs.process.settings import Settings
 from jobs.store import jobs as jobs_sql
 from workers import stopping
+from workers.broker import broker_names
 from workers.handlers import HandlerRegistry, default_registry
 from workers.handover import InProcess, lease_args
 
@@ -94,6 +95,20 @@ class WorkerResources:
                 self._push = MessagePush(key=settings.key_prefix + queue,
                                          envelope=message_envelope(app, queue))
             return self._push
+
+    def tier_push(self, app: Any) -> TierPush | None:
+        """How a submit pushes a job's message to its tier's queue itself (``offer``), on a
+        broker that is the index's own Redis; else None."""
+        settings = self.settings
+        if settings.broker_url and settings.broker_url != settings.resolved_redis_url():
+            return None
+        names = broker_names(settings.resolved_broker_url(), settings.key_prefix)
+        tiers = list(settings.tiers)
+        return TierPush(
+            envelope=message_envelope(app, names.queue(tiers[0])),
+            queues=tuple(TierQueue(tier=tier, name=names.queue(tier),
+                                   key=settings.key_prefix + names.queue(tier))
+                         for tier in tiers))
 
     def registry(self) -> HandlerRegistry:
         with self._lock:

@@ -3,10 +3,12 @@
 Submitting is admit-then-persist: one call to the index checks the tenant's request rate,
 the tier's bound, the tenant's quota and the job's own deadline against the pool's live
 figures and indexes the job, atomically (``jobs.admission.limits``); then the row is committed (one
-INSERT, one transaction), and only then is the dispatcher rung: rung before, it would find
-no row yet and put the job off. A refusal leaves nothing behind; a failed commit takes the
-job back out of the index (best effort: the dispatcher also drops indexed jobs whose row
-never appears). The tier always comes from the tenant's record, never from the request.
+INSERT, one transaction), and only then does a free slot take the best runnable job
+(``offer``: its message pushed by the index, no dispatcher round), or the dispatcher is
+rung: before the COMMIT, the start would find no row yet and put the job off. A refusal
+leaves nothing behind; a failed commit takes the job back out of the index (best effort: the
+dispatcher also drops indexed jobs whose row never appears). The tier always comes from the
+tenant's record, never from the request.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def submit(
     job = _persist(runtime, new)
     if job.id != new.id:
         return _resubmitted(runtime, tenant, job, new.kind, new.payload)
-    ring_dispatcher(runtime)
+    offer(runtime)
     logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
                                         "tenant": tenant.id, "tier": tier, "attempt": 1})
     return Submitted(
@@ -203,6 +205,22 @@ def _forget(runtime: Runtime, job_id: str) -> None:
     except REDIS_OUTAGE:
         logger.warning("job.unindex_failed", extra={"event": "job.unindex_failed",
                                                     "job_id": job_id})
+
+
+def offer(runtime: Runtime) -> None:
+    """After a COMMIT: a free slot takes the best runnable job at once, its message pushed
+    to its tier's queue by the index (``DispatchIndex.offer``), with no dispatcher round
+    between; where submits cannot push (no worker published how: another broker than the
+    index's Redis) the dispatcher is rung instead. Best effort: a job left queued is
+    dispatched by the next slot to free, or the dispatcher's next round."""
+    try:
+        push = runtime.index.tier_push()
+        if push is not None and not push.covers(runtime.policy.tiers):
+            push = None  # a worker of another configuration published it
+        runtime.index.offer(lease_ttl_s=runtime.policy.lease_ttl_s, push=push,
+                            capacity=runtime.policy.pool_concurrency)
+    except REDIS_OUTAGE:
+        logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"})
 
 
 def ring_dispatcher(runtime: Runtime) -> None:

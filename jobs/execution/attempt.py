@@ -188,11 +188,11 @@ class _Attempt(RecordsOutcome):
             job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
         )
         heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock)
-        if self._fresh:
-            # Leased by this process a moment ago: the lease cannot have lapsed, so the
-            # renewal that announces the start goes first in the heartbeat's thread, beside
-            # the handler (a lease lost with Redis meanwhile is told the handler as a lost
-            # lease, at once).
+        if self._fresh or self._leased_moments_ago():
+            # Leased a moment ago (by this process, or for this message): the lease cannot
+            # have lapsed, so the renewal that announces the start goes first in the
+            # heartbeat's thread, beside the handler (a lease lost with Redis meanwhile is
+            # told the handler as a lost lease, at once).
             heartbeat.start(announce=True, start=start_figures(job))
         else:
             # The lease is checked after the start, in the round trip that announces it: one
@@ -210,6 +210,12 @@ class _Attempt(RecordsOutcome):
         finally:
             RUNNING.discard(ctx)
             heartbeat.stop()
+
+    def _leased_moments_ago(self) -> bool:
+        """The message's lease was taken less than a third of its TTL ago (on the index's
+        clock, as the lease was): it has not lapsed, whatever the broker's delay."""
+        taken = self.dispatched_at
+        return taken is not None and 0 <= self.clock() - taken < self.runtime.policy.lease_ttl_s / 3
 
     def _start(self) -> Job | None:
         """Queued → running, returning the row (the claim too): one statement. Waits out a database

@@ -46,6 +46,8 @@ from jobs.index.values import (
     MessagePush,
     Renewal,
     TierDepth,
+    TierPush,
+    TierQueue,
     refusal_minute,
 )
 
@@ -64,6 +66,8 @@ __all__ = [
     "NotLeader",
     "Renewal",
     "TierDepth",
+    "TierPush",
+    "TierQueue",
     "refusal_minute",
 ]
 
@@ -223,6 +227,30 @@ class DispatchIndex(Protocol):
         dispatcher's doorbell rings instead. ``push``: the leased job's broker message,
         pushed in the same step (Redis only; the twin has no broker and refuses it), carrying
         ``token`` as its task's fourth argument when given."""
+        ...
+
+    def offer(
+        self,
+        *,
+        lease_ttl_s: float,
+        push: TierPush | None,
+        capacity: int | None = None,
+        now: float | None = None,
+    ) -> Lease | None:
+        """A submit's step after its commit: when the pool has a free slot (``capacity``,
+        None: the live workers'), lease the best runnable job as ``dispatch`` would and push
+        its message to its tier's queue (``push``), returning its lease. A free slot and
+        nothing leased (nothing runnable, or no ``push``): the dispatcher's doorbell rings.
+        No free slot: nothing happens (the next slot to free takes the best job itself)."""
+        ...
+
+    def tier_push(self) -> TierPush | None:
+        """How ``offer`` pushes a message, as the workers published it (None: no worker
+        whose broker is this Redis has)."""
+        ...
+
+    def set_tier_push(self, push: TierPush) -> None:
+        """Publish how ``offer`` pushes a message (a worker, once it is ready)."""
         ...
 
     def put_back(

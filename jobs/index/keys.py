@@ -31,6 +31,8 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``rate:<tenant>``    hash tokens, at: the tenant's request-rate token bucket
 - ``service_mean``     hash mean_s, samples, at: the measured mean service time
 - ``wake``             list: the dispatcher's doorbell (a few tokens at most)
+- ``tier_push``        string: JSON, the broker message envelope and each tier's queue, for
+                       a submit that leases and pushes its job itself (``offer``)
 - ``counters:leases_reclaimed``  counter: leases the reaper took back
 - ``refusals:<minute>``  hash JSON [scope, tier or tenant, reason] -> count: the refusals
                        ``admit_new`` made in one minute of the epoch, kept ten minutes
@@ -105,6 +107,12 @@ class IndexKeys:
     @property
     def service_mean(self) -> str:
         return self._fixed("service_mean")
+
+    @property
+    def tier_push(self) -> str:
+        """How a submit's ``offer`` pushes a message to a tier's broker queue: JSON
+        (``jobs.index.values.TierPush``), set by the workers whose broker is this Redis."""
+        return self._fixed("tier_push")
 
     @property
     def doorbell(self) -> str:

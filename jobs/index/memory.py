@@ -37,6 +37,7 @@ from jobs.index.values import (
     Lease,
     MessagePush,
     TierDepth,
+    TierPush,
     refusal_minute,
 )
 
@@ -284,6 +285,26 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
             return None
         leases = self.dispatch(1, lease_ttl_s=lease_ttl_s, now=at)
         return leases[0] if leases else None
+
+    def offer(
+        self,
+        *,
+        lease_ttl_s: float,
+        push: TierPush | None,
+        capacity: int | None = None,
+        now: float | None = None,
+    ) -> Lease | None:
+        """The doorbell reaches nobody here, and there is no broker to ``push`` to: without
+        one, ``offer`` leases nothing, as Redis does."""
+        if push is not None:
+            raise ValueError("the twin has no broker to push a message to")
+        return None
+
+    def tier_push(self) -> TierPush | None:
+        return self._tier_push
+
+    def set_tier_push(self, push: TierPush) -> None:
+        self._tier_push = push
 
     def put_back(
         self, job_id: str, *, attempt: int, not_before: float | None = None,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from jobs.index.base import NotLeader
 from jobs.index.rate_limit import MemoryRateLimiter
-from jobs.index.values import IndexedJob
+from jobs.index.values import IndexedJob, TierPush
 from jobs.index.zset import ZSet
 
 
@@ -69,6 +69,7 @@ class MemoryLayout:
         # The twin of the ``service_mean`` hash ``jobs.fleet.service_rate`` publishes in Redis:
         # the measured mean service time and its samples.
         self.service_mean: tuple[float, int] | None = None
+        self._tier_push: TierPush | None = None
 
     # -- the layout's small steps (the helpers of lua/common.lua) --
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 
 from jobs.core.histograms import StartFigures
+from jobs.index import wake
 from jobs.index.keys import PROMOTE_LIMIT
 from jobs.index.redis_scripts import (
     RedisScripts,
@@ -16,14 +18,19 @@ from jobs.index.redis_scripts import (
     score_arg,
     text_of,
 )
-from jobs.index.values import IndexedJob, Lease, LiveWorker, MessagePush, Renewal
+from jobs.index.values import IndexedJob, Lease, LiveWorker, MessagePush, Renewal, TierPush
 
+# How long a process keeps the workers' ``TierPush`` before reading it again.
+TIER_PUSH_REFRESH_S = 10.0
 # A worker's device is kept beside its slots, under its id and this suffix (workers.lua).
 DEVICE_SUFFIX = "#device"
 
 
 class RedisLeases(RedisScripts):
     """Leases (renew, release, reap, restore) and live workers of ``RedisIndex``."""
+
+    # The workers' ``TierPush`` as last read, and when (``time.monotonic()``).
+    _tier_push_read: tuple[float, TierPush | None] | None = None
 
     def renew(
         self, job_id: str, *, attempt: int, ttl_s: float, now: float | None = None
@@ -70,6 +77,47 @@ class RedisLeases(RedisScripts):
             keys.append(push.key)
         raw = self._scripts["hand_over"](keys=keys, args=args)
         return lease_of(raw[0]) if raw else None
+
+    def offer(
+        self,
+        *,
+        lease_ttl_s: float,
+        push: TierPush | None,
+        capacity: int | None = None,
+        now: float | None = None,
+    ) -> Lease | None:
+        queues = () if push is None else push.queues
+        args: list[str | int] = [score_arg(lease_ttl_s), now_arg(now),
+                "" if capacity is None else str(int(capacity)), PROMOTE_LIMIT,
+                "" if push is None else push.envelope, len(queues),
+                *(queue.tier for queue in queues), *(queue.name for queue in queues)]
+        keys = [*self._fenced, *self._keys.worker_keys(), *(queue.key for queue in queues)]
+        raw = self._scripts["offer"](keys=keys, args=args)
+        if not raw:
+            return None
+        lease = lease_of(raw[0][:7])
+        if int(raw[0][7]) == 1:
+            return lease
+        # Its tier has no queue in ``push``: back in the queue at once, for the dispatcher.
+        self.put_back(lease.job_id, attempt=lease.attempt)
+        wake.ring(self._client, self._keys.prefix)
+        return None
+
+    def tier_push(self) -> TierPush | None:
+        """Read at most every ``TIER_PUSH_REFRESH_S`` (a submit asks for it every time; the
+        workers set it once, as they start)."""
+        now = time.monotonic()
+        cached = self._tier_push_read
+        if cached is not None and now - cached[0] < TIER_PUSH_REFRESH_S:
+            return cached[1]
+        raw = self._client.get(self._keys.tier_push)
+        push = None if raw is None else TierPush.from_json(text_of(raw))
+        self._tier_push_read = (now, push)
+        return push
+
+    def set_tier_push(self, push: TierPush) -> None:
+        self._client.set(self._keys.tier_push, push.to_json())
+        self._tier_push_read = (time.monotonic(), push)
 
     def put_back(
         self, job_id: str, *, attempt: int, not_before: float | None = None,

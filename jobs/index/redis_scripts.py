@@ -20,13 +20,14 @@ from jobs.index.values import IndexedJob, Lease
 _SCRIPTS = (
     "admit", "admit_new", "requeue", "dispatch", "release", "renew", "cancel", "reap",
     "expire_due", "set_caps", "restore_lease", "flag_cancel", "hand_over",
-    "put_back",
+    "put_back", "offer",
 )
 # The Lua prepended to an index script after common.lua: the steps it shares with others.
 _PRELUDES: dict[str, tuple[str, ...]] = {
     "admit": ("admit_job",),
     "admit_new": ("token_bucket", "workers", "admit_job"),
-    "hand_over": ("workers",),
+    "hand_over": ("workers", "push"),
+    "offer": ("workers", "push"),
 }
 _LEADERSHIP = ("lead", "renew_lead", "resign")
 

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -22,6 +24,8 @@ __all__ = [
     "LiveWorker",
     "Renewal",
     "TierDepth",
+    "TierPush",
+    "TierQueue",
     "refusal_minute",
 ]
 
@@ -49,11 +53,44 @@ class MessagePush:
     """A broker message the index pushes itself, in the step that leases its job, when the
     broker is the index's own Redis: ``key`` the broker queue's list, ``envelope`` the
     message as the broker's client would write it (JSON), less its per-message fields. The
-    script fills those in (``hand_over.lua``): the task's id, its arguments
+    script fills those in (``push.lua``): the task's id, its arguments
     ``[job_id, attempt, dispatched_at]``, and their repr."""
 
     key: str
     envelope: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierQueue:
+    """A tier's broker queue: its name (the routing key) and, on Redis, its list's key."""
+
+    tier: str
+    name: str
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierPush:
+    """How the index pushes a leased job's message to its tier's broker queue (``offer``),
+    as the workers publish it where the broker is the index's own Redis: the message's
+    ``envelope`` (``MessagePush``) and every tier's queue."""
+
+    envelope: str
+    queues: tuple[TierQueue, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"envelope": self.envelope,
+                           "queues": [[q.tier, q.name, q.key] for q in self.queues]})
+
+    @classmethod
+    def from_json(cls, raw: str) -> TierPush:
+        data = json.loads(raw)
+        return cls(envelope=str(data["envelope"]), queues=tuple(
+            TierQueue(tier=str(tier), name=str(name), key=str(key))
+            for tier, name, key in data["queues"]))
+
+    def covers(self, tiers: Iterable[str]) -> bool:
+        return set(tiers) <= {queue.tier for queue in self.queues}
 
 
 @dataclass(frozen=True, kw_only=True)

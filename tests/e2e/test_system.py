@@ -458,3 +458,26 @@ def test_a_freed_slot_takes_the_next_job_without_the_dispatcher(
     # One slot: each ran after the one before it ended, in the order they were submitted.
     starts = [job["started_at"] for job in ended]
     assert starts == sorted(starts)
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_submit_to_an_idle_worker_starts_without_the_dispatcher(
+    deployment: Callable[[str], System],
+) -> None:
+    """A free slot takes a submitted job at once: the submit's own last step leases it and
+    pushes its message to its tier's queue (``offer``), where the broker is the index's
+    Redis, so no dispatcher round sits between a submit and its start on an idle pool. The
+    dispatcher is stopped throughout, and each job still runs, one after the other."""
+    with running(deployment(HAND_OVER_CONFIG)) as system:
+        system.start_api()
+        dispatcher = system.start("dispatcher", "dispatcher")
+        system.start("worker", "worker", "--concurrency", "1")
+        client = system.tenant("acme", "premium")
+        system.wait_for_capacity(client, 1)
+        with stopped(dispatcher):
+            ended = []
+            for n in range(3):
+                job = submit(client, "echo", {"n": n})
+                ended.append(wait_terminal(client, job["id"], timeout=30))
+
+    assert [(job["status"], job["attempt"]) for job in ended] == [("succeeded", 1)] * 3

@@ -2,7 +2,8 @@
 
 A submit's admission is one Redis round trip, whatever it checks (rate, live workers,
 measured mean, the job's own deadline) and whether it is accepted or refused; an accepted
-submit adds one more, the dispatcher's doorbell, rung after the commit. Its row is one
+submit adds one more after the commit: the offer of the best runnable job to a free slot, or
+the dispatcher's doorbell (``DispatchIndex.offer``). Its row is one
 INSERT in one transaction (a keyed one reads its key first); on PostgreSQL that INSERT is sent
 alone, a transaction of its own (``jobs.store.direct``). An idempotent resubmit, or one
 that loses the race for its key, gets the first job and makes no second row.
@@ -137,7 +138,8 @@ def test_an_admission_is_one_round_trip_and_a_submit_two(
     round_trips.clear()
     submitted = submit(runtime, tenant, max_wait_s=600)
     assert submitted.created
-    assert round_trips == [b"EVALSHA", b"LPUSH"]  # the admission; the doorbell, after COMMIT
+    # The admission; after the COMMIT, the offer to a free slot (or the doorbell), one script.
+    assert round_trips == [b"EVALSHA", b"EVALSHA"]
 
 
 def test_a_refusal_is_one_round_trip(

@@ -3,7 +3,7 @@
 -- the pool has a free slot (dispatch.lua's order, caps and count), so no dispatcher wake-up
 -- sits between two jobs. Nothing leased (no runnable job, or no free slot): the doorbell
 -- rings instead, and the dispatcher does what is left (a batch's feed, a full pool).
--- KEYS: the layout of common.lua (prepended, then workers.lua), then KEYS[14] workers
+-- KEYS: the layout of common.lua (prepended, then workers.lua and push.lua), then KEYS[14] workers
 -- KEYS[15] worker_slots  KEYS[16] the broker queue's list (with ARGV[10] only).
 -- ARGV[1] job  ARGV[2] attempt  ARGV[3] '1': publish the job's id on 'changed' (jobs.notify)
 -- ARGV[4] the status the job just moved to ('' none): counted in counters:jobs
@@ -55,21 +55,6 @@ end
 if #out == 0 then
   if not keep then ring() end
 elseif ARGV[10] ~= nil and ARGV[10] ~= '' then
-  -- Celery's message (protocol 2) as kombu's Redis transport stores it, the body unencoded
-  -- JSON: [args, kwargs, embed]; the task's id names the job, its attempt and this moment.
-  local lease = out[1]
-  local at = tonumber(lease[6]) - tonumber(ARGV[5])
-  local id = lease[1] .. '.' .. lease[5] .. '.' .. string.format('%.6f', now)
-  local message = cjson.decode(ARGV[10])
-  local headers, properties = message['headers'], message['properties']
-  headers['id'], headers['root_id'] = id, id
-  local args, repr = {lease[1], tonumber(lease[5]), at}, string.format('%.6f', at)
-  if ARGV[11] ~= nil and ARGV[11] ~= '' then
-    args[4], repr = ARGV[11], repr .. ", '" .. ARGV[11] .. "'"
-  end
-  headers['argsrepr'] = "['" .. lease[1] .. "', " .. lease[5] .. ', ' .. repr .. ']'
-  properties['correlation_id'], properties['delivery_tag'] = id, id
-  message['body'] = cjson.encode({args, cjson.decode('{}'), message['body']})
-  redis.call('LPUSH', KEYS[16], cjson.encode(message))
+  push_message(KEYS[16], ARGV[10], '', out[1], tonumber(ARGV[5]), now, ARGV[11])
 end
 return out

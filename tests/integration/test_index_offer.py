@@ -1,0 +1,126 @@
+"""The contract of ``offer``: a submit's step after its commit. A free slot takes the best
+runnable job at once (its message pushed to its tier's queue by the index, as the broker's
+client would write it); no free slot, nothing happens; a free slot and nothing to lease (or
+nothing to push with), the dispatcher's doorbell rings. Pushing needs a broker that is the
+index's own Redis, so the twin, which has none, takes ``push=None`` only, as Redis does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from jobs.index import DispatchIndex, RedisIndex
+from jobs.index.base import TierPush, TierQueue
+from jobs.index.keys import IndexKeys
+from tests.integration.test_index_contract import BIG, TTL, fill, ids, job
+
+pytestmark = pytest.mark.integration
+
+ENVELOPE = json.dumps({
+    "body": {"callbacks": None}, "content-type": "application/json",
+    "headers": {"task": "tierq.run_job", "id": "", "root_id": "", "argsrepr": ""},
+    "properties": {"correlation_id": "", "delivery_tag": "",
+                   "delivery_info": {"exchange": "", "routing_key": "tier.first"}},
+})
+
+
+@pytest.fixture
+def redis_index(redis_client: redis.Redis, key_prefix: str) -> RedisIndex:
+    return RedisIndex(redis_client, key_prefix)
+
+
+def pushes(prefix: str, tiers: tuple[str, ...] = ("free", "premium")) -> TierPush:
+    return TierPush(envelope=ENVELOPE, queues=tuple(
+        TierQueue(tier=tier, name=f"tier.{tier}", key=f"{prefix}tier.{tier}")
+        for tier in tiers))
+
+
+def doorbell(client: redis.Redis, prefix: str) -> list[bytes]:
+    rung: list[bytes] = client.lrange(IndexKeys(prefix).doorbell, 0, -1)  # type: ignore[assignment]
+    return rung
+
+
+def test_without_a_push_an_offer_leases_nothing(index: DispatchIndex) -> None:
+    fill(index, job("a", key=1.0))
+    assert index.offer(lease_ttl_s=TTL, push=None, capacity=BIG, now=0.0) is None
+    assert index.inflight() == 0 and index.position("a") == 0
+
+
+def test_a_free_slot_takes_the_best_runnable_job_and_its_message_is_pushed(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    fill(redis_index, job("late", "t1", key=5.0), job("first", "t2", key=1.0))
+    lease = redis_index.offer(lease_ttl_s=TTL, push=pushes(key_prefix), capacity=2, now=10.0)
+    assert lease is not None and (lease.job_id, lease.attempt) == ("first", 1)
+    assert lease.expires_at == 10.0 + TTL
+    (raw,) = redis_client.lrange(f"{key_prefix}tier.free", 0, -1)  # type: ignore[misc]
+    message = json.loads(raw)
+    args, kwargs, embed = json.loads(message["body"]) if isinstance(message["body"], str) \
+        else message["body"]
+    assert (args, kwargs, embed) == (["first", 1, 10.0], {}, {"callbacks": None})
+    headers, properties = message["headers"], message["properties"]
+    assert headers["id"] == headers["root_id"] == properties["correlation_id"]
+    assert headers["id"].startswith("first.1.")
+    assert properties["delivery_info"]["routing_key"] == "tier.free"
+    assert doorbell(redis_client, key_prefix) == []  # no dispatcher round was needed
+
+
+def test_a_job_goes_to_its_own_tiers_queue(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    fill(redis_index, job("p", "t1", key=1.0, tier="premium"))
+    assert redis_index.offer(lease_ttl_s=TTL, push=pushes(key_prefix), capacity=1,
+                             now=0.0) is not None
+    assert redis_client.llen(f"{key_prefix}tier.premium") == 1
+    assert redis_client.llen(f"{key_prefix}tier.free") == 0
+
+
+def test_no_free_slot_no_lease_and_no_ring(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    fill(redis_index, job("a", "t1", key=1.0), job("b", "t2", key=2.0))
+    assert ids(redis_index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+    assert redis_index.offer(lease_ttl_s=TTL, push=pushes(key_prefix), capacity=1,
+                             now=0.0) is None
+    assert redis_index.position("b") == 0 and redis_index.inflight() == 1
+    assert doorbell(redis_client, key_prefix) == []  # the next slot to free takes b itself
+    assert redis_client.llen(f"{key_prefix}tier.free") == 0
+
+
+def test_a_free_slot_and_nothing_runnable_rings_the_dispatcher(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    fill(redis_index, job("a1", "a", key=1.0), job("a2", "a", key=2.0))
+    assert ids(redis_index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a1"]  # a at its cap
+    assert redis_index.offer(lease_ttl_s=TTL, push=pushes(key_prefix), capacity=BIG,
+                             now=0.0) is None
+    assert redis_index.position("a2") == 0
+    assert doorbell(redis_client, key_prefix) == [b"1"]
+
+
+def test_without_a_push_a_free_slot_rings_the_dispatcher(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    fill(redis_index, job("a", key=1.0))
+    assert redis_index.offer(lease_ttl_s=TTL, push=None, capacity=BIG, now=0.0) is None
+    assert doorbell(redis_client, key_prefix) == [b"1"]
+
+
+def test_a_job_whose_tier_has_no_queue_goes_back_for_the_dispatcher(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    fill(redis_index, job("p", "t1", key=1.0, tier="premium"))
+    push = pushes(key_prefix, tiers=("free",))
+    assert redis_index.offer(lease_ttl_s=TTL, push=push, capacity=1, now=0.0) is None
+    assert redis_index.inflight() == 0 and redis_index.position("p") == 0
+    assert doorbell(redis_client, key_prefix) == [b"1"]
+
+
+def test_the_workers_push_is_read_back_as_written(index: DispatchIndex) -> None:
+    assert index.tier_push() is None
+    push = pushes("{x}:")
+    index.set_tier_push(push)
+    assert index.tier_push() == push
+    assert push.covers(["free"]) and not push.covers(["free", "gold"])
