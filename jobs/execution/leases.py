@@ -18,7 +18,6 @@ whose wall clock jumps or is skewed changes nothing.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,6 +30,7 @@ from jobs.core.domain import Job
 from jobs.core.errors import TierqError
 from jobs.core.histograms import StartFigures
 from jobs.execution.handlers import JobContext
+from jobs.execution.renewer import RENEWER
 from jobs.index.base import Renewal
 from jobs.process.runtime import Runtime
 
@@ -137,7 +137,8 @@ class LeaseKeeper:
 class Heartbeat:
     """Keeps a running job's lease alive and tells it of a cancel request.
 
-    A thread of its own renews the lease every ``min(poll_s, lease_ttl_s / 3)``; each
+    The process's renewer (``jobs.execution.renewer``) renews the lease every
+    ``min(poll_s, lease_ttl_s / 3)``; each
     renewal also answers whether a cancel was requested (``Renewal.CANCEL_REQUESTED``: the
     API flags the lease after recording the request in SQL), so a running job costs the
     database nothing while it runs, and a database that hangs never holds up a renewal. A
@@ -159,23 +160,29 @@ class Heartbeat:
         self._ttl = runtime.policy.lease_ttl_s
         self.renew_every_s = min(poll_s, self._ttl / 3)
         self._renewed_at = time.monotonic()  # the worker renewed just before the start
-        self._stopping = threading.Event()
         self._first: tuple[bool, StartFigures | None] | None = None
-        self._renewer = threading.Thread(
-            target=self._loop, name=f"lease-{ctx.job_id}", daemon=True,
-        )
 
     def start(self, *, announce: bool = False, start: StartFigures | None = None) -> None:
-        """Renew every ``renew_every_s`` from now on; ``announce`` or ``start``: renew at once
-        in the heartbeat's thread first, with those (``renew_now``), beside the handler."""
+        """Renew every ``renew_every_s`` from now on (``jobs.execution.renewer``: the
+        process's one renewing thread); ``announce`` or ``start``: renew at once first, with
+        those (``renew_now``), beside the handler."""
         self._first = (announce, start) if announce or start is not None else None
-        self._renewer.start()
+        RENEWER.add(self, now=self._first is not None)
 
     def stop(self) -> None:
-        """Stop renewing; joined, so no renewal follows a release."""
-        self._stopping.set()
-        if self._renewer.is_alive():
-            self._renewer.join()
+        """Stop renewing: no renewal follows (one in progress is waited for), so none
+        follows a release."""
+        RENEWER.remove(self)
+
+    def tick(self) -> None:
+        """One renewal, by the renewer: the first one's ``announce`` and ``start`` once."""
+        first, self._first = self._first, None
+        announce, start = first if first is not None else (False, None)
+        try:
+            self.renew_now(announce=announce, start=start)
+        except Exception:  # the heartbeat must outlive any one failed step
+            logger.exception("job.heartbeat_error", extra={
+                "event": "job.heartbeat_error", "job_id": self._ctx.job_id})
 
     def holds_lease(self) -> bool:
         """Not lost, and renewed within its TTL: this attempt may still record its outcome."""
@@ -187,23 +194,6 @@ class Heartbeat:
         (``jobs.index.counters``) in it too."""
         if not self._ctx.lease_lost():
             self._renew(time.monotonic(), announce=announce, start=start)
-
-    def _loop(self) -> None:
-        if self._first is not None:
-            announce, start = self._first
-            try:
-                self.renew_now(announce=announce, start=start)
-            except Exception:
-                logger.exception("job.heartbeat_error", extra={
-                    "event": "job.heartbeat_error", "job_id": self._ctx.job_id})
-        while not self._stopping.wait(self.renew_every_s):
-            try:
-                self.renew_now()
-            except Exception:  # the heartbeat must outlive any one failed step
-                logger.exception(
-                    "job.heartbeat_error",
-                    extra={"event": "job.heartbeat_error", "job_id": self._ctx.job_id},
-                )
 
     def _renew(
         self, now: float, *, announce: bool = False, start: StartFigures | None = None

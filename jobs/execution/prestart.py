@@ -60,6 +60,11 @@ class PreStarts:
                                  if now - e.made_at < KEEP_S}
             self._entries[token] = _Entry(made_at=now)
 
+    def forget(self, token: str) -> None:
+        """No message carries ``token`` after all (nothing was handed over)."""
+        with self._lock:
+            self._entries.pop(token, None)
+
     def settle(self, token: str, job: Job | None) -> None:
         """The start made ahead for ``token``: the row, or None (not made)."""
         with self._lock:

@@ -76,7 +76,7 @@ def pass_slot(
                               or _publish(runtime, handover, lease, token)):
         return Passed(lease=lease, token=token)
     if handover.prestart:
-        PRE_STARTS.settle(token, None)
+        PRE_STARTS.forget(token)
     return None
 
 

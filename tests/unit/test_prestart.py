@@ -53,3 +53,10 @@ def test_a_late_start_is_waited_for_and_one_too_late_is_the_takers_to_make() -> 
 
     starts.expect("never")
     assert starts.take("never", wait_s=0.01)[:2] == (Claim.OWN, None)
+
+
+def test_a_token_no_message_carries_is_forgotten() -> None:
+    starts = PreStarts()
+    starts.expect("unsent")  # the hand-over leased nothing, or its message was not sent
+    starts.forget("unsent")
+    assert starts.take("unsent", wait_s=0.0)[0] is Claim.UNKNOWN
