@@ -84,6 +84,7 @@ from jobs.execution.slots import (
     settle_uncommitted,
 )
 from jobs.index import notify
+from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
 
@@ -160,6 +161,9 @@ class _Attempt(RecordsOutcome):
         self._owns_token = False
         # Started ahead, moments ago, under a lease this process took: no check needed first.
         self._fresh = False
+        # The attempt that handed this job over, ended and committed: its lease is released
+        # with this one's first renewal (one round trip for both).
+        self._handed: Finished | None = None
         self.clock: Clock = clock or runtime.clock
         self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
         self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)
@@ -193,12 +197,12 @@ class _Attempt(RecordsOutcome):
             # have lapsed, so the renewal that announces the start goes first in the
             # heartbeat's thread, beside the handler (a lease lost with Redis meanwhile is
             # told the handler as a lost lease, at once).
-            heartbeat.start(announce=True, start=start_figures(job))
+            heartbeat.start(announce=True, start=start_figures(job), release=self._handed)
         else:
             # The lease is checked after the start, in the round trip that announces it: one
             # reaped while the message waited in the broker (or lost with Redis) means the
             # handler must not run, and the start is undone.
-            heartbeat.renew_now(announce=True, start=start_figures(job))
+            heartbeat.renew_now(announce=True, start=start_figures(job), release=self._handed)
             if ctx.lease_lost():
                 return self._hand_back(Status.RUNNING)
             heartbeat.start()
@@ -222,11 +226,12 @@ class _Attempt(RecordsOutcome):
         outage while the lease is held; after a retry, a start that already landed (the
         COMMIT's answer was lost) is found by reading the row back."""
         if self._from_hand_over:
-            claim, job, age = PRE_STARTS.take(self.token, wait_s=PRESTART_WAIT_S)
-            self._owns_token = claim is Claim.OWN
-            if claim is Claim.STARTED:
-                self._fresh = age < self.runtime.policy.lease_ttl_s / 3
-                return job
+            taken = PRE_STARTS.take(self.token, wait_s=PRESTART_WAIT_S)
+            self._owns_token = taken.claim is Claim.OWN
+            if taken.claim is Claim.STARTED:
+                self._fresh = taken.age < self.runtime.policy.lease_ttl_s / 3
+                self._handed = taken.release
+                return taken.job
         retried = [False]
 
         def start() -> Job | None:

@@ -31,7 +31,7 @@ from jobs.core.errors import TierqError
 from jobs.core.histograms import StartFigures
 from jobs.execution.handlers import JobContext
 from jobs.execution.renewer import RENEWER
-from jobs.index.base import Renewal
+from jobs.index.base import Finished, Renewal
 from jobs.process.runtime import Runtime
 
 logger = logging.getLogger("tierq.worker")
@@ -160,26 +160,32 @@ class Heartbeat:
         self._ttl = runtime.policy.lease_ttl_s
         self.renew_every_s = min(poll_s, self._ttl / 3)
         self._renewed_at = time.monotonic()  # the worker renewed just before the start
-        self._first: tuple[bool, StartFigures | None] | None = None
+        self._first: tuple[bool, StartFigures | None, Finished | None] | None = None
 
-    def start(self, *, announce: bool = False, start: StartFigures | None = None) -> None:
+    def start(self, *, announce: bool = False, start: StartFigures | None = None,
+              release: Finished | None = None) -> None:
         """Renew every ``renew_every_s`` from now on (``jobs.execution.renewer``: the
-        process's one renewing thread); ``announce`` or ``start``: renew at once first, with
-        those (``renew_now``), beside the handler."""
-        self._first = (announce, start) if announce or start is not None else None
-        RENEWER.add(self, now=self._first is not None)
+        process's one renewing thread); ``announce``, ``start`` or ``release``: renew at
+        once first, with those (``renew_now``), beside the handler."""
+        first = announce or start is not None or release is not None
+        self._first = (announce, start, release) if first else None
+        RENEWER.add(self, now=first)
 
     def stop(self) -> None:
         """Stop renewing: no renewal follows (one in progress is waited for), so none
-        follows a release."""
+        follows a release. A first renewal the renewer has not made yet (a handler that
+        ended at once) is made here: it announces the start, records its figures, and
+        releases the lease of the attempt that handed the job over."""
         RENEWER.remove(self)
+        if self._first is not None:
+            self.tick()
 
     def tick(self) -> None:
         """One renewal, by the renewer: the first one's ``announce`` and ``start`` once."""
         first, self._first = self._first, None
-        announce, start = first if first is not None else (False, None)
+        announce, start, release = first if first is not None else (False, None, None)
         try:
-            self.renew_now(announce=announce, start=start)
+            self.renew_now(announce=announce, start=start, release=release)
         except Exception:  # the heartbeat must outlive any one failed step
             logger.exception("job.heartbeat_error", extra={
                 "event": "job.heartbeat_error", "job_id": self._ctx.job_id})
@@ -188,20 +194,23 @@ class Heartbeat:
         """Not lost, and renewed within its TTL: this attempt may still record its outcome."""
         return not self._ctx.lease_lost() and time.monotonic() - self._renewed_at < self._ttl
 
-    def renew_now(self, *, announce: bool = False, start: StartFigures | None = None) -> None:
+    def renew_now(self, *, announce: bool = False, start: StartFigures | None = None,
+                  release: Finished | None = None) -> None:
         """Renew at once; ``announce``: also publish that the job's status moved (the
         worker's start), in the same round trip; ``start``: record the start's figures
-        (``jobs.index.counters``) in it too."""
+        (``jobs.index.counters``) in it too; ``release``: release first the lease of the
+        attempt that handed this job over (``renew_checked``)."""
         if not self._ctx.lease_lost():
-            self._renew(time.monotonic(), announce=announce, start=start)
+            self._renew(time.monotonic(), announce=announce, start=start, release=release)
 
     def _renew(
-        self, now: float, *, announce: bool = False, start: StartFigures | None = None
+        self, now: float, *, announce: bool = False, start: StartFigures | None = None,
+        release: Finished | None = None,
     ) -> None:
         try:
             renewal = self._runtime.index.renew_checked(
                 self._ctx.job_id, attempt=self._ctx.attempt, ttl_s=self._ttl,
-                now=virtual_now(self._clock), announce=announce, start=start,
+                now=virtual_now(self._clock), announce=announce, start=start, release=release,
             )
         except redis.RedisError:
             self._warn("job.renew_failed", exc_info=True)

@@ -26,6 +26,7 @@ from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.results import result_fields
 from jobs.execution.running import FAILED, SUCCEEDED, Ending, cut_error, describe_error
 from jobs.execution.slots import Handover, Passed, entry_of, ring
+from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
 
 REQUEUED, STALE = "requeued", "stale"
@@ -94,14 +95,23 @@ class RecordsOutcome:
         lease kept), then the ending committed (with the thread pool, in the statement that
         starts that next job), then this attempt's lease released."""
         passed = self._pass_slot()
-        moved, dst, fields = self._record_end(dst, fields, passed)
+        moved, dst, fields, started = self._record_end(dst, fields, passed)
         heartbeat.stop()  # no renewal may follow the release
-        if not moved:
-            if passed is not None:  # its slot went on to the next job: the lease goes too
+        if started is not None and passed is not None:
+            # The next job's task releases this lease with its first renewal (announcing and
+            # counting this ending): one round trip for both, and none before that task runs.
+            ending = Finished(job_id=self._job.id, attempt=self._job.attempt, outcome=dst.value)
+            PRE_STARTS.settle(passed.token, started, release=ending if moved else None)
+            if not moved:
                 self._release(None, passed)
+        else:
+            if passed is not None and self.handover is not None and self.handover.prestart:
+                PRE_STARTS.settle(passed.token, None)  # its task makes the start itself
+            if passed is not None or moved:
+                self._release(dst if moved else None, passed)
+        if not moved:
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
-        self._release(dst, passed)
         level = logging.WARNING if dst is Status.FAILED else logging.INFO
         self._log(level, f"job.{dst.value}", error=fields.get("error"),
                   duration_s=self._run_time())
@@ -109,26 +119,24 @@ class RecordsOutcome:
 
     def _record_end(
         self, dst: Status, fields: dict[str, Any], passed: Passed | None
-    ) -> tuple[bool, Status, dict[str, Any]]:
-        """Commit the ending: whether it moved, and the move and fields it made. With the
-        next job's start made ahead here (``prestart``), both in one statement, once: one
-        that fails leaves the start to the next job's own task (which finds it, by its
-        token, if the statement landed after all) and the ending to ``_end_alone``."""
+    ) -> tuple[bool, Status, dict[str, Any], Job | None]:
+        """Commit the ending: whether it moved, the move and fields it made, and the next
+        job's row when its start was made here too. With the next job's start made ahead
+        (``prestart``), both in one statement, once: one that fails leaves the start to the
+        next job's own task (which finds it, by its token, if the statement landed after
+        all) and the ending to ``_end_alone``."""
         ahead = passed is not None and self.handover is not None and self.handover.prestart
         if not ahead or passed is None:
-            return self._end_alone(dst, fields)
-        started: Job | None = None
+            return (*self._end_alone(dst, fields), None)
         try:
             moved, started = self._end_and_start(dst, fields, passed)
-            return moved, dst, fields
+            return moved, dst, fields, started
         except sa_exc.DataError:
-            return self._end_alone(dst, fields)  # nothing of it was stored
+            return (*self._end_alone(dst, fields), None)  # nothing of it was stored
         except Exception as exc:
             if not is_sql_outage(exc):
                 raise
-            return self._end_alone(dst, fields, unsure=True)
-        finally:
-            PRE_STARTS.settle(passed.token, started)
+            return (*self._end_alone(dst, fields, unsure=True), None)
 
     def _end_alone(
         self, dst: Status, fields: dict[str, Any], *, unsure: bool = False

@@ -20,8 +20,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from jobs.core.domain import Job
+from jobs.index.base import Finished
 
 # How long a registration is kept for a message that never came (lost, or its worker gone).
 KEEP_S = 120.0
@@ -42,6 +44,18 @@ class _Entry:
     done: threading.Event = field(default_factory=threading.Event)
     job: Job | None = None
     taken: bool = False
+    release: Finished | None = None
+
+
+class Taken(NamedTuple):
+    """What ``take`` found: the claim, the row started ahead (``STARTED`` only), its age in
+    seconds, and the handing attempt whose lease the taker releases with its first
+    renewal (``STARTED`` only; None: the handing task released it)."""
+
+    claim: Claim
+    job: Job | None
+    age: float
+    release: Finished | None = None
 
 
 class PreStarts:
@@ -65,31 +79,33 @@ class PreStarts:
         with self._lock:
             self._entries.pop(token, None)
 
-    def settle(self, token: str, job: Job | None) -> None:
-        """The start made ahead for ``token``: the row, or None (not made)."""
+    def settle(self, token: str, job: Job | None, *, release: Finished | None = None) -> None:
+        """The start made ahead for ``token``: the row, or None (not made); ``release``: the
+        handing attempt, ended and committed, whose lease the taker is to release."""
         with self._lock:
             entry = self._entries.get(token)
         if entry is not None:
             entry.job = job
+            entry.release = release
             entry.done.set()
 
-    def take(self, token: str, *, wait_s: float) -> tuple[Claim, Job | None, float]:
+    def take(self, token: str, *, wait_s: float) -> Taken:
         """Claim ``token`` for this handling, waiting up to ``wait_s`` for a start being made;
         returns the claim, the row started ahead (``STARTED`` only) and its age in seconds."""
         with self._lock:
             entry = self._entries.get(token)
             if entry is None:
-                return Claim.UNKNOWN, None, 0.0
+                return Taken(Claim.UNKNOWN, None, 0.0)
             if entry.taken:
-                return Claim.COPY, None, 0.0
+                return Taken(Claim.COPY, None, 0.0)
             entry.taken = True
         entry.done.wait(wait_s)
         age = time.monotonic() - entry.made_at
         if entry.done.is_set() and entry.job is not None:
             with self._lock:
                 self._entries.pop(token, None)
-            return Claim.STARTED, entry.job, age
-        return Claim.OWN, None, age
+            return Taken(Claim.STARTED, entry.job, age, entry.release)
+        return Taken(Claim.OWN, None, age)
 
 
 PRE_STARTS = PreStarts()

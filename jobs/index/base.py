@@ -40,6 +40,7 @@ from jobs.index.values import (
     AdmissionTerms,
     Admitted,
     Entry,
+    Finished,
     IndexedJob,
     Lease,
     LiveWorker,
@@ -59,6 +60,7 @@ __all__ = [
     "Admitted",
     "DispatchIndex",
     "Entry",
+    "Finished",
     "IndexedJob",
     "Lease",
     "LiveWorker",
@@ -170,12 +172,15 @@ class DispatchIndex(Protocol):
         now: float | None = None,
         announce: bool = False,
         start: StartFigures | None = None,
+        release: Finished | None = None,
     ) -> Renewal:
         """``renew``, also telling whether a cancel was requested for the job: a running job
         learns of a cancel with its renewals, never by reading SQL. ``announce``: publish
         that the job's status moved (``jobs.index.notify``) in the same round trip. ``start``: the
         worker's start: record its queue wait and dispatch latency (``jobs.index.counters``) with
-        the renewal, when the lease is held."""
+        the renewal, when the lease is held. ``release``: first, in the same round trip,
+        ``release`` the lease of an attempt whose ending is committed (announced and counted;
+        the doorbell is not rung: the slot it held is this job's)."""
         ...
 
     def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:

@@ -6,7 +6,7 @@ import math
 
 from jobs.core.histograms import StartFigures
 from jobs.index.memory_layout import MemoryLayout, check_scores
-from jobs.index.values import IndexedJob, Lease, LiveWorker, Renewal
+from jobs.index.values import Finished, IndexedJob, Lease, LiveWorker, Renewal
 
 
 class MemoryLeases(MemoryLayout):
@@ -26,8 +26,11 @@ class MemoryLeases(MemoryLayout):
         now: float | None = None,
         announce: bool = False,
         start: StartFigures | None = None,
+        release: Finished | None = None,
     ) -> Renewal:
         """``start`` records nothing here: the twin keeps no metrics."""
+        if release is not None:
+            self.release(release.job_id, attempt=release.attempt)
         current = self._leases.score(job_id)
         if current is None or self._meta[job_id].attempt != attempt:
             return Renewal.LOST

@@ -18,7 +18,15 @@ from jobs.index.redis_scripts import (
     score_arg,
     text_of,
 )
-from jobs.index.values import IndexedJob, Lease, LiveWorker, MessagePush, Renewal, TierPush
+from jobs.index.values import (
+    Finished,
+    IndexedJob,
+    Lease,
+    LiveWorker,
+    MessagePush,
+    Renewal,
+    TierPush,
+)
 
 # How long a process keeps the workers' ``TierPush`` before reading it again.
 TIER_PUSH_REFRESH_S = 10.0
@@ -46,10 +54,13 @@ class RedisLeases(RedisScripts):
         now: float | None = None,
         announce: bool = False,
         start: StartFigures | None = None,
+        release: Finished | None = None,
     ) -> Renewal:
-        figures = [] if start is None else start.script_args()
+        figures = [""] * 6 if start is None else start.script_args()
+        ending: list[str | int] = [] if release is None else [
+            release.job_id, int(release.attempt), release.outcome]
         answer = self._run("renew", [job_id, int(attempt), score_arg(ttl_s), now_arg(now),
-                                     "1" if announce else "", *figures])
+                                     "1" if announce else "", *figures, *ending])
         return Renewal(int(answer))
 
     def hand_over(

@@ -19,6 +19,7 @@ __all__ = [
     "AdmissionTerms",
     "Admitted",
     "Entry",
+    "Finished",
     "IndexedJob",
     "Lease",
     "LiveWorker",
@@ -58,6 +59,16 @@ class MessagePush:
 
     key: str
     envelope: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    """An attempt whose ending is committed: its lease to release, announcing the move and
+    counting ``outcome`` (``renew_checked``'s ``release``)."""
+
+    job_id: str
+    attempt: int
+    outcome: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from jobs.index import DispatchIndex, IndexedJob, Lease, NotLeader, RedisIndex
-from jobs.index.base import Entry
+from jobs.index.base import Entry, Finished, Renewal
 from tests.integration.test_index_contract import BIG, TTL, fill, ids, job
 from tests.integration.test_index_stateful import JOB_IDS, IndexPair, jobs, random_step
 from tests.services import RedisServer
@@ -370,6 +370,14 @@ class HandOverPair(IndexPair):
         not_before = None if delay is None else self.now + delay
         self.both(lambda index: index.put_back(job_id, attempt=attempt, not_before=not_before))
 
+    @rule(data=st.data(), attempt=st.sampled_from([1, 1, 2]))
+    def renew_releasing(self, data: st.DataObject, attempt: int) -> None:
+        pool = self.leased or JOB_IDS
+        renewed, released = data.draw(st.sampled_from(pool)), data.draw(st.sampled_from(pool))
+        ending = Finished(job_id=released, attempt=attempt, outcome="succeeded")
+        self.both(lambda index: index.renew_checked(renewed, attempt=1, ttl_s=5.0, now=self.now,
+                                                   release=ending))
+
     @invariant()
     def same_view(self) -> None:
         super().same_view()
@@ -428,3 +436,26 @@ def test_long_walks_with_hand_overs_match(redis_server: RedisServer, seed: int) 
             pair.same_view()
     finally:
         pair.teardown()
+
+
+# -- renew_checked(release=...): the handing attempt's lease goes with the first renewal --
+
+
+def test_the_first_renewal_releases_the_lease_that_handed_the_job_over(
+    index: DispatchIndex,
+) -> None:
+    fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0), job("c", "t3", key=3.0))
+    assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+    handed = index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=1.0, keep=True)
+    assert handed is not None and handed.job_id == "b"
+    assert index.inflight() == 2
+    # A release naming another attempt of a changes nothing of it; b is renewed all the same.
+    wrong = Finished(job_id="a", attempt=2, outcome="succeeded")
+    assert index.renew_checked("b", attempt=1, ttl_s=TTL, now=2.0, release=wrong) \
+        is Renewal.HELD
+    assert index.inflight() == 2
+    done = Finished(job_id="a", attempt=1, outcome="succeeded")
+    assert index.renew_checked("b", attempt=1, ttl_s=TTL, now=2.0, release=done) \
+        is Renewal.HELD
+    assert index.entries_of(["a", "b"]) == {"b": Entry(job_id="b", attempt=1, leased=True)}
+    assert ids(index.dispatch(5, now=2.0, lease_ttl_s=TTL, capacity=2)) == ["c"]

@@ -28,7 +28,7 @@ def test_the_first_taker_gets_the_start_and_a_copy_finds_it_taken() -> None:
     starts.expect("t1")
     starts.settle("t1", row)
 
-    claim, found, age = starts.take("t1", wait_s=0)
+    claim, found, age, _release = starts.take("t1", wait_s=0)
 
     assert (claim, found) == (Claim.STARTED, row) and age >= 0
     assert starts.take("t1", wait_s=0)[0] is Claim.UNKNOWN  # its copy: no start to adopt

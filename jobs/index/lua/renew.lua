@@ -9,9 +9,17 @@
 --         the lease is held: counts 'running' in counters:jobs and adds to the tier's
 --         histograms (hist:wait:<tier>, hist:dispatch:<tier>) and its recent waits, each
 --         with redis.pcall: a metric that cannot be written never fails the renewal.
+-- ARGV[12..14] ('' or absent: none) an attempt whose ending is committed, released first
+--         (release.lua's steps, the doorbell not rung): its job, attempt, and the status
+--         it moved to (announced on 'changed' and counted in counters:jobs)
 -- Returns 0 when the lease is gone or belongs to another attempt (the caller has lost it
 -- and must stop), 1 when renewed, 2 when renewed and a cancel was requested for the job
 -- (flag_cancel.lua): the renewal is how a running job learns of it, with no SQL read.
+if ARGV[12] ~= nil and ARGV[12] ~= '' then
+  redis.call('PUBLISH', PREFIX .. 'changed', ARGV[12])
+  redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[14], 1)
+  drop_lease(ARGV[12], ARGV[13])
+end
 local job, attempt = ARGV[1], tonumber(ARGV[2])
 if ARGV[5] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
 local current = redis.call('ZSCORE', LEASES, job)
