@@ -8,9 +8,9 @@ row) on the same machine, the same services and the same worker slots (4):
 1. no-op throughput: N jobs from 8 client threads, one per call (tierq's HTTP API, Celery's
    ``apply_async``, procrastinate's ``defer``), until every result is stored;
 2. idle latency, submit → handler start (one job at a time; the handler marks its start);
-3. submit alone: jobs/s from 8 threads (tierq's dispatcher and procrastinate's worker
-   paused; Celery publishing to an unconsumed queue), then latency in an open loop at half of
-   that rate;
+3. submit alone: jobs/s from 8 threads (tierq's dispatcher and worker, and procrastinate's
+   worker paused; Celery publishing to an unconsumed queue), then latency in an open loop at
+   half of that rate;
 4. SQL transactions per job (``pg_stat_database``), end to end and at submit;
 5. Redis commands per job (``INFO commandstats``), and with ``MONITOR`` the ones clients
    send (not run by Lua scripts), pipelined ones merged: ≈ round trips;

@@ -167,9 +167,12 @@ class TierqSide:
             raise RuntimeError(f"tierq accepted {accepted} of {count} jobs")
 
     def hold(self) -> None:
-        """Nothing is dispatched while held: the API alone is measured. (No SQL here: what
-        the bench reads just before a measured phase would be counted in it.)"""
+        """Nothing runs while held: the API alone is measured (a submit to a free slot
+        leases its job and pushes its message itself, so the worker is paused too, as the
+        dispatcher is). (No SQL here: what the bench reads just before a measured phase
+        would be counted in it.)"""
         self.system.processes["dispatcher"].pause()
+        self.system.processes["worker"].pause()
 
     def submit_held(self, clients: int, count: int, rate: float | None) -> Figures:
         return (hammer(clients, count, self.submitter()) if rate is None
@@ -177,6 +180,7 @@ class TierqSide:
 
     def release(self) -> None:
         """Dispatch again, and wait until what was submitted while held has run."""
+        self.system.processes["worker"].resume()
         self.system.processes["dispatcher"].resume()
         wait_for("tierq backlog drained", lambda: self.unfinished() == 0, 600, every=0.2)
 
