@@ -396,14 +396,16 @@ class _Attempt(RecordsOutcome):
 
     def _release(self, outcome: Status | None, passed: Passed | None = None) -> None:
         """After an ending's commit: release, announce the change and count the outcome
-        (None: a stale ending, nothing to announce), one round trip; the dispatcher's
-        doorbell rings unless the slot ``passed`` to a next job already. Best effort: a
-        lease that cannot be released now expires and is reaped (a lost announcement costs
-        a long-poll its safety-net period, a lost count one job in
+        (None: a stale ending, nothing to announce), one round trip. The dispatcher's
+        doorbell rings only without a ``handover``: a slot that tried to pass itself on and
+        took nothing found nothing runnable for it (a later release that frees a slot for a
+        waiting job rings then, ``renew.lua``; batch items are fed on the feeder's own
+        cadence). Best effort: a lease that cannot be released now expires and is reaped (a
+        lost announcement costs a long-poll its safety-net period, a lost count one job in
         ``tierq_jobs_entered_total``)."""
         try:
             self.runtime.index.release(
-                self.job_id, attempt=self.attempt, ring=passed is None,
+                self.job_id, attempt=self.attempt, ring=self.handover is None,
                 announce=outcome is not None, outcome=None if outcome is None else outcome.value)
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)

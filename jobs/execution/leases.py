@@ -18,6 +18,7 @@ whose wall clock jumps or is skewed changes nothing.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -161,6 +162,7 @@ class Heartbeat:
         self.renew_every_s = min(poll_s, self._ttl / 3)
         self._renewed_at = time.monotonic()  # the worker renewed just before the start
         self._first: tuple[bool, StartFigures | None, Finished | None] | None = None
+        self._first_lock = threading.Lock()  # the first renewal is made once, by either side
 
     def start(self, *, announce: bool = False, start: StartFigures | None = None,
               release: Finished | None = None) -> None:
@@ -177,18 +179,27 @@ class Heartbeat:
         ended at once) is made here: it announces the start, records its figures, and
         releases the lease of the attempt that handed the job over."""
         RENEWER.remove(self)
-        if self._first is not None:
-            self.tick()
+        self.tick(first_only=True)
 
-    def tick(self) -> None:
-        """One renewal, by the renewer: the first one's ``announce`` and ``start`` once."""
-        first, self._first = self._first, None
-        announce, start, release = first if first is not None else (False, None, None)
-        try:
-            self.renew_now(announce=announce, start=start, release=release)
-        except Exception:  # the heartbeat must outlive any one failed step
-            logger.exception("job.heartbeat_error", extra={
-                "event": "job.heartbeat_error", "job_id": self._ctx.job_id})
+    def tick(self, *, first_only: bool = False) -> None:
+        """One renewal, by the renewer: the first one's ``announce``, ``start`` and
+        ``release`` once. ``first_only``: only that first one, if it is still to be made."""
+        with self._first_lock:
+            first, self._first = self._first, None
+            if first is None and first_only:
+                return
+            announce, start, release = first if first is not None else (False, None, None)
+            try:
+                self.renew_now(announce=announce, start=start, release=release)
+            except Exception:  # the heartbeat must outlive any one failed step
+                logger.exception("job.heartbeat_error", extra={
+                    "event": "job.heartbeat_error", "job_id": self._ctx.job_id})
+
+    def first_renewed(self) -> None:
+        """The first renewal made, by the renewer or here now: before this job's slot
+        passes on, the lease of the job that handed it this slot must be released, or the
+        pool would still count it."""
+        self.tick(first_only=True)
 
     def holds_lease(self) -> bool:
         """Not lost, and renewed within its TTL: this attempt may still record its outcome."""

@@ -94,13 +94,16 @@ class RecordsOutcome:
         """An ending: the slot passed on first (the next job leased and sent, this attempt's
         lease kept), then the ending committed (with the thread pool, in the statement that
         starts that next job), then this attempt's lease released."""
+        heartbeat.first_renewed()  # the slot this job was handed is no longer counted twice
         passed = self._pass_slot()
         moved, dst, fields, started = self._record_end(dst, fields, passed)
         heartbeat.stop()  # no renewal may follow the release
         if started is not None and passed is not None:
             # The next job's task releases this lease with its first renewal (announcing and
             # counting this ending): one round trip for both, and none before that task runs.
-            ending = Finished(job_id=self._job.id, attempt=self._job.attempt, outcome=dst.value)
+            ending = Finished(job_id=self._job.id, attempt=self._job.attempt,
+                              outcome=dst.value,
+                              capacity=self.runtime.policy.pool_concurrency)
             PRE_STARTS.settle(passed.token, started, release=ending if moved else None)
             if not moved:
                 self._release(None, passed)

@@ -58,9 +58,12 @@ class RedisLeases(RedisScripts):
     ) -> Renewal:
         figures = [""] * 6 if start is None else start.script_args()
         ending: list[str | int] = [] if release is None else [
-            release.job_id, int(release.attempt), release.outcome]
-        answer = self._run("renew", [job_id, int(attempt), score_arg(ttl_s), now_arg(now),
-                                     "1" if announce else "", *figures, *ending])
+            release.job_id, int(release.attempt), release.outcome,
+            "" if release.capacity is None else int(release.capacity)]
+        answer = self._scripts["renew"](
+            keys=[*self._fenced, *self._keys.worker_keys()],
+            args=[job_id, int(attempt), score_arg(ttl_s), now_arg(now),
+                  "1" if announce else "", *figures, *ending])
         return Renewal(int(answer))
 
     def hand_over(

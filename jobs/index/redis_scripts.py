@@ -28,6 +28,7 @@ _PRELUDES: dict[str, tuple[str, ...]] = {
     "admit_new": ("token_bucket", "workers", "admit_job"),
     "hand_over": ("workers", "push"),
     "offer": ("workers", "push"),
+    "renew": ("workers",),
 }
 _LEADERSHIP = ("lead", "renew_lead", "resign")
 

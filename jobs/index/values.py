@@ -69,6 +69,9 @@ class Finished:
     job_id: str
     attempt: int
     outcome: str
+    # The pool's slots (None: the live workers'): a release that leaves one free while a job
+    # is runnable rings the dispatcher.
+    capacity: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

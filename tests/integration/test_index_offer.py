@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from jobs.index import DispatchIndex, RedisIndex
-from jobs.index.base import TierPush, TierQueue
+from jobs.index.base import Finished, Renewal, TierPush, TierQueue
 from jobs.index.keys import IndexKeys
 from tests.integration.test_index_contract import BIG, TTL, fill, ids, job
 
@@ -124,3 +124,40 @@ def test_the_workers_push_is_read_back_as_written(index: DispatchIndex) -> None:
     index.set_tier_push(push)
     assert index.tier_push() == push
     assert push.covers(["free"]) and not push.covers(["free", "gold"])
+
+
+def test_a_late_release_that_frees_a_slot_for_a_waiting_job_rings_the_dispatcher(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    """A slot that freed while another slot's ending still held its lease (kept until the
+    next job's first renewal) may have found the pool full and taken nothing: the release
+    that then frees a slot, with a job runnable, rings the dispatcher to fill it."""
+    fill(redis_index, *(job(f"j{n}", f"t{n}", key=float(n)) for n in range(4)))
+    assert ids(redis_index.dispatch(2, now=0.0, lease_ttl_s=TTL)) == ["j0", "j1"]
+    handed = redis_index.hand_over("j0", attempt=1, lease_ttl_s=TTL, capacity=2, now=0.0,
+                                   keep=True)
+    assert handed is not None and handed.job_id == "j2"  # j0's lease still held
+    # j1's slot frees meanwhile: j0, j2 hold the pool of two, so j3 is not taken.
+    assert redis_index.hand_over("j1", attempt=1, lease_ttl_s=TTL, capacity=2, now=0.0,
+                                 keep=True) is None
+    redis_index.release("j1", attempt=1)
+    redis_client.delete(IndexKeys(key_prefix).doorbell)
+    # j2's first renewal releases j0: a slot is free and j3 waits for it.
+    done = Finished(job_id="j0", attempt=1, outcome="succeeded", capacity=2)
+    assert redis_index.renew_checked("j2", attempt=1, ttl_s=TTL, now=1.0, release=done) \
+        is Renewal.HELD
+    assert doorbell(redis_client, key_prefix) == [b"1"]
+    assert ids(redis_index.dispatch(5, now=1.0, lease_ttl_s=TTL, capacity=2)) == ["j3"]
+
+
+def test_a_late_release_with_nothing_waiting_rings_nobody(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    fill(redis_index, job("a", "t1", key=1.0), job("b", "t2", key=2.0))
+    assert ids(redis_index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+    assert redis_index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=0.0,
+                                 keep=True) is not None
+    done = Finished(job_id="a", attempt=1, outcome="succeeded", capacity=1)
+    assert redis_index.renew_checked("b", attempt=1, ttl_s=TTL, now=1.0, release=done) \
+        is Renewal.HELD
+    assert doorbell(redis_client, key_prefix) == []

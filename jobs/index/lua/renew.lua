@@ -10,15 +10,23 @@
 --         histograms (hist:wait:<tier>, hist:dispatch:<tier>) and its recent waits, each
 --         with redis.pcall: a metric that cannot be written never fails the renewal.
 -- ARGV[12..14] ('' or absent: none) an attempt whose ending is committed, released first
---         (release.lua's steps, the doorbell not rung): its job, attempt, and the status
---         it moved to (announced on 'changed' and counted in counters:jobs)
+--         (release.lua's steps): its job, attempt, and the status it moved to (announced on
+--         'changed' and counted in counters:jobs). Its slot went to this job already, but
+--         while it was held another slot that freed may have found the pool full: when the
+--         release leaves a slot free (ARGV[15] the pool's capacity, '' the live workers'
+--         slots: KEYS[14] workers, KEYS[15] worker_slots) and a job runnable, the doorbell
+--         rings.
 -- Returns 0 when the lease is gone or belongs to another attempt (the caller has lost it
 -- and must stop), 1 when renewed, 2 when renewed and a cancel was requested for the job
 -- (flag_cancel.lua): the renewal is how a running job learns of it, with no SQL read.
 if ARGV[12] ~= nil and ARGV[12] ~= '' then
   redis.call('PUBLISH', PREFIX .. 'changed', ARGV[12])
   redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[14], 1)
-  drop_lease(ARGV[12], ARGV[13])
+  if drop_lease(ARGV[12], ARGV[13]) and redis.call('ZCARD', RUNNABLE) > 0 then
+    local capacity = tonumber(ARGV[15])
+    if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now_or_server(ARGV[4])) end
+    if redis.call('ZCARD', LEASES) < capacity then ring() end
+  end
 end
 local job, attempt = ARGV[1], tonumber(ARGV[2])
 if ARGV[5] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
