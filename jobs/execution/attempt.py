@@ -397,15 +397,16 @@ class _Attempt(RecordsOutcome):
     def _release(self, outcome: Status | None, passed: Passed | None = None) -> None:
         """After an ending's commit: release, announce the change and count the outcome
         (None: a stale ending, nothing to announce), one round trip. The dispatcher's
-        doorbell rings only without a ``handover``: a slot that tried to pass itself on and
-        took nothing found nothing runnable for it (a later release that frees a slot for a
-        waiting job rings then, ``renew.lua``; batch items are fed on the feeder's own
-        cadence). Best effort: a lease that cannot be released now expires and is reaped (a
-        lost announcement costs a long-poll its safety-net period, a lost count one job in
-        ``tierq_jobs_entered_total``)."""
+        doorbell rings without a ``handover``; with one, a slot that tried to pass itself
+        on and took nothing rings only when a job is runnable all the same (the pool was
+        full of leases kept until their next job's first renewal: the dispatcher fills the
+        slot); batch items are fed on the feeder's own cadence. Best effort: a lease that
+        cannot be released now expires and is reaped (a lost announcement costs a long-poll
+        its safety-net period, a lost count one job in ``tierq_jobs_entered_total``)."""
         try:
             self.runtime.index.release(
                 self.job_id, attempt=self.attempt, ring=self.handover is None,
+                ring_if_runnable=passed is None,
                 announce=outcome is not None, outcome=None if outcome is None else outcome.value)
         except redis.RedisError:
             self._log(logging.WARNING, "job.release_failed", exc_info=True)

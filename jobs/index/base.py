@@ -197,10 +197,12 @@ class DispatchIndex(Protocol):
         ring: bool = False,
         announce: bool = False,
         outcome: str | None = None,
+        ring_if_runnable: bool = False,
     ) -> bool:
         """Drop a lease of ``attempt`` (None: whichever attempt holds it: maintenance of a
         finished job). True when its tenant became runnable again. ``ring``: wake the
-        dispatcher in the same round trip when a lease was dropped (``jobs.index.wake``).
+        dispatcher in the same round trip when a lease was dropped (``jobs.index.wake``);
+        ``ring_if_runnable``: only when a job is runnable too.
         ``announce``: publish that the job's status moved (``jobs.index.notify``), also in the
         same round trip. ``outcome``: the status the job just moved to, counted
         (``jobs.index.counters``) in the same round trip."""

@@ -57,9 +57,10 @@ class MemoryLeases(MemoryLayout):
         ring: bool = False,
         announce: bool = False,
         outcome: str | None = None,
+        ring_if_runnable: bool = False,
     ) -> bool:
-        """``ring`` and ``announce`` reach nobody here: nothing waits on a twin; nor does
-        ``outcome`` count anything (the twin keeps no metrics)."""
+        """``ring``, ``ring_if_runnable`` and ``announce`` reach nobody here: nothing waits
+        on a twin; nor does ``outcome`` count anything (the twin keeps no metrics)."""
         self._check_fence(fence, None, "release")
         if self._leases.score(job_id) is None:
             return False

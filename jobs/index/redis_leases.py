@@ -153,9 +153,11 @@ class RedisLeases(RedisScripts):
         ring: bool = False,
         announce: bool = False,
         outcome: str | None = None,
+        ring_if_runnable: bool = False,
     ) -> bool:
         which = "" if attempt is None else str(int(attempt))
-        flags = ["1" if ring else "", "1" if announce else "", outcome or ""]
+        flags = ["1" if ring else "2" if ring_if_runnable else "", "1" if announce else "",
+                 outcome or ""]
         return bool(self._run("release", [job_id, which, fence or "", *flags]))
 
     def reap(

@@ -161,3 +161,17 @@ def test_a_late_release_with_nothing_waiting_rings_nobody(
     assert redis_index.renew_checked("b", attempt=1, ttl_s=TTL, now=1.0, release=done) \
         is Renewal.HELD
     assert doorbell(redis_client, key_prefix) == []
+
+
+def test_a_release_rings_if_runnable_only_while_a_job_waits(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    """A slot that tried to pass itself on and took nothing: its release rings only when a
+    job is runnable all the same (the pool was full of leases kept for a moment)."""
+    fill(redis_index, job("a", "t1", key=1.0), job("b", "t2", key=2.0))
+    assert ids(redis_index.dispatch(2, now=0.0, lease_ttl_s=TTL)) == ["a", "b"]
+    redis_index.release("a", attempt=1, ring_if_runnable=True)
+    assert doorbell(redis_client, key_prefix) == []  # nothing waits
+    fill(redis_index, job("c", "t3", key=3.0))
+    redis_index.release("b", attempt=1, ring_if_runnable=True)
+    assert doorbell(redis_client, key_prefix) == [b"1"]  # c waits for the slot b frees

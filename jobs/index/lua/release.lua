@@ -2,7 +2,9 @@
 -- KEYS: the layout of common.lua, which is prepended (KEYS[13] the leader lock).
 -- ARGV[1] job  ARGV[2] attempt ('' any: maintenance of a finished job)
 -- ARGV[3] the caller's fencing token ('' unfenced: a worker or the API)
--- ARGV[4] '1': a slot was freed, wake the dispatcher (jobs.wake) in this same round trip
+-- ARGV[4] '1': a slot was freed, wake the dispatcher (jobs.wake) in this same round trip;
+--         '2': only when a job is runnable (a hand-over that took nothing though one was:
+--         the pool was full of leases kept until their next job's first renewal)
 -- ARGV[5] '1': the job's status just moved (its SQL commit came first): publish its id on
 --         the 'changed' channel (jobs.notify), whether or not a lease was still held
 -- ARGV[6] the status the job just moved to ('' none): counted in counters:jobs
@@ -16,6 +18,8 @@ if ARGV[6] ~= nil and ARGV[6] ~= '' then
   redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[6], 1)
 end
 local dropped, unblocked = drop_lease(job, ARGV[2])
-if dropped and ARGV[4] == '1' then ring() end
+if dropped and (ARGV[4] == '1' or (ARGV[4] == '2' and redis.call('ZCARD', RUNNABLE) > 0)) then
+  ring()
+end
 if unblocked then return 1 end
 return 0
