@@ -18,6 +18,9 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``delayed``          zset job -> not_before: jobs waiting out a retry backoff
 - ``deadlines``        zset job -> start_by: queued and delayed jobs that can expire
 - ``leases``           zset job -> expires_at: every lease (the reaper's view)
+- ``ending``           set of jobs: leases kept by a slot that passed itself on before its
+                       ending was committed (``hand_over`` with ``keep``): held until
+                       released, but holding no slot of the pool (``lua/common.lua``)
 - ``meta``             hash job -> JSON [tenant, tier, order_key, start_by, not_before,
                        attempt, indexed_at]: the attempt its entry or lease belongs to
 - ``tier_caps``        hash tier -> cap;  ``tenant_caps``: hash tenant -> cap override

@@ -126,7 +126,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         if measured is not None and measured[1] >= terms.service_samples_min:
             mean = max(0.001, measured[0])
         capacity = terms.pool_concurrency or self.pool_capacity(now=terms.now)
-        inflight, tenant_inflight = self.inflight(), self.tenant_inflight(job.tenant)
+        inflight, tenant_inflight = self._held_slots(), self.tenant_inflight(job.tenant)
         mu = policy.service_rate(capacity, mean)
         bound = policy.queue_bound(terms.tier, mu, terms.client_timeout_s)
         quota = terms.tenant_quota
@@ -198,7 +198,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         capacity: int | None = None,
     ) -> list[Lease]:
         if capacity is not None:
-            n = min(n, capacity - self.inflight())
+            n = min(n, capacity - self._held_slots())
         if n <= 0:
             return []
         now = self._at(now)
@@ -270,6 +270,8 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
             tenant, expires_at = kept
             self._leases.add(job_id, expires_at)
             self._zadd(self._tenant_leases, tenant, job_id, expires_at)
+            if handed is not None:
+                self._ending.add(job_id)  # its slot is the next job's now
             head = self._head_of(tenant)
             if head is not None:
                 self._refile(tenant, head)
@@ -280,7 +282,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         if not take_next:
             return None
         at = self._at(now)
-        free = (self.pool_capacity(now=at) if capacity is None else capacity) - self.inflight()
+        free = (self.pool_capacity(now=at) if capacity is None else capacity) - self._held_slots()
         if free <= 0:
             return None
         leases = self.dispatch(1, lease_ttl_s=lease_ttl_s, now=at)

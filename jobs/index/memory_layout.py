@@ -53,6 +53,7 @@ class MemoryLayout:
         self._delayed, self._deadlines, self._leases = ZSet(), ZSet(), ZSet()
         self._meta: dict[str, IndexedJob] = {}
         self._cancels: set[str] = set()  # leased jobs flagged to cancel (meta's 7th field)
+        self._ending: set[str] = set()  # leases kept while ending (common.lua's ENDING)
         self._tier_caps: dict[str, int] = {}
         self._tenant_caps: dict[str, int] = {}
         self._tenant_tier: dict[str, str] = {}
@@ -166,6 +167,7 @@ class MemoryLayout:
         elif self._leases.remove(job_id):
             state = "leased"
             self._zrem(self._tenant_leases, tenant, job_id)
+            self._ending.discard(job_id)
         self._zrem(self._tiers, job.tier, job_id)
         self._deadlines.remove(job_id)
         del self._meta[job_id]
@@ -188,6 +190,10 @@ class MemoryLayout:
 
     def inflight(self) -> int:
         return len(self._leases)
+
+    def _held_slots(self) -> int:
+        """The leases that hold a slot of the pool: all but those kept while ending."""
+        return len(self._leases) - len(self._ending)
 
     def tenant_inflight(self, tenant: str) -> int:
         return len(self._tenant_leases.get(tenant, ()))

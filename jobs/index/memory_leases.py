@@ -68,6 +68,7 @@ class MemoryLeases(MemoryLayout):
             return False
         tenant = self._meta.pop(job_id).tenant
         self._cancels.discard(job_id)
+        self._ending.discard(job_id)
         self._leases.remove(job_id)
         self._zrem(self._tenant_leases, tenant, job_id)
         head = self._head_of(tenant)

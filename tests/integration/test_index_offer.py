@@ -126,28 +126,47 @@ def test_the_workers_push_is_read_back_as_written(index: DispatchIndex) -> None:
     assert push.covers(["free"]) and not push.covers(["free", "gold"])
 
 
-def test_a_late_release_that_frees_a_slot_for_a_waiting_job_rings_the_dispatcher(
+def test_a_lease_kept_while_ending_holds_no_slot_of_the_pool(
     redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
 ) -> None:
-    """A slot that freed while another slot's ending still held its lease (kept until the
-    next job's first renewal) may have found the pool full and taken nothing: the release
-    that then frees a slot, with a job runnable, rings the dispatcher to fill it."""
+    """A slot that passed itself on keeps its ending's lease until the next job's first
+    renewal; meanwhile another slot that frees finds the pool's slot count right (the kept
+    lease's slot is the next job's) and takes the next job too."""
     fill(redis_index, *(job(f"j{n}", f"t{n}", key=float(n)) for n in range(4)))
     assert ids(redis_index.dispatch(2, now=0.0, lease_ttl_s=TTL)) == ["j0", "j1"]
     handed = redis_index.hand_over("j0", attempt=1, lease_ttl_s=TTL, capacity=2, now=0.0,
                                    keep=True)
     assert handed is not None and handed.job_id == "j2"  # j0's lease still held
-    # j1's slot frees meanwhile: j0, j2 hold the pool of two, so j3 is not taken.
-    assert redis_index.hand_over("j1", attempt=1, lease_ttl_s=TTL, capacity=2, now=0.0,
-                                 keep=True) is None
-    redis_index.release("j1", attempt=1)
-    redis_client.delete(IndexKeys(key_prefix).doorbell)
-    # j2's first renewal releases j0: a slot is free and j3 waits for it.
-    done = Finished(job_id="j0", attempt=1, outcome="succeeded", capacity=2)
-    assert redis_index.renew_checked("j2", attempt=1, ttl_s=TTL, now=1.0, release=done) \
+    handed = redis_index.hand_over("j1", attempt=1, lease_ttl_s=TTL, capacity=2, now=0.0,
+                                   keep=True)
+    assert handed is not None and handed.job_id == "j3"
+    assert redis_index.inflight() == 4  # two kept, two running: the pool of two is full
+    assert redis_index.offer(lease_ttl_s=TTL, push=pushes(key_prefix), capacity=2,
+                             now=0.0) is None
+
+
+def test_a_late_release_that_frees_its_tenants_cap_for_a_waiting_job_rings_the_dispatcher(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    """A kept lease still counts against its tenant's cap: a slot that frees meanwhile may
+    find only that tenant's job waiting, and take nothing. The late release that frees the
+    cap, with a slot free, rings the dispatcher to fill it."""
+    redis_index.set_caps({"free": 1}, {"a": 2})
+    fill(redis_index, job("a1", "a", key=1.0), job("b1", "b", key=2.0),
+         job("a2", "a", key=3.0), job("a3", "a", key=4.0))
+    assert ids(redis_index.dispatch(2, now=0.0, lease_ttl_s=TTL)) == ["a1", "b1"]
+    handed = redis_index.hand_over("a1", attempt=1, lease_ttl_s=TTL, capacity=2, now=0.0,
+                                   keep=True)
+    assert handed is not None and handed.job_id == "a2"  # a holds a1 (kept) and a2: its cap
+    assert redis_index.hand_over("b1", attempt=1, lease_ttl_s=TTL, capacity=2, now=0.0,
+                                 keep=True) is None  # a3 waits on a's cap
+    redis_index.release("b1", attempt=1, ring_if_runnable=True)
+    assert doorbell(redis_client, key_prefix) == []  # nothing runnable yet
+    done = Finished(job_id="a1", attempt=1, outcome="succeeded", capacity=2)
+    assert redis_index.renew_checked("a2", attempt=1, ttl_s=TTL, now=1.0, release=done) \
         is Renewal.HELD
-    assert doorbell(redis_client, key_prefix) == [b"1"]
-    assert ids(redis_index.dispatch(5, now=1.0, lease_ttl_s=TTL, capacity=2)) == ["j3"]
+    assert doorbell(redis_client, key_prefix) == [b"1"]  # a3 runnable, b1's slot free
+    assert ids(redis_index.dispatch(5, now=1.0, lease_ttl_s=TTL, capacity=2)) == ["a3"]
 
 
 def test_a_late_release_with_nothing_waiting_rings_nobody(

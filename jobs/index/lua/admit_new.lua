@@ -71,7 +71,7 @@ local mean = tonumber(ARGV[10])
 if measured_mean and samples >= tonumber(ARGV[11]) then mean = math.max(0.001, measured_mean) end
 
 local capacity = tonumber(ARGV[9]) or live_slots(KEYS[14], KEYS[15], now)
-local inflight = redis.call('ZCARD', LEASES)
+local inflight = held_slots()
 local mu = math.max(0, capacity) / mean
 local bound = math.max(1, math.floor(mu * tonumber(ARGV[12]) + 1e-9))
 local quota = tonumber(ARGV[16]) or math.max(1, math.floor(bound * tonumber(ARGV[13]) + 1e-9))

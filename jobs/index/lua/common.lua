@@ -10,6 +10,11 @@ local PREFIX, RUNNABLE, BLOCKED, QUEUED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local DELAYED, DEADLINES, LEASES, META = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local TIER_CAPS, TENANT_CAPS, TENANT_TIER, TENANT_DELAYED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 
+-- Leases kept by a slot that passed itself on before its ending's commit (hand_over.lua,
+-- keep): held until released, but their slot is the next job's, so the pool does not count
+-- them (a set of job ids, each also in LEASES).
+local ENDING = PREFIX .. 'ending'
+
 local function qkey(tenant) return PREFIX .. 'q:' .. tenant end
 local function lkey(tenant) return PREFIX .. 'lease:' .. tenant end
 local function tkey(tier) return PREFIX .. 'tier:' .. tier end
@@ -52,6 +57,11 @@ local function cap_of(tenant)
   cap = cap or 1
   CAPS[tenant] = cap
   return cap
+end
+
+-- The leases that hold a slot of the pool: every lease but those kept while ending.
+local function held_slots()
+  return redis.call('ZCARD', LEASES) - redis.call('SCARD', ENDING)
 end
 
 local function at_cap(tenant)
@@ -152,6 +162,7 @@ local function unindex(job, m)
   elseif redis.call('ZREM', LEASES, job) == 1 then
     state = 'leased'
     redis.call('ZREM', lkey(tenant), job)
+    redis.call('SREM', ENDING, job)
   end
   redis.call('ZREM', tkey(m[2]), job)
   redis.call('ZREM', DEADLINES, job)
@@ -232,6 +243,7 @@ local function drop_lease(job, attempt)
   local tenant = m[1]
   redis.call('ZREM', LEASES, job)
   redis.call('ZREM', lkey(tenant), job)
+  redis.call('SREM', ENDING, job)
   redis.call('HDEL', META, job)
   local head = head_of(tenant)
   return true, (head ~= nil and refile(tenant, head))

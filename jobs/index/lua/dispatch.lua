@@ -3,8 +3,9 @@
 -- KEYS: the layout of common.lua, which is prepended (KEYS[13] the leader lock).
 -- ARGV[1] n  ARGV[2] now ('' Redis's clock)  ARGV[3] lease ttl in seconds
 -- ARGV[4] promote limit  ARGV[5] the caller's fencing token ('' unfenced)
--- ARGV[6] the pool's capacity ('' none): n is cut to the slots it leaves free, counted here,
---         so a dispatch round needs no round trip to count the leases first
+-- ARGV[6] the pool's capacity ('' none): n is cut to the slots it leaves free, counted here
+--         (leases kept while ending hold none), so a dispatch round needs no round trip to
+--         count the leases first
 -- The leases handed out are counted as 'dispatched' in counters:jobs (jobs.counters; with
 -- redis.pcall: a metric never fails the dispatch).
 -- Returns {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}, ...} in
@@ -15,7 +16,7 @@
 if fenced_out(ARGV[5]) then return redis.error_reply(NOT_LEADER) end
 local n, now = tonumber(ARGV[1]), now_or_server(ARGV[2])
 if ARGV[6] ~= nil and ARGV[6] ~= '' then
-  n = math.min(n, tonumber(ARGV[6]) - redis.call('ZCARD', LEASES))
+  n = math.min(n, tonumber(ARGV[6]) - held_slots())
   if n <= 0 then return {} end
 end
 local expires_at = now + tonumber(ARGV[3])

@@ -16,8 +16,10 @@
 -- ARGV[12] '1': keep the ending attempt's lease (the caller releases it after its commit,
 --          release.lua, announcing and counting there, ringing there when nothing was
 --          leased): the next job is chosen as if it were released, its slot counted free and
---          its tenant's lease not counted, and the lease is put back as it was; ARGV[3] and
---          ARGV[4] are then ignored and the doorbell is not rung
+--          its tenant's lease not counted, and the lease is put back as it was, ending
+--          (common.lua's ENDING: the pool counts its slot as the next job's until the
+--          release) when a next job took it; ARGV[3] and ARGV[4] are then ignored and the
+--          doorbell is not rung
 -- Returns {} or {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}}.
 local job = ARGV[1]
 local keep, kept = ARGV[12] == '1', nil
@@ -42,13 +44,14 @@ local now = now_or_server(ARGV[6])
 local capacity = tonumber(ARGV[7])
 if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now) end
 local out = {}
-if ARGV[9] ~= '1' and redis.call('ZCARD', LEASES) < capacity then
+if ARGV[9] ~= '1' and held_slots() < capacity then
   promote_due(now, tonumber(ARGV[8]))
   out = lease_next(1, now + tonumber(ARGV[5]))
 end
 if kept then
   redis.call('ZADD', LEASES, kept[2], job)
   redis.call('ZADD', lkey(kept[1]), kept[2], job)
+  if #out > 0 then redis.call('SADD', ENDING, job) end  -- its slot is the next job's now
   local head = head_of(kept[1])
   if head then refile(kept[1], head) end  -- its tenant counts the lease again
 end

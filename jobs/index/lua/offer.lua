@@ -16,7 +16,7 @@
 local now = now_or_server(ARGV[2])
 local capacity = tonumber(ARGV[3])
 if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now) end
-if redis.call('ZCARD', LEASES) >= capacity then return {} end
+if held_slots() >= capacity then return {} end
 if ARGV[5] == nil or ARGV[5] == '' then
   ring()
   return {}

@@ -25,7 +25,7 @@ if ARGV[12] ~= nil and ARGV[12] ~= '' then
   if drop_lease(ARGV[12], ARGV[13]) and redis.call('ZCARD', RUNNABLE) > 0 then
     local capacity = tonumber(ARGV[15])
     if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now_or_server(ARGV[4])) end
-    if redis.call('ZCARD', LEASES) < capacity then ring() end
+    if held_slots() < capacity then ring() end
   end
 end
 local job, attempt = ARGV[1], tonumber(ARGV[2])
