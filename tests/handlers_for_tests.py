@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 from workers.handlers import Handler, JobContext, RetryableError
@@ -104,5 +105,27 @@ class CrashHandler(_AnyObject):
         return None
 
 
+class HangHandler(_AnyObject):
+    """Ignores every stop, as a CUDA call that never returns would: only ending the process
+    running it ends it."""
+
+    kind = "hang"
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        while True:
+            time.sleep(3600)
+
+
+class LimitedHandler(BlockingHandler):
+    """Runs until told to stop, under a run-time limit of its kind's own (0.5 s), and asks
+    for another attempt when it times out."""
+
+    kind = "limited"
+    timeout_s = 0.5
+    retry_on_timeout = True
+
+
 # For TIERQ_HANDLERS in worker processes.
 HANDLERS: list[Handler] = [RecordingHandler(), FlakyHandler(), CrashHandler()]
+# Beside them, for the tests of run-time limits.
+LIMIT_HANDLERS: list[Handler] = [BlockingHandler(), HangHandler(), LimitedHandler()]

@@ -12,6 +12,7 @@ from jobs.execution.handlers import (
     JobCancelled,
     JobContext,
     JobInterrupted,
+    JobTimedOut,
     LeaseLost,
     RetryableError,
     SleepHandler,
@@ -30,7 +31,7 @@ from jobs.execution.registry import (
 
 __all__ = [
     "ENTRY_POINT_GROUP", "HANDLERS_ENV", "MAX_SLEEP_S", "EchoHandler", "Handler",
-    "HandlerRegistry", "JobCancelled", "JobContext", "JobInterrupted", "LeaseLost",
+    "HandlerRegistry", "JobCancelled", "JobContext", "JobInterrupted", "JobTimedOut", "LeaseLost",
     "RetryableError", "SleepHandler", "WorkerStopping", "builtin_handlers", "default_registry",
     "load_entry_points", "load_handlers", "parse_payload",
 ]

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 
 from jobs.core.errors import ConfigError
+from jobs.execution import limits
 from jobs.process import logs
 from jobs.process.settings import Settings, load_settings
 from workers import stopping
@@ -57,6 +58,8 @@ def run_worker(
     resources_of(app).own_queue = own.name
     if POOLS.get(pool, pool) == POOLS["threads"]:
         resources_of(app).in_process = InProcess(app, TASK_NAME, own.name)
+        # A prefork child exits alone (its pool starts another); this process is every slot.
+        limits.set_process_end(stopping.end_worker_process)
     worker = app.Worker(
         hostname=hostname,
         pool_cls=POOLS.get(pool, pool),

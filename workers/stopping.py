@@ -26,7 +26,8 @@ from typing import Any
 from celery import signals
 
 from jobs.core.policy import handback_after_s
-from jobs.execution.running import hand_back_running
+from jobs.execution import limits
+from jobs.execution.running import RUNNING, hand_back_running
 from jobs.process.settings import Settings
 
 logger = logging.getLogger("tierq.worker")
@@ -68,9 +69,25 @@ _INSTALLED: list[_HandBack] = []
 
 
 def stop_requested() -> bool:
-    """This worker process is stopping: a slot it frees takes no next job (``workers.tasks``),
-    which would only wait in the worker's own queue."""
-    return bool(_INSTALLED) and _INSTALLED[-1].started()
+    """This worker process is stopping, or ending for a handler past its limit: a slot it
+    frees takes no next job (``workers.tasks``), which would only wait in the worker's own
+    queue."""
+    return limits.ending() or (bool(_INSTALLED) and _INSTALLED[-1].started())
+
+
+def end_worker_process(grace_s: float) -> None:
+    """How a worker on the thread pool ends after a handler would not stop at its limit
+    (``jobs.execution.limits``): it stops as if told to (it takes no new message; its other
+    jobs finish, or are handed back near the end of ``grace_s``), then exits, the hung thread
+    with it, for its supervisor to start it again (``tierq up`` does, as compose's or
+    Kubernetes' restart policy would)."""
+    logger.error("worker.ending_for_overrun", extra={
+        "event": "worker.ending_for_overrun", "grace_s": grace_s})
+    os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown, and the hand-back timer
+    deadline = time.monotonic() + grace_s
+    while RUNNING.count() > 1 and time.monotonic() < deadline:  # the hung one never leaves
+        time.sleep(0.1)
+    limits.exit_now(grace_s)
 
 
 def install(settings: Settings) -> None:

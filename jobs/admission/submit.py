@@ -54,6 +54,17 @@ class PayloadValidator(Protocol):
     def validate(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]: ...
 
 
+def timeout_of(runtime: Runtime, validator: PayloadValidator, kind: str,
+               asked: float | None) -> float:
+    """One attempt's run-time limit: the one asked for, else the kind's own (a validator
+    that knows kinds' limits, as the registry does: ``timeout_s(kind)``), else the policy's."""
+    if asked is not None:
+        return asked
+    of_kind = getattr(validator, "timeout_s", None)
+    own = of_kind(kind) if callable(of_kind) else None
+    return float(own) if own is not None else runtime.policy.default_timeout_s
+
+
 @runtime_checkable
 class KindCatalog(Protocol):
     """A validator that can also list its kinds (the registry can): the API publishes them."""
@@ -69,6 +80,7 @@ class Submission:
     max_wait_s: float | None = None
     max_attempts: int | None = None
     blob: str | None = None  # the stored document the job reads (``jobs.blobs.records``)
+    timeout_s: float | None = None  # None: the kind's, else the policy's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +117,7 @@ def submit(
         max_wait_s=submission.max_wait_s,
         idempotency_key=submission.idempotency_key,
         blob=submission.blob,
+        timeout_s=timeout_of(runtime, validator, submission.kind, submission.timeout_s),
     )
     place = limits.admit(runtime, tenant, new)
     job = _persist(runtime, new)

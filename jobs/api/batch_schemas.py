@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, rfc3339
+from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, TIMEOUT, TimeoutS, rfc3339
 from jobs.service.batches import MAX_BATCH_ITEMS, BatchProgress
 from jobs.store.batches import Batch
 
@@ -31,6 +31,7 @@ class BatchRequest(BaseModel):
                                   "items answers 200 with the first batch; other content, 409")
     max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] | None = Field(
         default=None, description="starts allowed per item before it fails")
+    timeout_s: TimeoutS | None = Field(default=None, description=f"each item: {TIMEOUT}")
 
 
 class BatchLinks(BaseModel):

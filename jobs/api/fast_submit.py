@@ -92,7 +92,7 @@ class FastSubmit:
             return None
         return principal.tenant, submit.Submission(
             kind=parsed.kind, payload=parsed.payload, max_wait_s=parsed.max_wait_s,
-            max_attempts=parsed.max_attempts,
+            max_attempts=parsed.max_attempts, timeout_s=parsed.timeout_s,
         )
 
 

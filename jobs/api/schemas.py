@@ -15,11 +15,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.admission.estimates import Progress
+from jobs.core.error_types import ErrorType
 from jobs.core.policy import (
     MAX_TENANT_BURST,
     MAX_TENANT_CAP,
     MAX_TENANT_QUEUED,
     MAX_TENANT_RATE_PER_S,
+    MAX_TIMEOUT_S,
 )
 from jobs.core.states import Status
 from jobs.index.base import LiveWorker
@@ -27,6 +29,10 @@ from jobs.service.tenants import NAME_PATTERN
 
 MAX_WAIT_LIMIT_S = 30 * 24 * 3600.0
 MAX_ATTEMPTS_LIMIT = 100
+TIMEOUT = ("seconds one attempt may run, at most a day; at the limit its handler is asked to "
+           "stop, and the process running it is ended policy.timeout_grace_s later; the "
+           "attempt ends timed_out (default: the kind's own, else policy.default_timeout_s)")
+TimeoutS = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
 TIMESTAMP = "RFC 3339, UTC, milliseconds"
 
 
@@ -115,7 +121,7 @@ class SubmitRequest(_Request):
 
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"kind": "sleep", "payload": {"seconds": 2}, "idempotency_key": "run-7",
-         "max_wait_s": 3600, "max_attempts": 3},
+         "max_wait_s": 3600, "max_attempts": 3, "timeout_s": 600},
     ]})
 
     kind: Annotated[str, Field(min_length=1, max_length=100, examples=["sleep"],
@@ -137,6 +143,7 @@ class SubmitRequest(_Request):
     max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] | None = Field(
         default=None, examples=[3],
         description="starts allowed before the job fails (default: the policy's)")
+    timeout_s: TimeoutS | None = Field(default=None, examples=[600], description=TIMEOUT)
 
 
 class JobLinks(BaseModel):
@@ -200,6 +207,12 @@ class JobResponse(BaseModel):
     error: str | None = Field(description="why it failed, expired after a start, or was "
                               "retried; null otherwise")
     max_wait_s: float | None = Field(description="its own deadline to start, in seconds")
+    timeout_s: float | None = Field(default=None, description="seconds one attempt may run "
+                                    "(docs/api.md, Run-time limit)")
+    error_type: ErrorType | None = Field(
+        default=None, description="why it ended badly, beside error: handler_error, "
+        "timed_out, lease_lost, starts_exhausted, deadline or result_unstorable; null "
+        "otherwise")
     cancel_requested: bool = Field(description="a cancel was asked while it ran; its handler "
                                    "stops cooperatively")
 
@@ -223,6 +236,8 @@ class JobResponse(BaseModel):
             finished_at=rfc3339(job.finished_at),
             error=job.error,
             max_wait_s=job.max_wait_s,
+            timeout_s=job.timeout_s,
+            error_type=None if job.error_type is None else ErrorType(job.error_type),
             cancel_requested=job.cancel_requested,
         )
 

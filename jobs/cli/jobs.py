@@ -38,6 +38,10 @@ def submit(
     max_wait: Annotated[
         float | None, typer.Option(help="Expire the job if it has not started by then (s).")
     ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="The longest one attempt may run (s); default: the "
+                                   "kind's, else policy.default_timeout_s.")
+    ] = None,
     api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
@@ -47,10 +51,13 @@ def submit(
     body = _payload(payload)
     if max_wait is not None and not (math.isfinite(max_wait) and max_wait > 0):
         fail(f"--max-wait must be a positive number of seconds, not {max_wait}", 2)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        fail(f"--timeout must be a positive number of seconds, not {timeout}", 2)
     console = Console(highlight=False, soft_wrap=True)
     with api_client(api_url, key, announce=True) as client:
         try:
-            job = client.submit(kind, body, idempotency_key=idempotency_key, max_wait_s=max_wait)
+            job = client.submit(kind, body, idempotency_key=idempotency_key, max_wait_s=max_wait,
+                                timeout_s=timeout)
         except Refused as exc:
             retry = f"{exc.retry_after_s:g}" if exc.retry_after_s is not None else "a few"
             fail(f"refused ({exc.type}): {exc.message} Retry after {retry} s.", 2)

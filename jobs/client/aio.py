@@ -79,10 +79,12 @@ class AsyncClient(ClientCore):
         idempotency_key: str | None = None,
         max_wait_s: float | None = None,
         max_attempts: int | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         key = idempotency_key or new_idempotency_key()
         return await self._send(submit_call(kind, payload, idempotency_key=key,
-                                            max_wait_s=max_wait_s, max_attempts=max_attempts))
+                                            max_wait_s=max_wait_s, max_attempts=max_attempts,
+                                            timeout_s=timeout_s))
 
     async def get(self, job_id: str, *, wait: float | None = None) -> dict[str, Any]:
         return await self._send(get_call(job_id, wait=wait))
@@ -109,10 +111,11 @@ class AsyncClient(ClientCore):
         *,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         key = idempotency_key or new_idempotency_key()
         return await self._send(submit_batch_call(kind, items, idempotency_key=key,
-                                                  max_attempts=max_attempts))
+                                                  max_attempts=max_attempts, timeout_s=timeout_s))
 
     async def batch(self, batch_id: str) -> dict[str, Any]:
         return await self._send(batch_call(batch_id))

@@ -105,10 +105,12 @@ class Client(ClientCore):
         idempotency_key: str | None = None,
         max_wait_s: float | None = None,
         max_attempts: int | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         key = idempotency_key or new_idempotency_key()
         return self._send(submit_call(kind, payload, idempotency_key=key,
-                                      max_wait_s=max_wait_s, max_attempts=max_attempts))
+                                      max_wait_s=max_wait_s, max_attempts=max_attempts,
+                                      timeout_s=timeout_s))
 
     def upload(
         self,
@@ -173,12 +175,13 @@ class Client(ClientCore):
         *,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Store a batch (sent as NDJSON); its items enter the live queue as room allows.
         A fresh idempotency key unless given, so a retried upload never stores it twice."""
         key = idempotency_key or new_idempotency_key()
         return self._send(submit_batch_call(kind, items, idempotency_key=key,
-                                            max_attempts=max_attempts))
+                                            max_attempts=max_attempts, timeout_s=timeout_s))
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         """The batch now: counts by state, ``status``, ``estimated_finish_s``."""

@@ -131,6 +131,7 @@ def submit_call(
     idempotency_key: str,
     max_wait_s: float | None = None,
     max_attempts: int | None = None,
+    timeout_s: float | None = None,
 ) -> Call:
     body: dict[str, Any] = {
         "kind": kind,
@@ -141,6 +142,8 @@ def submit_call(
         body["max_wait_s"] = max_wait_s
     if max_attempts is not None:
         body["max_attempts"] = max_attempts
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
     return Call(method="POST", path="/v1/jobs", json=body)
 
 
@@ -184,11 +187,14 @@ def submit_batch_call(
     *,
     idempotency_key: str,
     max_attempts: int | None = None,
+    timeout_s: float | None = None,
 ) -> Call:
     """A batch as NDJSON (the server reads it as it streams)."""
     params = {"kind": kind, "idempotency_key": idempotency_key}
     if max_attempts is not None:
         params["max_attempts"] = str(max_attempts)
+    if timeout_s is not None:
+        params["timeout_s"] = repr(float(timeout_s))
     return Call(method="POST", path="/v1/batches", params=params, content=ndjson(items),
                 content_type="application/x-ndjson")
 

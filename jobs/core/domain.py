@@ -45,6 +45,8 @@ class NewJob:
     idempotency_key: str | None = None
     created_at: float | None = None  # None: the same as enqueued_at
     blob: str | None = None  # the document the job reads (sha256 in the blob store)
+    # The longest one attempt may run (the job's, else its kind's, else the policy's).
+    timeout_s: float | None = None
     id: str = field(default_factory=new_job_id)
 
     @property
@@ -92,6 +94,10 @@ class Job:
     # The document it reads, and the blob holding a result too large to keep inline.
     blob: str | None = None
     result_blob: str | None = None
+    # The longest one attempt may run (None: a row from before limits, the policy's default).
+    timeout_s: float | None = None
+    # Why it ended badly, beside ``error`` (``jobs.core.error_types.ErrorType``).
+    error_type: str | None = None
 
     @property
     def terminal(self) -> bool:

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_RETENTION_S = 7 * 86400.0
+# The longest run-time limit one attempt may be given (``timeout_s``): a day.
+MAX_TIMEOUT_S = 86400.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +61,10 @@ class Policy:
     retry_backoff_s: float = 2.0
     retry_backoff_max_s: float = 300.0
     stop_grace_s: float = 10.0
+    # One attempt's run-time limit when neither the job nor its kind names one, and how long
+    # a handler asked to stop at its limit has before the process running it is ended.
+    default_timeout_s: float = 3600.0
+    timeout_grace_s: float = 10.0
 
     def tier(self, name: str) -> Tier:
         return self.tiers[name]

@@ -13,7 +13,10 @@ worker finishing meanwhile wins and this changes nothing):
   charged: back to the queue as a new attempt (``expired`` instead when its ``start_by`` has
   passed: it truly never started);
 - ``running``: a start was spent. With starts left and its deadline not passed, back to the
-  queue as a new attempt; else ``failed``, saying why, with ``started_at`` kept;
+  queue as a new attempt; else ``failed``, saying why, with ``started_at`` kept (its
+  ``error_type``: ``timed_out`` when the attempt had run past its ``timeout_s``, as a worker
+  hung whole does once nothing in it renews, ``deadline`` when only the deadline stopped a
+  retry, else ``lease_lost``);
 - terminal, or a batch item still ``waiting``: nothing (only the lease's release was lost,
   e.g. a hand-over interrupted after its ending's commit).
 
@@ -42,6 +45,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from jobs.core.domain import Job
+from jobs.core.error_types import ErrorType
 from jobs.core.states import Status
 from jobs.index.base import IndexedJob, NotLeader
 from jobs.store import jobs as jobs_sql
@@ -147,8 +151,14 @@ def _recover_once(
     if spent or late:
         why = (f"start {job.starts} of {job.max_attempts}" if spent
                else f"start {job.starts}; no retry: the job's deadline (max_wait_s) has passed")
+        overran = (job.timeout_s is not None and job.started_at is not None
+                   and now >= job.started_at + job.timeout_s)
+        after = f" after its run-time limit of {job.timeout_s:g} s" if overran else ""
+        kind = (ErrorType.TIMED_OUT if overran else ErrorType.LEASE_LOST if spent
+                else ErrorType.DEADLINE)
         outcome = _move(session, job, Status.FAILED, now, Recovered(failed=True),
-                        error=f"the worker stopped renewing its lease ({why})")
+                        error=f"the worker stopped renewing its lease{after} ({why})",
+                        error_type=kind.value)
         if outcome is not None and outcome.failed:
             logger.warning("lease.expired.failed", extra={"event": "lease.expired.failed", **log})
         return outcome
@@ -165,7 +175,7 @@ def expiry_note(job: Job) -> dict[str, str]:
     if job.starts == 0:
         return {}
     return {"error": f"start {job.starts} ran; the retry did not start before the job's "
-                     "deadline (max_wait_s)"}
+                     "deadline (max_wait_s)", "error_type": ErrorType.DEADLINE.value}
 
 
 def _move(

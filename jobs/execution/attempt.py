@@ -21,7 +21,10 @@ duplicated or stale message, or a late result after the lease was reaped, change
   heartbeat's thread, beside the handler.
 - While the handler runs, a heartbeat thread renews the lease (``jobs.execution.leases``); the
   renewal also tells of a cancel request, so a running job costs SQL nothing. A failed
-  renewal marks the lease lost.
+  renewal marks the lease lost. At its run-time limit the handler is asked to stop; past
+  the limit's grace the attempt is recorded timed out from another thread and the process
+  ends (``jobs.execution.limits``): whichever of that and the handler's own ending comes
+  first is recorded, the other changes nothing.
 - A lease is released only after a state change of *this* attempt succeeded, and release
   names the attempt: a stale call never touches the next attempt's lease. The release also
   passes the slot on (``hand_over``: the best runnable job is leased in the same script and
@@ -44,6 +47,7 @@ duplicated or stale message, or a late result after the lease was reaped, change
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +56,7 @@ import redis
 
 from jobs.core.domain import Job
 from jobs.core.states import Status
+from jobs.execution import limits
 from jobs.execution.handlers import JobContext
 from jobs.execution.leases import (
     CANCEL_POLL_S,
@@ -170,6 +175,11 @@ class _Attempt(RecordsOutcome):
         # Says whether to keep waiting for SQL: the keeper before the start, the heartbeat
         # while the job runs and until its outcome is recorded.
         self._holds_lease: Callable[[], bool] = self._keeper.renew
+        self.limit_s = runtime.policy.default_timeout_s  # the row's, once started
+        self.retries_timeout = False
+        # The handler's ending and the overrun's (another thread) race: the first records.
+        self._ending_lock = threading.Lock()
+        self._ending_claimed = False
 
     def run(self, registry: HandlerRegistry) -> str:
         try:
@@ -191,7 +201,12 @@ class _Attempt(RecordsOutcome):
         ctx = JobContext(
             job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
         )
-        heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock)
+        self.limit_s = limits.limit_s(job, self.runtime.policy, registry.timeout_s(job.kind))
+        self.retries_timeout = registry.retries_timeout(job.kind)
+        heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock,
+                              limit_s=self.limit_s,
+                              grace_s=self.runtime.policy.timeout_grace_s,
+                              on_overrun=lambda: self._overrun(heartbeat))
         if self._fresh or self._leased_moments_ago():
             # Leased a moment ago (by this process, or for this message): the lease cannot
             # have lapsed, so the renewal that announces the start goes first in the
@@ -210,10 +225,32 @@ class _Attempt(RecordsOutcome):
         RUNNING.add(ctx)
         try:
             ending = call_handler(registry, ctx, job)
+            if not self._claim_ending():
+                self._log(logging.WARNING, "job.stale", reason="ended after its overrun")
+                return STALE
             return self._finish(ending, heartbeat)
         finally:
             RUNNING.discard(ctx)
             heartbeat.stop()
+
+    def _claim_ending(self) -> bool:
+        """True for the first of the handler's ending and the overrun's: that one records."""
+        with self._ending_lock:
+            claimed, self._ending_claimed = self._ending_claimed, True
+            return not claimed
+
+    def _overrun(self, heartbeat: Heartbeat) -> None:
+        """The handler did not stop within the grace after its limit: record the attempt
+        timed out (its slot passes to no job here), then end this process, which is the only
+        way to stop a thread that will not return. Runs on a thread of its own."""
+        try:
+            if self._claim_ending():
+                self.handover = None  # this process ends: the dispatcher fills the slot
+                self._timed_out(heartbeat)
+        except Exception:  # the process ends all the same; the reaper settles the rest
+            self._log(logging.ERROR, "job.overrun_unrecorded", exc_info=True)
+        finally:
+            limits.end_process(self.runtime.policy.stop_grace_s)
 
     def _leased_moments_ago(self) -> bool:
         """The message's lease was taken less than a third of its TTL ago (on the index's
@@ -388,8 +425,9 @@ class _Attempt(RecordsOutcome):
 
     def _pass_slot(self) -> Passed | None:
         """With a ``handover``, before the ending's commit: the job this slot takes next,
-        leased and sent (``jobs.execution.slots.pass_slot``), this attempt's lease kept."""
-        if self.handover is None:
+        leased and sent (``jobs.execution.slots.pass_slot``), this attempt's lease kept. None in
+        a process being ended for an overrun: the job would wait for it in vain."""
+        if self.handover is None or limits.ending():
             return None
         return pass_slot(self.runtime, self.handover, job_id=self.job_id,
                          attempt=self.attempt, now=virtual_now(self._virtual_clock))

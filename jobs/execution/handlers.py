@@ -13,7 +13,14 @@ A handler ends a job by what it does:
   ``ctx.cancelled()``: the job ends cancelled;
 - raises ``LeaseLost`` (``ctx.check()`` does once the lease is lost): nothing is recorded,
   the reaper re-queues the job;
+- raises ``JobTimedOut`` (``ctx.check()`` does once the attempt passed its run-time limit),
+  or returns or raises anything after ``ctx.timed_out()``: the attempt timed out (retried
+  when the handler's ``retry_on_timeout`` is true and starts remain, else ``failed``);
 - raises anything else: the job failed with ``"<ExceptionType>: <message>"``.
+
+A handler may also declare ``timeout_s`` (its kind's run-time limit, used when a job names
+none) and ``retry_on_timeout`` (False by default). A handler that ignores the stop its limit
+asks for is ended with the process running it, ``policy.timeout_grace_s`` later.
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ class LeaseLost(JobInterrupted):
     """The lease was lost (reaped): another attempt owns the job, this one must not write."""
 
 
+class JobTimedOut(JobInterrupted):
+    """The attempt ran past its run-time limit (``timeout_s``): it ends ``timed_out``."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobContext:
     """What a running handler may know and ask about its job.
@@ -75,6 +86,9 @@ class JobContext:
     _handback: threading.Event = field(
         default_factory=threading.Event, init=False, repr=False, compare=False
     )
+    _timeout: threading.Event = field(
+        default_factory=threading.Event, init=False, repr=False, compare=False
+    )
 
     def cancelled(self) -> bool:
         return self._cancel.is_set()
@@ -82,12 +96,16 @@ class JobContext:
     def lease_lost(self) -> bool:
         return self._lost.is_set()
 
+    def timed_out(self) -> bool:
+        """The attempt passed its run-time limit: whatever it does now ends it timed out."""
+        return self._timeout.is_set()
+
     def handed_back(self) -> bool:
         """The worker is stopping: the job goes back to the queue."""
         return self._handback.is_set()
 
     def stopped(self) -> bool:
-        """Cancelled, lease lost or handed back: any further work here is wasted."""
+        """Cancelled, timed out, lease lost or handed back: further work here is wasted."""
         return self._stop.is_set()
 
     def sleep(self, seconds: float) -> bool:
@@ -95,16 +113,23 @@ class JobContext:
         return not self._stop.wait(max(0.0, seconds))
 
     def check(self) -> None:
-        """Raise ``JobCancelled`` or ``LeaseLost`` when the job must stop."""
+        """Raise ``JobCancelled``, ``JobTimedOut`` or ``LeaseLost`` when the job must stop."""
         if self._lost.is_set():
             raise LeaseLost(f"the lease of job {self.job_id} attempt {self.attempt} was lost")
         if self._handback.is_set():
             raise WorkerStopping(f"the worker running job {self.job_id} is stopping")
+        if self._timeout.is_set():
+            raise JobTimedOut(f"job {self.job_id} attempt {self.attempt} ran past its "
+                              "run-time limit")
         if self._cancel.is_set():
             raise JobCancelled(f"job {self.job_id} was cancelled")
 
     def mark_cancelled(self) -> None:
         self._cancel.set()
+        self._stop.set()
+
+    def mark_timed_out(self) -> None:
+        self._timeout.set()
         self._stop.set()
 
     def mark_lease_lost(self) -> None:

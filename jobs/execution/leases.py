@@ -136,7 +136,8 @@ class LeaseKeeper:
 
 
 class Heartbeat:
-    """Keeps a running job's lease alive and tells it of a cancel request.
+    """Keeps a running job's lease alive and tells it of a cancel request and of its
+    run-time limit.
 
     The process's renewer (``jobs.execution.renewer``) renews the lease every
     ``min(poll_s, lease_ttl_s / 3)``; each
@@ -145,6 +146,10 @@ class Heartbeat:
     database nothing while it runs, and a database that hangs never holds up a renewal. A
     renewal refused (the lease was reaped, or belongs to another attempt now) marks the lease
     lost, and a lost lease is never renewed again.
+
+    With ``limit_s``, the handler is asked to stop once the attempt has run that long
+    (``JobContext.mark_timed_out``), and ``grace_s`` later the lease is renewed no more and
+    ``on_overrun`` is called, once, on a thread of its own (``jobs.execution.limits``).
     """
 
     def __init__(
@@ -154,6 +159,9 @@ class Heartbeat:
         *,
         clock: Clock | None = None,
         poll_s: float = CANCEL_POLL_S,
+        limit_s: float | None = None,
+        grace_s: float = 0.0,
+        on_overrun: Callable[[], None] | None = None,
     ) -> None:
         self._runtime = runtime
         self._ctx = ctx
@@ -161,6 +169,11 @@ class Heartbeat:
         self._ttl = runtime.policy.lease_ttl_s
         self.renew_every_s = min(poll_s, self._ttl / 3)
         self._renewed_at = time.monotonic()  # the worker renewed just before the start
+        self._began = self._renewed_at
+        self._limit_s = limit_s
+        self._grace_s = grace_s
+        self._on_overrun = on_overrun
+        self._overran = False
         self._first: tuple[bool, StartFigures | None, Finished | None] | None = None
         self._first_lock = threading.Lock()  # the first renewal is made once, by either side
 
@@ -181,9 +194,21 @@ class Heartbeat:
         RENEWER.remove(self)
         self.tick(first_only=True)
 
+    def due_in(self) -> float:
+        """Seconds until the renewer should tick again: the renewal period, or sooner when
+        the run-time limit or the end of its grace comes first."""
+        if self._limit_s is None or self._overran:
+            return self.renew_every_s
+        ran = time.monotonic() - self._began
+        step = self._limit_s if ran < self._limit_s else self._limit_s + self._grace_s
+        return max(0.0, min(self.renew_every_s, step - ran))
+
     def tick(self, *, first_only: bool = False) -> None:
         """One renewal, by the renewer: the first one's ``announce``, ``start`` and
-        ``release`` once. ``first_only``: only that first one, if it is still to be made."""
+        ``release`` once. ``first_only``: only that first one, if it is still to be made.
+        Past the limit and its grace, no renewal: the overrun is handled instead."""
+        if not first_only and self._past_limit():
+            return
         with self._first_lock:
             first, self._first = self._first, None
             if first is None and first_only:
@@ -194,6 +219,27 @@ class Heartbeat:
             except Exception:  # the heartbeat must outlive any one failed step
                 logger.exception("job.heartbeat_error", extra={
                     "event": "job.heartbeat_error", "job_id": self._ctx.job_id})
+
+    def _past_limit(self) -> bool:
+        """Tell the handler of its limit when it has come; True once the grace after it has
+        passed too (the overrun started, on its own thread)."""
+        if self._limit_s is None:
+            return False
+        if self._overran:
+            return True
+        ran = time.monotonic() - self._began
+        if ran < self._limit_s:
+            return False
+        if not self._ctx.timed_out():
+            self._ctx.mark_timed_out()
+            self._warn("job.timed_out", limit_s=self._limit_s, grace_s=self._grace_s)
+        if ran < self._limit_s + self._grace_s:
+            return False
+        self._overran = True
+        self._warn("job.overrun", limit_s=self._limit_s, grace_s=self._grace_s)
+        if self._on_overrun is not None:
+            threading.Thread(target=self._on_overrun, name="run-limit", daemon=True).start()
+        return True
 
     def first_renewed(self) -> None:
         """The first renewal made, by the renewer or here now: before this job's slot

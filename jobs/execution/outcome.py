@@ -4,8 +4,10 @@ A mixin of ``jobs.execution.attempt._Attempt``, which owns the attempt's state (
 compare-and-set, the release): what is decided here is only which move an ending makes. A
 success stores its result (inline or as a blob); a retryable error goes back to the queue as
 the next attempt after its backoff, unless its starts are spent or the retry could only
-start after the job's deadline (then ``failed``, saying why); an outcome the database
-refuses (a U+0000 PostgreSQL cannot hold) ends the attempt once, ``failed`` with the reason.
+start after the job's deadline (then ``failed``, saying why); an attempt past its run-time
+limit is retried the same way when its kind says so (``retry_on_timeout``), else ``failed``;
+an outcome the database refuses (a U+0000 PostgreSQL cannot hold) ends the attempt once,
+``failed`` with the reason. Every ``failed`` names its ``error_type``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,21 @@ import redis
 import sqlalchemy.exc as sa_exc
 
 from jobs.core.domain import Job
+from jobs.core.error_types import ErrorType
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
 from jobs.execution.leases import Heartbeat, is_sql_outage
+from jobs.execution.limits import timed_out_error
 from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.results import result_fields
-from jobs.execution.running import FAILED, SUCCEEDED, Ending, cut_error, describe_error
+from jobs.execution.running import (
+    FAILED,
+    SUCCEEDED,
+    TIMED_OUT,
+    Ending,
+    cut_error,
+    describe_error,
+)
 from jobs.execution.slots import Handover, Passed, entry_of, ring
 from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
@@ -38,6 +49,9 @@ class RecordsOutcome:
     runtime: Runtime
     worker_id: str
     clock: Callable[[], float]
+    # The attempt's run-time limit, and whether its kind retries an attempt past it.
+    limit_s: float
+    retries_timeout: bool
 
     @property
     def _job(self) -> Job:
@@ -78,16 +92,20 @@ class RecordsOutcome:
             return self._hand_back(Status.RUNNING, reason="worker stopping")
         if ending.kind == "retry":
             return self._retry(ending.error or "RetryableError", heartbeat)
+        if ending.kind == TIMED_OUT:
+            return self._timed_out(heartbeat)
         if ending.kind == SUCCEEDED:
             try:
                 encoded = json.dumps(ending.result, allow_nan=False, separators=(",", ":"))
             except (TypeError, ValueError) as exc:
                 error = f"result is not JSON-serialisable: {describe_error(exc)}"
-                return self._end(Status.FAILED, heartbeat, error=cut_error(error))
+                return self._end(Status.FAILED, heartbeat, error=cut_error(error),
+                                 error_type=ErrorType.RESULT_UNSTORABLE.value)
             return self._end(Status.SUCCEEDED, heartbeat, **result_fields(
                 self.runtime, encoded, clock=self.clock, job=self._job, worker_id=self.worker_id))
         if ending.kind == FAILED:
-            return self._end(Status.FAILED, heartbeat, error=ending.error)
+            return self._end(Status.FAILED, heartbeat, error=ending.error,
+                             error_type=ErrorType.HANDLER_ERROR.value)
         return self._end(Status.CANCELLED, heartbeat)
 
     def _end(self, dst: Status, heartbeat: Heartbeat, **fields: Any) -> str:
@@ -151,21 +169,34 @@ class RecordsOutcome:
             moved = self._transition(Status.RUNNING, dst, announce=False, unsure=unsure,
                                      **fields)
         except sa_exc.DataError as exc:
-            if dst is Status.FAILED and set(fields) == {"error"}:
+            if dst is Status.FAILED and set(fields) <= {"error", "error_type"}:
                 raise  # not even a plain error text could be stored
             first = str(exc.orig or exc).splitlines()[0]
             self._log(logging.WARNING, "job.outcome_unstorable", error=first, outcome=dst.value)
-            return self._end_alone(Status.FAILED, {"error": cut_error(
-                f"the job's {dst.value} outcome could not be stored: {first}")})
+            return self._end_alone(Status.FAILED, {
+                "error": cut_error(f"the job's {dst.value} outcome could not be stored: {first}"),
+                "error_type": ErrorType.RESULT_UNSTORABLE.value})
         return moved, dst, fields
 
-    def _retry(self, error: str, heartbeat: Heartbeat) -> str:
+    def _timed_out(self, heartbeat: Heartbeat) -> str:
+        """The attempt ran past its limit: retried when its kind says so, else failed."""
+        error = timed_out_error(self.limit_s)
+        if self.retries_timeout:
+            return self._retry(error, heartbeat, spent=ErrorType.TIMED_OUT)
+        return self._end(Status.FAILED, heartbeat, error=cut_error(error),
+                         error_type=ErrorType.TIMED_OUT.value)
+
+    def _retry(self, error: str, heartbeat: Heartbeat,
+               spent: ErrorType = ErrorType.STARTS_EXHAUSTED) -> str:
+        """Back to the queue after its backoff; ``failed`` when no start remains (with
+        ``spent`` as its error type) or the retry could not start before the deadline."""
         job, policy = self._job, self.runtime.policy
         starts = job.starts  # the row as started: this attempt's start included
         if starts >= job.max_attempts:
             return self._end(
                 Status.FAILED, heartbeat,
                 error=cut_error(f"{error} (start {starts} of {job.max_attempts})"),
+                error_type=spent.value,
             )
         delay = retry_backoff_s(starts, policy.retry_backoff_s, policy.retry_backoff_max_s)
         not_before = self.clock() + delay
@@ -174,6 +205,7 @@ class RecordsOutcome:
                 Status.FAILED, heartbeat,
                 error=cut_error(f"{error} (start {starts}; a retry could not start before the "
                            "job's deadline, max_wait_s)"),
+                error_type=ErrorType.DEADLINE.value,
             )
         if not self._transition(Status.RUNNING, Status.QUEUED, not_before=not_before):
             self._log(logging.WARNING, "job.stale", reason="late retry rejected")

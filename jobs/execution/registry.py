@@ -19,6 +19,7 @@ from importlib.metadata import entry_points as installed_entry_points
 from typing import Any
 
 from jobs.core.errors import ConfigError, UnknownKind
+from jobs.core.policy import MAX_TIMEOUT_S
 from jobs.execution.handlers import EchoHandler, Handler, SleepHandler, invalid_payload
 
 HANDLERS_ENV = "TIERQ_HANDLERS"
@@ -49,12 +50,35 @@ class HandlerRegistry:
     def kinds(self) -> list[str]:
         return sorted(self._handlers)
 
+    def timeout_s(self, kind: str) -> float | None:
+        """The kind's own run-time limit (its handler's ``timeout_s``), None when it names
+        none or the kind is unknown here."""
+        handler = self._handlers.get(kind)
+        return None if handler is None else kind_timeout_s(handler)
+
+    def retries_timeout(self, kind: str) -> bool:
+        """Whether an attempt of this kind that ran past its limit is tried again (while
+        starts remain): its handler's ``retry_on_timeout``, False by default."""
+        return bool(getattr(self._handlers.get(kind), "retry_on_timeout", False))
+
     def validate(self, kind: str, payload: Any) -> dict[str, Any]:
         handler = self.get(kind)
         if not isinstance(payload, dict):
             msg = "the payload must be a JSON object"
             raise invalid_payload([{"loc": ["payload"], "msg": msg}])
         return handler.validate(payload)
+
+
+def kind_timeout_s(handler: Handler) -> float | None:
+    """A handler's ``timeout_s`` attribute, checked: a number in (0, a day], or None."""
+    value = getattr(handler, "timeout_s", None)
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 < value <= MAX_TIMEOUT_S):
+        raise ConfigError(f"the handler of kind {handler.kind!r} has timeout_s = {value!r}: "
+                          f"a number of seconds in (0, {MAX_TIMEOUT_S:g}] or None")
+    return float(value)
 
 
 def builtin_handlers() -> list[Handler]:
@@ -140,4 +164,8 @@ def _as_handler(item: str, value: Any) -> Handler:
         if not callable(getattr(value, method, None)):
             raise ConfigError(f"{where} has no {method}() method")
     handler: Handler = value
+    try:
+        kind_timeout_s(handler)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return handler

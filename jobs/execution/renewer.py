@@ -28,6 +28,10 @@ class Renews(Protocol):
 
     renew_every_s: float
 
+    def due_in(self) -> float:
+        """Seconds until its next tick (at most ``renew_every_s``)."""
+        ...
+
     def tick(self) -> None:
         """One renewal (the first may announce the start); never raises."""
 
@@ -45,7 +49,7 @@ class Renewer:
 
     def add(self, heartbeat: Renews, *, now: bool) -> None:
         """Schedule ``heartbeat``: its first renewal at once (``now``) or after its period."""
-        at = time.monotonic() + (0.0 if now else heartbeat.renew_every_s)
+        at = time.monotonic() + (0.0 if now else heartbeat.due_in())
         if self._pid != os.getpid():
             self._start()
         with self._lock:
@@ -98,7 +102,7 @@ class Renewer:
             with self._lock:
                 self._busy = None
                 if id(heartbeat) in self._live:
-                    at = time.monotonic() + heartbeat.renew_every_s
+                    at = time.monotonic() + heartbeat.due_in()
                     heapq.heappush(self._due, (at, next(self._order), heartbeat))
                 self._lock.notify_all()
 

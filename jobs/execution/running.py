@@ -17,6 +17,7 @@ from jobs.core.domain import Job
 from jobs.execution.handlers import (
     JobCancelled,
     JobContext,
+    JobTimedOut,
     LeaseLost,
     RetryableError,
     WorkerStopping,
@@ -27,6 +28,8 @@ logger = logging.getLogger("tierq.worker")
 
 # How a handler can end that is also an outcome of ``execute`` (``jobs.execution.attempt``).
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+# A handler that ran past its run-time limit (``jobs.execution.limits``).
+TIMED_OUT = "timed_out"
 
 # Stored error texts are cut to this length.
 MAX_ERROR_CHARS = 4000
@@ -47,6 +50,10 @@ class RunningHandlers:
         with self._lock:
             self._contexts.pop(id(ctx), None)
 
+    def count(self) -> int:
+        with self._lock:
+            return len(self._contexts)
+
     def hand_back_all(self) -> int:
         with self._lock:
             contexts = list(self._contexts.values())
@@ -66,8 +73,8 @@ def hand_back_running() -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class Ending:
-    """How the handler ended: one of SUCCEEDED, FAILED, CANCELLED, "retry", "lease_lost",
-    "handback"."""
+    """How the handler ended: one of SUCCEEDED, FAILED, CANCELLED, TIMED_OUT, "retry",
+    "lease_lost", "handback"."""
 
     kind: str
     result: Any = None
@@ -88,17 +95,23 @@ def call_handler(registry: HandlerRegistry, ctx: JobContext, job: Job) -> Ending
         return Ending(kind="handback")
     except JobCancelled:
         return Ending(kind=CANCELLED)
+    except JobTimedOut:
+        return Ending(kind=TIMED_OUT)
     except Exception as exc:
         if ctx.handed_back():  # most likely interrupted by the stop: another worker retries
             return Ending(kind="handback")
         if ctx.cancelled():  # most likely interrupted by the cancel; a retry would be wasted
             return Ending(kind=CANCELLED)
+        if ctx.timed_out():  # most likely interrupted by its limit's stop
+            return Ending(kind=TIMED_OUT)
         if isinstance(exc, RetryableError):
             return Ending(kind="retry", error=describe_error(exc))
         log_job(logging.WARNING, "job.handler_error", job, exc_info=True)
         return Ending(kind=FAILED, error=describe_error(exc))
     if ctx.cancelled():
         return Ending(kind=CANCELLED)
+    if ctx.timed_out():  # a result past the limit is not kept: the limit is the contract
+        return Ending(kind=TIMED_OUT)
     return Ending(kind=SUCCEEDED, result=result)
 
 

@@ -95,6 +95,11 @@ class PolicySettings(BaseModel):
     # set the orchestrator's to the same, e.g. compose's ``stop_grace_period``). A worker
     # hands back, uncharged, the jobs it cannot finish within it.
     stop_grace_s: Annotated[float, Field(gt=0, le=86400)] = 10.0
+    # One attempt's run-time limit when neither the job nor its kind names one; a handler
+    # still running at its limit is asked to stop, and ``timeout_grace_s`` later the process
+    # running it is ended (docs/api.md, "Run-time limit").
+    default_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 3600.0
+    timeout_grace_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
 class ApiSettings(BaseModel):

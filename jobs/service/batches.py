@@ -62,6 +62,7 @@ class BatchSpec:
     kind: str
     idempotency_key: str | None = None
     max_attempts: int | None = None
+    timeout_s: float | None = None  # each item's run-time limit; None: the kind's or policy's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +107,10 @@ class ValidatedItems:
     def extend(self, items: Iterable[Any]) -> None:
         for item in items:
             self.add(item)
+
+    def timeout_s(self, runtime: Runtime, asked: float | None) -> float:
+        """Each item's run-time limit (``jobs.admission.submit.timeout_of``)."""
+        return submission.timeout_of(runtime, self._validator, self.kind, asked)
 
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
@@ -169,7 +174,7 @@ def store(
         id=new_job_id(now), tenant_id=tenant.id, tier=tenant.tier, kind=spec.kind,
         total=len(items), max_attempts=spec.max_attempts or runtime.policy.max_attempts,
         idempotency_key=spec.idempotency_key, content_hash=content_hash, cancelled=False,
-        created_at=now,
+        created_at=now, timeout_s=items.timeout_s(runtime, spec.timeout_s),
     )
     try:
         with runtime.sessions.begin() as session:

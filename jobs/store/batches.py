@@ -41,6 +41,7 @@ class Batch:
     max_attempts: int
     idempotency_key: str | None
     content_hash: str
+    timeout_s: float | None = None
     cancelled: bool
     created_at: float
 
@@ -50,7 +51,7 @@ class Batch:
             id=row.id, tenant_id=row.tenant_id, tier=row.tier, kind=row.kind, total=row.total,
             max_attempts=row.max_attempts, idempotency_key=row.idempotency_key,
             content_hash=row.content_hash, cancelled=row.cancelled,
-            created_at=row.created_at.timestamp(),
+            created_at=row.created_at.timestamp(), timeout_s=getattr(row, "timeout_s", None),
         )
 
 
@@ -71,7 +72,7 @@ def insert_batch(session: Session, batch: Batch) -> bool:
                 id=batch.id, tenant_id=batch.tenant_id, tier=batch.tier, kind=batch.kind,
                 total=batch.total, max_attempts=batch.max_attempts,
                 idempotency_key=batch.idempotency_key, content_hash=batch.content_hash,
-                cancelled=False, created_at=_dt(batch.created_at),
+                cancelled=False, created_at=_dt(batch.created_at), timeout_s=batch.timeout_s,
             ))
     except IntegrityError:
         return False
@@ -96,6 +97,7 @@ def item_values(
         "dispatched_at": None, "started_at": None, "finished_at": None, "result": None,
         "error": None, "idempotency_key": None, "cancel_requested": False, "starts": 0,
         "updated_at": at, "batch_id": batch.id, "batch_index": index,
+        "timeout_s": batch.timeout_s,
     }
 
 

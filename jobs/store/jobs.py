@@ -126,6 +126,8 @@ def _new_values(new: NewJob) -> dict[str, Any]:
         "result_fetched_at": None,
         "blob": new.blob,
         "result_blob": None,
+        "timeout_s": new.timeout_s,
+        "error_type": None,
     }
 
 

@@ -166,6 +166,11 @@ class JobRow(Base):
     # Who made the current start: a token new for every message a worker handles, so a
     # retried start recognises its own and never a copy's (``jobs.store.jobs.start``).
     start_token: Mapped[str | None] = mapped_column(sa.String(32))
+    # The longest one attempt may run, seconds (NULL: a row from before run-time limits,
+    # which gets the policy's default), and why the job ended badly beside ``error``
+    # (``jobs.core.error_types.ErrorType``).
+    timeout_s: Mapped[float | None] = mapped_column(sa.Double())
+    error_type: Mapped[str | None] = mapped_column(sa.String(32))
 
 
 class BlobRow(Base):
@@ -198,6 +203,8 @@ class BatchRow(Base):
     kind: Mapped[str] = mapped_column(sa.String(100))
     total: Mapped[int] = mapped_column(sa.Integer())
     max_attempts: Mapped[int] = mapped_column(sa.Integer())
+    # Each item's run-time limit (NULL: its kind's or the policy's, as for a single job).
+    timeout_s: Mapped[float | None] = mapped_column(sa.Double())
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(255))
     # sha256 of the kind and the validated items: what an idempotent resubmit is compared by.
     content_hash: Mapped[str] = mapped_column(sa.String(64))

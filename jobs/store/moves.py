@@ -25,8 +25,8 @@ from jobs.store.models import JobRow
 from jobs.store.rows import JOBS, dt, dt_or_none, epoch_or_none, job_from_row
 
 TRANSITION_FIELDS = frozenset(
-    {"result", "result_blob", "error", "not_before", "cancel_requested", "max_attempts", "starts",
-     "started_at"}
+    {"result", "result_blob", "error", "error_type", "not_before", "cancel_requested",
+     "max_attempts", "starts", "started_at"}
 )
 
 
@@ -48,7 +48,7 @@ def transition(
     Moving to ``running`` counts a start (``starts + 1``); a move back to ``queued`` starts a
     new attempt (``attempt + 1``) and keeps ``started_at``. Every move stamps ``updated_at``.
 
-    ``fields`` may set ``result``, ``error``, ``not_before`` (epoch seconds),
+    ``fields`` may set ``result``, ``error``, ``error_type``, ``not_before`` (epoch seconds),
     ``cancel_requested``, ``max_attempts``, and ``starts`` and ``started_at`` (a hand-back
     of a start whose handler never ran puts back the values from before it). False means
     the job was not in ``(src, attempt)``: a late or duplicated message, which must change

@@ -105,6 +105,8 @@ def job_from_row(row: JobRow) -> Job:
         batch_index=getattr(row, "batch_index", None),
         blob=getattr(row, "blob", None),
         result_blob=getattr(row, "result_blob", None),
+        timeout_s=getattr(row, "timeout_s", None),
+        error_type=getattr(row, "error_type", None),
     )
 
 

@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
+from jobs.core.domain import Job
 from jobs.core.errors import ConfigError, InvalidRequest, UnknownKind
+from jobs.core.states import Status
+from jobs.execution.running import TIMED_OUT, call_handler
 from tests import handlers_for_tests
 from workers.handlers import (
     HANDLERS_ENV,
@@ -16,7 +19,9 @@ from workers.handlers import (
     HandlerRegistry,
     JobCancelled,
     JobContext,
+    JobTimedOut,
     LeaseLost,
+    RetryableError,
     SleepHandler,
     default_registry,
     load_handlers,
@@ -102,6 +107,18 @@ def test_sleep_stops_when_cancelled() -> None:
             SleepHandler().run(ctx, {"seconds": 3600.0, "fail": False})
     finally:
         timer.cancel()
+
+
+def test_sleep_stops_at_its_run_time_limit() -> None:
+    ctx = _ctx()
+    timer = threading.Timer(0.05, ctx.mark_timed_out)
+    timer.start()
+    try:
+        with pytest.raises(JobTimedOut):
+            SleepHandler().run(ctx, {"seconds": 3600.0, "fail": False})
+    finally:
+        timer.cancel()
+    assert ctx.timed_out() and ctx.stopped() and not ctx.cancelled()
 
 
 def test_sleep_stops_when_the_lease_is_lost() -> None:
@@ -204,3 +221,73 @@ def test_default_registry_reads_the_environment(monkeypatch: pytest.MonkeyPatch)
 def test_a_bad_spec_is_a_config_error(spec: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         default_registry(spec)
+
+
+# -- run-time limits -------------------------------------------------------------------------
+
+
+class _Limited(EchoHandler):
+    kind = "limited.echo"
+
+    def __init__(self, timeout_s: object = None, retry_on_timeout: bool = False) -> None:
+        self.timeout_s = timeout_s
+        self.retry_on_timeout = retry_on_timeout
+
+
+def test_a_kind_may_name_its_own_limit_and_whether_a_timeout_is_retried() -> None:
+    registry = HandlerRegistry([SleepHandler(), _Limited(90, retry_on_timeout=True)])
+    assert registry.timeout_s("limited.echo") == 90.0
+    assert registry.retries_timeout("limited.echo")
+    assert registry.timeout_s("sleep") is None and not registry.retries_timeout("sleep")
+    assert registry.timeout_s("unknown") is None
+
+
+@pytest.mark.parametrize("value", [0, -1, 86_401, "60", True, float("nan"), float("inf")])
+def test_a_kind_s_limit_out_of_range_stops_the_process_at_start(value: object) -> None:
+    with pytest.raises(ConfigError, match="timeout_s"):
+        load_handlers_of(_Limited(value))
+
+
+def load_handlers_of(handler: object) -> None:
+    """Load ``handler`` the way ``TIERQ_HANDLERS`` does (its checks included)."""
+    from jobs.execution.registry import _as_handler
+
+    _as_handler("tests:handler", handler)
+
+
+def _job() -> Job:
+    return Job(id="job-1", tenant_id="tenant-1", tier="free", kind="returns", payload={},
+               status=Status.RUNNING, attempt=1, max_attempts=3, order_key=0.0,
+               enqueued_at=0.0, created_at=0.0)
+
+
+class _Returns(EchoHandler):
+    """Returns (or raises ``error``) once the test's ``hook`` has run on the context."""
+
+    kind = "returns"
+
+    def __init__(self, hook: Any, error: Exception | None = None) -> None:
+        self.hook, self.error = hook, error
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.hook(ctx)
+        if self.error is not None:
+            raise self.error
+        return {"late": True}
+
+
+@pytest.mark.parametrize("error", [None, RuntimeError("interrupted"), RetryableError("again")])
+def test_whatever_a_handler_does_past_its_limit_ends_it_timed_out(
+    error: Exception | None,
+) -> None:
+    registry = HandlerRegistry([_Returns(JobContext.mark_timed_out, error)])
+    assert call_handler(registry, _ctx(), _job()).kind == TIMED_OUT
+
+
+def test_a_cancel_outranks_the_limit() -> None:
+    def both(ctx: JobContext) -> None:
+        ctx.mark_timed_out()
+        ctx.mark_cancelled()
+
+    registry = HandlerRegistry([_Returns(both)])
+    assert call_handler(registry, _ctx(), _job()).kind == "cancelled"

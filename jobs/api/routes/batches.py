@@ -41,9 +41,10 @@ from jobs.api.batch_schemas import (
 )
 from jobs.api.deps import RuntimeDep, TenantDep, ValidatorDep, refuse_unknown_query
 from jobs.api.errors import error_responses
-from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, ErrorResponse
+from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, TIMEOUT, ErrorResponse
 from jobs.core.domain import Tenant
 from jobs.core.errors import InvalidRequest, TenantLimitExceeded
+from jobs.core.policy import MAX_TIMEOUT_S
 from jobs.process.runtime import Runtime
 from jobs.service import batches
 
@@ -109,6 +110,9 @@ async def submit_batch(
     max_attempts: Annotated[int | None, Query(
         ge=1, le=MAX_ATTEMPTS_LIMIT, description="NDJSON bodies: starts allowed per item")
     ] = None,
+    timeout_s: Annotated[float | None, Query(
+        gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+        description=f"NDJSON bodies: each item's run-time limit, {TIMEOUT}")] = None,
 ) -> BatchSubmitResponse:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     api = runtime.settings.api
@@ -117,16 +121,17 @@ async def submit_batch(
             raise InvalidRequest("an NDJSON batch names its kind: ?kind=<kind>",
                                  details=[{"loc": ["query", "kind"], "msg": "required"}])
         spec = batches.BatchSpec(kind=kind, idempotency_key=idempotency_key,
-                                 max_attempts=max_attempts)
+                                 max_attempts=max_attempts, timeout_s=timeout_s)
         with _uploads(request).slot(tenant, api.max_concurrent_uploads_per_tenant):
             await run_in_threadpool(batches.check_submittable, runtime, tenant, spec)
             items = batches.ValidatedItems(validator, kind)
             await _within(api.batch_body_timeout_s, _read_ndjson(request, items))
             submitted = await run_in_threadpool(batches.store, runtime, tenant, spec, items)
     else:
-        if kind is not None or idempotency_key is not None or max_attempts is not None:
-            raise InvalidRequest("a JSON batch carries kind, idempotency_key and max_attempts "
-                                 "in its body, not the query")
+        if (kind is not None or idempotency_key is not None or max_attempts is not None
+                or timeout_s is not None):
+            raise InvalidRequest("a JSON batch carries kind, idempotency_key, max_attempts and "
+                                 "timeout_s in its body, not the query")
         if content_type not in ("application/json", ""):
             raise InvalidRequest(f"send the batch as application/json or {NDJSON}, "
                                  f"not {content_type!r}")
@@ -241,7 +246,7 @@ def _submit_json(runtime: Runtime, validator: PayloadValidator, tenant: Tenant, 
                  ) -> batches.SubmittedBatch:
     body = _json_batch(raw)
     spec = batches.BatchSpec(kind=body.kind, idempotency_key=body.idempotency_key,
-                             max_attempts=body.max_attempts)
+                             max_attempts=body.max_attempts, timeout_s=body.timeout_s)
     return batches.submit(runtime, validator, tenant, spec, body.items)
 
 

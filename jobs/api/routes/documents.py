@@ -17,11 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from jobs.admission import submit
 from jobs.api.deps import BlobStoreDep, RuntimeDep, TenantDep, ValidatorDep, refuse_unknown_query
 from jobs.api.errors import error_responses
-from jobs.api.schemas import MAX_WAIT_LIMIT_S, SubmitResponse
+from jobs.api.schemas import MAX_WAIT_LIMIT_S, TIMEOUT, SubmitResponse
 from jobs.blobs.records import store_blob
 from jobs.blobs.store import digest
 from jobs.core import content_type
 from jobs.core.errors import PayloadTooLarge, UnsupportedMediaType
+from jobs.core.policy import MAX_TIMEOUT_S
 from jobs.process.runtime import Runtime
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"],
@@ -44,6 +45,8 @@ class DocumentForm(BaseModel):
     max_wait_s: float | None = Field(
         default=None, gt=0, le=MAX_WAIT_LIMIT_S, allow_inf_nan=False,
         description="expire the job if it has not started within this many seconds")
+    timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description=TIMEOUT)
 
 
 class DocumentInfo(BaseModel):
@@ -97,7 +100,7 @@ def upload_document(
     submitted = submit.submit(
         runtime, validator, tenant,
         submit.Submission(kind=form.kind, payload=payload, max_wait_s=form.max_wait_s,
-                              blob=sha256),
+                          blob=sha256, timeout_s=form.timeout_s),
     )
     job_id = submitted.progress.job.id
     response.headers["Location"] = f"/v1/jobs/{job_id}"

@@ -102,6 +102,7 @@ def submit_job(
             idempotency_key=body.idempotency_key,
             max_wait_s=body.max_wait_s,
             max_attempts=body.max_attempts,
+            timeout_s=body.timeout_s,
         ),
     )
     job_id = submitted.progress.job.id

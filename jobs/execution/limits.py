@@ -1,0 +1,79 @@
+"""Run-time limits: a handler past its limit is asked to stop; one that does not stop is
+ended with the process running it.
+
+An attempt may run ``timeout_s`` (the job's, resolved at submit from the job, its kind or
+the policy). At the limit the heartbeat asks the handler to stop, as a cancel asks
+(``JobContext.mark_timed_out``); ``policy.timeout_grace_s`` later it renews the lease no
+more and calls the attempt's ``overrun``, on a thread of its own: that records the attempt
+as timed out, then ends this process (``end_process``), since no thread can be stopped from
+outside and a hung CUDA call or a deadlock never returns. A prefork child simply exits, and
+its pool starts another; a worker on the thread pool stops as if told to (its other jobs
+finish or are handed back within the stop grace), then exits for its supervisor to start it
+again (``workers.stopping``). Were nothing in the process able to run, the lease, no longer
+renewed, lapses and the reaper ends the attempt (``jobs.dispatch.recovery``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+from jobs.core.domain import Job
+from jobs.core.policy import Policy
+
+logger = logging.getLogger("tierq.worker")
+
+# The exit status of a process ended for a handler that would not stop (EX_SOFTWARE).
+EXIT_OVERRUN = 70
+
+
+def limit_s(job: Job, policy: Policy, kind_s: float | None = None) -> float:
+    """The attempt's run-time limit: the job's own (resolved at submit), else (a row from
+    before limits) its kind's ``kind_s``, else the policy's default."""
+    if job.timeout_s is not None:
+        return job.timeout_s
+    return kind_s if kind_s is not None else policy.default_timeout_s
+
+
+def timed_out_error(limit: float) -> str:
+    """The ``error`` of an attempt that ran past its limit."""
+    return f"timed out: still running after its run-time limit of {limit:g} s (timeout_s)"
+
+
+def exit_now(grace_s: float) -> None:
+    """End this process at once (a prefork child: its pool starts another)."""
+    logger.error("worker.ending_process", extra={
+        "event": "worker.ending_process", "reason": "a handler did not stop at its limit"})
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(EXIT_OVERRUN)
+
+
+EndsProcess = Callable[[float], None]
+_END: list[EndsProcess] = [exit_now]
+_ENDING = threading.Event()
+
+
+def set_process_end(action: EndsProcess) -> None:
+    """How this process ends after an overrun (``workers.main``: the thread pool's way)."""
+    _END[0] = action
+
+
+def end_process(grace_s: float) -> None:
+    """End this process, once, by the action set for it; ``grace_s`` is what its other
+    running jobs may take to finish or be handed back."""
+    if _ENDING.is_set():
+        return
+    _ENDING.set()
+    _END[0](grace_s)
+
+
+def ending() -> bool:
+    """This process is being ended for an overrun: a slot it frees takes no next job."""
+    return _ENDING.is_set()
