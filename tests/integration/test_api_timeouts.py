@@ -45,15 +45,20 @@ def limited_client(pg_url: str, redis_server: RedisServer, key_prefix: str, redi
 def test_the_limit_is_the_job_s_else_the_kind_s_else_the_policy_s(
     limited_client: ApiClient,
 ) -> None:
-    key = limited_client.tenant_key("acme")
-    asked = limited_client.submit(key, {"kind": "sleep", "payload": {"seconds": 1},
-                                        "timeout_s": 12.5}).json()["id"]
-    of_kind = limited_client.submit(key, {"kind": "limited"}).json()["id"]
-    overridden = limited_client.submit(key, {"kind": "limited", "timeout_s": 3}).json()["id"]
-    default = limited_client.submit(key, {"kind": "echo"}).json()["id"]
-    assert [job_of(limited_client, key, job)["timeout_s"]
-            for job in (asked, of_kind, overridden, default)] == [12.5, 0.5, 3.0, 900.0]
-    assert job_of(limited_client, key, default)["error_type"] is None
+    def limit_of(n: int, body: dict[str, Any]) -> Any:
+        key = limited_client.tenant_key(f"tenant-{n}")  # one each: a free tenant queues one
+        answer = limited_client.submit(key, body)
+        assert answer.status_code == 202, answer.text
+        job = job_of(limited_client, key, answer.json()["id"])
+        assert job["error_type"] is None
+        return job["timeout_s"]
+
+    assert [limit_of(n, body) for n, body in enumerate([
+        {"kind": "sleep", "payload": {"seconds": 1}, "timeout_s": 12.5},  # the job's own
+        {"kind": "limited"},  # its kind's
+        {"kind": "limited", "timeout_s": 3},  # the job's, over its kind's
+        {"kind": "echo"},  # the policy's
+    ])] == [12.5, 0.5, 3.0, 900.0]
 
 
 @pytest.mark.parametrize("value", [0, -1, 86_400.5, "10", True, None])

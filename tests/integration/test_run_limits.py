@@ -146,11 +146,13 @@ def load(runtime: Runtime, job_id: str) -> Job:
 
 
 def send(runtime: Runtime, publisher: CeleryPublisher, tenant: Tenant, kind: str, *,
-         timeout_s: float | None = None, max_attempts: int = 3) -> Job:
+         timeout_s: float | None = None, max_attempts: int = 3,
+         payload: dict[str, Any] | None = None) -> Job:
     """Insert, index, lease and publish one job, as a submit and a dispatch would."""
     now = time.time()
     new = NewJob(
-        tenant_id=tenant.id, tier=tenant.tier, kind=kind, payload={}, timeout_s=timeout_s,
+        tenant_id=tenant.id, tier=tenant.tier, kind=kind, payload=payload or {},
+        timeout_s=timeout_s,
         order_key=runtime.policy.order_key(tenant.tier, now), enqueued_at=now,
         max_attempts=max_attempts,
     )
@@ -230,7 +232,8 @@ def test_a_hung_handler_on_the_thread_pool_ends_its_worker_and_the_other_job_goe
 ) -> None:
     worker = start_worker(2, "threads")
     wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 2, worker)
-    other = send(runtime, publisher, tenant, "block")  # runs until told to stop
+    # Sleeps through ctx.sleep, so the stop's hand-back ends it (WorkerStopping).
+    other = send(runtime, publisher, tenant, "sleep", payload={"seconds": 600})
     wait_for(lambda: running(runtime, other.id), worker)
     hung = send(runtime, publisher, tenant, "hang", timeout_s=1.0)
     assert worker.popen.wait(1.0 + GRACE_S + STOP_GRACE_S + 20) == EXIT_OVERRUN, worker.output()
