@@ -125,7 +125,41 @@ class LimitedHandler(BlockingHandler):
     retry_on_timeout = True
 
 
+class WarmHandler(_AnyObject):
+    """Sets up slowly, as loading a model does, and says in its result whether the process
+    running it was set up before it ran, and how often."""
+
+    kind = "warm"
+    SETUP_S = 1.0
+
+    def __init__(self) -> None:
+        self.setups = 0
+        self.set_up_in: int | None = None
+
+    def setup(self) -> None:
+        time.sleep(self.SETUP_S)
+        self.setups += 1
+        self.set_up_in = os.getpid()
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        return {"set_up_here": self.set_up_in == os.getpid(), "setups": self.setups}
+
+
+class BrokenSetupHandler(_AnyObject):
+    """Cannot set up (a model that will not load): its worker must not start."""
+
+    kind = "broken.setup"
+
+    def setup(self) -> None:
+        raise RuntimeError("no device here")
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        return None
+
+
 # For TIERQ_HANDLERS in worker processes.
 HANDLERS: list[Handler] = [RecordingHandler(), FlakyHandler(), CrashHandler()]
 # Beside them, for the tests of run-time limits.
 LIMIT_HANDLERS: list[Handler] = [BlockingHandler(), HangHandler(), LimitedHandler()]
+# Beside them, for the tests of handlers set up before the worker takes a job.
+WARM_HANDLERS: list[Handler] = [WarmHandler()]

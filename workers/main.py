@@ -13,6 +13,8 @@ import sys
 import uuid
 from collections.abc import Sequence
 
+from celery import signals
+
 from jobs.core.errors import ConfigError
 from jobs.execution import limits
 from jobs.process import logs
@@ -50,7 +52,7 @@ def run_worker(
         raise ConfigError("concurrency: must be at least 1")
     configure_logging(loglevel)
     app = make_celery(settings)
-    resources_of(app).registry()  # a bad TIERQ_HANDLERS stops the worker now, not per job
+    registry = resources_of(app).registry()  # a bad TIERQ_HANDLERS stops the worker now
     stopping.install(settings)
     hostname = hostname or worker_hostname()
     own = own_queue(settings, hostname)
@@ -60,6 +62,12 @@ def run_worker(
         resources_of(app).in_process = InProcess(app, TASK_NAME, own.name)
         # A prefork child exits alone (its pool starts another); this process is every slot.
         limits.set_process_end(stopping.end_worker_process)
+    if pool == "prefork":
+        # Each child sets its handlers up as it starts, before it takes a job.
+        signals.worker_process_init.connect(lambda **_: registry.setup(), weak=False)
+    else:
+        # Here, before the worker registers its slots: no job pays for it.
+        registry.setup()
     worker = app.Worker(
         hostname=hostname,
         pool_cls=POOLS.get(pool, pool),
@@ -85,13 +93,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
     except ConfigError as exc:
         parser.exit(2, f"{exc}\n")
-    return run_worker(
-        settings,
-        concurrency=args.concurrency,
-        pool=args.pool,
-        loglevel=args.loglevel,
-        hostname=args.hostname,
-    )
+    try:
+        return run_worker(
+            settings,
+            concurrency=args.concurrency,
+            pool=args.pool,
+            loglevel=args.loglevel,
+            hostname=args.hostname,
+        )
+    except ConfigError as exc:
+        parser.exit(2, f"{exc}\n")
 
 
 if __name__ == "__main__":

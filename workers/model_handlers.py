@@ -4,8 +4,9 @@ They reach the registry through tierq's own entry point (group ``tierq.handlers`
 door any package's handlers use; without the extra ``installed_handlers()`` is empty and the
 kinds are unknown (422 at submit, naming the known kinds): no job is accepted that no worker runs.
 
-Both embed through ``workers.embedding`` (one model per process, batches on its device) and
-check for a cancel between batches. A blob store that cannot be reached is retryable; a
+Both embed through ``workers.embedding`` (one model per process, loaded by their ``setup()``
+before the worker takes a job; batches on its device) and check for a cancel between
+batches. A blob store that cannot be reached is retryable; a
 document that cannot be read, or a blob that is gone, is not.
 """
 
@@ -42,6 +43,10 @@ class DocumentEmbedHandler:
 
     def __init__(self, store: BlobStore | None = None) -> None:
         self._store = store
+
+    def setup(self) -> None:
+        """Load the model before the worker takes a job (once per process)."""
+        embedding.model()
 
     def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
         return parse_payload(_EmbedPayload, payload)
@@ -85,6 +90,10 @@ class SimilarityHandler:
     (null when either side is constant: no ranking to compare)."""
 
     kind = "eval.similarity"
+
+    def setup(self) -> None:
+        """Load the model before the worker takes a job (once per process)."""
+        embedding.model()
 
     def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
         normalised = parse_payload(_SimilarityPayload, payload)

@@ -10,6 +10,8 @@ from enum import StrEnum
 
 
 class ErrorType(StrEnum):
+    """Why a job ended badly (docs/api.md, "Attempts, starts and how a job ended")."""
+
     HANDLER_ERROR = "handler_error"  # the handler raised an error that is not retryable
     TIMED_OUT = "timed_out"  # the attempt ran past its run-time limit (timeout_s)
     LEASE_LOST = "lease_lost"  # its worker stopped renewing the lease, and no start remains

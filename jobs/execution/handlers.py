@@ -19,8 +19,10 @@ A handler ends a job by what it does:
 - raises anything else: the job failed with ``"<ExceptionType>: <message>"``.
 
 A handler may also declare ``timeout_s`` (its kind's run-time limit, used when a job names
-none) and ``retry_on_timeout`` (False by default). A handler that ignores the stop its limit
-asks for is ended with the process running it, ``policy.timeout_grace_s`` later.
+none), ``retry_on_timeout`` (False by default), and ``setup()``: run once in each worker
+process before it takes a job (load a model, warm a device), so no job pays for it. A
+handler that ignores the stop its limit asks for is ended with the process running it,
+``policy.timeout_grace_s`` later.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ name a function returning such a list. A kind registered twice stops the process
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import threading
+import time
 from collections.abc import Iterable
 from importlib.metadata import entry_points as installed_entry_points
 from typing import Any
@@ -25,6 +28,8 @@ from jobs.execution.handlers import EchoHandler, Handler, SleepHandler, invalid_
 HANDLERS_ENV = "TIERQ_HANDLERS"
 ENTRY_POINT_GROUP = "tierq.handlers"
 
+logger = logging.getLogger("tierq.worker")
+
 
 class HandlerRegistry:
     """Handlers by kind. Built once per process (``default_registry``), then read-only."""
@@ -33,6 +38,33 @@ class HandlerRegistry:
         self._handlers: dict[str, Handler] = {}
         for handler in handlers:
             self.register(handler)
+        self._setup_lock = threading.Lock()
+        self._set_up_in: int | None = None  # the process whose handlers are set up
+
+    def setup(self) -> dict[str, float]:
+        """Run each handler's ``setup()`` (load a model, warm a device) once in this
+        process, before its worker takes a job: seconds each took, by kind. A setup that
+        fails stops the worker (``ConfigError`` naming the kind): one that cannot load its
+        model must not take that model's jobs."""
+        with self._setup_lock:
+            if self._set_up_in == os.getpid():
+                return {}
+            took: dict[str, float] = {}
+            for kind, handler in sorted(self._handlers.items()):
+                setup = getattr(handler, "setup", None)
+                if not callable(setup):
+                    continue
+                began = time.monotonic()
+                try:
+                    setup()
+                except Exception as exc:
+                    raise ConfigError(f"the handler of kind {kind!r} failed its setup: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+                took[kind] = round(time.monotonic() - began, 3)
+                logger.info("worker.handler_ready", extra={
+                    "event": "worker.handler_ready", "kind": kind, "duration_s": took[kind]})
+            self._set_up_in = os.getpid()
+            return took
 
     def register(self, handler: Handler, *, replace: bool = False) -> None:
         if not replace and handler.kind in self._handlers:

@@ -1,0 +1,123 @@
+"""Warm workers on real processes: each handler's ``setup()`` runs once per process before
+the worker takes a job (before it registers its slots, on the thread pool; as each child
+starts, on prefork), so no job pays for loading a model; a setup that fails stops the
+worker at start, naming the kind."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobs.core.domain import Tenant
+from jobs.core.states import Status
+from jobs.process.runtime import Runtime
+from tests.integration.worker_procs import (
+    Worker,
+    finished,
+    new_tenant,
+    runtime_of,
+    send,
+    wait_for,
+    worker_env,
+    worker_starter,
+)
+from tests.services import RedisServer
+from workers.embedding import models_installed
+from workers.publisher import CeleryPublisher
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dict[str, str]:
+    return worker_env(pg_url, redis_server.url, key_prefix,
+                      TIERQ_HANDLERS="tests.handlers_for_tests:WARM_HANDLERS")
+
+
+@pytest.fixture
+def runtime(env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runtime]:
+    rt = runtime_of(env)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def publisher(runtime: Runtime) -> Iterator[CeleryPublisher]:
+    publisher = CeleryPublisher(runtime.settings)
+    yield publisher
+    publisher.close()
+
+
+@pytest.fixture
+def tenant(runtime: Runtime) -> Tenant:
+    return new_tenant(runtime)
+
+
+def events(worker: Worker) -> list[dict[str, Any]]:
+    """The worker's JSON log lines (Celery's own text lines skipped)."""
+    found = []
+    for line in worker.lines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            if "event" in record:
+                found.append(record)
+    return found
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_handler_is_set_up_once_per_process_before_its_first_job(
+    env: dict[str, str], runtime: Runtime, publisher: CeleryPublisher, tenant: Tenant,
+    tmp_path: Path, pool: str,
+) -> None:
+    with worker_starter(env, tmp_path) as start:
+        worker = start(1, pool)
+        wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker)
+        if pool == "threads":  # set up before the slots were registered
+            names = [e["event"] for e in events(worker)]
+            assert names.index("worker.handler_ready") < names.index("worker.registered")
+        results = []
+        for _ in range(2):
+            job = send(runtime, publisher, tenant, "warm")
+            ended = wait_for(lambda job_id=job.id: finished(runtime, job_id), worker)
+            assert ended.status is Status.SUCCEEDED, ended.error
+            results.append(ended.result)
+        assert results == [{"set_up_here": True, "setups": 1}] * 2
+        ready = [e for e in events(worker) if e["event"] == "worker.handler_ready"]
+        assert [e["kind"] for e in ready] == ["warm"]
+        assert ready[0]["duration_s"] >= 1.0
+
+
+def test_a_worker_whose_handler_cannot_set_up_does_not_start(
+    env: dict[str, str], runtime: Runtime, tmp_path: Path,
+) -> None:
+    env = {**env, "TIERQ_HANDLERS": "tests.handlers_for_tests:BrokenSetupHandler"}
+    with worker_starter(env, tmp_path) as start:
+        worker = start(1)
+        assert worker.popen.wait(60) == 2
+    assert "'broken.setup' failed its setup: RuntimeError: no device here" in worker.output()
+    assert runtime.index.pool_capacity(now=time.time()) == 0
+
+
+@pytest.mark.skipif(not models_installed(), reason="the models extra is not installed")
+def test_a_worker_with_the_models_extra_loads_its_model_before_it_takes_a_job(
+    env: dict[str, str], runtime: Runtime, publisher: CeleryPublisher, tenant: Tenant,
+    tmp_path: Path,
+) -> None:
+    env = {**env, "TIERQ_HANDLERS": ""}  # the extra's kinds come from its entry point
+    with worker_starter(env, tmp_path) as start:
+        worker = start(1)
+        wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker, 180)
+        before = [e["event"] for e in events(worker)]
+        assert before.index("model.loaded") < before.index("worker.registered")
+        job = send(runtime, publisher, tenant, "eval.similarity", payload={
+            "pairs": [["a cat sits", "a cat is sitting"], ["a cat sits", "stock prices"]],
+            "labels": [1.0, 0.0]})
+        done = wait_for(lambda: finished(runtime, job.id), worker, 120)
+        assert done.status is Status.SUCCEEDED, done.error
+        assert [e["event"] for e in events(worker)].count("model.loaded") == 1  # not again
