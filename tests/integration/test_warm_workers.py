@@ -88,9 +88,9 @@ def test_a_handler_is_set_up_once_per_process_before_its_first_job(
             assert ended.status is Status.SUCCEEDED, ended.error
             results.append(ended.result)
         assert results == [{"set_up_here": True, "setups": 1}] * 2
-        ready = [e for e in events(worker) if e["event"] == "worker.handler_ready"]
-        assert [e["kind"] for e in ready] == ["warm"]
-        assert ready[0]["duration_s"] >= 1.0
+        ready = [e for e in events(worker)
+                 if e["event"] == "worker.handler_ready" and e["kind"] == "warm"]
+        assert len(ready) == 1 and ready[0]["duration_s"] >= 1.0  # once, in its process
 
 
 def test_a_worker_whose_handler_cannot_set_up_does_not_start(
