@@ -135,6 +135,7 @@ class _WorkerLifecycle:
             self.resources.in_process.ready(sender)
         slots = int(getattr(controller, "max_concurrency", None) or controller.concurrency)
         runtime = self.resources.runtime()
+        device = embedding.device()
         tier_push = self.resources.tier_push(self.app)
         if tier_push is not None:  # submits may now push their jobs' messages themselves
             runtime.index.set_tier_push(tier_push)
@@ -143,7 +144,8 @@ class _WorkerLifecycle:
             worker_id=str(sender.hostname),
             slots=slots,
             ttl_s=registration_ttl_s(runtime.policy),
-            device=embedding.device(),
+            device=device,
+            memory_bytes=embedding.device_memory_bytes(device),
             on_register=lambda: wake.ring(runtime.redis, self.resources.settings.key_prefix),
         )
         self.registration.start()

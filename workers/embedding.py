@@ -55,6 +55,20 @@ def device() -> str:
     return "cpu"
 
 
+def device_memory_bytes(on: str) -> int | None:
+    """The memory of the GPU ``on`` names (``cuda:N``), None on a CPU or when torch cannot
+    tell (torch is imported only for a GPU: ``device`` did so already)."""
+    if not on.startswith("cuda") or importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    try:
+        index = int(on.partition(":")[2] or 0)
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    except (RuntimeError, ValueError, AssertionError):
+        return None
+
+
 def model() -> Any:
     """The process's model, loaded on first use (thread-safe: worker slots are threads)."""
     global _model

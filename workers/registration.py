@@ -4,9 +4,9 @@ The registration is renewed every ``ttl / 3`` by a thread; a worker that dies st
 and its slots drop out of ``pool_capacity`` when the registration expires. A clean stop
 unregisters at once, so the dispatcher stops sending work to a worker that is leaving.
 
-A worker names its device (``cuda:N`` or ``cpu``, ``workers.embedding.device``) when it
-registers; unless told, a GPU worker takes one slot (one job at a time fills the device with
-its batches) and a CPU worker ``CPU_SLOTS``.
+A worker names its device (``cuda:N`` or ``cpu``, ``workers.embedding.device``) and, on a
+GPU, its memory when it registers; unless told, a GPU worker takes one slot (one job at a
+time fills the device with its batches) and a CPU worker ``CPU_SLOTS``.
 """
 
 from __future__ import annotations
@@ -49,12 +49,14 @@ class WorkerRegistration:
         slots: int,
         ttl_s: float,
         device: str = "cpu",
+        memory_bytes: int | None = None,
         on_register: Callable[[], None] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.slots = slots
         self.device = device
+        self.memory_bytes = memory_bytes
         self._index = index
         self._ttl_s = ttl_s
         self._on_register = on_register
@@ -70,7 +72,7 @@ class WorkerRegistration:
         """Register until the index's clock + TTL (``clock``: a virtual one, in tests)."""
         now = None if self._clock is None else self._clock()
         self._index.register_worker(self.worker_id, slots=self.slots, ttl_s=self._ttl_s, now=now,
-                                    device=self.device)
+                                    device=self.device, memory_bytes=self.memory_bytes)
 
     def start(self) -> None:
         """Register now (new capacity: ring the dispatcher), then keep renewing."""
@@ -78,7 +80,7 @@ class WorkerRegistration:
         logger.info(
             "worker.registered",
             extra={"event": "worker.registered", "worker_id": self.worker_id, "slots": self.slots,
-                   "device": self.device},
+                   "device": self.device, "memory_bytes": self.memory_bytes},
         )
         if self._on_register is not None:
             self._on_register()

@@ -327,6 +327,8 @@ class WorkerView(BaseModel):
 
     id: str = Field(description="the worker's id (Celery hostname: name@host)")
     device: str = Field(description="what it runs jobs on: cuda:N or cpu")
+    memory_bytes: int | None = Field(default=None, description="the device's memory, on a "
+                                     "GPU; null on a CPU")
     slots: int = Field(ge=0, description="jobs it runs at once: what it adds to the pool")
     expires_in_s: float = Field(description="seconds until its registration lapses unless "
                                 "renewed (it renews every third of that)")
@@ -334,6 +336,7 @@ class WorkerView(BaseModel):
     @classmethod
     def of(cls, worker: LiveWorker, now: float) -> WorkerView:
         return cls(id=worker.worker_id, device=worker.device, slots=worker.slots,
+                   memory_bytes=worker.memory_bytes,
                    expires_in_s=round(max(0.0, worker.expires_at - now), 3))
 
 

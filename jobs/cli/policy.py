@@ -113,7 +113,9 @@ def workers_table(live: LiveView) -> Table:
     table.add_column("device")
     table.add_column("slots", justify="right")
     for worker in live.workers:
-        table.add_row(worker.worker_id, worker.device, str(worker.slots))
+        memory = worker.memory_bytes
+        device = worker.device if memory is None else f"{worker.device} ({memory / 2**30:.0f} GiB)"
+        table.add_row(worker.worker_id, device, str(worker.slots))
     return table
 
 

@@ -336,10 +336,10 @@ class DispatchIndex(Protocol):
 
     def register_worker(
         self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
-        device: str = "cpu",
+        device: str = "cpu", memory_bytes: int | None = None,
     ) -> None:
-        """Record a live worker's slots and device until ``now + ttl_s`` (its heartbeat
-        renews it)."""
+        """Record a live worker's slots, device and (on a GPU) its memory until ``now +
+        ttl_s`` (its heartbeat renews it)."""
         ...
 
     def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:

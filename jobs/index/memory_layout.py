@@ -59,7 +59,7 @@ class MemoryLayout:
         self._tenant_tier: dict[str, str] = {}
         self._tenant_delayed: dict[str, int] = {}
         self._workers: dict[str, tuple[float, int]] = {}
-        self._devices: dict[str, str] = {}
+        self._devices: dict[str, tuple[str, int | None]] = {}  # worker -> device, memory
         self._pool: tuple[int, float] | None = None  # pool_capacity's (slots, valid until)
         self._leader: tuple[str, float] | None = None  # token, expires_at
         self._leader_epoch = 0

@@ -130,11 +130,11 @@ class MemoryLeases(MemoryLayout):
 
     def register_worker(
         self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
-        device: str = "cpu",
+        device: str = "cpu", memory_bytes: int | None = None,
     ) -> None:
         expires_at = self._at(now) + ttl_s
         self._workers[worker_id] = (expires_at, int(slots))
-        self._devices[worker_id] = device or "cpu"
+        self._devices[worker_id] = (device or "cpu", memory_bytes)
         self._pool = None
 
     def unregister_worker(self, worker_id: str) -> None:
@@ -144,8 +144,9 @@ class MemoryLeases(MemoryLayout):
 
     def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
         self.pool_capacity(now=now)  # drops the expired ones
-        return [LiveWorker(worker_id=worker, slots=slots,
-                           device=self._devices.get(worker, "cpu"), expires_at=expires_at)
+        return [LiveWorker(worker_id=worker, slots=slots, expires_at=expires_at,
+                           device=self._devices.get(worker, ("cpu", None))[0],
+                           memory_bytes=self._devices.get(worker, ("cpu", None))[1])
                 for worker, (expires_at, slots) in sorted(self._workers.items())]
 
     def pool_capacity(self, *, now: float | None = None) -> int:

@@ -30,8 +30,10 @@ from jobs.index.values import (
 
 # How long a process keeps the workers' ``TierPush`` before reading it again.
 TIER_PUSH_REFRESH_S = 10.0
-# A worker's device is kept beside its slots, under its id and this suffix (workers.lua).
+# A worker's device is kept beside its slots, under its id and this suffix (workers.lua), and
+# its memory (a GPU's) under the other.
 DEVICE_SUFFIX = "#device"
+MEMORY_SUFFIX = "#memory"
 
 
 class RedisLeases(RedisScripts):
@@ -208,26 +210,28 @@ class RedisLeases(RedisScripts):
 
     def register_worker(
         self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
-        device: str = "cpu",
+        device: str = "cpu", memory_bytes: int | None = None,
     ) -> None:
         self._register_worker(
             keys=self._keys.worker_keys(),
-            args=[worker_id, int(slots), score_arg(ttl_s), now_arg(now), device],
+            args=[worker_id, int(slots), score_arg(ttl_s), now_arg(now), device,
+                  "" if memory_bytes is None else int(memory_bytes)],
         )
 
     def unregister_worker(self, worker_id: str) -> None:
         workers, slot_hash = self._keys.worker_keys()
         pipe = self._client.pipeline(transaction=True)
         pipe.zrem(workers, worker_id)
-        pipe.hdel(slot_hash, worker_id, worker_id + DEVICE_SUFFIX)
+        pipe.hdel(slot_hash, worker_id, worker_id + DEVICE_SUFFIX, worker_id + MEMORY_SUFFIX)
         pipe.execute()
 
     def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
         rows = self._live_workers(keys=self._keys.worker_keys(), args=[now_arg(now)])
         return sorted(
             (LiveWorker(worker_id=text_of(worker), slots=int(slots), device=text_of(device),
-                        expires_at=float(text_of(expires_at)))
-             for worker, slots, device, expires_at in rows),
+                        expires_at=float(text_of(expires_at)),
+                        memory_bytes=int(memory) if text_of(memory) else None)
+             for worker, slots, device, expires_at, memory in rows),
             key=lambda worker: worker.worker_id,
         )
 

@@ -216,6 +216,7 @@ class LiveWorker:
     slots: int
     device: str
     expires_at: float
+    memory_bytes: int | None = None  # the device's memory, on a GPU
 
 
 @dataclass(frozen=True, kw_only=True)

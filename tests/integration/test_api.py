@@ -326,14 +326,15 @@ def test_happy_path_on_sqlite(
 def test_the_admin_sees_each_live_worker_with_its_device_and_slots(client: ApiClient) -> None:
     index = rt(client).index
     gpu = WorkerRegistration(index, worker_id="gpu@host-a", slots=1, ttl_s=30.0,
-                             device="cuda:0")
+                             device="cuda:0", memory_bytes=80 * 2**30)
     cpu = WorkerRegistration(index, worker_id="cpu@host-b", slots=2, ttl_s=30.0)
     gpu.start()
     cpu.start()
     try:
         body = client.get("/v1/admin/workers", headers=auth(ADMIN_KEY)).json()
-        assert [(w["id"], w["device"], w["slots"]) for w in body["workers"]] == [
-            ("cpu@host-b", "cpu", 2), ("gpu@host-a", "cuda:0", 1)]
+        assert [(w["id"], w["device"], w["slots"], w["memory_bytes"])
+                for w in body["workers"]] == [
+            ("cpu@host-b", "cpu", 2, None), ("gpu@host-a", "cuda:0", 1, 80 * 2**30)]
         assert body["slots"] == 3
         assert all(0 < w["expires_in_s"] <= 30 for w in body["workers"])
         tenant_key = client.tenant_key("acme")

@@ -488,15 +488,17 @@ def test_live_workers_say_their_device_and_slots_until_they_expire(
     index: DispatchIndex,
 ) -> None:
     assert index.live_workers(now=0.0) == []
-    index.register_worker("gpu-host@1", slots=1, ttl_s=10.0, now=0.0, device="cuda:0")
+    index.register_worker("gpu-host@1", slots=1, ttl_s=10.0, now=0.0, device="cuda:0",
+                          memory_bytes=80 * 2**30)
     index.register_worker("cpu-host@2", slots=4, ttl_s=20.0, now=0.0)
     assert index.live_workers(now=5.0) == [
         LiveWorker(worker_id="cpu-host@2", slots=4, device="cpu", expires_at=20.0),
-        LiveWorker(worker_id="gpu-host@1", slots=1, device="cuda:0", expires_at=10.0),
+        LiveWorker(worker_id="gpu-host@1", slots=1, device="cuda:0", expires_at=10.0,
+                   memory_bytes=80 * 2**30),
     ]
     assert [w.worker_id for w in index.live_workers(now=10.0)] == ["cpu-host@2"]
     index.register_worker("gpu-host@1", slots=2, ttl_s=30.0, now=10.0, device="cuda:1")
-    assert index.live_workers(now=10.0)[1] == LiveWorker(
+    assert index.live_workers(now=10.0)[1] == LiveWorker(  # a memory not told is not kept
         worker_id="gpu-host@1", slots=2, device="cuda:1", expires_at=40.0)
     assert index.pool_capacity(now=10.0) == 6  # the device is no slot
     index.unregister_worker("gpu-host@1")

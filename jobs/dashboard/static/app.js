@@ -172,11 +172,15 @@
         text: workersText(pool.workers || []) }));
   }
 
-  // "2 workers: 1 slot on cuda:0, 4 slots on cpu": what the pool is made of.
+  // "2 workers: 1 slot on cuda:0 (80 GiB), 4 slots on cpu": what the pool is made of.
   function workersText(workers) {
     if (!workers.length) return "no live workers";
     const byDevice = new Map();
-    for (const w of workers) byDevice.set(w.device, (byDevice.get(w.device) || 0) + w.slots);
+    for (const w of workers) {
+      const memory = w.memory_bytes ? ` (${Math.round(w.memory_bytes / 2 ** 30)} GiB)` : "";
+      const device = w.device + memory;
+      byDevice.set(device, (byDevice.get(device) || 0) + w.slots);
+    }
     const parts = [...byDevice].map(([device, slots]) =>
       `${slots} slot${slots === 1 ? "" : "s"} on ${device}`);
     return `${workers.length} worker${workers.length === 1 ? "" : "s"}: ${parts.join(", ")}`;

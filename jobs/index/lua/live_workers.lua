@@ -1,6 +1,6 @@
 -- live_workers.lua: the live workers (registration not expired at now), expired ones dropped.
 -- KEYS[1] workers  KEYS[2] worker_slots (register_worker.lua)  ARGV[1] now ('' Redis's clock)
--- Returns {{worker, slots, device, expires_at}, ...}.
+-- Returns {{worker, slots, device, expires_at, memory ('' not known)}, ...}.
 local now = ARGV[1]
 if now == nil or now == '' then
   local t = redis.call('TIME')
@@ -13,6 +13,7 @@ for i = 1, #live, 2 do
   local worker = live[i]
   local slots = redis.call('HGET', KEYS[2], worker) or '0'
   local device = redis.call('HGET', KEYS[2], worker .. '#device') or 'cpu'
-  out[#out + 1] = {worker, slots, device, live[i + 1]}
+  local memory = redis.call('HGET', KEYS[2], worker .. '#memory') or ''
+  out[#out + 1] = {worker, slots, device, live[i + 1], memory}
 end
 return out

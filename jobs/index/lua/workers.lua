@@ -6,7 +6,7 @@ local function live_slots(workers, slots, now)
   local gone = redis.call('ZRANGEBYSCORE', workers, '-inf', now)
   for _, worker in ipairs(gone) do
     redis.call('ZREM', workers, worker)
-    redis.call('HDEL', slots, worker, worker .. '#device')
+    redis.call('HDEL', slots, worker, worker .. '#device', worker .. '#memory')
   end
   local total = 0
   for _, worker in ipairs(redis.call('ZRANGE', workers, 0, -1)) do
