@@ -62,7 +62,9 @@ def run_worker(
         resources_of(app).in_process = InProcess(app, TASK_NAME, own.name)
         # A prefork child exits alone (its pool starts another); this process is every slot.
         limits.set_process_end(stopping.end_worker_process)
-    if pool == "prefork":
+    if settings.worker_setup == "lazy":
+        pass  # each kind's handler is set up before its first job in the process
+    elif pool == "prefork":
         # Each child sets its handlers up as it starts, before it takes a job.
         signals.worker_process_init.connect(lambda **_: registry.setup(), weak=False)
     else:

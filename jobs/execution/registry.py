@@ -39,32 +39,42 @@ class HandlerRegistry:
         for handler in handlers:
             self.register(handler)
         self._setup_lock = threading.Lock()
-        self._set_up_in: int | None = None  # the process whose handlers are set up
+        self._ready: set[str] = set()  # kinds set up in the process ``_ready_in``
+        self._ready_in = os.getpid()
 
-    def setup(self) -> dict[str, float]:
-        """Run each handler's ``setup()`` (load a model, warm a device) once in this
-        process, before its worker takes a job: seconds each took, by kind. A setup that
-        fails stops the worker (``ConfigError`` naming the kind): one that cannot load its
-        model must not take that model's jobs."""
+    def setup(self, kinds: Iterable[str] | None = None) -> dict[str, float]:
+        """Run the ``setup()`` (load a model, warm a device) of each handler, or of those of
+        ``kinds``, not yet set up in this process: seconds each took, by kind. A worker does
+        it before it takes a job (``worker_setup = "eager"``). A setup that fails raises
+        ``ConfigError`` naming the kind: a worker that cannot load a model stops at start."""
         with self._setup_lock:
-            if self._set_up_in == os.getpid():
-                return {}
+            if self._ready_in != os.getpid():  # a forked child sets itself up anew
+                self._ready, self._ready_in = set(), os.getpid()
             took: dict[str, float] = {}
-            for kind, handler in sorted(self._handlers.items()):
-                setup = getattr(handler, "setup", None)
-                if not callable(setup):
+            for kind in sorted(self._handlers if kinds is None else kinds):
+                handler = self._handlers.get(kind)
+                if handler is None or kind in self._ready:
                     continue
-                began = time.monotonic()
-                try:
-                    setup()
-                except Exception as exc:
-                    raise ConfigError(f"the handler of kind {kind!r} failed its setup: "
-                                      f"{type(exc).__name__}: {exc}") from exc
-                took[kind] = round(time.monotonic() - began, 3)
-                logger.info("worker.handler_ready", extra={
-                    "event": "worker.handler_ready", "kind": kind, "duration_s": took[kind]})
-            self._set_up_in = os.getpid()
+                setup = getattr(handler, "setup", None)
+                if callable(setup):
+                    began = time.monotonic()
+                    try:
+                        setup()
+                    except Exception as exc:
+                        raise ConfigError(f"the handler of kind {kind!r} failed its setup: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+                    took[kind] = round(time.monotonic() - began, 3)
+                    logger.info("worker.handler_ready", extra={
+                        "event": "worker.handler_ready", "kind": kind,
+                        "duration_s": took[kind]})
+                self._ready.add(kind)
             return took
+
+    def ready(self, kind: str) -> None:
+        """Set ``kind``'s handler up in this process unless it is (before a job of it runs:
+        a lazy worker's first, or a no-op once the worker set every handler up)."""
+        if kind not in self._ready or self._ready_in != os.getpid():
+            self.setup([kind])
 
     def register(self, handler: Handler, *, replace: bool = False) -> None:
         if not replace and handler.kind in self._handlers:

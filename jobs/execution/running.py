@@ -88,6 +88,7 @@ def call_handler(registry: HandlerRegistry, ctx: JobContext, job: Job) -> Ending
         return Ending(kind=CANCELLED)
     try:
         payload = registry.validate(job.kind, job.payload)
+        registry.ready(job.kind)  # set up already, unless the worker sets up lazily
         result = registry.get(job.kind).run(ctx, payload)
     except LeaseLost:
         return Ending(kind="lease_lost")

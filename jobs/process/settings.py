@@ -21,7 +21,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -143,6 +143,10 @@ class Settings(BaseSettings):
     # A result whose JSON is larger than this is kept in the blob store, and
     # ``GET /v1/jobs/<id>/result`` links to it instead of carrying it.
     result_inline_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    # When a worker runs its handlers' ``setup()`` (load a model): "eager", before it takes a
+    # job and registers its slots; "lazy", before the first job of each kind in the process
+    # (less memory and a faster start, where a kind's first job may wait for its model).
+    worker_setup: Literal["eager", "lazy"] = "eager"
     # Every Redis key tierq writes starts with this; one hash tag keeps them in one slot.
     key_prefix: str = "{tierq}:"
     config: Path | None = None

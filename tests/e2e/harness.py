@@ -196,6 +196,9 @@ def system_env(
         TIERQ_REDIS_URL=redis_url,
         TIERQ_KEY_PREFIX=key_prefix,
         TIERQ_ADMIN_KEY=ADMIN_KEY,
+        # A model is loaded by the first job that needs it, not by every worker the tests
+        # start (the warm start has its own test: tests/integration/test_warm_workers.py).
+        TIERQ_WORKER_SETUP="lazy",
         PYTHONUNBUFFERED="1",
     )
     env.update(extra or {})

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import psutil
 import sqlalchemy as sa
 
+from jobs.execution.limits import EXIT_OVERRUN
 from jobs.process.settings import load_settings
 from jobs.store.models import JobRow
 from tests.e2e.harness import Process, System
@@ -44,6 +46,10 @@ SNAPSHOT_AGE_S = 5.0
 SNAPSHOT_EVERY_S = 12.0
 # Stalled batch uploads opened at once by the slow-bodies fault (one tenant's).
 SLOW_UPLOADS = 12
+# The run-time limit of a hung job (policy.timeout_grace_s is 1 s in the soak), and how long
+# the fault waits for the worker running it to end.
+HUNG_TIMEOUT_S = 1.0
+HUNG_WAIT_S = 30.0
 
 
 @dataclass
@@ -119,11 +125,13 @@ class Fleet:
         return [p for p in processes if p.popen.poll() is None]
 
     def died_unasked(self) -> list[str]:
-        """Processes that exited though the driver neither killed nor stopped them."""
+        """Processes that exited though the driver neither killed nor stopped them (a
+        worker that ended itself for a handler past its limit, as the contract says, aside)."""
         ours = set(self.killed) | self.stopped
         every = [*self.workers, *self.dispatchers, self.system.processes["api"]]
         return [f"{p.name} (pid {p.popen.pid}) exited {p.popen.returncode}" for p in every
-                if p.popen.poll() is not None and p.popen.pid not in ours]
+                if p.popen.poll() is not None and p.popen.pid not in ours
+                and not (p in self.workers and p.popen.returncode == EXIT_OVERRUN)]
 
     def heal(self, *, workers: int, dispatchers: int) -> None:
         """Bring the fleet back to size (replacing processes that died by themselves)."""
@@ -144,6 +152,8 @@ class FaultDriver:
     only: set[str] | None = None  # the faults to choose from (None: all)
     snapshots: list[tuple[float, Path]] = field(default_factory=list)
     slow_key: str | None = None  # the API key of the tenant whose uploads stall
+    hung_key: str | None = None  # the API key of the tenant whose jobs hang
+    hung_jobs: list[str] = field(default_factory=list)  # each must end failed, timed_out
     log: Callable[[str], None] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +172,7 @@ class FaultDriver:
             "duplicate-messages": (2, self.duplicate_messages),
             "stall-leader": (2, self.stall_leader),
             "slow-bodies": (1, self.slow_bodies),
+            "hung-handler": (1, self.hung_handler),
         }
         unknown = (self.only or set()) - set(every)
         if unknown:
@@ -301,6 +312,41 @@ class FaultDriver:
         seconds = self.rng.uniform(2, 6)
         opened = stall_uploads(system.url, self.slow_key, count=SLOW_UPLOADS, hold_s=seconds)
         self.log(f"{opened} batch uploads stalled for {seconds:.1f} s, then abandoned")
+
+    def hung_handler(self) -> None:
+        """A job whose handler ignores every stop, limited to ``HUNG_TIMEOUT_S``: the worker
+        running it records it timed out at its limit plus the grace, lets its other jobs
+        finish (or hands them back) and exits for a new one to take its place."""
+        system = self.fleet.system
+        if self.hung_key is None:
+            client = system.tenant("hung-jobs", "premium")
+            self.hung_key = client.headers["Authorization"].removeprefix("Bearer ")
+        headers = {"Authorization": f"Bearer {self.hung_key}"}
+        alive = {p.popen.pid for p in self.fleet.alive(self.fleet.workers)}
+        try:
+            answer = httpx.post(f"{system.url}/v1/jobs", headers=headers, timeout=10, json={
+                "kind": "hung", "timeout_s": HUNG_TIMEOUT_S})
+        except httpx.HTTPError as exc:
+            self.log(f"hung job not submitted: {exc!r}")
+            return
+        if answer.status_code != 202:
+            self.log(f"hung job not submitted: {answer.status_code} {answer.text[:200]}")
+            return
+        job_id = answer.json()["id"]
+        self.hung_jobs.append(job_id)
+        self.log(f"submitted hung job {job_id} (timeout_s {HUNG_TIMEOUT_S:g})")
+        end = time.monotonic() + HUNG_WAIT_S
+        while time.monotonic() < end:
+            ended = [p for p in self.fleet.workers if p.popen.pid in alive
+                     and p.popen.poll() == EXIT_OVERRUN]
+            if ended:
+                for process in ended:
+                    self.log(f"{process.name} (pid {process.popen.pid}) ended itself for the "
+                             f"hung job (exit {EXIT_OVERRUN})")
+                    self.fleet.start_worker(skew_s=self.fleet.skews.get(process.popen.pid, 0.0))
+                return
+            time.sleep(0.2)
+        self.log(f"no worker ended for hung job {job_id} within {HUNG_WAIT_S:g} s")
 
     def take_snapshot(self) -> None:
         path = self.redis_server.snapshot()

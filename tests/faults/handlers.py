@@ -65,6 +65,20 @@ class NulResultHandler:
         return {"text": "page one\x00page two", "attempt": ctx.attempt}
 
 
+class HungHandler:
+    """Ignores every stop, as a CUDA call that never returns would: only its run-time limit
+    ends it, with the process running it. Leaves no trace: it is no load's job."""
+
+    kind = "hung"
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return dict(payload)
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        while True:
+            time.sleep(3600)
+
+
 def true_time() -> float:
     """The wall clock, unshifted even in a clock-skewed test process."""
     return time.clock_gettime(time.CLOCK_REALTIME)
@@ -111,4 +125,4 @@ def read_runs(path: Path) -> dict[str, list[Run]]:
     return runs
 
 
-HANDLERS: list[Handler] = [TrackedHandler(), NulResultHandler()]
+HANDLERS: list[Handler] = [TrackedHandler(), NulResultHandler(), HungHandler()]

@@ -47,6 +47,7 @@ def env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dict[str, st
         TIERQ_DATABASE_URL=pg_url,
         TIERQ_REDIS_URL=redis_server.url,
         TIERQ_KEY_PREFIX=key_prefix,
+        TIERQ_WORKER_SETUP="lazy",  # no model loaded for jobs that need none
         PYTHONUNBUFFERED="1",
     )
     return env

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dict[str, str]:
-    return worker_env(pg_url, redis_server.url, key_prefix,
+    return worker_env(pg_url, redis_server.url, key_prefix, TIERQ_WORKER_SETUP="eager",
                       TIERQ_HANDLERS="tests.handlers_for_tests:WARM_HANDLERS")
 
 
@@ -70,17 +70,20 @@ def events(worker: Worker) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.mark.parametrize("pool", ["threads", "prefork"])
+@pytest.mark.parametrize(("pool", "setup"),
+                         [("threads", "eager"), ("prefork", "eager"), ("threads", "lazy")])
 def test_a_handler_is_set_up_once_per_process_before_its_first_job(
     env: dict[str, str], runtime: Runtime, publisher: CeleryPublisher, tenant: Tenant,
-    tmp_path: Path, pool: str,
+    tmp_path: Path, pool: str, setup: str,
 ) -> None:
-    with worker_starter(env, tmp_path) as start:
+    with worker_starter({**env, "TIERQ_WORKER_SETUP": setup}, tmp_path) as start:
         worker = start(1, pool)
         wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker)
-        if pool == "threads":  # set up before the slots were registered
-            names = [e["event"] for e in events(worker)]
+        names = [e["event"] for e in events(worker)]
+        if (pool, setup) == ("threads", "eager"):  # set up before the slots were registered
             assert names.index("worker.handler_ready") < names.index("worker.registered")
+        if setup == "lazy":  # registered at once; set up by the first job of its kind
+            assert "worker.handler_ready" not in names
         results = []
         for _ in range(2):
             job = send(runtime, publisher, tenant, "warm")

@@ -74,6 +74,7 @@ def settings_env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dic
         TIERQ_REDIS_URL=redis_server.url,
         TIERQ_KEY_PREFIX=key_prefix,
         TIERQ_HANDLERS="tests.handlers_for_tests:HANDLERS",
+        TIERQ_WORKER_SETUP="lazy",  # no model loaded for jobs that need none
         PYTHONUNBUFFERED="1",
     )
     return env

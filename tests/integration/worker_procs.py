@@ -41,10 +41,12 @@ class Worker:
 
 
 def worker_env(pg_url: str, redis_url: str, key_prefix: str, **more: str) -> dict[str, str]:
-    """This process's environment without its TIERQ_ settings, then the test's."""
+    """This process's environment without its TIERQ_ settings, then the test's (handlers
+    set up lazily unless ``more`` says: a test that needs no model loads none)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
     env.update(TIERQ_DATABASE_URL=pg_url, TIERQ_REDIS_URL=redis_url,
-               TIERQ_KEY_PREFIX=key_prefix, PYTHONUNBUFFERED="1", **more)
+               TIERQ_KEY_PREFIX=key_prefix, TIERQ_WORKER_SETUP="lazy", PYTHONUNBUFFERED="1")
+    env.update(more)
     return env
 
 
