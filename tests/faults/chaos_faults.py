@@ -31,6 +31,7 @@ from jobs.process.settings import load_settings
 from jobs.store.models import JobRow
 from tests.e2e.harness import Process, System
 from tests.faults.clock_skew import skew_env
+from tests.faults.conftest import LEASE_TTL_S
 from tests.faults.leader_lock import leader_pid
 from tests.faults.report import clock_text
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
@@ -80,6 +81,8 @@ class Fleet:
     dispatchers: list[Process] = field(default_factory=list)
     skews: dict[int, float] = field(default_factory=dict)  # pid → skew of skewed workers
     killed: dict[int, float] = field(default_factory=dict)  # pid → when it was SIGKILLed
+    # pid → (SIGSTOP, SIGCONT) of each time the whole process was frozen past its leases
+    frozen: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     stopped: set[int] = field(default_factory=set)  # pids stopped with SIGTERM
     _started: int = 0
 
@@ -173,6 +176,7 @@ class FaultDriver:
             "stall-leader": (2, self.stall_leader),
             "slow-bodies": (1, self.slow_bodies),
             "hung-handler": (1, self.hung_handler),
+            "freeze-worker": (2, self.freeze_worker),
         }
         unknown = (self.only or set()) - set(every)
         if unknown:
@@ -347,6 +351,27 @@ class FaultDriver:
                 return
             time.sleep(0.2)
         self.log(f"no worker ended for hung job {job_id} within {HUNG_WAIT_S:g} s")
+
+    def freeze_worker(self) -> None:
+        """SIGSTOP a worker whole (its process group) past its leases' TTL, as a machine
+        that hangs; then SIGCONT. Its leases lapse and the reaper gives its jobs back (or
+        fails those out of starts); woken, it finds its leases lost and records nothing."""
+        alive = self.fleet.alive(self.fleet.workers)
+        if not alive:
+            self.log("no worker alive to freeze")
+            return
+        victim = self.rng.choice(alive)
+        seconds = self.rng.uniform(2.5, 4.0) * LEASE_TTL_S
+        stopped_at = time.time()
+        os.killpg(victim.popen.pid, signal.SIGSTOP)
+        self.log(f"SIGSTOP {victim.name} (pid {victim.popen.pid}) for {seconds:.1f} s")
+        try:
+            time.sleep(seconds)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(victim.popen.pid, signal.SIGCONT)
+            self.fleet.frozen.setdefault(victim.popen.pid, []).append((stopped_at, time.time()))
+            self.log(f"SIGCONT {victim.name}")
 
     def take_snapshot(self) -> None:
         path = self.redis_server.snapshot()

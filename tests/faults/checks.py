@@ -9,7 +9,9 @@ violation, and fails once with a report of them all (``tests.faults.report``):
   at least 1 (``starts``, below, is what ``max_attempts`` limits) and its finish time recorded;
 - with the ``tracked`` handler's trace (``tests.faults.handlers``): each succeeded job
   completed exactly once, in the attempt SQL recorded, and no other job completed (a
-  finished result was never thrown away), a ``done`` lost with its SIGKILLed worker aside;
+  finished result was never thrown away), a ``done`` lost with its SIGKILLed worker aside,
+  and one of a worker frozen (SIGSTOP) past its lease: a zombie, its lease lapsed while it
+  was frozen, whose result its worker could not record;
 - no attempt was charged without a start: ``Job.starts`` (dispatched → running moves) is
   within ``0..max_attempts``, ``started_at`` is set iff ``starts > 0``, a job failed for its
   spent starts ("start N of M") started each of them, and the trace shows no more started
@@ -26,7 +28,7 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -54,12 +56,15 @@ def check_invariants(
     run_log: Path | None = None,
     timeout: float = FINISH_TIMEOUT_S,
     killed: Mapping[int, float] | None = None,
+    frozen: Mapping[int, Sequence[tuple[float, float]]] | None = None,
     found: Iterable[Violation] = (),
     context: str = "",
 ) -> dict[str, Job]:
     """Wait up to ``timeout`` for every job to finish, then check the invariants; the jobs
     by id. ``killed``: pid → when the test SIGKILLed that process (its runs end then);
-    ``found``: violations the caller saw itself, reported with these."""
+    ``frozen``: pid → the (SIGSTOP, SIGCONT) times of each freeze of that process longer than
+    a lease (a run open across one is a zombie from its freeze on); ``found``: violations
+    the caller saw itself, reported with these."""
     ids = list(accepted)
     violations = list(found)
     if len(set(ids)) != len(ids):
@@ -76,13 +81,13 @@ def check_invariants(
     runs = read_runs(run_log) if run_log is not None else {}
     violations += check_rows(ids, jobs, timeout)
     if run_log is not None:
-        violations += check_runs(jobs, runs, killed or {})
+        violations += check_runs(jobs, runs, killed or {}, frozen or {})
     violations += check_starts(jobs, runs if run_log is not None else None)
     caps = {t.id: t.cap if t.cap is not None else tier_caps.get(t.tier)
             for t in tenants.values() if t is not None}
     names = {t.id: f"{t.name} ({t.tier}, cap {caps[t.id]})"
              for t in tenants.values() if t is not None}
-    spans = run_spans(jobs, runs, killed or {}, traced=run_log is not None)
+    spans = run_spans(jobs, runs, killed or {}, traced=run_log is not None, frozen=frozen or {})
     violations += check_caps(spans, caps, names)
     if violations:
         raise AssertionError(
@@ -132,7 +137,8 @@ def check_rows(ids: Sequence[str], jobs: Mapping[str, Job], timeout: float) -> l
 
 
 def check_runs(
-    jobs: Mapping[str, Job], runs: Mapping[str, Sequence[Run]], killed: Mapping[int, float]
+    jobs: Mapping[str, Job], runs: Mapping[str, Sequence[Run]], killed: Mapping[int, float],
+    frozen: Mapping[int, Sequence[tuple[float, float]]] | None = None,
 ) -> list[Violation]:
     """One completed run per succeeded ``tracked`` job, of its recorded attempt; none for
     the others (one is allowed for a job cancelled as its handler returned)."""
@@ -140,8 +146,10 @@ def check_runs(
     for job in jobs.values():
         if job.kind != "tracked" or not job.terminal:
             continue
+        starts = {(r.attempt, r.pid): r.at for r in runs.get(job.id, []) if r.what == "start"}
         done = [r for r in runs.get(job.id, []) if r.what == "done"
-                and not _lost_with_worker(r, job, killed)]
+                and not _lost_with_worker(r, job, killed)
+                and not _zombie(r, job, starts.get((r.attempt, r.pid), r.at), frozen or {})]
         attempts = [r.attempt for r in done]
         if job.status is Status.SUCCEEDED:
             if attempts != [job.attempt]:
@@ -165,6 +173,23 @@ def _lost_with_worker(run: Run, job: Job, killed: Mapping[int, float]) -> bool:
     death = killed.get(run.pid)
     recorded = job.status is Status.SUCCEEDED and run.attempt == job.attempt
     return death is not None and death >= run.at and not recorded
+
+
+def _zombie(run: Run, job: Job, began: float,
+            frozen: Mapping[int, Sequence[tuple[float, float]]]) -> bool:
+    """A ``done`` of a run whose process was frozen past its lease while it ran, and whose
+    result was not recorded: its lease lapsed, another attempt took the job, and the
+    worker's compare-and-set refused the late result."""
+    recorded = job.status is Status.SUCCEEDED and run.attempt == job.attempt
+    return not recorded and freeze_within(frozen, run.pid, began, run.at) is not None
+
+
+def freeze_within(frozen: Mapping[int, Sequence[tuple[float, float]]], pid: int | None,
+                  start: float, end: float) -> float | None:
+    """When ``pid`` was first frozen between ``start`` and ``end``, or None."""
+    if pid is None:
+        return None
+    return min((stop for stop, _ in frozen.get(pid, ()) if start <= stop <= end), default=None)
 
 
 def check_starts(
@@ -210,15 +235,19 @@ class Span:
 
 def run_spans(
     jobs: Mapping[str, Job], runs: Mapping[str, Sequence[Run]], killed: Mapping[int, float],
-    *, traced: bool,
+    *, traced: bool, frozen: Mapping[int, Sequence[tuple[float, float]]] | None = None,
 ) -> list[Span]:
     """Every run's span. A traced run without an end line ended when its process was
     killed; failing that (a kill the test did not make), by the next start of its job (its
-    lease had lapsed by then), by its job's finish, or, its process alive, it still runs."""
+    lease had lapsed by then), by its job's finish, or, its process alive, it still runs. A
+    run whose process was frozen past its lease ends, as far as its tenant's cap goes, at
+    the freeze: its lease lapsed meanwhile, and what it does on waking is a zombie's."""
     spans = []
     for job in jobs.values():
         if traced and job.kind == "tracked":
-            spans += _traced_spans(job, runs.get(job.id, []), killed)
+            for span in _traced_spans(job, runs.get(job.id, []), killed):
+                stop = freeze_within(frozen or {}, span.pid, span.start, span.end)
+                spans.append(span if stop is None else replace(span, end=stop, how="frozen"))
         elif job.started_at is not None and job.finished_at is not None:
             spans.append(Span(job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
                               pid=None, start=job.started_at, end=job.finished_at, how="SQL"))

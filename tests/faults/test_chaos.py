@@ -5,12 +5,14 @@ cancelled by their client, a few whose error or result holds U+0000, while the d
 (``tests.faults.chaos_faults``) SIGKILLs workers and the leading dispatcher, stalls the
 leader (SIGSTOP, inside an SQL transaction when it can), pauses PostgreSQL, flushes Redis,
 restarts it empty or from an older snapshot, sends a second broker message for every
-dispatched attempt, holds batch uploads that stall mid-body, and swaps in a worker whose
-clock is two minutes off. Then the faults stop,
+dispatched attempt, holds batch uploads that stall mid-body, swaps in a worker whose
+clock is two minutes off, freezes a worker whole (SIGSTOP) past its leases, and submits a
+job whose handler ignores every stop (its run-time limit must end it, with the worker
+process running it). Then the faults stop,
 the system is left to settle (bounded), and ``check_invariants`` must hold: every accepted
 job terminal, each succeeded job completed exactly once, no attempt charged without a start,
-no tenant above its cap at any instant; and the clients saw only the answers an outage
-allows, each job submitted once.
+no tenant above its cap at any instant; each hung job ended ``failed``, ``timed_out``; and
+the clients saw only the answers an outage allows, each job submitted once.
 
 The seed is printed first; ``TIERQ_CHAOS_SEED=<seed>`` replays the same schedule of faults
 and load (the timing of a loaded machine still varies), and ``TIERQ_CHAOS_FAULTS`` (names
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 import tomllib
 from collections import Counter
 from collections.abc import Iterable
@@ -103,7 +106,8 @@ def test_chaos_soak(
     assert fault_pg.port not in SHARED_PORTS and fault_redis.port not in SHARED_PORTS
     timeline = Timeline()
     system = fault_system(CONFIG)
-    system.env.update(TIERQ_POLICY__POOL_CONCURRENCY=str(POOL), TIERQ_POLICY__LEADER_TTL_S="2")
+    system.env.update(TIERQ_POLICY__POOL_CONCURRENCY=str(POOL), TIERQ_POLICY__LEADER_TTL_S="2",
+                      TIERQ_POLICY__TIMEOUT_GRACE_S="1")
     fleet = Fleet(system=system, timeline=timeline)
     load = ChaosLoad(url=system.url, tenants=start_fleet(fleet), seed=seed)
     driver = FaultDriver(fleet=fleet, redis_server=fault_redis, pg=fault_pg,
@@ -119,12 +123,13 @@ def test_chaos_soak(
         timeline.log(f"faults over; {load.summary()}")
         fleet.heal(workers=WORKERS, dispatchers=DISPATCHERS)
         found = client_violations(system, fleet, load, run_log)
+        found += hung_jobs_timed_out(system.env["TIERQ_DATABASE_URL"], driver.hung_jobs)
     except BaseException:
         sys.stderr.write(f"[chaos] seed {seed}\n{timeline.render()}\n")
         raise
     jobs = check_invariants(
         system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps=TIER_CAPS, run_log=run_log,
-        timeout=SETTLE_S, killed=fleet.killed,
+        timeout=SETTLE_S, killed=fleet.killed, frozen=fleet.frozen,
         found=found, context=f"seed {seed} ({SEED_ENV}={seed})\n{load.summary()}\n"
                              f"{timeline.render()}",
     )
@@ -163,6 +168,31 @@ def client_violations(
         found.append(Violation(invariant="processes survive", detail="/readyz not 200 at end"))
     found += submitted_once(system.env["TIERQ_DATABASE_URL"], load.submissions)
     found += skew_in_effect(fleet, run_log)
+    return found
+
+
+def hung_jobs_timed_out(database_url: str, job_ids: list[str]) -> list[Violation]:
+    """Each job whose handler ignored every stop ended at its run-time limit: ``failed``,
+    ``timed_out`` (waited for as long as the other jobs are)."""
+    engine = sa.create_engine(database_url, poolclass=sa.NullPool)
+    found = []
+    try:
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            with engine.connect() as conn:
+                rows = conn.execute(sa.select(JobRow.id, JobRow.status, JobRow.error_type)
+                                    .where(JobRow.id.in_(job_ids))).all() if job_ids else []
+            if all(status in ("failed", "succeeded", "cancelled", "expired")
+                   for _, status, _ in rows) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+    for job_id, status, error_type in rows:
+        if (status, error_type) != ("failed", "timed_out"):
+            found.append(Violation(invariant="a hung handler ends at its limit",
+                                   detail=f"{job_id}: {status}, error_type {error_type}",
+                                   job_ids=(job_id,)))
     return found
 
 
