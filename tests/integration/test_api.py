@@ -277,7 +277,8 @@ def test_queues_show_the_admin_the_fleet(client: ApiClient, clock: Clock) -> Non
     assert body["tiers"][2]["oldest_age_s"] is None and body["tiers"][2]["wait_p50_s"] is None
     assert body["pool"] == POOL  # configured pool_concurrency 4: the worker adds nothing
     assert body["workers"] == [
-        {"id": "w-1@host", "device": "cpu", "slots": 2, "expires_in_s": 30.0}]
+        {"id": "w-1@host", "device": "cpu", "memory_bytes": None, "slots": 2,
+         "expires_in_s": 30.0}]
 
 
 def test_health_ready_and_metrics(client: ApiClient) -> None:
