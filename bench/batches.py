@@ -73,7 +73,9 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         config.write_text(CONFIG)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
         env.update(TIERQ_DATABASE_URL=database_url, TIERQ_REDIS_URL=redis_at.url,
-                   TIERQ_ADMIN_KEY=ADMIN_KEY, TIERQ_CONFIG=str(config), PYTHONUNBUFFERED="1")
+                   TIERQ_ADMIN_KEY=ADMIN_KEY, TIERQ_CONFIG=str(config),
+                   TIERQ_WORKER_SETUP="lazy",  # echo items need no model loaded at start
+                   PYTHONUNBUFFERED="1")
         port = free_port()
         cli = [sys.executable, "-m", "jobs.cli"]
         with console.status("starting tierq (API, dispatcher, worker)"):

@@ -178,6 +178,9 @@ def tierq_env(database_url: str, redis_url: str, workdir: Path) -> dict[str, str
     env.update(TIERQ_DATABASE_URL=database_url, TIERQ_REDIS_URL=redis_url,
                TIERQ_ADMIN_KEY=ADMIN_KEY, TIERQ_CONFIG=str(config),
                TIERQ_HANDLERS="start_mark:StartMark,start_mark:Hold",
+               # The bench's jobs need no model: a models extra installed beside would load
+               # one at the worker's start, and its memory would count as the scheduler's.
+               TIERQ_WORKER_SETUP="lazy",
                BENCH_MARK_REDIS_URL=redis_url,
                PYTHONPATH=path, PYTHONUNBUFFERED="1")
     return env
