@@ -17,7 +17,6 @@ one clock. From those:
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Protocol
@@ -26,8 +25,9 @@ import redis
 
 
 class HoldsSlots(Protocol):
-    def hold_jobs(self, clients: int, count: int, key: str, seconds: float) -> None:
-        """Submit ``count`` hold jobs (payload ``key``, ``seconds``); wait until all are done."""
+    def hold_jobs(self, clients: int, count: int, key: str, seconds: float) -> float:
+        """Submit ``count`` hold jobs (payload ``key``, ``seconds``); wait until all are done;
+        when the first submit left (``time.time()``, once every client was built)."""
         ...
 
 
@@ -43,9 +43,8 @@ def hold_run(side: HoldsSlots, marks: redis.Redis, *, clients: int, count: int,
              seconds: float, slots: int) -> HoldRun:
     """Run ``count`` hold jobs on ``side`` and measure them."""
     key = f"bench:hold:{uuid.uuid4().hex}"
-    submitted = time.time()
     try:
-        side.hold_jobs(clients, count, key, seconds)
+        submitted = side.hold_jobs(clients, count, key, seconds)
         raw: list[bytes] = marks.lrange(key, 0, -1)  # type: ignore[assignment]
     finally:
         marks.delete(key)

@@ -129,15 +129,16 @@ class ProcrastinateSide:
 
     def end_to_end(self, clients: int, count: int) -> float:
         ids = [0] * count
-        started = time.perf_counter()
-        hammer(clients, count, self.deferrer(ids=ids))
+        began = hammer(clients, count, self.deferrer(ids=ids)).began_s
         wait_in_order(ids, self.stored, 60 + count / 10)  # type: ignore[arg-type]
-        return time.perf_counter() - started
+        return time.perf_counter() - began
 
-    def hold_jobs(self, clients: int, count: int, key: str, seconds: float) -> None:
+    def hold_jobs(self, clients: int, count: int, key: str, seconds: float) -> float:
         ids = [0] * count
-        hammer(clients, count, self.deferrer(HOLD, ids, {"key": key, "seconds": seconds}))
+        figures = hammer(clients, count,
+                         self.deferrer(HOLD, ids, {"key": key, "seconds": seconds}))
         wait_in_order(ids, self.stored, 60 + 2 * count * seconds)  # type: ignore[arg-type]
+        return figures.began_at
 
     def hold(self) -> None:
         """Nothing runs while held (the worker is stopped): deferring alone is measured."""

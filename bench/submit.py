@@ -64,6 +64,10 @@ class Figures:
     done: int  # accepted jobs (tierq) or published messages (Celery)
     wall_s: float
     latencies_s: list[float]
+    # When the first call left, on the monotonic and the wall clock: once every client was
+    # built (an HTTP client takes some 20 ms to build, which is no system's time).
+    began_s: float = 0.0
+    began_at: float = 0.0
 
     @property
     def per_s(self) -> float:
@@ -95,12 +99,13 @@ def hammer(clients: int, count: int, make_call: Callable[[], Callable[[int], boo
     for thread in threads:
         thread.start()
     barrier.wait()
-    started = time.perf_counter()
+    started, began_at = time.perf_counter(), time.time()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
     return Figures(done=sum(accepted), wall_s=wall,
-                   latencies_s=[x for per_client in latencies for x in per_client])
+                   latencies_s=[x for per_client in latencies for x in per_client],
+                   began_s=started, began_at=began_at)
 
 
 # -- services ----------------------------------------------------------------------------------
