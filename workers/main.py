@@ -47,7 +47,9 @@ def run_worker(
 ) -> int:
     """Consume every tier's queue with ``concurrency`` slots until stopped (SIGTERM: warm
     shutdown; running jobs finish, or are handed back near the end of the stop grace,
-    ``workers.stopping``). Returns the worker's exit code."""
+    ``workers.stopping``). Handlers are set up first (``worker_setup``); a handler past its
+    run-time limit ends the process running it (``jobs.execution.limits``). Returns the
+    worker's exit code."""
     if concurrency < 1:
         raise ConfigError("concurrency: must be at least 1")
     configure_logging(loglevel)
@@ -62,14 +64,13 @@ def run_worker(
         resources_of(app).in_process = InProcess(app, TASK_NAME, own.name)
         # A prefork child exits alone (its pool starts another); this process is every slot.
         limits.set_process_end(stopping.end_worker_process)
-    if settings.worker_setup == "lazy":
-        pass  # each kind's handler is set up before its first job in the process
-    elif pool == "prefork":
-        # Each child sets its handlers up as it starts, before it takes a job.
-        signals.worker_process_init.connect(lambda **_: registry.setup(), weak=False)
-    else:
-        # Here, before the worker registers its slots: no job pays for it.
-        registry.setup()
+    if settings.worker_setup == "eager":  # "lazy": each kind before its first job here
+        if pool == "prefork":
+            # Each child sets its handlers up as it starts, before it takes a job.
+            signals.worker_process_init.connect(lambda **_: registry.setup(), weak=False)
+        else:
+            # Here, before the worker registers its slots: no job pays for it.
+            registry.setup()
     worker = app.Worker(
         hostname=hostname,
         pool_cls=POOLS.get(pool, pool),
