@@ -103,9 +103,19 @@ class System:
         return process
 
     def start_api(self) -> Process:
-        process = self.start("api", "api", "--host", "127.0.0.1", "--port", str(self.port))
-        wait_until(lambda: httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200)
-        return process
+        """The API on ``port``, once it says it bound it and answers. ``free_port`` found the
+        port free a moment ago, no more: one another test's process took meanwhile is given
+        up for a new one (else that process would answer for this system)."""
+        for _ in range(3):
+            process = self.start("api", "api", "--host", "127.0.0.1", "--port", str(self.port))
+            bound = f"Uvicorn running on http://127.0.0.1:{self.port}"
+            wait_until(lambda p=process, b=bound: p.popen.poll() is not None
+                       or b in p.log.read_text(errors="replace"))
+            if process.popen.poll() is None:
+                wait_until(lambda: httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200)
+                return process
+            self.port = free_port()
+        raise RuntimeError(f"the API did not start:\n{self.logs()}")
 
     def start_all(self, *, concurrency: int) -> None:
         self.start_api()
