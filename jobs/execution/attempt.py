@@ -4,14 +4,15 @@ Celery-free: the ``tierq.run_job`` task only unpacks its message's arguments and
 ``execute``. Every state change is a compare-and-set on ``(status, attempt)``, so a
 duplicated or stale message, or a late result after the lease was reaped, changes nothing.
 
-- The start is one statement (``jobs_sql.start``: queued → running, returning the
-  row), and is also the claim: a dispatch writes nothing to SQL, so what a lease meets (a
-  row not committed yet, cancelled, late, ended) is settled here (``_not_started``). It
-  names itself in the row with a token new for each message handled: a start retried after
-  its COMMIT's answer was lost finds its own start by that token, never a copy of the same
-  message's start on another worker. Work nobody will collect is not computed: a cancel
-  request or a passed ``start_by`` makes the start not happen, and the job ends
-  (``cancelled``/``expired``) without its handler running; only then is the row read.
+- The start is one statement (``jobs_sql.start``: queued → running, returning the row), and
+  is also the claim: a dispatch writes nothing to SQL, so what a lease meets (a row not
+  committed yet, cancelled, late, ended) is settled after a start that moved nothing
+  (``jobs.execution.unstarted``). It names itself in the row with a token new for each
+  message handled: a start retried after its COMMIT's answer was lost finds its own start by
+  that token, never a copy of the same message's start on another worker. Work nobody will
+  collect is not computed: a cancel request or a passed ``start_by`` makes the start not
+  happen, and the job ends (``cancelled``/``expired``) without its handler running; only
+  then is the row read.
 - Right after the start, one round trip renews this attempt's lease and announces the start.
   A lease that is gone (reaped while the message waited in the broker, or lost with Redis)
   means the start is undone: the job goes back to the queue by compare-and-set, uncharged,
@@ -83,11 +84,10 @@ from jobs.execution.slots import (
     Handover,
     Passed,
     entry_of,
-    free_lease,
     pass_slot,
     ring,
-    settle_uncommitted,
 )
+from jobs.execution.unstarted import SettlesUnstarted
 from jobs.index import notify
 from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
@@ -97,9 +97,6 @@ logger = logging.getLogger("tierq.worker")
 
 # How long a hand-over's task waits for the start being made ahead for it.
 PRESTART_WAIT_S = 5.0
-
-# What a start moves from (``jobs_sql.start``).
-_STARTABLE = (Status.QUEUED, Status.DISPATCHED)
 
 EXPIRED = "expired"  # SUCCEEDED, FAILED, CANCELLED: how a handler ended (running)
 HANDED_BACK = "handed_back"
@@ -137,7 +134,7 @@ def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
         "event": "job.sql_gave_up", "job_id": job_id, "attempt": attempt, "step": step})
 
 
-class _Attempt(RecordsOutcome):
+class _Attempt(SettlesUnstarted, RecordsOutcome):
     """One attempt of one job, dispatched to this worker."""
 
     def __init__(
@@ -289,62 +286,6 @@ class _Attempt(RecordsOutcome):
 
         return retry_sql(start, keep_trying=keep_trying, what="start", job_id=self.job_id)
 
-    def _read(self) -> Job | None:
-        def read() -> Job | None:
-            with self.runtime.sessions() as session:
-                return jobs_sql.get_job(session, self.job_id)
-
-        return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
-
-    def _not_started(self) -> str | Job:
-        """The start did not happen: a row not committed yet, a copy of a message, a job
-        moved on, or one that must not compute (cancel requested, ``start_by`` passed), which
-        ends without running. What the dispatch leased for this attempt is settled here: a
-        dispatch writes nothing to SQL, so the start is where a lease meets its row. A row
-        that may start after all (its commit landed between the start's statement and this
-        read) is started again: the row it returns, or the outcome."""
-        job = self._read()
-        if job is None:
-            return self._not_committed()
-        if self._owns_token and job.attempt == self.attempt and job.status is Status.RUNNING:
-            own = self._started_by_me()
-            if own is not None:
-                return own  # the start made ahead for this message, landed late
-        if job.attempt != self.attempt or job.status not in _STARTABLE:
-            if job.attempt == self.attempt and job.status is not Status.RUNNING:
-                # ended, or a batch item back to waiting: nobody runs this attempt
-                free_lease(self.runtime, self.job_id, self.attempt)
-            return self._stale(job)
-        self.job = job
-        ended = self._before_start(job)
-        if ended is not None:
-            return ended
-        started = self._start()
-        return self._stale(job) if started is None else started
-
-    def _started_by_me(self) -> Job | None:
-        def read() -> Job | None:
-            with self.runtime.sessions() as session:
-                return jobs_sql.started_by(session, self.job_id, attempt=self.attempt,
-                                           token=self.token)
-
-        return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
-
-    def _not_committed(self) -> str:
-        settle_uncommitted(self.runtime, self.job_id, self.attempt, self.clock())
-        return self._stale(None)
-
-    def _stale(self, job: Job | None) -> str:
-        logger.info(
-            "job.stale",
-            extra={
-                "event": "job.stale", "job_id": self.job_id, "attempt": self.attempt,
-                "worker_id": self.worker_id, "status": None if job is None else job.status.value,
-                "current_attempt": None if job is None else job.attempt,
-            },
-        )
-        return STALE
-
     def _hand_back(self, src: Status, reason: str = "lease gone before the start") -> str:
         """Give a job whose lease is gone back to the queue before its handler ran: a new
         attempt, not charged (a start just made is undone; ``started_at`` is cleared when it
@@ -368,21 +309,6 @@ class _Attempt(RecordsOutcome):
     def _job(self) -> Job:
         assert self.job is not None, "the row is read before any state change"
         return self.job
-
-    def _before_start(self, job: Job) -> str | None:
-        """Cancelled or expired before it started: end it without computing anything."""
-        if job.cancel_requested:
-            dst = Status.CANCELLED
-        elif job.start_by is not None and self.clock() >= job.start_by:
-            dst = Status.EXPIRED
-        else:
-            return None
-        if not self._transition(job.status, dst, announce=False):  # the release does
-            self._log(logging.INFO, "job.stale", reason="not dispatched any more")
-            return STALE
-        self._release(dst, self._pass_slot())
-        self._log(logging.INFO, f"job.{dst.value}", before_start=True)
-        return dst.value
 
     def _transition(
         self, src: Status, dst: Status, *, announce: bool = True, unsure: bool = False,
