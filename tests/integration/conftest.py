@@ -4,6 +4,9 @@
   contract suites (test_index_contract*.py).
 - ``clock`` and ``client``: a hand-moved clock and an API served over real HTTP on
   PostgreSQL + Redis, for the in-process API tests.
+- ``runtime``, ``publisher``, ``tenant``: for the tests of real worker processes, on the
+  settings of the module's own ``env`` fixture (``tests.integration.worker_procs``): the
+  test's Runtime on the workers' database and index, a Celery publisher, a tenant.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ from typing import Any
 import pytest
 import redis
 
+from jobs.core.domain import Tenant
 from jobs.index import DispatchIndex, MemoryIndex, RedisIndex
+from jobs.process.runtime import Runtime
 from tests.integration.api_harness import ApiClient, Clock, make_settings, running_api
+from tests.integration.worker_procs import new_tenant, runtime_of
 from tests.services import RedisServer
+from workers.publisher import CeleryPublisher
 
 
 @pytest.fixture
@@ -39,3 +46,22 @@ def index(request: pytest.FixtureRequest) -> DispatchIndex:
     client: redis.Redis = request.getfixturevalue("redis_client")
     prefix: str = request.getfixturevalue("key_prefix")
     return RedisIndex(client, prefix)
+
+
+@pytest.fixture
+def runtime(env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runtime]:
+    rt = runtime_of(env)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def publisher(runtime: Runtime) -> Iterator[CeleryPublisher]:
+    publisher = CeleryPublisher(runtime.settings)
+    yield publisher
+    publisher.close()
+
+
+@pytest.fixture
+def tenant(runtime: Runtime) -> Tenant:
+    return new_tenant(runtime)

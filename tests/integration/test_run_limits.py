@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from jobs.core.domain import Tenant
 from jobs.core.states import Status
@@ -25,8 +24,6 @@ from tests.integration.worker_procs import (
     Worker,
     finished,
     load,
-    new_tenant,
-    runtime_of,
     send,
     wait_for,
     worker_env,
@@ -50,28 +47,9 @@ def env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dict[str, st
 
 
 @pytest.fixture
-def runtime(env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runtime]:
-    rt = runtime_of(env)
-    yield rt
-    rt.close()
-
-
-@pytest.fixture
-def publisher(runtime: Runtime) -> Iterator[CeleryPublisher]:
-    publisher = CeleryPublisher(runtime.settings)
-    yield publisher
-    publisher.close()
-
-
-@pytest.fixture
 def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     with worker_starter(env, tmp_path) as start:
         yield start
-
-
-@pytest.fixture
-def tenant(runtime: Runtime) -> Tenant:
-    return new_tenant(runtime)
 
 
 def running(runtime: Runtime, job_id: str) -> bool:

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from jobs.core.domain import Tenant
 from jobs.core.states import Status
@@ -20,15 +18,12 @@ from jobs.process.runtime import Runtime
 from tests.integration.worker_procs import (
     Worker,
     finished,
-    new_tenant,
-    runtime_of,
     send,
     wait_for,
     worker_env,
     worker_starter,
 )
 from tests.services import RedisServer
-from workers.embedding import models_installed
 from workers.publisher import CeleryPublisher
 
 pytestmark = pytest.mark.integration
@@ -40,23 +35,6 @@ def env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dict[str, st
                       TIERQ_HANDLERS="tests.handlers_for_tests:WARM_HANDLERS")
 
 
-@pytest.fixture
-def runtime(env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runtime]:
-    rt = runtime_of(env)
-    yield rt
-    rt.close()
-
-
-@pytest.fixture
-def publisher(runtime: Runtime) -> Iterator[CeleryPublisher]:
-    publisher = CeleryPublisher(runtime.settings)
-    yield publisher
-    publisher.close()
-
-
-@pytest.fixture
-def tenant(runtime: Runtime) -> Tenant:
-    return new_tenant(runtime)
 
 
 def events(worker: Worker) -> list[dict[str, Any]]:
@@ -107,7 +85,6 @@ def test_a_worker_whose_handler_cannot_set_up_does_not_start(
     assert runtime.index.pool_capacity(now=time.time()) == 0
 
 
-@pytest.mark.skipif(not models_installed(), reason="the models extra is not installed")
 def test_a_worker_with_the_models_extra_loads_its_model_before_it_takes_a_job(
     env: dict[str, str], runtime: Runtime, publisher: CeleryPublisher, tenant: Tenant,
     tmp_path: Path,

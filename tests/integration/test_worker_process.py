@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.states import Status
@@ -32,7 +31,7 @@ from jobs.index.base import IndexedJob
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
-from jobs.store import tenants as tenants_sql
+from tests.integration.worker_procs import load, wait_for, worker_env
 from tests.services import RedisServer
 from workers.app import base_app, make_celery
 from workers.publisher import CeleryPublisher
@@ -67,41 +66,13 @@ class Worker:
 
 
 @pytest.fixture
-def settings_env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
-    env.update(
-        TIERQ_DATABASE_URL=pg_url,
-        TIERQ_REDIS_URL=redis_server.url,
-        TIERQ_KEY_PREFIX=key_prefix,
-        TIERQ_HANDLERS="tests.handlers_for_tests:HANDLERS",
-        TIERQ_WORKER_SETUP="lazy",  # no model loaded for jobs that need none
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+def env(pg_url: str, redis_server: RedisServer, key_prefix: str) -> dict[str, str]:
+    return worker_env(pg_url, redis_server.url, key_prefix,
+                      TIERQ_HANDLERS="tests.handlers_for_tests:HANDLERS")
 
 
 @pytest.fixture
-def runtime(settings_env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runtime]:
-    settings = load_settings(
-        database_url=settings_env["TIERQ_DATABASE_URL"],
-        redis_url=settings_env["TIERQ_REDIS_URL"],
-        key_prefix=settings_env["TIERQ_KEY_PREFIX"],
-    )
-    rt = Runtime.from_settings(settings)
-    rt.index.set_caps({name: 10 for name in settings.tiers})
-    yield rt
-    rt.close()
-
-
-@pytest.fixture
-def publisher(runtime: Runtime) -> Iterator[CeleryPublisher]:
-    publisher = CeleryPublisher(runtime.settings)
-    yield publisher
-    publisher.close()
-
-
-@pytest.fixture
-def start_worker(settings_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[int], Worker]]:
+def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[int], Worker]]:
     started: list[Worker] = []
 
     def start(concurrency: int) -> Worker:
@@ -109,7 +80,7 @@ def start_worker(settings_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "workers.main", "--concurrency", str(concurrency)],
-                cwd=ROOT, env=settings_env, stdout=out, stderr=subprocess.STDOUT,
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         worker = Worker(popen=popen, log=log)
@@ -122,32 +93,6 @@ def start_worker(settings_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
             worker.stop()
 
 
-@pytest.fixture
-def tenant(runtime: Runtime) -> Tenant:
-    with runtime.sessions.begin() as session:
-        return tenants_sql.create_tenant(
-            session, name="acme", tier="standard", api_key_hash="hash", now=time.time()
-        )
-
-
-def wait_for(predicate: Callable[[], Any], worker: Worker, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if worker.popen.poll() is not None:
-            pytest.fail(f"the worker exited ({worker.popen.returncode}):\n{worker.output()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s; worker log:\n{worker.output()}")
-        time.sleep(0.05)
-
-
-def load(runtime: Runtime, job_id: str) -> Job:
-    with runtime.sessions() as session:
-        job = jobs_sql.get_job(session, job_id)
-    assert job is not None
-    return job
 
 
 def submit(runtime: Runtime, tenant: Tenant, kind: str, payload: dict[str, Any]) -> Job:
