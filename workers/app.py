@@ -37,7 +37,7 @@ logger = logging.getLogger("tierq.worker")
 
 def names_of(settings: Settings) -> BrokerNames:
     """This deployment's broker names (``workers.broker``): its queues are its own."""
-    return broker_names(settings.resolved_broker_url(), settings.key_prefix)
+    return broker_names(settings.resolved_broker_url(), settings.key_prefix, settings.pool)
 
 
 # How long a prefork child may take to set its handlers up (load a model) before it runs.
@@ -146,7 +146,7 @@ class _WorkerLifecycle:
             ttl_s=registration_ttl_s(runtime.policy),
             device=device,
             memory_bytes=embedding.device_memory_bytes(device),
-            on_register=lambda: wake.ring(runtime.redis, self.resources.settings.key_prefix),
+            on_register=lambda: wake.ring(runtime.redis, runtime.prefix),
         )
         self.registration.start()
 

@@ -46,6 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.core.pools import DEFAULT_POOL
+
 REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
 # The exchange of the tier queues on Redis (bindings stored as ``_kombu.binding.tierq``).
@@ -74,9 +76,15 @@ class BrokerNames:
     exchange: str
     control_exchange: str
     event_exchange: str
+    # The pool whose tier queues these are (``jobs.core.pools``): ``default``'s keep the
+    # names they had before pools (``tier.premium``), another's carry its name
+    # (``pool.gpu.tier.premium``). Workers consume their pool's only.
+    pool: str = DEFAULT_POOL
 
     def queue(self, tier: str) -> str:
-        return f"{self.prefix}tier.{tier}"
+        if self.pool == DEFAULT_POOL:
+            return f"{self.prefix}tier.{tier}"
+        return f"{self.prefix}pool.{self.pool}.tier.{tier}"
 
     def own_queue(self, hostname: str) -> str:
         """A worker's own queue: the next job of a slot it frees (``workers.tasks``)."""
@@ -93,13 +101,14 @@ class BrokerNames:
                 self.event_exchange]
 
 
-def broker_names(broker_url: str, key_prefix: str) -> BrokerNames:
+def broker_names(broker_url: str, key_prefix: str, pool: str = DEFAULT_POOL) -> BrokerNames:
     if is_redis_broker(broker_url):  # the key prefix applies below the names
         return BrokerNames(prefix="", exchange=REDIS_EXCHANGE, control_exchange="celery",
-                           event_exchange="celeryev")
+                           event_exchange="celeryev", pool=pool)
     prefix = name_prefix(key_prefix)
     return BrokerNames(prefix=prefix, exchange=f"{prefix}jobs",
-                       control_exchange=f"{prefix}celery", event_exchange=f"{prefix}celeryev")
+                       control_exchange=f"{prefix}celery", event_exchange=f"{prefix}celeryev",
+                       pool=pool)
 
 
 def transport_config(broker_url: str, key_prefix: str) -> dict[str, Any]:

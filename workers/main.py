@@ -1,7 +1,11 @@
 """Run a Celery worker for tierq: ``run_worker(settings, concurrency=N)``.
 
-Also runnable as ``python -m workers.main --concurrency N`` with settings from the
-environment (``TIERQ_DATABASE_URL``, ``TIERQ_REDIS_URL``, ``TIERQ_KEY_PREFIX``, ...).
+Also runnable as ``python -m workers.main --concurrency N [--pool NAME]`` with settings from
+the environment (``TIERQ_DATABASE_URL``, ``TIERQ_REDIS_URL``, ``TIERQ_KEY_PREFIX``, ...).
+
+A worker joins one pool (``settings.pool``, ``jobs.core.pools``): it consumes that pool's
+tier queues, registers its slots in that pool's index, and sets up and runs the kinds of
+that pool only. It refuses to start when it has no handler for a kind its pool names.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from celery import signals
 
 from jobs.core.errors import ConfigError
 from jobs.execution import limits
+from jobs.execution.registry import HandlerRegistry
 from jobs.process import logs
 from jobs.process.settings import Settings, load_settings
 from workers import stopping
@@ -26,6 +31,30 @@ from workers.tasks import TASK_NAME, resources_of
 
 # Celery pools by the names the CLI takes; threads wake the event loop as a task ends.
 POOLS = {"threads": "workers.pool:TaskPool"}
+# Celery's execution pools, by the names ``--celery-pool`` takes.
+CELERY_POOLS = ("threads", "prefork", "solo")
+
+
+def pool_and_celery_pool(pool: str | None, celery_pool: str | None) -> tuple[str | None, str]:
+    """``--pool`` names the tierq pool a worker joins; ``--celery-pool`` Celery's execution
+    pool. ``--pool threads|prefork|solo`` (Celery's pool by its older spelling, names no
+    tierq pool may take) still means Celery's."""
+    if pool in CELERY_POOLS and celery_pool is None:
+        return None, pool
+    return pool, celery_pool or "threads"
+
+
+def pool_kinds(settings: Settings, registry: HandlerRegistry) -> list[str]:
+    """The kinds this worker runs: those of its pool it has handlers for. Raises
+    ``ConfigError`` naming the kinds of its pool it has no handler for."""
+    pools = settings.pool_set()
+    missing = sorted(pools.spec(settings.pool).kinds - set(registry.kinds()))
+    if missing:
+        raise ConfigError(
+            f"pool {settings.pool!r} runs {', '.join(missing)}, which this worker has no "
+            "handler for (install the extra or package that provides it, or name its "
+            "module in TIERQ_HANDLERS)")
+    return pools.kinds_of(settings.pool, registry.kinds())
 
 def configure_logging(loglevel: str) -> None:
     """JSON lines in a container, text in a terminal (``jobs.process.logs``)."""
@@ -55,6 +84,7 @@ def run_worker(
     configure_logging(loglevel)
     app = make_celery(settings)
     registry = resources_of(app).registry()  # a bad TIERQ_HANDLERS stops the worker now
+    kinds = pool_kinds(settings, registry)  # a kind of its pool it cannot run stops it too
     stopping.install(settings)
     hostname = hostname or worker_hostname()
     own = own_queue(settings, hostname)
@@ -67,10 +97,10 @@ def run_worker(
     if settings.worker_setup == "eager":  # "lazy": each kind before its first job here
         if pool == "prefork":
             # Each child sets its handlers up as it starts, before it takes a job.
-            signals.worker_process_init.connect(lambda **_: registry.setup(), weak=False)
+            signals.worker_process_init.connect(lambda **_: registry.setup(kinds), weak=False)
         else:
             # Here, before the worker registers its slots: no job pays for it.
-            registry.setup()
+            registry.setup(kinds)
     worker = app.Worker(
         hostname=hostname,
         pool_cls=POOLS.get(pool, pool),
@@ -88,19 +118,22 @@ def run_worker(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.main", description=__doc__)
     parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument("--pool", default="threads")
+    parser.add_argument("--pool", default=None,
+                        help="the tierq pool to join (default: TIERQ_POOL, else default)")
+    parser.add_argument("--celery-pool", choices=CELERY_POOLS, default=None)
     parser.add_argument("--loglevel", default="INFO")
     parser.add_argument("--hostname", default=None)
     args = parser.parse_args(argv)
+    joins, celery_pool = pool_and_celery_pool(args.pool, args.celery_pool)
     try:
-        settings = load_settings()
+        settings = load_settings(**({"pool": joins} if joins else {}))
     except ConfigError as exc:
         parser.exit(2, f"{exc}\n")
     try:
         return run_worker(
             settings,
             concurrency=args.concurrency,
-            pool=args.pool,
+            pool=celery_pool,
             loglevel=args.loglevel,
             hostname=args.hostname,
         )

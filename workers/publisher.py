@@ -20,7 +20,10 @@ class CeleryPublisher:
     """``publish(job_id, attempt, tier)`` for ``jobs.dispatch.dispatcher.Dispatcher``; one thread
     publishes (the dispatcher's loop), so the producer it holds is never shared."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, pool: str | None = None) -> None:
+        """``pool``: publish to that pool's tier queues (None: the settings' ``pool``)."""
+        if pool is not None:
+            settings = settings.model_copy(update={"pool": pool})
         self._app = base_app(settings, name="tierq-publisher")
         self._names = names_of(settings)
         self._producer: Any = None

@@ -102,7 +102,7 @@ class WorkerResources:
         settings = self.settings
         if settings.broker_url and settings.broker_url != settings.resolved_redis_url():
             return None
-        names = broker_names(settings.resolved_broker_url(), settings.key_prefix)
+        names = broker_names(settings.resolved_broker_url(), settings.key_prefix, settings.pool)
         tiers = list(settings.tiers)
         return TierPush(
             envelope=message_envelope(app, names.queue(tiers[0])),

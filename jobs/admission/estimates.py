@@ -75,7 +75,7 @@ def placements(
         return {}
     inflight = runtime.index.tenant_inflight(tenant.id)
     with runtime.sessions() as session:  # a read: on SQLite it must not take the write lock
-        order = jobs_sql.queued_order(session, tenant.id)
+        order = jobs_sql.queued_order(session, tenant.id, runtime.scope)
     cap = tenant_cap(tenant, figures)
     found: dict[str, Placement] = {}
     for job in queued:
@@ -110,13 +110,25 @@ def progress_many(runtime: Runtime, tenant: Tenant, jobs: Sequence[Job]) -> list
     then unknown (None), not an error."""
     if not any(job.status is Status.QUEUED for job in jobs):
         return [Progress(job=job) for job in jobs]
+    places: dict[str, Placement] = {}
     try:
-        figures = live_pool(runtime, now=runtime.clock())
-        places = placements(runtime, tenant, jobs, figures)
+        for pool, of_pool in _by_pool(runtime, jobs):
+            figures = live_pool(pool, now=runtime.clock())
+            places.update(placements(pool, tenant, of_pool, figures))
     except REDIS_OUTAGE:
         logger.warning("index.unreachable", extra={"event": "index.unreachable"})
         return [Progress(job=job) for job in jobs]
     return [_progress(job, places.get(job.id)) for job in jobs]
+
+
+def _by_pool(runtime: Runtime, jobs: Sequence[Job]) -> list[tuple[Runtime, list[Job]]]:
+    """The queued jobs by the runtime of their kind's pool (each pool has its own queue)."""
+    found: dict[str, tuple[Runtime, list[Job]]] = {}
+    for job in jobs:
+        if job.status is Status.QUEUED:
+            pool = runtime.for_kind(job.kind)
+            found.setdefault(pool.pool, (pool, []))[1].append(job)
+    return list(found.values())
 
 
 def _progress(job: Job, place: Placement | None) -> Progress:

@@ -98,6 +98,7 @@ def submit(
     nothing."""
     tier = _tier_of(runtime, tenant)
     payload = validator.validate(submission.kind, check_json(submission.payload))
+    runtime = runtime.for_kind(submission.kind)  # its pool's queue, figures and bounds
     if submission.idempotency_key is not None:
         check_text(submission.idempotency_key, ("idempotency_key",))
         existing = _by_idempotency_key(runtime, tenant.id, submission.idempotency_key)
@@ -239,7 +240,7 @@ def offer(runtime: Runtime) -> None:
 def ring_dispatcher(runtime: Runtime) -> None:
     """Wake the dispatcher; a missed ring only costs one of its maintenance periods."""
     try:
-        wake.ring(runtime.redis, runtime.settings.key_prefix)
+        wake.ring(runtime.redis, runtime.prefix)
     except REDIS_OUTAGE:
         logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"})
 

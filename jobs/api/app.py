@@ -83,6 +83,7 @@ def create_app(
     cache = TenantCache()
     listener = Listener(
         active.settings.resolved_redis_url(), active.settings.key_prefix,
+        pools=[active.settings.pool_prefix(name) for name in active.pools.names],
         on_tenants=lambda _ids: cache.invalidate(), on_link=cache.set_live,
     )
 

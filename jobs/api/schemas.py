@@ -301,8 +301,14 @@ class TierQueue(BaseModel):
 
 
 class PoolView(BaseModel):
-    """The worker pool, fleet-wide."""
+    """A pool of workers and the kinds it runs (``default``: every kind no pool names)."""
 
+    name: str = Field(default="default", description="the pool ([pools.NAME]; default)")
+    kinds: list[str] | None = Field(default=None, description="the kinds it runs; null for "
+                                    "the default pool, which runs every kind no pool names")
+    live_workers: int = Field(default=0, ge=0, description="workers registered in it now; 0: "
+                              "its jobs are accepted against its configured capacity and "
+                              "wait for a worker to start")
     capacity: int = Field(description="worker slots: configured, or the sum over live workers")
     inflight: int = Field(description="jobs holding a slot (dispatched or running)")
     utilisation: float = Field(description="inflight / capacity")
@@ -330,14 +336,26 @@ class WorkerView(BaseModel):
     memory_bytes: int | None = Field(default=None, description="the device's memory, on a "
                                      "GPU; null on a CPU")
     slots: int = Field(ge=0, description="jobs it runs at once: what it adds to the pool")
+    pool: str = Field(default="default", description="the pool it joined (tierq worker "
+                      "--pool)")
     expires_in_s: float = Field(description="seconds until its registration lapses unless "
                                 "renewed (it renews every third of that)")
 
     @classmethod
-    def of(cls, worker: LiveWorker, now: float) -> WorkerView:
-        return cls(id=worker.worker_id, device=worker.device, slots=worker.slots,
+    def of(cls, worker: LiveWorker, now: float, pool: str = "default") -> WorkerView:
+        return cls(id=worker.worker_id, device=worker.device, slots=worker.slots, pool=pool,
                    memory_bytes=worker.memory_bytes,
                    expires_in_s=round(max(0.0, worker.expires_at - now), 3))
+
+
+class PoolQueues(BaseModel):
+    """One pool: its figures and its tiers' queues (each pool has its own)."""
+
+    pool: PoolView = Field(description="the pool's figures")
+    tiers: list[TierQueue] = Field(description="its tiers' queues, best first; a tenant sees "
+                                   "its own tier only")
+    usage: TenantUsage | None = Field(default=None, description="the tenant's own figures in "
+                                      "this pool; null for the admin key")
 
 
 class QueuesResponse(BaseModel):
@@ -347,13 +365,16 @@ class QueuesResponse(BaseModel):
     scope: Literal["fleet", "tenant"] = Field(
         default="fleet", description="fleet: every tier (the admin key); tenant: the caller's "
         "tier and its own usage, nothing of other tenants")
-    tiers: list[TierQueue] = Field(description="best tier first; a tenant sees its own tier "
-                                   "only")
-    pool: PoolView = Field(description="the pool serving every tier")
-    usage: TenantUsage | None = Field(default=None, description="the tenant's own figures; "
-                                      "null for the admin key")
-    workers: list[WorkerView] | None = Field(default=None, description="live workers by id; "
-                                             "null for a tenant key")
+    tiers: list[TierQueue] = Field(description="the default pool's queues, best tier first; "
+                                   "a tenant sees its own tier only")
+    pool: PoolView = Field(description="the default pool (the only one without [pools])")
+    usage: TenantUsage | None = Field(default=None, description="the tenant's own figures in "
+                                      "the default pool; null for the admin key")
+    workers: list[WorkerView] | None = Field(default=None, description="live workers of every "
+                                             "pool, by id; null for a tenant key")
+    pools: list[PoolQueues] = Field(default_factory=list, description="every pool, default "
+                                    "first: its figures, its tiers' queues and the tenant's "
+                                    "usage there")
 
 
 class HealthResponse(BaseModel):

@@ -38,8 +38,10 @@ class LiveView:
     workers: list[LiveWorker] = field(default_factory=list)
 
 
-def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, str]:
-    """The live figures from Redis, or None and why there are none."""
+def read_live(
+    settings: Settings, pol: policy.Policy, pool_name: str = "default"
+) -> tuple[LiveView | None, str]:
+    """The live figures of pool ``pool_name`` from Redis, or None and why there are none."""
     import redis
 
     from jobs.fleet import pool
@@ -52,10 +54,11 @@ def read_live(settings: Settings, pol: policy.Policy) -> tuple[LiveView | None, 
     except ConfigError as exc:
         return None, f"{exc.message}: configured figures only."
     client = redis_client(url)
-    index = RedisIndex(client, settings.key_prefix)
+    prefix = settings.pool_prefix(pool_name)
+    index = RedisIndex(client, prefix, root=settings.key_prefix)
     try:
         now = index.now()  # Redis's clock: this host's may be off
-        measured = read_measured(client, settings.key_prefix)
+        measured = read_measured(client, prefix)
         figures = pool.read_pool(pol, index, now=now, measured=measured)
         view = LiveView(figures=figures, worker_slots=index.pool_capacity(now=now),
                         measured=measured, workers=index.live_workers(now=now))
@@ -88,8 +91,8 @@ def _live_mean(pol: policy.Policy, live: LiveView) -> str:
 
 
 def pool_table(pol: policy.Policy, configured: PoolFigures | None,
-               live: LiveView | None) -> Table:
-    table = Table(title="pool")
+               live: LiveView | None, title: str = "pool") -> Table:
+    table = Table(title=title)
     for column in ("figure", "configured", "live"):
         table.add_column(column, justify="left" if column == "figure" else "right")
     source = "configured" if pol.pool_concurrency is not None else "live workers"
@@ -106,9 +109,9 @@ def pool_table(pol: policy.Policy, configured: PoolFigures | None,
     return table
 
 
-def workers_table(live: LiveView) -> Table:
+def workers_table(live: LiveView, title: str = "live workers") -> Table:
     """The live workers: the device each runs on and the slots it brings to the pool."""
-    table = Table(title="live workers")
+    table = Table(title=title)
     table.add_column("worker")
     table.add_column("device")
     table.add_column("slots", justify="right")
@@ -120,9 +123,9 @@ def workers_table(live: LiveView) -> Table:
 
 
 def tier_table(pol: policy.Policy, configured: PoolFigures | None,
-               live: LiveView | None) -> Table:
+               live: LiveView | None, title: str = "tiers") -> Table:
     best = min(pol.tiers.values(), key=lambda t: t.base_priority)
-    table = Table(title="tiers")
+    table = Table(title=title)
     table.add_column("tier")
     for column in ("priority", "max wait s", *(f"{figure}\n{side}" for figure in
                    ("bound", "tenant cap", "tenant quota") for side in ("configured", "live")),
@@ -142,14 +145,27 @@ def tier_table(pol: policy.Policy, configured: PoolFigures | None,
 
 
 def print_policy(settings: Settings, console: Console) -> None:
-    """Print the pool and tier figures, configured next to live, and the ageing guarantee."""
+    """Print each pool's figures and its tiers', configured next to live, and the ageing
+    guarantee. Without ``[pools]`` there is one pool and the tables are titled as before."""
+    pools = settings.pool_set()
+    note = ""
+    idle: list[str] = []
+    for name in pools.names:
+        pol = settings.pool_policy(name)
+        configured = configured_figures(pol)
+        live, note = read_live(settings, pol, name)
+        pool_title, of = "pool", ""
+        if pools.pooled:
+            kinds = pools.spec(name).kinds
+            runs = ", ".join(sorted(kinds)) if name != "default" else "every other kind"
+            pool_title, of = f"pool {name} ({runs})", f" of pool {name}"
+        console.print(pool_table(pol, configured, live, title=pool_title))
+        if live is not None and live.workers:
+            console.print(workers_table(live, title=f"live workers{of}"))
+        console.print(tier_table(pol, configured, live, title=f"tiers{of}"))
+        if live is not None and not live.figures.capacity:
+            idle.append(name)
     pol = settings.build_policy()
-    configured = configured_figures(pol)
-    live, note = read_live(settings, pol)
-    console.print(pool_table(pol, configured, live))
-    if live is not None and live.workers:
-        console.print(workers_table(live))
-    console.print(tier_table(pol, configured, live))
     best = min(pol.tiers.values(), key=lambda t: t.base_priority)
     for name, tier in pol.tiers.items():
         if tier is not best:
@@ -158,8 +174,10 @@ def print_policy(settings: Settings, console: Console) -> None:
     console.print(f"ageing rate: {pol.ageing_rate_s:g} s per priority point")
     if pol.client_timeout_s is not None:
         console.print(f"client timeout: {pol.client_timeout_s:g} s (caps every max wait)")
-    if live is not None and not live.figures.capacity:
-        console.print("No live workers yet: every bound and cap is 1 until one registers.")
+    for name in idle:
+        where = f" in pool {name}" if pools.pooled else ""
+        console.print(f"No live workers yet{where}: every bound and cap is 1 until one "
+                      "registers.")
     if note:
         console.print(note)
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import fail, friendly, one_line, open_runtime, target
+from jobs.core.pools import DEFAULT_POOL
 from jobs.process.settings import Settings, hide_password, load_settings
 
 if TYPE_CHECKING:
@@ -45,15 +46,29 @@ def up(
                           "cannot finish in it go back to the queue, uncharged "
                           "(default: policy.stop_grace_s, 10)."),
     ] = None,
+    pools: Annotated[
+        str | None,
+        typer.Option(show_default=False,
+                     help="The pools to start a worker for, comma-separated (default: every "
+                          "configured pool)."),
+    ] = None,
 ) -> None:
-    """Run the whole system on this machine: API, dispatcher, worker (and Redis)."""
+    """Run the whole system on this machine: API, dispatcher, a worker per pool (and Redis)."""
     from jobs.local.supervisor import UpOptions, run_up
 
     overrides: dict[str, Any] = {"data_dir": data_dir} if data_dir is not None else {}
     settings = load_settings(**overrides)
+    configured = settings.pool_set().names
+    chosen = configured if pools is None else tuple(
+        dict.fromkeys(name.strip() for name in pools.split(",") if name.strip()))
+    unknown = [name for name in chosen if name not in configured]
+    if unknown:
+        fail(f"--pools: no pool {', '.join(map(repr, unknown))} is configured; configured: "
+             f"{', '.join(configured)}", 2)
     configure_logging()
     options = UpOptions(host=host, port=port, concurrency=concurrency, data_dir=settings.home(),
-                        grace_s=grace if grace is not None else settings.policy.stop_grace_s)
+                        grace_s=grace if grace is not None else settings.policy.stop_grace_s,
+                        pools=chosen)
     run_up(options, Console())
 
 
@@ -102,23 +117,26 @@ def worker(
         min=1, show_default=False,
         help="Jobs run at once (default: 1 on a GPU, 2 on a CPU; TIERQ_DEVICE names the "
              "device).")] = None,
-    pool: Annotated[Literal["threads", "prefork", "solo"], typer.Option(help="Celery pool.")] = (
-        "threads"
-    ),
+    pool: Annotated[str | None, typer.Option(
+        show_default=False,
+        help="The pool to join ([pools.NAME] in the configuration; default: TIERQ_POOL, else "
+             "default): this worker runs its kinds only.")] = None,
+    celery_pool: Annotated[Literal["threads", "prefork", "solo"] | None, typer.Option(
+        show_default=False, help="Celery's execution pool (default: threads).")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
-    """Run a Celery worker for every tier's queue."""
+    """Run a Celery worker for its pool's tier queues."""
     from workers.embedding import device
-    from workers.main import run_worker
+    from workers.main import pool_and_celery_pool, run_worker
     from workers.registration import default_slots
 
     if concurrency is None:
         concurrency = default_slots(device())
-
-    settings = load_settings()
+    joins, execution = pool_and_celery_pool(pool, celery_pool)
+    settings = load_settings(**({"pool": joins} if joins else {}))
     target(f"{settings.describe_target()} · broker "
-           f"{hide_password(settings.resolved_broker_url())}")
-    code = run_worker(settings, concurrency=concurrency, pool=pool, loglevel=loglevel)
+           f"{hide_password(settings.resolved_broker_url())} · pool {settings.pool}")
+    code = run_worker(settings, concurrency=concurrency, pool=execution, loglevel=loglevel)
     if code:
         raise typer.Exit(code)
 
@@ -194,6 +212,7 @@ def repair(
     import redis
     import sqlalchemy.exc
 
+    from jobs.dispatch.rebuild import RebuildStats
     from jobs.dispatch.reconciler import Reconciler
 
     runtime = open_runtime(announce=True)
@@ -202,7 +221,10 @@ def repair(
         if leader is not None and not force:
             fail(f"a dispatcher leads ({leader}) and keeps the index in line with SQL by "
                  "itself; stop the dispatchers first, or pass --force", 1)
-        stats = Reconciler(runtime).full_pass(runtime.clock())
+        passes = [Reconciler(pool).full_pass(runtime.clock()) for pool in runtime.every_pool()]
+        stats = RebuildStats(**{name: sum(getattr(one, name) for one in passes)
+                                for name in ("queued", "leased", "released", "removed",
+                                             "kept_uncommitted")})
     except (redis.RedisError, sqlalchemy.exc.OperationalError) as exc:
         fail(f"cannot rebuild the index: {exc}", 1)
     finally:
@@ -229,11 +251,15 @@ def serve(settings: Settings) -> None:
     from jobs.dispatch.dispatcher import Dispatcher
     from jobs.dispatch.leadership import Leadership
     from jobs.dispatch.loop import run_forever
+    from jobs.dispatch.pools import PoolDispatchers
     from jobs.process.runtime import Runtime
     from workers.publisher import CeleryPublisher  # the publishing adapter: Celery stays there
 
-    runtime = Runtime.from_settings(settings, dispatcher=True)
-    publisher = CeleryPublisher(settings)
+    runtime = Runtime.from_settings(settings.model_copy(update={"pool": DEFAULT_POOL}),
+                                    dispatcher=True)
+    publishers = {name: CeleryPublisher(settings, pool=name) for name in runtime.pools.names}
+    dispatchers = [Dispatcher(runtime.for_pool(name), publisher)
+                   for name, publisher in publishers.items()]
     leadership = Leadership(runtime.index, ttl_s=runtime.policy.leader_ttl_s)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -241,12 +267,14 @@ def serve(settings: Settings) -> None:
     logger = logging.getLogger("tierq.dispatcher")
     logger.info("dispatcher.started", extra={"owner": leadership.owner})
     try:
-        run_forever(Dispatcher(runtime, publisher), stop, leadership)
+        run_forever(dispatchers[0] if len(dispatchers) == 1 else PoolDispatchers(dispatchers),
+                    stop, leadership)
     finally:
         try:
             leadership.resign(runtime.clock())
         except redis.RedisError:
             logger.warning("dispatcher.resign_failed", exc_info=True)
-        publisher.close()
+        for publisher in publishers.values():
+            publisher.close()
         runtime.close()
         logger.info("dispatcher.stopped")

@@ -85,6 +85,9 @@ class Dispatcher:
     runtime: Runtime
     publisher: Publisher
     batch_size: int = 200
+    # Runs retention (``jobs.dispatch.retention``), which is fleet-wide: one pool's
+    # dispatcher only (``jobs.dispatch.pools``).
+    prunes: bool = True
     # The leader's fencing token, passed to every index write it makes; None: unfenced (a
     # lone dispatcher driven by hand, as in tests).
     fence: str | None = field(default=None, init=False)
@@ -104,6 +107,11 @@ class Dispatcher:
     def __post_init__(self) -> None:
         self.caps, self.reap, self.expire = Caps(self), Reap(self), Expire(self)
         self.feed, self.reconcile, self.prune = Feed(self), Reconcile(self), Prune(self)
+
+    @property
+    def prefixes(self) -> list[str]:
+        """The doorbells this dispatcher answers (``jobs.index.wake``)."""
+        return [self.runtime.prefix]
 
     @property
     def reconciler(self) -> Reconciler:
@@ -134,6 +142,8 @@ class Dispatcher:
         stats.feed_pending = self.feed.pending
         if maintain:
             for chore in (self.reconcile, self.prune):
+                if chore is self.prune and not self.prunes:
+                    continue
                 if chore.due(now):
                     chore.run(now, stats)
         self._count(stats)
@@ -157,7 +167,7 @@ class Dispatcher:
             repairs = {"full_pass": int(found.full), "orphan_recovered": found.orphans_recovered,
                        "reindexed": found.reindexed, "entry_removed": found.removed}
         counters.count(
-            self.runtime.redis, self.runtime.settings.key_prefix,
+            self.runtime.redis, self.runtime.prefix,
             jobs={"expired": stats.expired, "failed": stats.failed},
             repairs=repairs,
             reclaimed=stats.reaped,
@@ -199,7 +209,7 @@ class Dispatcher:
         """The reconciler's full pass (at leadership, or once Redis lost its data)."""
         self._claim_lead()
         self.reconciler.full_pass(now, fence=self.fence, keep_lead=self.keep_lead)
-        counters.count(self.runtime.redis, self.runtime.settings.key_prefix,
+        counters.count(self.runtime.redis, self.runtime.prefix,
                        repairs={"full_pass": 1})
         self._rebuilt = True
         self.reconcile.last_run = now

@@ -62,7 +62,8 @@ class BatchFeeder:
         raises ``NotLeader`` once another dispatcher leads."""
         stats = FeedStats()
         with self.runtime.sessions() as session:
-            batch_ids = repo.batches_with_waiting(session, limit=BATCHES_PER_ROUND)
+            batch_ids = repo.batches_with_waiting(session, limit=BATCHES_PER_ROUND,
+                                                 scope=self.runtime.scope)
         self.pending = bool(batch_ids)
         if not batch_ids:
             return stats

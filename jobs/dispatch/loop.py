@@ -24,6 +24,7 @@ import sqlalchemy.exc
 from jobs.core.cadence import FEED_PERIOD_S, MAINTENANCE_PERIOD_S, MAX_BACKOFF_S, PUBLISH_RETRY_S
 from jobs.dispatch.dispatcher import Dispatcher, DispatchStats
 from jobs.dispatch.leadership import Leadership
+from jobs.dispatch.pools import PoolDispatchers
 from jobs.index import wake
 from jobs.index.base import NotLeader
 from jobs.store.engine import lock_wait_timed_out
@@ -42,7 +43,9 @@ def transient(exc: Exception) -> bool:
     return isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated
 
 
-def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> DispatchStats | None:
+def lead_once(
+    dispatcher: Dispatcher | PoolDispatchers, leadership: Leadership, now: float
+) -> DispatchStats | None:
     """One turn of a dispatcher among several: renew or take the lock; while leading, rebuild
     the index first when due (``Dispatcher.needs_rebuild``), else run a round, with its
     maintenance when that is due. None while standing by, or once a fenced call found
@@ -62,14 +65,15 @@ def lead_once(dispatcher: Dispatcher, leadership: Leadership, now: float) -> Dis
         return None
 
 
-def _keep_lead(leadership: Leadership, dispatcher: Dispatcher) -> None:
+def _keep_lead(leadership: Leadership, dispatcher: Dispatcher | PoolDispatchers) -> None:
     """Renew the lock if due, in the middle of long work; NotLeader once it is lost."""
     if leadership.tick(dispatcher.runtime.clock()) != dispatcher.fence:
         raise NotLeader("the leader lock was lost during a full pass")
 
 
 def run_forever(
-    dispatcher: Dispatcher, stop: threading.Event, leadership: Leadership | None = None
+    dispatcher: Dispatcher | PoolDispatchers, stop: threading.Event,
+    leadership: Leadership | None = None,
 ) -> None:
     """Loop ``lead_once``: a leader sleeps on the doorbell between rounds, a standby waits to
     try the lock again; both ride out outages (never longer than a renewal period)."""
@@ -91,7 +95,7 @@ def run_forever(
                 period = min(MAINTENANCE_PERIOD_S, leadership.wait_s)
                 if stats.feed_pending:
                     period = min(period, FEED_PERIOD_S)
-                wake.wait(runtime.redis, runtime.settings.key_prefix, period)
+                wake.wait(runtime.redis, dispatcher.prefixes, period)
         except Exception as exc:
             if not transient(exc):
                 raise

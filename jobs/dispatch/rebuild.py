@@ -110,7 +110,8 @@ def _walk(runtime: Runtime, statuses: tuple[Status, ...]) -> Iterator[list[Job]]
     after = ""
     while True:
         with runtime.sessions() as session:
-            batch = jobs_sql.jobs_after(session, statuses, after=after, limit=BATCH)
+            batch = jobs_sql.jobs_after(session, statuses, after=after, limit=BATCH,
+                                        scope=runtime.scope)
         if batch:
             yield batch
         if len(batch) < BATCH:

@@ -106,7 +106,7 @@ class Reconciler:
         """Rebuild from SQL, then make the epochs agree (SQL first: an interruption between
         the two leaves them different, and the next round passes in full again)."""
         with self.runtime.sessions.begin() as session:
-            before = upkeep_sql.index_epoch(session)
+            before = upkeep_sql.index_epoch(session, self.runtime.pool)
         if keep_lead is None:
             stats = rebuild(self.runtime, now, fence=fence)
         else:
@@ -122,7 +122,7 @@ class Reconciler:
     def _epoch_is_stale(self) -> bool:
         """True when the index's epoch is not SQL's; else advance both by one."""
         with self.runtime.sessions.begin() as session:
-            epoch = upkeep_sql.index_epoch(session)
+            epoch = upkeep_sql.index_epoch(session, self.runtime.pool)
         found = self.runtime.index.generation()
         if epoch is None or found != str(epoch):
             # None in SQL: the first round ever. None in Redis: it lost its data. Another
@@ -138,7 +138,8 @@ class Reconciler:
     def _advance(self, epoch: int | None, fence: str | None) -> None:
         new = (epoch or 0) + 1
         with self.runtime.sessions.begin() as session:
-            moved = upkeep_sql.advance_epoch(session, expected=epoch, epoch=new)
+            moved = upkeep_sql.advance_epoch(session, expected=epoch, epoch=new,
+                                             pool=self.runtime.pool)
         if moved:
             self.runtime.index.set_generation(str(new), fence=fence)
             self.written = str(new)
@@ -148,7 +149,8 @@ class Reconciler:
     def _in_flight(self, now: float, fence: str | None, stats: ReconcileStats) -> None:
         with self.runtime.sessions() as session:
             jobs = jobs_sql.jobs_after(
-                session, IN_FLIGHT, after=self._flight_cursor, limit=IN_FLIGHT_BATCH
+                session, IN_FLIGHT, after=self._flight_cursor, limit=IN_FLIGHT_BATCH,
+                scope=self.runtime.scope,
             )
         self._flight_cursor = jobs[-1].id if len(jobs) == IN_FLIGHT_BATCH else ""
         held = self.runtime.index.entries_of([job.id for job in jobs])
@@ -183,7 +185,7 @@ class Reconciler:
         with self.runtime.sessions() as session:
             jobs = jobs_sql.settled_queued(
                 session, after=self._queued_cursor, until=now - QUEUED_GRACE_S,
-                limit=QUEUED_BATCH,
+                limit=QUEUED_BATCH, scope=self.runtime.scope,
             )
         if jobs:
             last = jobs[-1]

@@ -83,7 +83,7 @@ class Chore:
 
 def announce(runtime: Runtime, job_ids: Iterable[str]) -> None:
     """After a commit: wake long-polls of these jobs (one PUBLISH, best effort)."""
-    notify.announce(runtime.redis, runtime.settings.key_prefix, job_ids)
+    notify.announce(runtime.redis, runtime.prefix, job_ids)
 
 
 def expire_queued(session: Session, job: Job, now: float) -> bool:
@@ -267,8 +267,8 @@ class Reconcile(Chore):
         runtime = self.lead.runtime
         try:
             with runtime.sessions() as session:
-                live = stats_sql.count_live(session)
-            counters.store_live(runtime.redis, runtime.settings.key_prefix,
+                live = stats_sql.count_live(session, runtime.scope)
+            counters.store_live(runtime.redis, runtime.prefix,
                                 {status.value: n for status, n in live.items()})
         except Exception:  # a metric must never stop dispatching
             logger.warning("counter.failed", exc_info=True, extra={"event": "counter.failed"})

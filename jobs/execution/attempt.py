@@ -347,7 +347,7 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
 
     def _announce(self) -> None:
         """After a commit: wake long-polls of this job (best effort)."""
-        notify.announce(self.runtime.redis, self.runtime.settings.key_prefix, [self.job_id])
+        notify.announce(self.runtime.redis, self.runtime.prefix, [self.job_id])
 
     def _pass_slot(self) -> Passed | None:
         """With a ``handover``, before the ending's commit: the job this slot takes next,

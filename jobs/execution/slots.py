@@ -126,7 +126,7 @@ def free_lease(runtime: Runtime, job_id: str, attempt: int) -> None:
 def ring(runtime: Runtime) -> None:
     """Wake the dispatcher (best effort)."""
     try:
-        wake.ring(runtime.redis, runtime.settings.key_prefix)
+        wake.ring(runtime.redis, runtime.prefix)
     except redis.RedisError:
         logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"},
                        exc_info=True)

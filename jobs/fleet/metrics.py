@@ -1,6 +1,7 @@
 """Queue figures for ``/v1/queues`` and Prometheus instruments for ``/metrics``.
 
-Every figure is fleet-wide and read from Redis at scrape time, so every API replica reports
+Every figure is fleet-wide, labelled with its ``pool`` (``jobs.core.pools``), and read from
+Redis at scrape time, so every API replica reports
 the same numbers and none keeps state a fleet would need to share, and a scrape costs
 O(tiers), whatever the size of the jobs table:
 
@@ -103,7 +104,7 @@ def read_index_view(runtime: Runtime, *, now: float) -> IndexView:
 def recent_waits(runtime: Runtime, *, now: float) -> dict[str, list[float]]:
     """Each tier's queue waits of jobs started in the last ``WAIT_WINDOW_S`` seconds (the
     newest ``RECENT_WAITS_KEPT`` at most), from Redis."""
-    return counters.recent_waits(runtime.redis, runtime.settings.key_prefix,
+    return counters.recent_waits(runtime.redis, runtime.prefix,
                                  tier_names(runtime.policy), now=now)
 
 
@@ -146,29 +147,28 @@ class FleetCollector:
         yield up
 
     def _redis_families(self, now: float) -> Iterable[Metric]:
-        runtime = self._runtime
-        names = tier_names(runtime.policy)
-        view = read_index_view(runtime, now=now)
-        found = counters.read(runtime.redis, runtime.settings.key_prefix, names)
-        waits = recent_waits(runtime, now=now)
-        yield from _queue_families(view, runtime.policy)
-        yield from _pool_families(view.pool)
-        yield from _counter_families(found, names)
+        """Every pool's figures, each series labelled with its ``pool``."""
+        reads = [_PoolRead.of(pool, now) for pool in self._runtime.every_pool()]
+        yield from _queue_families(reads)
+        yield from _pool_families(reads)
+        yield from _counter_families(reads)
         yield _histogram("tierq_queue_wait_seconds",
-                         "Queue wait (started - enqueued) of each start, per tier", found.waits)
+                         "Queue wait (started - enqueued) of each start, per pool and tier",
+                         [(read.name, read.found.waits) for read in reads])
         yield _histogram("tierq_dispatch_latency_seconds",
-                         "Dispatch to start (broker and worker pick-up) of each start, per tier",
-                         found.dispatch)
+                         "Dispatch to start (broker and worker pick-up) of each start, per "
+                         "pool and tier", [(read.name, read.found.dispatch) for read in reads])
         recent = GaugeMetricFamily(
             "tierq_queue_wait_recent_seconds",
             f"Quantiles of the queue waits of the starts in the last {WAIT_WINDOW_S:g} s, per "
-            "tier (what /v1/queues publishes; absent when none started)",
-            labels=["tier", "quantile"])
-        for tier in names:
-            for q in QUANTILES:
-                value = percentile(waits[tier], q)
-                if value is not None:
-                    recent.add_metric([tier, repr(q)], value)
+            "pool and tier (what /v1/queues publishes; absent when none started)",
+            labels=["pool", "tier", "quantile"])
+        for read in reads:
+            for tier in read.tiers:
+                for q in QUANTILES:
+                    value = percentile(read.waits[tier], q)
+                    if value is not None:
+                        recent.add_metric([read.name, tier, repr(q)], value)
         yield recent
 
     def _retention_families(self, now: float) -> Iterable[Metric]:
@@ -191,87 +191,117 @@ class FleetCollector:
         yield abandoned
 
 
-def _queue_families(view: IndexView, policy: Policy) -> Iterable[Metric]:
+@dataclass(frozen=True, kw_only=True)
+class _PoolRead:
+    """One pool's figures as one scrape read them."""
+
+    name: str
+    policy: Policy
+    tiers: list[str]
+    view: IndexView
+    found: counters.FleetCounters
+    waits: dict[str, list[float]]
+
+    @classmethod
+    def of(cls, runtime: Runtime, now: float) -> _PoolRead:
+        names = tier_names(runtime.policy)
+        return cls(name=runtime.pool, policy=runtime.policy, tiers=names,
+                   view=read_index_view(runtime, now=now),
+                   found=counters.read(runtime.redis, runtime.prefix, names),
+                   waits=recent_waits(runtime, now=now))
+
+
+def _queue_families(reads: Sequence[_PoolRead]) -> Iterable[Metric]:
+    labels = ["pool", "tier"]
     families = {
         "tierq_queue_depth": GaugeMetricFamily(
-            "tierq_queue_depth", "Queued jobs per tier", labels=["tier"]),
+            "tierq_queue_depth", "Queued jobs per pool and tier", labels=labels),
         "tierq_queue_bound": GaugeMetricFamily(
-            "tierq_queue_bound", "Queue bound per tier (Little's law)", labels=["tier"]),
+            "tierq_queue_bound", "Queue bound per pool and tier (Little's law)", labels=labels),
         "tierq_queue_oldest_age_seconds": GaugeMetricFamily(
             "tierq_queue_oldest_age_seconds",
-            "Age of the oldest queued job per tier (0 when empty)", labels=["tier"]),
+            "Age of the oldest queued job per pool and tier (0 when empty)", labels=labels),
         "tierq_queue_max_wait_seconds": GaugeMetricFamily(
             "tierq_queue_max_wait_seconds",
             "The tier's published wait (max_wait_s): the guarantee the oldest age is held to",
-            labels=["tier"]),
+            labels=labels),
         "tierq_tenant_cap": GaugeMetricFamily(
-            "tierq_tenant_cap", "Concurrency cap of one tenant per tier", labels=["tier"]),
+            "tierq_tenant_cap", "Concurrency cap of one tenant per pool and tier",
+            labels=labels),
     }
-    for tier in view.tiers:
-        families["tierq_queue_depth"].add_metric([tier.name], tier.queued)
-        families["tierq_queue_bound"].add_metric([tier.name], tier.bound)
-        families["tierq_queue_oldest_age_seconds"].add_metric(
-            [tier.name], tier.oldest_age_s or 0.0)
-        families["tierq_queue_max_wait_seconds"].add_metric(
-            [tier.name], policy.tiers[tier.name].max_wait_s)
-        families["tierq_tenant_cap"].add_metric([tier.name], tier.tenant_cap)
+    for read in reads:
+        for tier in read.view.tiers:
+            at = [read.name, tier.name]
+            families["tierq_queue_depth"].add_metric(at, tier.queued)
+            families["tierq_queue_bound"].add_metric(at, tier.bound)
+            families["tierq_queue_oldest_age_seconds"].add_metric(at, tier.oldest_age_s or 0.0)
+            families["tierq_queue_max_wait_seconds"].add_metric(
+                at, read.policy.tiers[tier.name].max_wait_s)
+            families["tierq_tenant_cap"].add_metric(at, tier.tenant_cap)
     yield from families.values()
 
 
-def _pool_families(pool: PoolFigures) -> Iterable[Metric]:
-    yield GaugeMetricFamily("tierq_pool_capacity", "Worker slots in the pool",
-                            value=pool.capacity)
-    yield GaugeMetricFamily("tierq_pool_inflight", "Leases held now", value=pool.inflight)
-    yield GaugeMetricFamily("tierq_pool_utilisation", "inflight / capacity",
-                            value=pool.utilisation)
-    yield GaugeMetricFamily("tierq_pool_service_rate", "Jobs per second the pool completes",
-                            value=pool.service_rate)
-    yield GaugeMetricFamily(
-        "tierq_pool_mean_service_seconds",
-        "Mean service time behind the service rate (measured, or the configured fallback)",
-        value=pool.mean_service_s)
+def _pool_families(reads: Sequence[_PoolRead]) -> Iterable[Metric]:
+    described = (
+        ("tierq_pool_capacity", "Worker slots in the pool", "capacity"),
+        ("tierq_pool_inflight", "Leases held now", "inflight"),
+        ("tierq_pool_utilisation", "inflight / capacity", "utilisation"),
+        ("tierq_pool_service_rate", "Jobs per second the pool completes", "service_rate"),
+        ("tierq_pool_mean_service_seconds",
+         "Mean service time behind the service rate (measured, or the configured fallback)",
+         "mean_service_s"),
+    )
+    for name, documentation, figure in described:
+        family = GaugeMetricFamily(name, documentation, labels=["pool"])
+        for read in reads:
+            family.add_metric([read.name], float(getattr(read.view.pool, figure)))
+        yield family
 
 
-def _counter_families(found: counters.FleetCounters, tiers: list[str]) -> Iterable[Metric]:
-    yield CounterMetricFamily(
+def _counter_families(reads: Sequence[_PoolRead]) -> Iterable[Metric]:
+    reclaimed = CounterMetricFamily(
         "tierq_leases_reclaimed",
         "Leases the reaper took back unrenewed (worker killed, machine gone, message lost)",
-        value=found.reclaimed,
-    )
+        labels=["pool"])
     live = GaugeMetricFamily(
-        "tierq_jobs", "Jobs in each live state (waiting, queued, dispatched, running), counted "
-        "by the leading dispatcher every reconciler period (absent without a recent count)",
-        labels=["status"])
-    for status, n in sorted(found.live.items()):
-        live.add_metric([status], n)
-    yield live
+        "tierq_jobs", "Jobs in each live state (waiting, queued, dispatched, running) per "
+        "pool, counted by the leading dispatcher every reconciler period (absent without a "
+        "recent count)", labels=["pool", "status"])
     entered = CounterMetricFamily(
-        "tierq_jobs_entered", "Jobs that entered each state, counted at the transition "
-        "(queued: accepted submissions and batch items let in)", labels=["status"])
-    for status in ENTERED:
-        entered.add_metric([status], found.jobs.get(status, 0))
-    yield entered
+        "tierq_jobs_entered", "Jobs that entered each state per pool, counted at the "
+        "transition (queued: accepted submissions and batch items let in)",
+        labels=["pool", "status"])
     rejections = CounterMetricFamily(
         "tierq_rejections",
-        "Submissions refused with a 429, by tier, cause (capacity, tenant_limit) and the "
-        "limit hit (bound, deadline; quota, rate, batches)",
-        labels=["tier", "cause", "limit"])
-    refused = {(tier, *kind): 0 for tier in tiers for kind in REFUSALS} | found.rejections
-    for (tier, cause, limit), n in sorted(refused.items()):
-        rejections.add_metric([tier, cause, limit], n)
-    yield rejections
+        "Submissions refused with a 429, by pool, tier, cause (capacity, tenant_limit) and "
+        "the limit hit (bound, deadline; quota, rate, batches)",
+        labels=["pool", "tier", "cause", "limit"])
     repairs = CounterMetricFamily(
-        "tierq_reconciler_repairs", "What the reconciler repaired, by kind (full_pass, "
-        "orphan_recovered, reindexed, entry_removed)", labels=["kind"])
-    for kind in REPAIRS:
-        repairs.add_metric([kind], found.repairs.get(kind, 0))
-    yield repairs
+        "tierq_reconciler_repairs", "What the reconciler repaired, by pool and kind "
+        "(full_pass, orphan_recovered, reindexed, entry_removed)", labels=["pool", "kind"])
+    for read in reads:
+        found = read.found
+        reclaimed.add_metric([read.name], found.reclaimed)
+        for status, n in sorted(found.live.items()):
+            live.add_metric([read.name, status], n)
+        for status in ENTERED:
+            entered.add_metric([read.name, status], found.jobs.get(status, 0))
+        refused = ({(tier, *kind): 0 for tier in read.tiers for kind in REFUSALS}
+                   | found.rejections)
+        for (tier, cause, limit), n in sorted(refused.items()):
+            rejections.add_metric([read.name, tier, cause, limit], n)
+        for kind in REPAIRS:
+            repairs.add_metric([read.name, kind], found.repairs.get(kind, 0))
+    yield from (reclaimed, live, entered, rejections, repairs)
 
 
-def _histogram(name: str, documentation: str, per_tier: dict[str, Histogram]) -> Metric:
-    family = HistogramMetricFamily(name, documentation, labels=["tier"])
-    for tier, hist in per_tier.items():
-        family.add_metric([tier], hist.buckets, sum_value=hist.sum)
+def _histogram(
+    name: str, documentation: str, per_pool: Sequence[tuple[str, dict[str, Histogram]]]
+) -> Metric:
+    family = HistogramMetricFamily(name, documentation, labels=["pool", "tier"])
+    for pool, per_tier in per_pool:
+        for tier, hist in per_tier.items():
+            family.add_metric([pool, tier], hist.buckets, sum_value=hist.sum)
     return family
 
 
@@ -285,9 +315,10 @@ class AppMetrics:
 
     def count_refusal(self, *, tier: str, cause: str, limit: str = "") -> None:
         """A 429 answered: the admit script already counted those it refused; any other
-        (a tenant's open batches) is counted here, best effort."""
+        (a tenant's open batches: a batch is not a pool's yet) is counted here under the
+        default pool, best effort."""
         if limit not in COUNTED_BY_ADMIT:
-            counters.count(self._runtime.redis, self._runtime.settings.key_prefix,
+            counters.count(self._runtime.redis, self._runtime.prefix,
                            rejections={(tier, cause, limit): 1})
 
     def exposition(self) -> bytes:

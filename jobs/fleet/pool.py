@@ -77,5 +77,5 @@ def read_pool(
 
 def live_pool(runtime: Runtime, *, now: float) -> PoolFigures:
     """``read_pool`` with the measured mean as published: one Redis read more."""
-    measured = read_measured(runtime.redis, runtime.settings.key_prefix)
+    measured = read_measured(runtime.redis, runtime.prefix)
     return read_pool(runtime.policy, runtime.index, now=now, measured=measured)

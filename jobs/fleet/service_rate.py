@@ -68,13 +68,14 @@ class ServiceRateTracker:
         if now - self._refreshed_at < self.every_s:
             return self._current
         with runtime.sessions() as session:
-            times = stats_sql.recent_service_times(session, limit=self.window)
+            times = stats_sql.recent_service_times(session, limit=self.window,
+                                                    scope=runtime.scope)
         self._refreshed_at = now
         if not times:
             self._current = None
             return None
         measured = MeasuredMean(mean_s=round(weighted_mean(times), 6), samples=len(times))
-        publish(runtime.redis, runtime.settings.key_prefix, measured, now=now)
+        publish(runtime.redis, runtime.prefix, measured, now=now)
         if self._current is None or abs(self._current.mean_s - measured.mean_s) > 1e-6:
             logger.info("service_rate.measured", extra={
                 "event": "service_rate.measured", "mean_s": round(measured.mean_s, 4),

@@ -6,6 +6,11 @@ one cluster slot. Fixed keys are passed to the Lua scripts through ``KEYS[]`` in
 the prefix (``KEYS[1]``) with the same suffixes as below, spelled once more in
 ``lua/common.lua``.
 
+Pools (``jobs.core.pools``): each pool's keys below live under its own prefix (the default
+pool's is the root prefix itself, ``{tierq}:pool:<name>:`` for another), except the leader
+lock and its epoch, the ``rate:<tenant>`` buckets and the ``tenants`` channel, which are the
+fleet's and stay under the root prefix whatever the pool.
+
 Layout (a job is in exactly one of queued, delayed or leased while the index knows it):
 
 - ``q:<tenant>``       zset job -> order_key: the tenant's runnable queue
@@ -70,7 +75,16 @@ PROMOTE_LIMIT = 1000
 
 @dataclass(frozen=True)
 class IndexKeys:
+    """``prefix``: the pool's (``jobs.core.pools.pool_prefix``); ``root``: the deployment's,
+    under which the fleet's keys live whatever the pool (the leader lock and its epoch, the
+    tenants' rate buckets, the tenants channel). None: the pool is the root's own."""
+
     prefix: str
+    root: str | None = None
+
+    @property
+    def base(self) -> str:
+        return self.prefix if self.root is None else self.root
 
     def tenant_queue(self, tenant: str) -> str:
         return f"{self.prefix}q:{tenant}"
@@ -82,7 +96,7 @@ class IndexKeys:
         return f"{self.prefix}tier:{tier}"
 
     def rate_bucket(self, tenant: str) -> str:
-        return f"{self.prefix}rate:{tenant}"
+        return f"{self.base}rate:{tenant}"
 
     def _fixed(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -168,15 +182,15 @@ class IndexKeys:
     @property
     def tenants_changed(self) -> str:
         """Pub/sub channel: ids of tenants whose record changed (``jobs.index.notify``)."""
-        return self._fixed("tenants")
+        return f"{self.base}tenants"
 
     @property
     def leader(self) -> str:
-        return self._fixed("leader")
+        return f"{self.base}leader"
 
     @property
     def leader_epoch(self) -> str:
-        return self._fixed("leader_epoch")
+        return f"{self.base}leader_epoch"
 
     @property
     def generation(self) -> str:

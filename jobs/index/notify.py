@@ -25,7 +25,7 @@ import asyncio
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import redis
@@ -171,11 +171,15 @@ class Listener:
         url: str,
         prefix: str,
         *,
+        pools: Sequence[str] = (),
         on_tenants: Callable[[list[str]], None] | None = None,
         on_link: Callable[[bool], None] | None = None,
     ) -> None:
+        """``pools``: every pool's prefix (``jobs.core.pools``), whose ``changed`` channels
+        carry their jobs' moves; none: the root prefix's pool alone."""
         keys = IndexKeys(prefix)
-        self._changed, self._tenants = keys.changed, keys.tenants_changed
+        self._changed = {IndexKeys(one).changed for one in (pools or [prefix])}
+        self._tenants = keys.tenants_changed
         self.client_name = f"tierq-listener-{uuid.uuid4().hex[:12]}"
         self._pool = redis.ConnectionPool.from_url(
             url, client_name=self.client_name, socket_connect_timeout=2, socket_timeout=5,
@@ -232,7 +236,7 @@ class Listener:
     def _listen(self) -> None:
         pubsub = PubSub(self._pool)
         try:
-            pubsub.subscribe(self._changed, self._tenants)
+            pubsub.subscribe(*sorted(self._changed), self._tenants)
             while not self._stop.is_set():
                 message = pubsub.get_message(timeout=POLL_S)
                 if message is not None:
@@ -245,14 +249,14 @@ class Listener:
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind == "subscribe" and message.get("data") == 2:
+        if kind == "subscribe" and message.get("data") == len(self._changed) + 1:
             self._subscribed()
             return
         if kind != "message":
             return
         channel = _text(message.get("channel"))
         ids = _text(message.get("data")).split()
-        if channel == self._changed:
+        if channel in self._changed:
             self.waiters.wake(ids)
         elif channel == self._tenants and self._on_tenants is not None:
             self._on_tenants(ids)

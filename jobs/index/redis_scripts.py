@@ -105,9 +105,11 @@ def check_caps(caps: Mapping[str, int], what: str) -> None:
 class RedisScripts:
     """The client, the keys and the scripts the parts of ``RedisIndex`` run."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, *, root: str | None = None) -> None:
+        """``prefix``: the pool's keys; ``root``: the deployment's, for the leader lock and
+        the rate buckets (``jobs.index.keys``); None: ``prefix`` is the root."""
         self._client = client
-        self._keys = IndexKeys(prefix)
+        self._keys = IndexKeys(prefix, root)
         self._fenced = self._keys.fenced()
         self._scripts: dict[str, Script] = {
             name: client.register_script(_lua(name, "common", *_PRELUDES.get(name, ())))

@@ -11,6 +11,8 @@ in the tokens. Index scripts that free a slot ring in their own round trip (``ri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import redis
 
 from jobs.index.keys import IndexKeys
@@ -28,6 +30,9 @@ def ring(client: redis.Redis, prefix: str) -> None:
     pipe.execute()
 
 
-def wait(client: redis.Redis, prefix: str, timeout_s: float) -> bool:
-    """Block until rung or ``timeout_s`` passes; True when rung (the token is taken)."""
-    return client.blpop([doorbell_key(prefix)], timeout=max(0.01, timeout_s)) is not None
+def wait(client: redis.Redis, prefix: str | Sequence[str], timeout_s: float) -> bool:
+    """Block until rung or ``timeout_s`` passes; True when rung (the token is taken). Several
+    prefixes: any of their doorbells (a dispatcher of several pools)."""
+    prefixes = [prefix] if isinstance(prefix, str) else list(prefix)
+    keys = [doorbell_key(one) for one in prefixes]
+    return client.blpop(keys, timeout=max(0.01, timeout_s)) is not None

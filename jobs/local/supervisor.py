@@ -246,6 +246,8 @@ class UpOptions:
     concurrency: int = 2
     data_dir: Path = Path(".tierq")
     grace_s: float = 10.0
+    # The pools to start a worker for (``concurrency`` slots each): ``default`` first.
+    pools: tuple[str, ...] = ("default",)
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -272,11 +274,11 @@ def app_children(options: UpOptions, env: Mapping[str, str]) -> list[ChildSpec]:
             env=env,
         ),
         ChildSpec(name="dispatcher", argv=[*base, "dispatcher"], env=env),
-        ChildSpec(
-            name="worker",
-            argv=[*base, "worker", "--concurrency", str(options.concurrency)],
+        *(ChildSpec(
+            name="worker" if pool == "default" else f"worker-{pool}",
+            argv=[*base, "worker", "--concurrency", str(options.concurrency), "--pool", pool],
             env=env,
-        ),
+        ) for pool in options.pools),
     ]
 
 

@@ -16,6 +16,7 @@ file that would hold nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -40,6 +41,7 @@ from pydantic_settings import (
 
 from jobs.core import policy as tier_policy
 from jobs.core.errors import ConfigError
+from jobs.core.pools import DEFAULT_POOL, Pools, PoolSpec, pool_prefix
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -102,6 +104,18 @@ class PolicySettings(BaseModel):
     timeout_grace_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
+class PoolSettings(BaseModel):
+    """``[pools.<name>]``: the kinds its workers run, and optionally its own capacity (as
+    ``policy.pool_concurrency``) and mean service time (as ``policy.mean_service_s``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kinds: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list)
+    concurrency: Annotated[int, Field(ge=1)] | None = None
+    mean_service_s: Positive | None = None
+
+
 class ApiSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -154,6 +168,11 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     api: ApiSettings = ApiSettings()
     tiers: dict[str, TierSettings] = Field(default_factory=dict)
+    # ``[pools.<name>]``: which workers run which kinds (``jobs.core.pools``); none: one
+    # pool, ``default``, runs every kind.
+    pools: dict[str, PoolSettings] = Field(default_factory=dict)
+    # The pool this process's worker joins (``tierq worker --pool``).
+    pool: str = DEFAULT_POOL
 
     @classmethod
     def settings_customise_sources(
@@ -190,7 +209,33 @@ class Settings(BaseSettings):
                 raise ValueError(f"tiers.{name!s}: a tier name must be a lower-case identifier")
         if not self.key_prefix.startswith("{") or "}" not in self.key_prefix:
             raise ValueError("key_prefix: must start with one hash tag, e.g. '{tierq}:'")
+        pools = self.pool_set()  # raises ValueError naming a bad pool
+        if self.pool not in pools.names:
+            raise ValueError(f"pool: no pool {self.pool!r} is configured; configured: "
+                             f"{', '.join(pools.names)}")
         return self
+
+    def pool_set(self) -> Pools:
+        """The configured pools (``jobs.core.pools``)."""
+        return Pools({
+            name: PoolSpec(name=name, kinds=frozenset(spec.kinds), concurrency=spec.concurrency,
+                           mean_service_s=spec.mean_service_s)
+            for name, spec in self.pools.items()
+        })
+
+    def pool_prefix(self, name: str | None = None) -> str:
+        """The index key prefix of pool ``name`` (None: this process's ``pool``)."""
+        return pool_prefix(self.key_prefix, self.pool if name is None else name)
+
+    def pool_policy(self, name: str) -> tier_policy.Policy:
+        """The policy with pool ``name``'s own capacity and mean service time, where set."""
+        base = self.build_policy()
+        spec = self.pool_set().spec(name)
+        return dataclasses.replace(
+            base,
+            pool_concurrency=spec.concurrency or base.pool_concurrency,
+            mean_service_s=spec.mean_service_s or base.mean_service_s,
+        )
 
     def build_policy(self) -> tier_policy.Policy:
         tiers = {

@@ -189,8 +189,8 @@ def store(
                 index += len(payloads)
     except _KeyTaken:  # a concurrent submit with the same key won: compare with it
         return _lost_race(runtime, tenant, spec, content_hash)
-    try:
-        wake.ring(runtime.redis, runtime.settings.key_prefix)
+    try:  # the dispatcher of the kind's pool feeds it
+        wake.ring(runtime.redis, runtime.for_kind(spec.kind).prefix)
     except outage.REDIS_OUTAGE:
         logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"})
     logger.info("batch.submitted", extra={"event": "batch.submitted", "batch_id": batch.id,

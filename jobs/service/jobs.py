@@ -117,6 +117,7 @@ def cancel(runtime: Runtime, tenant: Tenant, job_id: str) -> CancelOutcome:
 
 
 def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
+    runtime = runtime.for_kind(job.kind)
     if job.terminal:
         return CancelOutcome(job=job, pending=False)
     if job.status is Status.RUNNING:
@@ -141,7 +142,7 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
         )
     if not moved:
         return None
-    notify.announce(runtime.redis, runtime.settings.key_prefix, [job.id])
+    notify.announce(runtime.redis, runtime.prefix, [job.id])
     try:
         removed = runtime.index.cancel(job.id) if job.status is Status.QUEUED else False
         if not removed:
@@ -151,7 +152,7 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
     except REDIS_OUTAGE:
         logger.warning("job.unindex_failed", extra={"event": "job.unindex_failed",
                                                     "job_id": job.id})
-    counters.count(runtime.redis, runtime.settings.key_prefix, jobs={"cancelled": 1})
+    counters.count(runtime.redis, runtime.prefix, jobs={"cancelled": 1})
     _log_cancel(job, "job.cancelled")
     return CancelOutcome(job=dataclasses.replace(job, status=Status.CANCELLED), pending=False)
 

@@ -18,9 +18,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobs.core.domain import Job
+from jobs.core.pools import KindScope
 from jobs.core.states import TERMINAL, Status
 from jobs.store.models import BatchRow, JobRow
 from jobs.store.rows import job_from_row
+from jobs.store.scope import EVERY_KIND, scoped
 
 JOBS = cast(sa.Table, JobRow.__table__)
 BATCHES = cast(sa.Table, BatchRow.__table__)
@@ -168,10 +170,13 @@ def open_batches(session: Session, tenant_id: str) -> int:
             JOBS.c.tenant_id == tenant_id, JOBS.c.status == Status.WAITING.value)).scalar_one())
 
 
-def batches_with_waiting(session: Session, *, limit: int) -> list[str]:
-    """Batches that still hold waiting items, oldest first."""
+def batches_with_waiting(
+    session: Session, *, limit: int, scope: KindScope = EVERY_KIND
+) -> list[str]:
+    """Batches that still hold waiting items (of the kinds of ``scope``), oldest first."""
     rows = session.execute(
-        sa.select(JOBS.c.batch_id).where(JOBS.c.status == Status.WAITING.value)
+        scoped(sa.select(JOBS.c.batch_id), JOBS.c.kind, scope)
+        .where(JOBS.c.status == Status.WAITING.value)
         .group_by(JOBS.c.batch_id).order_by(JOBS.c.batch_id).limit(limit)).all()
     return [row[0] for row in rows if row[0] is not None]
 

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from jobs.core.domain import Job, JobSummary, NewJob
 from jobs.core.errors import DuplicateJob, InvalidRequest, Unavailable
+from jobs.core.pools import KindScope
 from jobs.core.states import TERMINAL, Status
 from jobs.store.direct import Runner
 from jobs.store.models import (
@@ -60,6 +61,7 @@ from jobs.store.rows import (
     rowcount,
     summary_from_columns,
 )
+from jobs.store.scope import EVERY_KIND, scoped
 
 
 def insert_job(session: Runner, new: NewJob) -> Job:
@@ -194,13 +196,15 @@ def latest_jobs(session: Session, *, tenant_id: str, limit: int) -> list[JobSumm
     ]
 
 
-def queued_order(session: Session, tenant_id: str) -> list[tuple[float, str]]:
+def queued_order(
+    session: Session, tenant_id: str, scope: KindScope = EVERY_KIND
+) -> list[tuple[float, str]]:
     """The tenant's queued jobs as ``(order_key, id)``, in dispatch order: how many of its own
     jobs are ahead of one of them (its estimate). Sorted here, not by SQL, so ids compare as
     bytes as in the index, whatever the database's collation."""
-    stmt = sa.select(JobRow.order_key, JobRow.id).where(
+    stmt = scoped(sa.select(JobRow.order_key, JobRow.id).where(
         JobRow.tenant_id == tenant_id, JobRow.status == Status.QUEUED.value
-    )
+    ), JobRow.kind, scope)
     return sorted((order_key, job_id) for order_key, job_id in session.execute(stmt))
 
 
@@ -238,13 +242,14 @@ def jobs_in_status(session: Session, statuses: Iterable[Status]) -> list[Job]:
 
 
 def settled_queued(
-    session: Session, *, after: tuple[float, str] | None, until: float, limit: int
+    session: Session, *, after: tuple[float, str] | None, until: float, limit: int,
+    scope: KindScope = EVERY_KIND,
 ) -> list[Job]:
     """Queued jobs whose last change is at or before ``until``, in ``(updated_at, id)`` order
     after the cursor ``after`` (None: from the start): one bounded step of a walk."""
-    stmt = sa.select(JobRow).where(
+    stmt = scoped(sa.select(JobRow).where(
         JobRow.status == Status.QUEUED.value, JobRow.updated_at <= dt(until)
-    )
+    ), JobRow.kind, scope)
     if after is not None:
         at, job_id = dt(after[0]), after[1]
         stmt = stmt.where(
@@ -255,12 +260,13 @@ def settled_queued(
 
 
 def jobs_after(
-    session: Session, statuses: Iterable[Status], *, after: str, limit: int
+    session: Session, statuses: Iterable[Status], *, after: str, limit: int,
+    scope: KindScope = EVERY_KIND,
 ) -> list[Job]:
     """Jobs in these states with ids after ``after`` ('' from the start), by id: one bounded
     step of a walk (the status index serves it)."""
     stmt = (
-        sa.select(JobRow)
+        scoped(sa.select(JobRow), JobRow.kind, scope)
         .where(JobRow.status.in_([status.value for status in statuses]), JobRow.id > after)
         .order_by(JobRow.id)
         .limit(limit)

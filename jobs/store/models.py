@@ -222,6 +222,16 @@ class IndexStateRow(Base):
     epoch: Mapped[int] = mapped_column(sa.BigInteger())
 
 
+class PoolEpochRow(Base):
+    """The epoch of each pool but ``default`` (whose epoch is ``IndexStateRow``'s): each
+    pool's index can lose its data or come back from a snapshot on its own."""
+
+    __tablename__ = "pool_epochs"
+
+    pool: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    epoch: Mapped[int] = mapped_column(sa.BigInteger())
+
+
 class LeadershipRow(Base):
     """One row: the fencing token of the leader that last claimed SQL. The reaper's and the
     reconciler's decisions commit only while it still names their token."""

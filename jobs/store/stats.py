@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from jobs.core.pools import KindScope
 from jobs.core.states import Status
 from jobs.store.models import (
     JobRow,
@@ -14,15 +15,16 @@ from jobs.store.rows import (
     TOTALS,
     dt,
 )
+from jobs.store.scope import EVERY_KIND, scoped
 
 LIVE = (Status.WAITING, Status.QUEUED, Status.DISPATCHED, Status.RUNNING)
 
 
-def count_live(session: Session) -> dict[Status, int]:
+def count_live(session: Session, scope: KindScope = EVERY_KIND) -> dict[Status, int]:
     """Jobs in each live state (waiting, queued, dispatched, running; 0 included): a range of the
     index on ``(status, ...)``, as long as the live jobs, never the whole table."""
     counts = dict.fromkeys(LIVE, 0)
-    stmt = (sa.select(JobRow.status, sa.func.count())
+    stmt = (scoped(sa.select(JobRow.status, sa.func.count()), JobRow.kind, scope)
             .where(JobRow.status.in_([status.value for status in LIVE]))
             .group_by(JobRow.status))
     for status, count in session.execute(stmt):
@@ -39,10 +41,12 @@ def count_by_status(session: Session) -> dict[Status, int]:
     return counts
 
 
-def recent_service_times(session: Session, *, limit: int) -> list[float]:
+def recent_service_times(
+    session: Session, *, limit: int, scope: KindScope = EVERY_KIND
+) -> list[float]:
     """Run time (finished - started) of the last ``limit`` finished runs, newest first."""
     stmt = (
-        sa.select(JobRow.started_at, JobRow.finished_at)
+        scoped(sa.select(JobRow.started_at, JobRow.finished_at), JobRow.kind, scope)
         .where(
             JobRow.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]),
             JobRow.started_at.is_not(None),

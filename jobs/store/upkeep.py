@@ -13,11 +13,13 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from jobs.core.pools import DEFAULT_POOL
 from jobs.core.states import TERMINAL, Status
 from jobs.store.engine import bound_leader_transaction
 from jobs.store.models import (
     IndexStateRow,
     LeadershipRow,
+    PoolEpochRow,
 )
 from jobs.store.rows import (
     JOBS,
@@ -29,26 +31,38 @@ from jobs.store.rows import (
 )
 
 
-def index_epoch(session: Session) -> int | None:
-    """The epoch SQL holds for the index (None before the first reconciler round)."""
-    row = session.get(IndexStateRow, 1, populate_existing=True)
+def index_epoch(session: Session, pool: str = DEFAULT_POOL) -> int | None:
+    """The epoch SQL holds for the pool's index (None before its first reconciler round)."""
+    row: IndexStateRow | PoolEpochRow | None
+    if pool == DEFAULT_POOL:
+        row = session.get(IndexStateRow, 1, populate_existing=True)
+    else:
+        row = session.get(PoolEpochRow, pool, populate_existing=True)
     return None if row is None else row.epoch
 
 
-def advance_epoch(session: Session, *, expected: int | None, epoch: int) -> bool:
-    """Compare-and-set the index epoch from ``expected`` to ``epoch``; True iff it moved."""
+def advance_epoch(
+    session: Session, *, expected: int | None, epoch: int, pool: str = DEFAULT_POOL
+) -> bool:
+    """Compare-and-set the pool's index epoch from ``expected`` to ``epoch``; True iff it
+    moved."""
+    default = pool == DEFAULT_POOL
     if expected is None:
         try:
             with session.begin_nested():
-                session.add(IndexStateRow(id=1, epoch=epoch))
+                session.add(IndexStateRow(id=1, epoch=epoch) if default
+                            else PoolEpochRow(pool=pool, epoch=epoch))
         except IntegrityError:
             return False
         return True
-    stmt = (
-        sa.update(IndexStateRow)
-        .where(IndexStateRow.id == 1, IndexStateRow.epoch == expected)
-        .values(epoch=epoch)
-    )
+    if default:
+        stmt = (sa.update(IndexStateRow)
+                .where(IndexStateRow.id == 1, IndexStateRow.epoch == expected)
+                .values(epoch=epoch))
+    else:
+        stmt = (sa.update(PoolEpochRow)
+                .where(PoolEpochRow.pool == pool, PoolEpochRow.epoch == expected)
+                .values(epoch=epoch))
     return rowcount(session, stmt) == 1
 
 

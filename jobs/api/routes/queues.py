@@ -17,6 +17,7 @@ from jobs.api.deps import PrincipalDep, RuntimeDep, refuse_unknown_query
 from jobs.api.errors import OUTAGE_RETRY_AFTER_S, error_response, error_responses
 from jobs.api.schemas import (
     HealthResponse,
+    PoolQueues,
     PoolView,
     QueuesResponse,
     ReadyResponse,
@@ -24,6 +25,8 @@ from jobs.api.schemas import (
     TierQueue,
     WorkerView,
 )
+from jobs.core.domain import Tenant
+from jobs.core.pools import DEFAULT_POOL
 from jobs.fleet.metrics import (
     AppMetrics,
     TierFigures,
@@ -50,17 +53,36 @@ READY_TIMEOUT_S = 2.0
 )
 def get_queues(principal: PrincipalDep, runtime: RuntimeDep) -> QueuesResponse:
     now = runtime.clock()
+    tenant = principal.tenant
+    pools: list[PoolQueues] = []
+    workers: list[WorkerView] = []
+    for one in runtime.every_pool():
+        live = one.index.live_workers(now=now)
+        workers.extend(WorkerView.of(w, now, one.pool) for w in live)
+        pools.append(_pool_queues(one, tenant, live_workers=len(live), now=now))
+    first = pools[0]
+    if tenant is None:
+        return QueuesResponse(scope="fleet", tiers=first.tiers, pool=first.pool,
+                              workers=workers, pools=pools)
+    return QueuesResponse(scope="tenant", tiers=first.tiers, pool=first.pool,
+                          usage=first.usage, pools=pools)
+
+
+def _pool_queues(
+    runtime: Runtime, tenant: Tenant | None, *, live_workers: int, now: float
+) -> PoolQueues:
     view = read_index_view(runtime, now=now)
     waits = recent_waits(runtime, now=now)
     pool = view.pool
-    tenant = principal.tenant
     tiers = [_tier_queue(tier, waits[tier.name]) for tier in view.tiers
              if tenant is None or tier.name == tenant.tier]
-    pool_view = PoolView(capacity=pool.capacity, inflight=pool.inflight,
-                         utilisation=pool.utilisation, service_rate=pool.service_rate)
+    spec = runtime.pools.spec(runtime.pool)
+    pool_view = PoolView(
+        name=runtime.pool, kinds=sorted(spec.kinds) if runtime.pool != DEFAULT_POOL else None,
+        live_workers=live_workers, capacity=pool.capacity, inflight=pool.inflight,
+        utilisation=pool.utilisation, service_rate=pool.service_rate)
     if tenant is None:
-        workers = [WorkerView.of(w, now) for w in runtime.index.live_workers(now=now)]
-        return QueuesResponse(scope="fleet", tiers=tiers, pool=pool_view, workers=workers)
+        return PoolQueues(pool=pool_view, tiers=tiers)
     usage = TenantUsage(
         tenant=tenant.id, tier=tenant.tier,
         queued=runtime.index.tenant_queued(tenant.id),
@@ -69,7 +91,7 @@ def get_queues(principal: PrincipalDep, runtime: RuntimeDep) -> QueuesResponse:
         quota=tenant.max_queued if tenant.max_queued is not None
         else pool.quotas.get(tenant.tier, 1),
     )
-    return QueuesResponse(scope="tenant", tiers=tiers, pool=pool_view, usage=usage)
+    return PoolQueues(pool=pool_view, tiers=tiers, usage=usage)
 
 
 def _tier_queue(tier: TierFigures, waits: list[float]) -> TierQueue:

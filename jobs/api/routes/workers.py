@@ -17,8 +17,11 @@ router = APIRouter(prefix="/v1/admin/workers", tags=["workers"],
 class WorkerListResponse(BaseModel):
     """The live workers and the capacity they bring."""
 
-    workers: list[WorkerView] = Field(description="live workers, by id")
-    slots: int = Field(ge=0, description="the sum of their slots: the pool's live capacity")
+    workers: list[WorkerView] = Field(description="live workers of every pool, by pool "
+                                      "(default first), then id")
+    slots: int = Field(ge=0, description="the sum of their slots: the fleet's live capacity")
+    slots_by_pool: dict[str, int] = Field(default_factory=dict, description="the same sum per "
+                                          "pool: each pool's live capacity (0: no live worker)")
 
 
 @router.get(
@@ -32,8 +35,11 @@ class WorkerListResponse(BaseModel):
 )
 def list_workers(_: AdminDep, runtime: RuntimeDep) -> WorkerListResponse:
     now = runtime.index.now()
-    live = runtime.index.live_workers(now=now)
-    return WorkerListResponse(
-        workers=[WorkerView.of(w, now) for w in live],
-        slots=sum(w.slots for w in live),
-    )
+    workers: list[WorkerView] = []
+    by_pool: dict[str, int] = {}
+    for pool in runtime.every_pool():
+        live = pool.index.live_workers(now=now)
+        workers.extend(WorkerView.of(w, now, pool.pool) for w in live)
+        by_pool[pool.pool] = sum(w.slots for w in live)
+    return WorkerListResponse(workers=workers, slots=sum(by_pool.values()),
+                              slots_by_pool=by_pool)
