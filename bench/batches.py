@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                       env=env, workdir=workdir))
             stack.enter_context(child("dispatcher", [*cli, "dispatcher"], env=env,
                                       workdir=workdir))
-            stack.enter_context(child("worker", [*cli, "worker", "--pool", "threads",
+            stack.enter_context(child("worker", [*cli, "worker", "--celery-pool", "threads",
                                                  "--concurrency", str(SLOTS), "--loglevel",
                                                  "WARNING"], env=env, workdir=workdir))
             url = f"http://127.0.0.1:{port}"

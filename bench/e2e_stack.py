@@ -199,7 +199,7 @@ def tierq(database_url: str, redis_url: str, workdir: Path, *, tenants: int) -> 
         dispatcher = stack.enter_context(child("dispatcher", [*tierq_cli, "dispatcher"],
                                                env=env, workdir=workdir))
         worker = stack.enter_context(child("worker", [
-            *tierq_cli, "worker", "--pool", "threads", "--concurrency", str(WORKER_SLOTS),
+            *tierq_cli, "worker", "--celery-pool", "threads", "--concurrency", str(WORKER_SLOTS),
             "--loglevel", "WARNING"], env=env, workdir=workdir))
         system = Tierq(url=f"http://127.0.0.1:{port}",
                        processes={"api": api, "dispatcher": dispatcher, "worker": worker})

@@ -157,9 +157,22 @@ class BrokenSetupHandler(_AnyObject):
         return None
 
 
+class NapHandler(_AnyObject):
+    """Holds its slot for ``payload["seconds"]`` as ``sleep`` does, under a kind of its own:
+    a second slow kind, for a pool of its own."""
+
+    kind = "nap"
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        ctx.sleep(float(payload.get("seconds", 0)))
+        return {"napped": payload.get("seconds", 0)}
+
+
 # For TIERQ_HANDLERS in worker processes.
 HANDLERS: list[Handler] = [RecordingHandler(), FlakyHandler(), CrashHandler()]
 # Beside them, for the tests of run-time limits.
 LIMIT_HANDLERS: list[Handler] = [BlockingHandler(), HangHandler(), LimitedHandler()]
 # Beside them, for the tests of handlers set up before the worker takes a job.
 WARM_HANDLERS: list[Handler] = [WarmHandler()]
+# For the tests of pools: a slow kind besides ``sleep``.
+POOL_HANDLERS: list[Handler] = [NapHandler()]

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from jobs.api.schemas import TIMESTAMP, PoolView, WorkerView, rfc3339
 from jobs.core.states import Status
-from jobs.dashboard.figures import FleetView, JobLine, TenantUse, TenantView, TierCard
+from jobs.dashboard.figures import FleetView, JobLine, PoolLine, TenantUse, TenantView, TierCard
 from jobs.dashboard.refusals import RefusalCount
-from jobs.fleet.pool import PoolFigures
-from jobs.index.base import LiveWorker
 
 
 class RefusalTally(BaseModel):
@@ -44,8 +41,9 @@ class TierCardView(BaseModel):
                                      "window; null when none did")
     wait_p95_s: float | None = Field(description="95th percentile of the same waits")
     waits_counted: int = Field(description="jobs of the tier that started in the window")
-    refusals: list[RefusalTally] = Field(description="its refusals in the window, by cause and "
-                                         "limit, most first (a tenant's view: its own only)")
+    refusals: list[RefusalTally] = Field(description="its refusals in the window, in every "
+                                         "pool, by cause and limit, most first (a tenant's "
+                                         "view: its own only)")
 
     @classmethod
     def of(cls, card: TierCard) -> TierCardView:
@@ -58,26 +56,32 @@ class TierCardView(BaseModel):
         )
 
 
+def pool_view(line: PoolLine) -> PoolView:
+    """One pool's entry of ``pools``: ``/v1/queues``'s figures of it."""
+    pool = line.figures
+    return PoolView(name=line.name, kinds=line.kinds, live_workers=len(line.workers),
+                    capacity=pool.capacity, inflight=pool.inflight,
+                    utilisation=pool.utilisation, service_rate=pool.service_rate)
+
+
 class PoolCard(PoolView):
-    """The worker pool, fleet-wide: ``/v1/queues``'s figures, and what is behind them."""
+    """A pool of workers: ``/v1/queues``'s figures, and what is behind them."""
 
     mean_service_s: float = Field(description="mean service time behind μ")
     service_measured: bool = Field(description="true when mean_service_s is measured from "
                                    "finished jobs, false while it is the configured fallback")
-    workers: list[WorkerView] = Field(description="the live workers, by id")
+    workers: list[WorkerView] = Field(description="its live workers, by id")
 
     @classmethod
-    def of(cls, pool: PoolFigures, workers: Sequence[LiveWorker] = (), *,
-           now: float) -> PoolCard:
-        return cls(capacity=pool.capacity, inflight=pool.inflight,
-                   utilisation=pool.utilisation, service_rate=pool.service_rate,
-                   mean_service_s=pool.mean_service_s,
+    def of(cls, line: PoolLine, *, now: float) -> PoolCard:
+        pool = line.figures
+        return cls(**pool_view(line).model_dump(), mean_service_s=pool.mean_service_s,
                    service_measured=pool.service_samples > 0,
-                   workers=[WorkerView.of(w, now) for w in workers])
+                   workers=[WorkerView.of(w, now, line.name) for w in line.workers])
 
 
 class TenantUseView(BaseModel):
-    """A tenant's jobs in flight against its cap, and queued against its quota."""
+    """A tenant's jobs in flight against its cap, and queued against its quota, in one pool."""
 
     name: str = Field(description="the tenant")
     tier: str = Field(description="its tier")
@@ -87,12 +91,14 @@ class TenantUseView(BaseModel):
     queued: int = Field(description="its jobs queued now (retry backoffs included)")
     quota: int = Field(description="queued jobs beyond which its submits are refused")
     quota_use: float = Field(description="queued / quota")
+    pool: str = Field(default="default", description="the pool these figures are of: each "
+                      "pool counts a tenant's jobs, and sizes its cap and quota, on its own")
 
     @classmethod
     def of(cls, use: TenantUse) -> TenantUseView:
         return cls(name=use.name, tier=use.tier, inflight=use.inflight, cap=use.cap,
                    cap_use=use.cap_use, queued=use.queued, quota=use.quota,
-                   quota_use=use.quota_use)
+                   quota_use=use.quota_use, pool=use.pool)
 
 
 class RecentJob(BaseModel):
@@ -114,7 +120,9 @@ class RecentJob(BaseModel):
 class OwnFigures(BaseModel):
     """The calling tenant's own figures."""
 
-    use: TenantUseView = Field(description="its cap and quota use")
+    use: TenantUseView = Field(description="its cap and quota use in the default pool")
+    pools: list[TenantUseView] = Field(default_factory=list, description="its cap and quota "
+                                       "use in each pool, default first")
     wait_p50_s: float | None = Field(description="median wait of its jobs that started in the "
                                      "window; null when none did")
     wait_p95_s: float | None = Field(description="95th percentile of the same waits")
@@ -128,7 +136,8 @@ class OwnFigures(BaseModel):
     @classmethod
     def of(cls, view: TenantView) -> OwnFigures:
         return cls(
-            use=TenantUseView.of(view.use), wait_p50_s=view.waits.p50_s,
+            use=TenantUseView.of(view.use),
+            pools=[TenantUseView.of(use) for use in view.pools], wait_p50_s=view.waits.p50_s,
             wait_p95_s=view.waits.p95_s, waits_counted=view.waits.count,
             jobs_by_status=dict(view.by_status),
             jobs_counted=view.counted, recent_jobs=[RecentJob.of(j) for j in view.recent],
@@ -142,11 +151,18 @@ class DashboardResponse(BaseModel):
                                              "`tenant` for a tenant's key")
     at: str = Field(description=f"when the figures were read ({TIMESTAMP})")
     window_s: float = Field(description="seconds of the window of waits and refusals")
-    tiers: list[TierCardView] = Field(description="fleet: every tier, best first; tenant: its "
-                                      "own tier")
-    pool: PoolCard | None = Field(description="the pool (fleet view only)")
-    tenants: list[TenantUseView] = Field(description="fleet: the tenants using the largest "
-                                         "share of their cap, most first; tenant: empty")
+    tiers: list[TierCardView] = Field(description="the default pool's tiers; fleet: every "
+                                      "tier, best first; tenant: its own tier")
+    pool: PoolCard | None = Field(description="the default pool, the only one without "
+                                  "[pools] (fleet view only)")
+    pools: list[PoolView] = Field(default_factory=list, description="fleet: every pool, "
+                                  "default first; tenant: empty")
+    workers: list[WorkerView] = Field(default_factory=list, description="fleet: the live "
+                                      "workers of every pool, by pool then id, each naming "
+                                      "its pool; tenant: empty")
+    tenants: list[TenantUseView] = Field(description="fleet: in each pool, default first, "
+                                         "the tenants using the largest share of their cap "
+                                         "there, most first; tenant: empty")
     tenant: OwnFigures | None = Field(description="the calling tenant's own figures (tenant "
                                       "view only)")
 
@@ -154,7 +170,10 @@ class DashboardResponse(BaseModel):
     def of_fleet(cls, view: FleetView) -> DashboardResponse:
         return cls(view="fleet", at=rfc3339(view.at) or "", window_s=view.window_s,
                    tiers=[TierCardView.of(card) for card in view.tiers],
-                   pool=PoolCard.of(view.pool, view.workers, now=view.at),
+                   pool=PoolCard.of(view.pool, now=view.at),
+                   pools=[pool_view(line) for line in view.pools],
+                   workers=[WorkerView.of(worker, view.at, pool)
+                            for pool, worker in view.workers],
                    tenants=[TenantUseView.of(use) for use in view.tenants], tenant=None)
 
     @classmethod

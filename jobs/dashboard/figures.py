@@ -2,9 +2,13 @@
 
 Two views. The fleet's (the admin key): a card per tier (queued against its bound, the
 oldest job's age against the tier's ageing guarantee, recent waits against ``max_wait_s``,
-recent refusals by cause and limit), the pool, and the tenants nearest their concurrency cap.
-A tenant's (its own key): its tier's public card with only its own refusals, its cap and
-quota use, its waits and its recent jobs; nothing about any other tenant.
+recent refusals by cause and limit), the pool, every pool (``jobs.core.pools``) and its live
+workers, and each pool's tenants nearest their concurrency cap there. A tenant's (its own
+key): its tier's public card with only its own refusals, its cap and quota use in each pool,
+its waits and its recent jobs; nothing about any other tenant.
+
+The tier cards and the pool are the default pool's, the only one without ``[pools]``;
+the refusals are every pool's.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 from jobs.admission import estimates
 from jobs.core import policy
 from jobs.core.domain import JobSummary, Tenant
+from jobs.core.pools import DEFAULT_POOL, Pools
 from jobs.core.states import Status
 from jobs.dashboard.refusals import RefusalCount
 from jobs.fleet.metrics import IndexView, TierFigures, percentile
@@ -50,7 +55,8 @@ class TierCard:
 
 @dataclass(frozen=True, kw_only=True)
 class TenantUse:
-    """A tenant's jobs in flight against its cap, and queued against its quota."""
+    """A tenant's jobs in flight against its cap, and queued against its quota, in one pool
+    (each pool counts them, and sizes the cap and quota, on its own)."""
 
     name: str
     tier: str
@@ -58,6 +64,7 @@ class TenantUse:
     cap: int
     queued: int
     quota: int
+    pool: str = DEFAULT_POOL
 
     @property
     def cap_use(self) -> float:
@@ -78,14 +85,31 @@ class JobLine:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PoolLine:
+    """One pool: its kinds, its figures and its live workers."""
+
+    name: str
+    kinds: list[str] | None  # None: the default pool, which runs every kind no pool names
+    figures: PoolFigures
+    # The device each runs on and the slots it brings.
+    workers: list[LiveWorker] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
 class FleetView:
     at: float
     window_s: float
     tiers: list[TierCard]
-    pool: PoolFigures
+    pool: PoolLine  # the default pool
+    # Per pool, default first: its tenants nearest their cap there.
     tenants: list[TenantUse]
-    # The live workers: the device each runs on and the slots it brings.
-    workers: list[LiveWorker] = field(default_factory=list)
+    # Every pool, default first.
+    pools: list[PoolLine]
+
+    @property
+    def workers(self) -> list[tuple[str, LiveWorker]]:
+        """Every pool's live workers, each with its pool's name."""
+        return [(line.name, worker) for line in self.pools for worker in line.workers]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +117,9 @@ class TenantView:
     at: float
     window_s: float
     tier: TierCard | None  # None only when its tier left the configuration
-    use: TenantUse
+    use: TenantUse  # in the default pool
+    # Its use of every pool, default first.
+    pools: list[TenantUse]
     waits: Waits
     # Its latest ``counted`` jobs by status (every status, 0 included).
     by_status: dict[Status, int]
@@ -119,12 +145,22 @@ def tier_card(
     )
 
 
-def tenant_use(tenant: Tenant, figures: PoolFigures, *, inflight: int, queued: int) -> TenantUse:
-    """Its use of its own cap and quota (its overrides, else its tier's)."""
+def tenant_use(
+    tenant: Tenant, figures: PoolFigures, *, inflight: int, queued: int,
+    pool: str = DEFAULT_POOL,
+) -> TenantUse:
+    """Its use of its own cap and quota in ``pool`` (its overrides, else its tier's)."""
     quota = tenant.max_queued if tenant.max_queued is not None else figures.quotas.get(
         tenant.tier, 1)
     return TenantUse(name=tenant.name, tier=tenant.tier, inflight=inflight,
-                     cap=estimates.tenant_cap(tenant, figures), queued=queued, quota=quota)
+                     cap=estimates.tenant_cap(tenant, figures), queued=queued, quota=quota,
+                     pool=pool)
+
+
+def pool_kinds(pools: Pools, name: str) -> list[str] | None:
+    """The kinds pool ``name`` runs; None for the default pool, whose kinds are whatever no
+    other pool names (not a list a deployment wrote down)."""
+    return None if name == DEFAULT_POOL else sorted(pools.spec(name).kinds)
 
 
 def nearest_cap(
@@ -145,12 +181,14 @@ def nearest_cap(
 def fleet_view(
     pol: policy.Policy, *, at: float, window_s: float, view: IndexView,
     waits: Mapping[str, Sequence[float]], refusals: Mapping[str, list[RefusalCount]],
-    tenants: list[TenantUse], workers: Sequence[LiveWorker] = (),
+    tenants: list[TenantUse], pools: Sequence[PoolLine],
 ) -> FleetView:
+    """``pol``, ``view``, ``waits`` and ``refusals``: the default pool's, which ``pools``
+    lists first."""
     cards = [tier_card(pol, tier, waits.get(tier.name, []), refusals.get(tier.name, []))
              for tier in view.tiers]
-    return FleetView(at=at, window_s=window_s, tiers=cards, pool=view.pool, tenants=tenants,
-                     workers=list(workers))
+    return FleetView(at=at, window_s=window_s, tiers=cards, pool=pools[0], tenants=tenants,
+                     pools=list(pools))
 
 
 def job_lines(jobs: Sequence[JobSummary], *, limit: int = RECENT_JOBS) -> list[JobLine]:
@@ -177,11 +215,12 @@ def started_waits(jobs: Sequence[JobSummary], *, since: float) -> list[float]:
 
 def tenant_view(
     *, at: float, window_s: float, tier: TierCard | None, use: TenantUse,
-    jobs: Sequence[JobSummary],
+    jobs: Sequence[JobSummary], pools: Sequence[TenantUse] = (),
 ) -> TenantView:
-    """``jobs``: the tenant's latest jobs, newest first."""
+    """``jobs``: the tenant's latest jobs, newest first; ``use``: its use of the default
+    pool, which ``pools`` (its use of each pool; none: that one only) lists first."""
     return TenantView(
-        at=at, window_s=window_s, tier=tier, use=use,
+        at=at, window_s=window_s, tier=tier, use=use, pools=list(pools) or [use],
         waits=waits_of(started_waits(jobs, since=at - window_s)),
         by_status=status_counts(jobs), counted=len(jobs), recent=job_lines(jobs),
     )

@@ -5,11 +5,14 @@ minutes, for every tier and every tenant. So the index counts each refusal in th
 step that decides it (``DispatchIndex.admit_new``: no round trip more), by minute, for its
 tier and for its tenant; this module sums the minutes of the window and names each reason as
 the 429 does (``admission.cause_and_limit``): its cause (``capacity``: ours to fix;
-``tenant_limit``: the client's) and the limit hit.
+``tenant_limit``: the client's) and the limit hit. Each pool's index counts the refusals of
+its own submits (``jobs.core.pools``): the dashboard sums every pool's, so a 429 shows
+whichever pool refused it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jobs.admission.refusals import cause_and_limit
@@ -47,18 +50,23 @@ def window_minutes(now: float, window_s: float = WINDOW_S) -> list[int]:
     return list(range(last - int(window_s // REFUSAL_BUCKET_S) + 1, last + 1))
 
 
-def read_recent(index: DispatchIndex, *, now: float, window_s: float = WINDOW_S) -> RecentRefusals:
-    return tally(index.refusal_counts(window_minutes(now, window_s)))
+def read_recent(
+    *indexes: DispatchIndex, now: float, window_s: float = WINDOW_S
+) -> RecentRefusals:
+    """The refusals of the window, summed over ``indexes`` (one per pool)."""
+    minutes = window_minutes(now, window_s)
+    return tally(*(index.refusal_counts(minutes) for index in indexes))
 
 
-def tally(counts: dict[tuple[str, str, str], int]) -> RecentRefusals:
-    """Pure: the index's counts by (scope, name, reason) as lists by tier and by tenant, each
-    ordered by count (largest first), then cause and limit."""
+def tally(*counts: Mapping[tuple[str, str, str], int]) -> RecentRefusals:
+    """Pure: the indexes' counts by (scope, name, reason), summed, as lists by tier and by
+    tenant, each ordered by count (largest first), then cause and limit."""
     sums: dict[tuple[str, str, str, str], int] = {}
-    for (scope, name, reason), count in counts.items():
-        cause, limit = cause_and_limit(reason)
-        key = (scope, name, cause, limit)
-        sums[key] = sums.get(key, 0) + count
+    for one in counts:
+        for (scope, name, reason), count in one.items():
+            cause, limit = cause_and_limit(reason)
+            key = (scope, name, cause, limit)
+            sums[key] = sums.get(key, 0) + count
     by_scope: dict[str, dict[str, list[RefusalCount]]] = {"tier": {}, "tenant": {}}
     for (scope, name, cause, limit), count in sums.items():
         if scope in by_scope:

@@ -7,6 +7,25 @@ so one scenario checks any configuration. The named scenarios ship in
 ``jobs/simulate/scenarios/``; any other file is read by path. A stream may replay a trace
 (a CSV of ``time,tenant,tier,service_s``, relative to the scenario file).
 
+Instead of ``[pool]``, a scenario may declare pools (``jobs.core.pools``), each with its
+workers and slots, the kinds it runs, and what a configuration's ``[pools.<name>]`` would set
+(``concurrency``, ``mean_service_s``; the configuration's own win). A stream names its jobs'
+``kind`` (their pool is the one that lists it, else ``default``) or its ``pool``:
+
+    [pools.default]
+    workers = 3
+    slots = 8
+    [pools.gpu]
+    kinds = ["render"]
+    workers = 2
+    slots = 4
+    mean_service_s = 120
+    service = {distribution = "lognormal", mean_s = 120}   # its jobs' (default: [service])
+    [[streams]]
+    tier = "standard"
+    kind = "render"
+    rate_per_s = 0.2
+
     name = "seed"
     jobs = 200000                     # default --jobs
     [pool]
@@ -32,9 +51,11 @@ from pathlib import Path
 from typing import Any
 
 from jobs.core.errors import ConfigError
+from jobs.core.pools import DEFAULT_POOL, PoolSpec, Pools
 
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 PATTERNS = ("poisson", "diurnal", "burst", "trace")
+MAX_POOLS = 256  # a job's pool is one byte of ``jobs.simulate.traffic.Traffic.pool``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,9 +81,17 @@ class PoolChange:
 
 @dataclass(frozen=True, kw_only=True)
 class Pool:
+    """Workers of ``slots`` each; with pools, also what the pool runs and its own figures."""
+
     workers: int
     slots: int
     changes: tuple[PoolChange, ...] = ()
+    name: str = DEFAULT_POOL
+    kinds: frozenset[str] = frozenset()
+    # As ``[pools.<name>]`` of a configuration sets them (None: the policy's).
+    concurrency: int | None = None
+    mean_service_s: float | None = None
+    service: ServiceTime | None = None  # its jobs' service time (None: the scenario's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +123,10 @@ class Stream:
     # the stream names (``name-0`` ...), not to those of a trace file.
     cap: int | None = None
     max_queued: int | None = None
-    service: ServiceTime | None = None  # None: the scenario's
+    service: ServiceTime | None = None  # None: its pool's, else the scenario's
+    # The jobs' kind, which decides their pool; or the pool itself (None: ``default``).
+    kind: str | None = None
+    pool: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,13 +134,26 @@ class Scenario:
     name: str
     description: str
     jobs: int
-    pool: Pool
+    pools: tuple[Pool, ...]  # ``default`` first, as ``jobs.core.pools.Pools.names``
     service: ServiceTime
     streams: tuple[Stream, ...]
     source: Path | None = field(default=None, compare=False)
 
+    @property
+    def pool(self) -> Pool:
+        """The first pool: the only one of a scenario without pools."""
+        return self.pools[0]
+
     def tiers(self) -> list[str]:
         return list(dict.fromkeys(stream.tier for stream in self.streams))
+
+    def pool_index(self, stream: Stream) -> int:
+        """Where the stream's jobs run: the index of their pool in ``pools``."""
+        owner = _pool_set(self.pools).pool_of(stream.kind) if stream.kind else DEFAULT_POOL
+        return [p.name for p in self.pools].index(stream.pool or owner)
+
+    def service_of(self, stream: Stream) -> ServiceTime:
+        return stream.service or self.pools[self.pool_index(stream)].service or self.service
 
 
 def named() -> list[str]:
@@ -183,26 +228,84 @@ def _stream(data: dict[str, Any], i: int, base: Path | None) -> Stream:
         raise ConfigError(f"{where}: a burst stream needs size > 0")
     if any(v is not None and v < 1 for v in (stream.cap, stream.max_queued)):
         raise ConfigError(f"{where}: cap and max_queued are at least 1")
+    if any(v is not None and not (isinstance(v, str) and v) for v in (stream.kind, stream.pool)):
+        raise ConfigError(f"{where}: kind and pool are names")
     return stream
+
+
+def _pool(data: Any, name: str, where: str) -> Pool:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a table of workers, slots, ...")
+    if "name" in data:
+        raise ConfigError(f"{where}: unknown field(s) name")
+    values = _known(data, Pool, where)
+    values["changes"] = tuple(PoolChange(**_known(c, PoolChange, f"{where}.changes"))
+                              for c in values.get("changes", []))
+    kinds = values.get("kinds", [])
+    if not isinstance(kinds, list) or not all(isinstance(k, str) and k for k in kinds):
+        raise ConfigError(f"{where}.kinds: a list of kind names")
+    values["kinds"] = frozenset(kinds)
+    if "service" in values:
+        values["service"] = _service(dict(values["service"]), f"{where}.service")
+    pool = Pool(**values, name=name)
+    if pool.workers < 1 or pool.slots < 1:
+        raise ConfigError(f"{where}: workers >= 1 and slots >= 1")
+    if (pool.concurrency or 1) < 1 or (pool.mean_service_s or 1) <= 0:
+        raise ConfigError(f"{where}: concurrency >= 1 and mean_service_s > 0")
+    return pool
+
+
+def _pool_set(pools: tuple[Pool, ...]) -> Pools:
+    """The pools as a configuration would declare them: the same checks, the same routing."""
+    try:
+        return Pools({p.name: PoolSpec(name=p.name, kinds=p.kinds, concurrency=p.concurrency,
+                                       mean_service_s=p.mean_service_s) for p in pools})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _pools(data: dict[str, Any]) -> tuple[Pool, ...]:
+    """``[pool]`` (one pool, ``default``) or ``[pools.<name>]`` tables, ``default`` first."""
+    if "pools" not in data:
+        return (_pool(data.get("pool", {}), DEFAULT_POOL, "pool"),)
+    if "pool" in data:
+        raise ConfigError("pool and pools: a scenario has one [pool] or [pools.<name>] tables")
+    tables = data["pools"]
+    if not isinstance(tables, dict) or not 0 < len(tables) <= MAX_POOLS:
+        raise ConfigError(f"pools: one [pools.<name>] table per pool, at most {MAX_POOLS}")
+    pools = {name: _pool(table, name, f"pools.{name}") for name, table in tables.items()}
+    return tuple(pools[name] for name in _pool_set(tuple(pools.values())).names
+                 if name in pools)
+
+
+def _place(streams: tuple[Stream, ...], pools: tuple[Pool, ...]) -> None:
+    """Every stream's jobs run in a pool the scenario declares, the one their kind names."""
+    names = [p.name for p in pools]
+    owners = _pool_set(pools)
+    for i, stream in enumerate(streams):
+        owner = owners.pool_of(stream.kind) if stream.kind else None
+        if stream.pool and owner and stream.pool != owner:
+            raise ConfigError(f"streams[{i}]: kind {stream.kind!r} runs in pool {owner!r}, "
+                              f"not {stream.pool!r}")
+        lands = stream.pool or owner or DEFAULT_POOL
+        if lands not in names:
+            raise ConfigError(f"streams[{i}]: its jobs run in pool {lands!r}, which the "
+                              f"scenario lacks (it has {', '.join(names)})")
 
 
 def parse(data: dict[str, Any], name: str, source: Path | None) -> Scenario:
     """Validate a scenario's TOML mapping; ``ConfigError`` names the offending field."""
-    pool_data = dict(data.get("pool", {}))
-    changes = tuple(PoolChange(**_known(c, PoolChange, "pool.changes"))
-                    for c in pool_data.pop("changes", []))
-    pool = Pool(**_known(pool_data, Pool, "pool"), changes=changes)
-    if pool.workers < 1 or pool.slots < 1:
-        raise ConfigError("pool: workers >= 1 and slots >= 1")
+    pools = _pools(data)
     base = None if source is None else source.parent
     streams = tuple(_stream(s, i, base) for i, s in enumerate(data.get("streams", [])))
     if not streams:
         raise ConfigError(f"scenario {name!r} has no [[streams]]")
+    _place(streams, pools)
     jobs = int(data.get("jobs", 100_000))
     if jobs < 1:
         raise ConfigError("jobs: at least 1")
     return Scenario(
         name=str(data.get("name", name)), description=str(data.get("description", "")),
-        jobs=jobs, pool=pool, service=_service(dict(data.get("service", {})), "service"),
+        jobs=jobs, pools=pools, service=_service(dict(data.get("service", {})), "service"),
         streams=streams, source=source,
     )

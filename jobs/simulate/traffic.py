@@ -1,7 +1,7 @@
 """The traffic of a scenario, drawn once: every policy of a run replays the same jobs.
 
-Each job is an arrival time, a tenant (and its tier), a service time and how many of its
-attempts fail, all drawn from seeded generators (one per stream, so adding a stream leaves
+Each job is an arrival time, a tenant (and its tier), its pool, a service time and how many
+of its attempts fail, all drawn from seeded generators (one per stream, so adding a stream leaves
 the others' draws alone). Jobs are numbered in arrival order; the columns are plain lists
 because a million jobs must fit in seconds.
 """
@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from jobs.core.errors import ConfigError
+from jobs.core.pools import DEFAULT_POOL
 from jobs.simulate.scenario import Scenario, ServiceTime, Stream
 
 MAX_FAILURES = 100
 
-# (arrival time, tenant name, tier, service seconds, failing attempts, max_wait_s, batch)
-Arrival = tuple[float, str, str, float, int, float | None, bool]
+# (arrival time, tenant name, tier, service seconds, failing attempts, max_wait_s, batch,
+# pool index)
+Arrival = tuple[float, str, str, float, int, float | None, bool, int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +43,12 @@ class Traffic:
     batch: bytearray  # 1: a batch item, fed as its tenant has room
     # tenant → its own (cap, max_queued) overrides, either None for the tier's
     overrides: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
+    pools: tuple[str, ...] = (DEFAULT_POOL,)  # the scenario's, ``default`` first
+    pool: bytearray = field(default_factory=bytearray)  # index in ``pools``; empty: all 0
+
+    def __post_init__(self) -> None:
+        if not self.pool:
+            self.pool.extend(bytes(len(self.arrival)))
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -90,21 +98,22 @@ def _times(stream: Stream, rng: random.Random) -> Iterator[float]:
             start += stream.every_s
 
 
-def _stream(stream: Stream, service: ServiceTime, seed: int) -> Iterator[Arrival]:
+def _stream(stream: Stream, service: ServiceTime, pool: int, seed: int) -> Iterator[Arrival]:
     rng = random.Random(seed)
-    draws = service_sampler(stream.service or service, rng)
+    draws = service_sampler(service, rng)
     if stream.pattern == "trace":
-        yield from _trace(stream, draws)
+        yield from _trace(stream, draws, pool)
         return
     names = [f"{stream.name}-{i}" for i in range(stream.tenants)]
     for n, t in enumerate(_times(stream, rng)):
         # Poisson and diurnal: each arrival's tenant at random; a burst: round robin.
         who = n % stream.tenants if stream.pattern == "burst" else rng.randrange(stream.tenants)
         seconds, failures = next(draws)
-        yield t, names[who], stream.tier, seconds, failures, stream.max_wait_s, stream.batch
+        yield (t, names[who], stream.tier, seconds, failures, stream.max_wait_s, stream.batch,
+               pool)
 
 
-def _trace(stream: Stream, draws: Iterator[tuple[float, int]]) -> Iterator[Arrival]:
+def _trace(stream: Stream, draws: Iterator[tuple[float, int]], pool: int) -> Iterator[Arrival]:
     assert stream.trace is not None
     try:
         with stream.trace.open(newline="") as handle:
@@ -117,12 +126,12 @@ def _trace(stream: Stream, draws: Iterator[tuple[float, int]]) -> Iterator[Arriv
         raise ConfigError(f"trace {stream.trace}: needs columns time,tenant,tier,service_s "
                           f"({exc})") from None
     for t, tenant, tier, seconds in rows:
-        yield t, tenant, tier, seconds, next(draws)[1], stream.max_wait_s, stream.batch
+        yield t, tenant, tier, seconds, next(draws)[1], stream.max_wait_s, stream.batch, pool
 
 
 def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
     """The first ``jobs`` arrivals of the scenario's streams, merged in time order."""
-    streams = [_stream(s, scenario.service, seed * 1_000_003 + i)
+    streams = [_stream(s, scenario.service_of(s), scenario.pool_index(s), seed * 1_000_003 + i)
                for i, s in enumerate(scenario.streams)]
     merged = heapq.merge(*streams, key=lambda arrival: arrival[0])
     tiers: dict[str, int] = {}
@@ -133,8 +142,8 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
     service_s: list[float] = []
     failures: list[int] = []
     max_wait_s: list[float | None] = []
-    batch = bytearray()
-    for t, name, tier, seconds, fails, max_wait, fed in itertools.islice(merged, jobs):
+    batch, pool = bytearray(), bytearray()
+    for t, name, tier, seconds, fails, max_wait, fed, where in itertools.islice(merged, jobs):
         who = tenants.get(name)
         if who is None:
             who = tenants[name] = len(tenants)
@@ -147,6 +156,7 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
         failures.append(fails)
         max_wait_s.append(max_wait)
         batch.append(fed)
+        pool.append(where)
     overrides = {
         tenants[f"{s.name}-{i}"]: (s.cap, s.max_queued)
         for s in scenario.streams if s.cap is not None or s.max_queued is not None
@@ -154,7 +164,8 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
     }
     return Traffic(tiers=list(tiers), tenants=list(tenants), tenant_tier=tenant_tier,
                    arrival=arrival, tenant=tenant, service_s=service_s, failures=failures,
-                   max_wait_s=max_wait_s, batch=batch, overrides=overrides)
+                   max_wait_s=max_wait_s, batch=batch, overrides=overrides,
+                   pools=tuple(p.name for p in scenario.pools), pool=pool)
 
 
 def ordered(traffic: Traffic, rank: dict[str, float]) -> Traffic:

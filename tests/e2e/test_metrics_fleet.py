@@ -64,7 +64,8 @@ def test_two_api_processes_report_the_same_fleet_figures(system: System) -> None
            for n in range(JOBS)]
     assert all(wait_terminal(client, job_id)["status"] == "succeeded" for job_id in ids)
     # The leader's count of the live states follows within a reconciler period.
-    wait_until(lambda: scrape(system.url).get(("tierq_jobs", (("status", "queued"),)))
+    wait_until(lambda: scrape(system.url).get(("tierq_jobs", (("pool", "default"),
+                                                                     ("status", "queued"))))
                == 0.0, timeout=15)
 
     def agree() -> Samples | None:
@@ -77,9 +78,9 @@ def test_two_api_processes_report_the_same_fleet_figures(system: System) -> None
     assert {status: entered[status] for status in
             ("queued", "dispatched", "running", "succeeded")} == dict.fromkeys(
         ("queued", "dispatched", "running", "succeeded"), JOBS)
-    assert samples[("tierq_queue_wait_seconds_count", (("tier", "free"),))] == JOBS
-    assert samples[("tierq_dispatch_latency_seconds_count", (("tier", "free"),))] == JOBS
-    assert samples[("tierq_queue_wait_seconds_bucket", (("le", "+Inf"), ("tier", "free")))] \
+    assert samples[("tierq_queue_wait_seconds_count", (("pool", "default"), ("tier", "free")))] == JOBS
+    assert samples[("tierq_dispatch_latency_seconds_count", (("pool", "default"), ("tier", "free")))] == JOBS
+    assert samples[("tierq_queue_wait_seconds_bucket", (("le", "+Inf"), ("pool", "default"), ("tier", "free")))] \
         == JOBS
-    assert samples[("tierq_queue_depth", (("tier", "free"),))] == 0
+    assert samples[("tierq_queue_depth", (("pool", "default"), ("tier", "free")))] == 0
     assert samples[("tierq_backend_up", (("backend", "redis"),))] == 1

@@ -444,7 +444,7 @@ def test_a_freed_slot_takes_the_next_job_without_the_dispatcher(
     with running(deployment(HAND_OVER_CONFIG)) as system:
         system.start_api()
         dispatcher = system.start("dispatcher", "dispatcher")
-        system.start("worker", "worker", "--concurrency", "1", "--pool", pool)
+        system.start("worker", "worker", "--concurrency", "1", "--celery-pool", pool)
         client = system.tenant("acme", "premium")
         system.wait_for_capacity(client, 1)
         first = submit(client, "sleep", {"seconds": 1})

@@ -111,7 +111,8 @@ def start_fleet(system: System, redis_client: redis.Redis) -> tuple[list[str], P
         port = system.port if n == 1 else free_port()
         system.start(f"api-{n}", "api", "--host", "127.0.0.1", "--port", str(port))
         urls.append(f"http://127.0.0.1:{port}")
-    workers = [system.start("worker-prefork", "worker", "--pool", "prefork", "--concurrency", "2")]
+    workers = [system.start("worker-prefork", "worker", "--celery-pool", "prefork",
+                            "--concurrency", "2")]
     for n in (1, 2):
         workers.append(system.start(f"worker-threads-{n}", "worker", "--concurrency", "2"))
     # Every worker consumes before the load starts: a late one would find the tier queues

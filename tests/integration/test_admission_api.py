@@ -115,7 +115,7 @@ def test_a_tenant_over_its_rate_gets_tenant_limit_and_others_are_unaffected(
     clock.now += 2
     assert client.submit(acme["api_key"]).status_code == 202
     metrics = client.get("/metrics").text
-    assert 'tierq_rejections_total{cause="tenant_limit",limit="rate",tier="free"} 1.0' in metrics
+    assert 'tierq_rejections_total{cause="tenant_limit",limit="rate",pool="default",tier="free"} 1.0' in metrics
 
 
 def test_a_tiers_rate_applies_to_each_of_its_tenants(
@@ -231,7 +231,7 @@ def test_a_job_that_would_start_after_its_max_wait_is_refused_and_leaves_nothing
         # No max_wait_s of its own: the tier's bound is the only limit.
         assert served.submit(served.tenant_key("relaxed")).status_code == 202
         metrics = served.get("/metrics").text
-        assert 'tierq_rejections_total{cause="capacity",limit="deadline",tier="free"} 1.0' in (
+        assert 'tierq_rejections_total{cause="capacity",limit="deadline",pool="default",tier="free"} 1.0' in (
             metrics)
 
 
@@ -303,7 +303,7 @@ def test_the_measured_service_rate_moves_the_bounds(
         body = served.get("/v1/queues", headers=auth(key)).json()
         assert body["pool"]["service_rate"] == pytest.approx(4 / 3)
         assert queue_of(served, key, "free")["bound"] == 80
-        assert "tierq_pool_mean_service_seconds 3.0" in served.get("/metrics").text
+        assert 'tierq_pool_mean_service_seconds{pool="default"} 3.0' in served.get("/metrics").text
 
 
 def test_the_tracker_weights_recent_runs_more(

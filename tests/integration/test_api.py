@@ -186,7 +186,7 @@ def test_a_full_tier_refuses_with_429_capacity(
         assert free["queued"] == free["bound"] == 1
         assert api.submit(api.tenant_key("paying", "premium")).status_code == 202
         metrics = api.get("/metrics").text
-        assert 'tierq_rejections_total{cause="capacity",limit="bound",tier="free"} 1.0' in metrics
+        assert 'tierq_rejections_total{cause="capacity",limit="bound",pool="default",tier="free"} 1.0' in metrics
 
 
 def test_concurrent_submits_never_overshoot_the_bound(
@@ -243,7 +243,8 @@ def _queues_scene(client: ApiClient, clock: Clock) -> tuple[str, str]:
 # pool 4 at 6 s: mu = 2/3; standard bound floor(2/3 * 20) = 13, cap max(1, 0.4) = 1.
 STANDARD = {"name": "standard", "queued": 1, "bound": 13, "oldest_age_s": 5.0, "tenant_cap": 1,
             "wait_p50_s": 4.0, "wait_p95_s": 4.0}
-POOL = {"capacity": 4, "inflight": 1, "utilisation": 0.25, "service_rate": pytest.approx(4 / 6)}
+POOL = {"name": "default", "kinds": None, "live_workers": 0, "capacity": 4, "inflight": 1,
+        "utilisation": 0.25, "service_rate": pytest.approx(4 / 6)}
 
 
 def test_queues_show_a_tenant_its_tier_and_its_own_usage_only(
@@ -256,6 +257,9 @@ def test_queues_show_a_tenant_its_tier_and_its_own_usage_only(
     assert body["scope"] == "tenant"
     assert body["tiers"] == [STANDARD]
     assert body["pool"] == POOL
+    # One pool: ``pools`` holds the same figures as the top level.
+    assert body["pools"] == [{"pool": body["pool"], "tiers": body["tiers"],
+                              "usage": body["usage"]}]
     acme = next(t for t in client.get("/v1/admin/tenants", headers=auth(ADMIN_KEY)).json()[
         "tenants"] if t["name"] == "acme")
     # standard quota: floor(13 * 0.10) = 1
@@ -275,10 +279,12 @@ def test_queues_show_the_admin_the_fleet(client: ApiClient, clock: Clock) -> Non
     assert [tier["name"] for tier in body["tiers"]] == ["premium", "standard", "free"]
     assert body["tiers"][1] == STANDARD
     assert body["tiers"][2]["oldest_age_s"] is None and body["tiers"][2]["wait_p50_s"] is None
-    assert body["pool"] == POOL  # configured pool_concurrency 4: the worker adds nothing
+    # configured pool_concurrency 4: the worker adds nothing
+    assert body["pool"] == {**POOL, "live_workers": 1}
     assert body["workers"] == [
-        {"id": "w-1@host", "device": "cpu", "memory_bytes": None, "slots": 2,
+        {"id": "w-1@host", "device": "cpu", "memory_bytes": None, "slots": 2, "pool": "default",
          "expires_in_s": 30.0}]
+    assert body["pools"] == [{"pool": body["pool"], "tiers": body["tiers"], "usage": None}]
 
 
 def test_health_ready_and_metrics(client: ApiClient) -> None:
@@ -293,13 +299,13 @@ def test_health_ready_and_metrics(client: ApiClient) -> None:
     assert metrics.headers["content-type"].startswith("text/plain")
     text = metrics.text
     for line in (
-        'tierq_queue_depth{tier="free"} 1.0',
-        'tierq_queue_bound{tier="free"} 40.0',
-        'tierq_jobs_entered_total{status="queued"} 1.0',
-        "tierq_pool_capacity 4.0",
-        'tierq_rejections_total{cause="tenant_limit",limit="quota",tier="free"} 1.0',
+        'tierq_queue_depth{pool="default",tier="free"} 1.0',
+        'tierq_queue_bound{pool="default",tier="free"} 40.0',
+        'tierq_jobs_entered_total{pool="default",status="queued"} 1.0',
+        'tierq_pool_capacity{pool="default"} 4.0',
+        'tierq_rejections_total{cause="tenant_limit",limit="quota",pool="default",tier="free"} 1.0',
         'tierq_backend_up{backend="redis"} 1.0',
-        'tierq_queue_wait_seconds_bucket{le="+Inf",tier="free"} 0.0',
+        'tierq_queue_wait_seconds_bucket{le="+Inf",pool="default",tier="free"} 0.0',
     ):
         assert line in text, line
 

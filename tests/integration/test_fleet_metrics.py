@@ -70,7 +70,14 @@ def scrape(client: ApiClient) -> Samples:
     }
 
 
+# Families of the fleet, not of a pool: no ``pool`` label.
+POOL_LESS = ("tierq_backend_up", "tierq_jobs_pruned", "tierq_jobs_abandoned")
+
+
 def value(samples: Samples, name: str, **labels: str) -> float:
+    """One sample; a pool's family is read in the default pool unless ``pool`` is given."""
+    if not name.startswith(POOL_LESS):
+        labels = {"pool": "default", **labels}
     return samples[(name, tuple(sorted(labels.items())))]
 
 

@@ -84,7 +84,7 @@ def start_worker(
         extra = {} if grace_s is None else {"TIERQ_POLICY__STOP_GRACE_S": str(grace_s)}
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "workers.main", "--concurrency", "1", "--pool", pool],
+                [sys.executable, "-m", "workers.main", "--concurrency", "1", "--celery-pool", pool],
                 cwd=ROOT, env={**env, **extra}, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )

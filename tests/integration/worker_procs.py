@@ -71,7 +71,7 @@ def worker_starter(env: dict[str, str], logs: Path) -> Iterator[Callable[..., Wo
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "workers.main", "--concurrency", str(concurrency),
-                 "--pool", pool],
+                 "--celery-pool", pool],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         worker = Worker(popen=popen, log=log)

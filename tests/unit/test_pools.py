@@ -114,3 +114,15 @@ def test_pool_names_the_tierq_pool_and_celery_pool_celerys(
     pool: str | None, celery_pool: str | None, expected: tuple[str | None, str]
 ) -> None:
     assert pool_and_celery_pool(pool, celery_pool) == expected
+
+
+def test_up_starts_a_worker_per_pool_it_is_given() -> None:
+    from jobs.local.supervisor import UpOptions, app_children
+
+    children = app_children(UpOptions(concurrency=3, pools=("default", "gpu")), {})
+    workers = {child.name: child.argv[child.argv.index("worker"):] for child in children
+               if "worker" in child.argv}
+    assert workers == {
+        "worker": ["worker", "--concurrency", "3", "--pool", "default"],
+        "worker-gpu": ["worker", "--concurrency", "3", "--pool", "gpu"],
+    }

@@ -56,9 +56,11 @@ def dashboard_page() -> HTMLResponse:
     response_model=DashboardResponse,
     summary="The dashboard's figures",
     description="The admin key: every tier (queued against its bound, oldest age against its "
-    "ageing guarantee, waits against max_wait_s, refusals by cause and limit), the pool, and "
-    "the tenants nearest their cap. A tenant's key: its tier's card with its own refusals, "
-    "its cap and quota use, its waits and its latest jobs; nothing of any other tenant.",
+    "ageing guarantee, waits against max_wait_s, refusals by cause and limit), the pool, "
+    "every pool ([pools.NAME]) and its live workers, and in each pool the tenants nearest "
+    "their cap. A tenant's key: its tier's card with its own refusals, its cap and quota use "
+    "in each pool, its waits and its latest jobs; nothing of any other tenant. Tiers and "
+    "`pool` are the default pool's.",
     responses=error_responses("unauthorized", "unavailable"),
 )
 def get_dashboard(principal: PrincipalDep, runtime: RuntimeDep) -> DashboardResponse:

@@ -1,6 +1,8 @@
 // The tierq dashboard: reads /v1/dashboard every REFRESH_MS with the key kept in this tab,
 // draws one card per tier, the pool or the tenant's own figures, and two line charts of the
-// last HISTORY_MS. Plain DOM and canvas; no library, nothing loaded from elsewhere.
+// last HISTORY_MS. With [pools] configured it also draws every pool and its workers (a
+// tenant: its use of each pool); with one pool the page is as it was before pools.
+// Plain DOM and canvas; no library, nothing loaded from elsewhere.
 (() => {
   "use strict";
 
@@ -152,9 +154,9 @@
       refusals);
   }
 
-  function poolCard(pool) {
+  function poolCard(pool, pooled) {
     return el("article", { class: "card pool", dataset: { card: "pool" } },
-      el("h2", {}, el("span", { text: "Pool" }),
+      el("h2", {}, el("span", { text: pooled ? "Pool " + pool.name : "Pool" }),
         el("small", { text: pool.service_measured ? "service time measured" : "configured service time" })),
       metric("inflight", "in flight / capacity", String(pool.inflight), pool.utilisation,
         String(pool.capacity)),
@@ -172,13 +174,19 @@
         text: workersText(pool.workers || []) }));
   }
 
+  // "cuda:0 (80 GiB)": a worker's device, with its memory on a GPU.
+  function deviceText(worker) {
+    const memory = worker.memory_bytes
+      ? ` (${Math.round(worker.memory_bytes / 2 ** 30)} GiB)` : "";
+    return worker.device + memory;
+  }
+
   // "2 workers: 1 slot on cuda:0 (80 GiB), 4 slots on cpu": what the pool is made of.
   function workersText(workers) {
     if (!workers.length) return "no live workers";
     const byDevice = new Map();
     for (const w of workers) {
-      const memory = w.memory_bytes ? ` (${Math.round(w.memory_bytes / 2 ** 30)} GiB)` : "";
-      const device = w.device + memory;
+      const device = deviceText(w);
       byDevice.set(device, (byDevice.get(device) || 0) + w.slots);
     }
     const parts = [...byDevice].map(([device, slots]) =>
@@ -186,28 +194,83 @@
     return `${workers.length} worker${workers.length === 1 ? "" : "s"}: ${parts.join(", ")}`;
   }
 
-  function tenantsCard(tenants) {
+  // Every pool: its kinds, its live workers, its load and μ; then each live worker's pool.
+  function poolsCard(pools, workers) {
+    const rows = pools.map((p) => el("tr", { dataset: { pool: p.name } },
+      el("td", { text: p.name }),
+      el("td", p.kinds === null ? { class: "hint", text: "every other kind" }
+        : { text: p.kinds.join(", ") || "none" }),
+      el("td", p.live_workers === 0
+        ? { class: "num warn", text: "no live worker", dataset: { field: "live-workers" } }
+        : { class: "num", text: String(p.live_workers), dataset: { field: "live-workers" } }),
+      el("td", { class: "num", text: p.inflight + " / " + p.capacity,
+        dataset: { field: "inflight" } }),
+      el("td", { class: "num", text: percent(p.utilisation) }),
+      el("td", { class: "num", text: p.service_rate.toFixed(2) })));
+    const card = el("article", { class: "card pools", dataset: { card: "pools" } },
+      el("h2", {}, el("span", { text: "Pools" }),
+        el("small", { text: pools.length + " pools" })),
+      el("table", { dataset: { table: "pools" } },
+        el("thead", {}, el("tr", {},
+          el("th", { text: "pool" }), el("th", { text: "kinds" }),
+          el("th", { class: "num", text: "live workers" }),
+          el("th", { class: "num", text: "in flight / capacity" }),
+          el("th", { class: "num", text: "utilisation" }),
+          el("th", { class: "num", text: "μ (jobs/s)" }))),
+        el("tbody", {}, ...rows)));
+    if (workers.length === 0) {
+      card.append(el("p", { class: "empty", text: "no live workers" }));
+      return card;
+    }
+    const lines = workers.map((w) => el("tr", { dataset: { worker: w.id, pool: w.pool } },
+      el("td", { class: "id", text: w.id }), el("td", { text: w.pool }),
+      el("td", { text: deviceText(w) }), el("td", { class: "num", text: String(w.slots) })));
+    card.append(el("table", { dataset: { table: "workers" } },
+      el("thead", {}, el("tr", {},
+        el("th", { text: "worker" }), el("th", { text: "pool" }), el("th", { text: "device" }),
+        el("th", { class: "num", text: "slots" }))),
+      el("tbody", {}, ...lines)));
+    return card;
+  }
+
+  function tenantsCard(tenants, pooled) {
     const card = el("article", { class: "card tenants", dataset: { card: "tenants" } },
       el("h2", {}, el("span", { text: "Tenants nearest their cap" })));
     if (tenants.length === 0) {
       card.append(el("p", { class: "empty", text: "no tenant has jobs in flight" }));
       return card;
     }
-    const rows = tenants.map((t) => el("tr", { dataset: { tenant: t.name } },
-      el("td", { text: t.name }), el("td", { text: t.tier }),
+    // With pools, a tenant's cap and in-flight count are per pool: one row per pool it uses.
+    const rows = tenants.map((t) => el("tr", { dataset: { tenant: t.name, pool: t.pool } },
+      el("td", { text: t.name }), pooled ? el("td", { text: t.pool }) : null,
+      el("td", { text: t.tier }),
       el("td", { class: "num", text: t.inflight + " / " + t.cap }),
       el("td", { class: "num", text: percent(t.cap_use) }),
       el("td", { class: "num", text: t.queued + " / " + t.quota })));
     card.append(el("table", {},
       el("thead", {}, el("tr", {},
-        el("th", { text: "tenant" }), el("th", { text: "tier" }),
+        el("th", { text: "tenant" }), pooled ? el("th", { text: "pool" }) : null,
+        el("th", { text: "tier" }),
         el("th", { class: "num", text: "in flight / cap" }), el("th", { class: "num", text: "cap use" }),
         el("th", { class: "num", text: "queued / quota" }))),
       el("tbody", {}, ...rows)));
     return card;
   }
 
-  function ownCard(own) {
+  // A tenant's use of each pool: its cap and quota there are that pool's.
+  function ownPools(uses) {
+    const rows = uses.map((u) => el("tr", { dataset: { pool: u.pool } },
+      el("td", { text: u.pool }),
+      el("td", { class: "num", text: u.inflight + " / " + u.cap }),
+      el("td", { class: "num", text: u.queued + " / " + u.quota })));
+    return el("table", { dataset: { table: "own-pools" } },
+      el("thead", {}, el("tr", {}, el("th", { text: "pool" }),
+        el("th", { class: "num", text: "in flight / cap" }),
+        el("th", { class: "num", text: "queued / quota" }))),
+      el("tbody", {}, ...rows));
+  }
+
+  function ownCard(own, pooled) {
     const use = own.use;
     const statuses = el("div", { class: "statuses", dataset: { field: "by-status" } });
     for (const [status, count] of Object.entries(own.jobs_by_status)) {
@@ -215,12 +278,14 @@
         el("b", { text: String(count) })));
     }
     if (!statuses.childElementCount) statuses.append(el("span", { class: "empty", text: "no jobs yet" }));
+    const where = pooled ? " (pool " + use.pool + ")" : "";
     return el("article", { class: "card own", dataset: { card: "own" } },
       el("h2", {}, el("span", { text: use.name }), el("small", { text: use.tier + " tier" })),
-      metric("own-inflight", "in flight / your cap", String(use.inflight), use.cap_use,
+      metric("own-inflight", "in flight / your cap" + where, String(use.inflight), use.cap_use,
         String(use.cap)),
-      metric("own-queued", "queued / your quota", String(use.queued), use.quota_use,
+      metric("own-queued", "queued / your quota" + where, String(use.queued), use.quota_use,
         String(use.quota)),
+      pooled ? ownPools(own.pools) : null,
       el("div", { class: "metric" }, el("div", { class: "label" },
         el("span", { text: "your waits, p50 · p95 (" + own.waits_counted + " started)" }),
         el("b", { text: seconds(own.wait_p50_s) + " · " + seconds(own.wait_p95_s),
@@ -344,11 +409,16 @@
     $("view-name").textContent = body.view === "fleet"
       ? "fleet" : "tenant " + body.tenant.use.name;
     const cards = body.tiers.map((tier, i) => tierCard(tier, i, body));
+    // More than the default pool: each pool and each worker's pool are shown.
+    const pooled = (body.view === "fleet" ? body.pools || []
+      : body.tenant.pools || []).length > 1;
     if (body.view === "fleet") {
       $("tiers").replaceChildren(...cards);
-      $("side").replaceChildren(poolCard(body.pool), tenantsCard(body.tenants));
+      const side = [poolCard(body.pool, pooled), tenantsCard(body.tenants, pooled)];
+      if (pooled) side.splice(1, 0, poolsCard(body.pools, body.workers || []));
+      $("side").replaceChildren(...side);
     } else {
-      $("tiers").replaceChildren(...cards, ownCard(body.tenant));
+      $("tiers").replaceChildren(...cards, ownCard(body.tenant, pooled));
       $("side").replaceChildren(jobsCard(body.tenant));
     }
     remember(body);
@@ -358,7 +428,8 @@
       ? "Queued jobs per tier" : "Queued jobs: your tier and yours";
     drawChart($("chart-queue"), $("legend-queue"), (p) => p.queued, queueNames);
     $("chart-load-title").textContent = body.view === "fleet"
-      ? "Pool: jobs in flight and capacity" : "Your jobs in flight and your cap";
+      ? (pooled ? "Pool " + body.pool.name : "Pool") + ": jobs in flight and capacity"
+      : "Your jobs in flight and your cap" + (pooled ? " (pool " + body.tenant.use.pool + ")" : "");
     drawChart($("chart-load"), $("legend-load"), (p) => p.inflight,
       body.view === "fleet" ? ["in flight", "capacity"] : ["in flight", "cap"]);
   }

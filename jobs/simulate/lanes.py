@@ -1,0 +1,44 @@
+"""A pool inside the engine: its contender (its own queue, bounds and caps), its workers, the
+jobs running on its slots, and its own measure of the mean service time.
+
+A scenario with pools (``jobs.core.pools``) runs one lane per pool: a job is queued, admitted
+and started by its pool's contender only, on its pool's slots only, as each pool is a
+dispatch index of its own in the real system.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from jobs.core.policy import WINDOW
+from jobs.simulate.contender import Contender
+from jobs.simulate.overtaking import Overtaking
+from jobs.simulate.scenario import Pool
+
+
+@dataclass(eq=False, kw_only=True)
+class Lane:
+    index: int  # in ``Traffic.pools``
+    c: Contender
+    pool: Pool
+    tracker: Overtaking
+    tenants: range | list[int]  # the tenants with jobs in this pool
+    tenant_running: list[int]
+    workers: dict[str, int] = field(default_factory=dict)
+    capacity: int = 0
+    busy: int = 0
+    running: dict[int, tuple[int, float]] = field(default_factory=dict)  # job → (attempt, end)
+    run_times: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # newest first
+    completions: int = 0
+    measured_at: int = 0  # completions behind the last measure
+    busy_s: float = 0.0  # slot-seconds of work
+    capacity_s: float = 0.0  # slot-seconds of pool
+
+
+def lane_tenants(tenant: list[int], pool: bytearray, pools: int) -> list[list[int]]:
+    """Per pool, the tenants that send it jobs."""
+    seen: list[set[int]] = [set() for _ in range(pools)]
+    for job, who in enumerate(tenant):
+        seen[pool[job]].add(who)
+    return [sorted(tenants) for tenants in seen]
