@@ -7,6 +7,9 @@ the mean service time (``jobs.fleet.service_rate.weighted_mean`` every ``REFRESH
 contender decides admission, order and caps. The run ends at the last arrival: what is still
 queued then is reported as waiting, so a policy that starves a tier cannot hide it by
 draining the queue once the traffic stops.
+
+With pools, each pool is a lane of its own (``lanes``): its contender, workers and measure;
+a job's events go to its pool's lane only.
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from jobs.core import policy
 from jobs.core.cadence import FEED_PERIOD_S, ITEMS_PER_ROUND, MAINTENANCE_PERIOD_S
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
-from jobs.core.policy import WINDOW, MeasuredMean, weighted_mean
+from jobs.core.policy import MeasuredMean, weighted_mean
 from jobs.simulate.contender import Contender, Context
+from jobs.simulate.lanes import Lane, lane_tenants
 from jobs.simulate.overtaking import Overtaking
 from jobs.simulate.scenario import Pool
 
@@ -40,6 +44,7 @@ class Sample:
     queued: list[int]  # per tier
     busy: int
     capacity: int
+    pools: tuple[tuple[int, int], ...] = ()  # per pool: (busy, capacity)
 
 
 @dataclass(kw_only=True)
@@ -57,7 +62,7 @@ class Run:
     told_wait_s: list[float | None]
     overtaken_wait_s: list[float]  # per tier, see jobs.simulate.overtaking
     overtaken_gap_s: list[float]
-    peak: list[int]  # per tenant: most jobs running at once
+    peak: list[int]  # per tenant: most jobs running at once (in one pool)
     caps: list[int | None]  # per tenant, the largest cap it had (None: no cap)
     cap_exceeded: int  # starts that took a tenant over its cap
     restarts: int  # starts of a second or later attempt (retried or reaped)
@@ -65,83 +70,109 @@ class Run:
     capacity_s: float  # slot-seconds of pool
     samples: list[Sample] = field(default_factory=list)
     wall_s: float = 0.0
+    # Per pool (``Traffic.pools``): slot-seconds of work and of pool.
+    pool_busy_s: list[float] = field(default_factory=list)
+    pool_capacity_s: list[float] = field(default_factory=list)
 
     @property
     def utilisation(self) -> float:
         return self.busy_s / self.capacity_s if self.capacity_s else 0.0
 
+    def pool_utilisation(self, pool: int) -> float:
+        offered = self.pool_capacity_s[pool]
+        return self.pool_busy_s[pool] / offered if offered else 0.0
+
 
 class Engine:
+    """``contender`` runs ``pool``, the scenario's first; ``others`` the further pools, in
+    ``Traffic.pools`` order. A contender of each pool shares ``context.enqueued``."""
+
     def __init__(self, contender: Contender, context: Context, pool: Pool,
-                 *, samples: int = 400) -> None:
-        self.c = contender
+                 *, samples: int = 400, others: Sequence[tuple[Contender, Pool]] = ()) -> None:
         self.context = context
-        self.pool = pool
         traffic = context.traffic
         n = len(traffic)
         self.horizon = traffic.arrival[-1] if n else 0.0
+        ntenants = len(traffic.tenants)
         self.run = Run(
             policy=contender.name, horizon_s=self.horizon, enqueued=context.enqueued,
             start=[NAN] * n,
             status=bytearray(n), refusal=[None] * n, refusal_figures={},
             told_wait_s=[None] * n,
-            overtaken_wait_s=[], overtaken_gap_s=[], peak=[0] * len(traffic.tenants),
-            caps=[None] * len(traffic.tenants), cap_exceeded=0, restarts=0, busy_s=0.0,
+            overtaken_wait_s=[], overtaken_gap_s=[], peak=[0] * ntenants,
+            caps=[None] * ntenants, cap_exceeded=0, restarts=0, busy_s=0.0,
             capacity_s=0.0)
-        self.tracker = Overtaking(
-            tenant_tier=traffic.tenant_tier,
-            tier_rank=[t.base_priority for t in context.tiers], cap=contender.cap)
+        pairs = [(contender, pool), *others]
+        if len(pairs) != len(traffic.pools):
+            raise ValueError(f"{len(pairs)} contenders for {len(traffic.pools)} pools")
+        tenants: Sequence[range | list[int]] = (
+            [range(ntenants)] if not others else
+            lane_tenants(traffic.tenant, traffic.pool, len(pairs)))
+        rank = [t.base_priority for t in context.tiers]
+        self.lanes = [
+            Lane(index=i, c=c, pool=p, tenants=tenants[i], tenant_running=[0] * ntenants,
+                 tracker=Overtaking(tenant_tier=traffic.tenant_tier, tier_rank=rank, cap=c.cap))
+            for i, (c, p) in enumerate(pairs)]
+        self._one = [(lane,) for lane in self.lanes]  # what an event of one pool dispatches
+        self._pool = traffic.pool
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = itertools.count()
-        self._running: dict[int, tuple[int, float]] = {}  # job → (attempt, end)
-        self._tenant_running = [0] * len(traffic.tenants)
-        self._run_times: deque[float] = deque(maxlen=WINDOW)  # newest first
-        self._completions = 0
-        self._workers: dict[str, int] = {}
         self._next_worker = 0
         self._capacity = 0
         self._busy = 0
         self._sample_dt = self.horizon / samples if self.horizon > 0 else math.inf
         self._ttl = context.policy.lease_ttl_s
-        self._held: dict[int, deque[int]] = {}  # tenant → batch items not admitted yet
+        # (pool, tenant) → batch items not admitted yet
+        self._held: dict[tuple[int, int], deque[int]] = {}
         self._backoff: dict[int, int] = {}  # job → the attempt that waits out its backoff
         self._last = 0.0  # the time of the last event
         self._next_sample, self._next_measure = 0.0, REFRESH_S
         self._next_upkeep = MAINTENANCE_PERIOD_S
-        self._measured_at = 0  # completions behind the last measure
 
     def _push(self, at: float, kind: int, job: int = 0, attempt: int = 0) -> None:
         heapq.heappush(self._events, (at, next(self._seq), kind, job, attempt))
 
-    def _add_workers(self, count: int, now: float) -> None:
-        for _ in range(count):
-            self._workers[f"w{self._next_worker}"] = self.pool.slots
-            self._next_worker += 1
-        self._pool_changed(now)
+    def _lane(self, job: int) -> Lane:
+        return self.lanes[self._pool[job]]
 
-    def _pool_changed(self, now: float) -> None:
-        self._capacity = self.c.set_workers(dict(self._workers), now)
-        self.tracker.refresh_all()
+    def _add_workers(self, lane: Lane, count: int, now: float) -> None:
+        for _ in range(count):
+            lane.workers[f"w{self._next_worker}"] = lane.pool.slots
+            self._next_worker += 1
+        self._pool_changed(lane, now)
+
+    def _pool_changed(self, lane: Lane, now: float) -> None:
+        lane.capacity = lane.c.set_workers(dict(lane.workers), now)
+        self._capacity = sum(each.capacity for each in self.lanes)
+        lane.tracker.refresh_all()
         caps = self.run.caps
-        for tenant in range(len(caps)):
-            cap, seen = self.c.cap(tenant), caps[tenant]
+        for tenant in lane.tenants:
+            cap, seen = lane.c.cap(tenant), caps[tenant]
             if cap is not None and (seen is None or cap > seen):
                 caps[tenant] = cap
 
     def simulate(self) -> Run:
         began = time.perf_counter()
         run = self.run
-        self._add_workers(self.pool.workers, 0.0)
-        for i, change in enumerate(self.pool.changes):
-            self._push(change.at_s, _POOL, i)
+        for lane in self.lanes:
+            self._add_workers(lane, lane.pool.workers, 0.0)
+            for i, change in enumerate(lane.pool.changes):
+                self._push(change.at_s, _POOL, i, lane.index)
         for now, kind, job, attempt in self._timeline():
             self._upkeep(now)
-            # A dispatch can start nothing while every slot is busy.
-            if self._handle(kind, job, attempt, now) and self._busy < self._capacity:
-                self._dispatch(now)
+            for lane in self._handle(kind, job, attempt, now):
+                # A dispatch can start nothing while every slot is busy.
+                if lane.busy < lane.capacity:
+                    self._dispatch(lane, now)
         self._account(self.horizon)
-        run.overtaken_wait_s = list(self.tracker.wait_max)
-        run.overtaken_gap_s = list(self.tracker.gap_max)
+        trackers = [lane.tracker for lane in self.lanes]
+        run.overtaken_wait_s = [max(w) for w in zip(*(t.wait_max for t in trackers), strict=True)]
+        run.overtaken_gap_s = [max(g) for g in zip(*(t.gap_max for t in trackers), strict=True)]
+        if len(self.lanes) == 1:
+            run.pool_busy_s, run.pool_capacity_s = [run.busy_s], [run.capacity_s]
+        else:
+            run.pool_busy_s = [lane.busy_s for lane in self.lanes]
+            run.pool_capacity_s = [lane.capacity_s for lane in self.lanes]
         run.wall_s = time.perf_counter() - began
         return run
 
@@ -167,6 +198,10 @@ class Engine:
         elapsed = now - self._last
         self.run.busy_s += self._busy * elapsed
         self.run.capacity_s += self._capacity * elapsed
+        if len(self.lanes) > 1:
+            for lane in self.lanes:
+                lane.busy_s += lane.busy * elapsed
+                lane.capacity_s += lane.capacity * elapsed
         self._last = now
 
     def _upkeep(self, now: float) -> None:
@@ -174,95 +209,107 @@ class Engine:
         mean service time (``REFRESH_S``) and its expiry sweep (``MAINTENANCE_PERIOD_S``)."""
         self._account(now)
         while now >= self._next_sample:
-            self.run.samples.append(Sample(at_s=self._next_sample, queued=self.c.queued(),
-                                           busy=self._busy, capacity=self._capacity))
+            queued = [sum(q) for q in zip(*(lane.c.queued() for lane in self.lanes),
+                                          strict=True)]
+            self.run.samples.append(Sample(
+                at_s=self._next_sample, queued=queued, busy=self._busy, capacity=self._capacity,
+                pools=tuple((lane.busy, lane.capacity) for lane in self.lanes)))
             self._next_sample += self._sample_dt
         if now >= self._next_measure:
             self._next_measure = now + REFRESH_S
-            if self._completions != self._measured_at:
-                self._measured_at = self._completions
-                self.c.measured(MeasuredMean(mean_s=weighted_mean(self._run_times),
-                                             samples=len(self._run_times)), now)
+            for lane in self.lanes:
+                if lane.completions != lane.measured_at:
+                    lane.measured_at = lane.completions
+                    lane.c.measured(MeasuredMean(mean_s=weighted_mean(lane.run_times),
+                                                 samples=len(lane.run_times)), now)
         if now >= self._next_upkeep:
             self._next_upkeep = now + MAINTENANCE_PERIOD_S
-            self._expire(self.c.expire(now))
+            for lane in self.lanes:
+                self._expire(lane.c.expire(now))
 
-    def _handle(self, kind: int, job: int, attempt: int, now: float) -> bool:
-        """Play one event; True when a dispatch may start something."""
+    def _handle(self, kind: int, job: int, attempt: int, now: float) -> Sequence[Lane]:
+        """Play one event; the lanes where a dispatch may start something."""
         if kind == -1:
             return self._arrive(job, now)
         if kind == _FINISH:
             return self._finish(job, attempt, now)
         if kind == _RENEW:
             self._renew(job, attempt, now)
-            return False
+            return ()
         if kind == _WAKE:
             if self._backoff.pop(job, None) == attempt:  # not expired meanwhile
                 self._wait(job)
-            return True
+            return self._one[self._pool[job]]
         if kind == _FEED:
             return self._feed(now)
+        lane = self.lanes[attempt]
         if kind == _REAP:
-            for lost, lost_attempt in self.c.reap(now):
-                self._retry(lost, lost_attempt, None, now)
-            return True
-        self._change_pool(job, now)
-        return True
+            for lost, lost_attempt in lane.c.reap(now):
+                self._retry(lane, lost, lost_attempt, None, now)
+        else:
+            self._change_pool(lane, job, now)
+        return self._one[lane.index]
 
     def _wait(self, job: int) -> None:
-        self.tracker.wait(job, self.context.traffic.tenant[job], self.context.enqueued[job])
+        self._lane(job).tracker.wait(job, self.context.traffic.tenant[job],
+                                     self.context.enqueued[job])
 
-    def _arrive(self, job: int, now: float) -> bool:
+    def _arrive(self, job: int, now: float) -> Sequence[Lane]:
+        lane = self._lane(job)
         if self.context.traffic.batch[job]:
             if not self._held:
                 self._push(now, _FEED)
-            self._held.setdefault(self.context.traffic.tenant[job], deque()).append(job)
+            key = (lane.index, self.context.traffic.tenant[job])
+            self._held.setdefault(key, deque()).append(job)
             self.run.status[job] = HELD
-            return False
-        verdict = self.c.submit(job, now)
+            return ()
+        verdict = lane.c.submit(job, now)
         if not verdict.accepted:
             self.run.status[job] = REFUSED
             self.run.refusal[job] = f"{verdict.cause}/{verdict.limit}"
             self.run.refusal_figures[job] = (verdict.count, verdict.limit_value)
-            return False
+            return ()
         self.run.told_wait_s[job] = verdict.told_wait_s
         self._wait(job)
-        return True
+        return self._one[lane.index]
 
-    def _feed(self, now: float) -> bool:
+    def _feed(self, now: float) -> Sequence[Lane]:
         """A round of the batch feeder: each tenant's items in order until the first one
         refused, at most ``ITEMS_PER_ROUND`` in all; again a period later while any wait."""
         budget = ITEMS_PER_ROUND
-        for tenant, items in list(self._held.items()):
+        fed: set[int] = set()
+        for key, items in list(self._held.items()):
+            lane = self.lanes[key[0]]
             while items and budget > 0:
                 job = items[0]
                 self.context.enqueued[job] = now
-                if not self.c.feed(job, now):
+                if not lane.c.feed(job, now):
                     break
                 items.popleft()
                 budget -= 1
+                fed.add(lane.index)
                 self.run.status[job] = WAITING
                 self._wait(job)
             if not items:
-                del self._held[tenant]
+                del self._held[key]
         if self._held:
             self._push(now + FEED_PERIOD_S, _FEED)
-        return budget < ITEMS_PER_ROUND
+        return [self.lanes[i] for i in sorted(fed)]
 
-    def _dispatch(self, now: float) -> None:
-        dispatched = self.c.dispatch(now)
+    def _dispatch(self, lane: Lane, now: float) -> None:
+        dispatched = lane.c.dispatch(now)
         self._expire(dispatched.expired)
         for job, attempt in dispatched.started:
-            self._start(job, attempt, now)
+            self._start(lane, job, attempt, now)
 
     def _expire(self, jobs: list[int]) -> None:
         traffic = self.context.traffic
         for job in jobs:
             self.run.status[job] = EXPIRED
             self._backoff.pop(job, None)
-            self.tracker.unwait(job, traffic.tenant[job], self.context.enqueued[job])
+            self._lane(job).tracker.unwait(job, traffic.tenant[job], self.context.enqueued[job])
 
-    def _start(self, job: int, attempt: int, now: float) -> None:
+    def _start(self, lane: Lane, job: int, attempt: int, now: float) -> None:
         traffic, run = self.context.traffic, self.run
         tenant = traffic.tenant[job]
         if math.isnan(run.start[job]):
@@ -271,48 +318,52 @@ class Engine:
         if attempt > 1:
             run.restarts += 1
         self._busy += 1
-        running = self._tenant_running[tenant] = self._tenant_running[tenant] + 1
+        lane.busy += 1
+        running = lane.tenant_running[tenant] = lane.tenant_running[tenant] + 1
         if running > run.peak[tenant]:
             run.peak[tenant] = running
-        cap = self.c.cap(tenant)
+        cap = lane.c.cap(tenant)
         if cap is not None and running > cap:
             run.cap_exceeded += 1
-        self.tracker.start(job, tenant, self.context.enqueued[job], now)
+        lane.tracker.start(job, tenant, self.context.enqueued[job], now)
         end = now + traffic.service_s[job]
-        self._running[job] = (attempt, end)
+        lane.running[job] = (attempt, end)
         self._push(end, _FINISH, job, attempt)
         if end - now > self._ttl / 2:
             self._push(now + self._ttl / 3, _RENEW, job, attempt)
 
-    def _stop(self, job: int) -> None:
+    def _stop(self, lane: Lane, job: int) -> None:
         """A running attempt ends (finished or lost): its slot frees."""
         tenant = self.context.traffic.tenant[job]
-        del self._running[job]
+        del lane.running[job]
         self._busy -= 1
-        self._tenant_running[tenant] -= 1
-        self.tracker.finish(tenant)
+        lane.busy -= 1
+        lane.tenant_running[tenant] -= 1
+        lane.tracker.finish(tenant)
 
-    def _finish(self, job: int, attempt: int, now: float) -> bool:
-        held = self._running.get(job)
+    def _finish(self, job: int, attempt: int, now: float) -> Sequence[Lane]:
+        lane = self._lane(job)
+        held = lane.running.get(job)
         if held is None or held[0] != attempt:
-            return False  # lost with its worker
-        self._stop(job)
-        self.c.finish(job, attempt, now)
-        self._run_times.appendleft(self.context.traffic.service_s[job])
-        self._completions += 1
+            return ()  # lost with its worker
+        self._stop(lane, job)
+        lane.c.finish(job, attempt, now)
+        lane.run_times.appendleft(self.context.traffic.service_s[job])
+        lane.completions += 1
         if attempt <= self.context.traffic.failures[job]:
             pol = self.context.policy
             backoff = policy.retry_backoff_s(attempt, pol.retry_backoff_s,
                                              pol.retry_backoff_max_s)
-            self._retry(job, attempt, now + backoff, now)
-        return True
+            self._retry(lane, job, attempt, now + backoff, now)
+        return self._one[lane.index]
 
-    def _retry(self, job: int, attempt: int, not_before: float | None, now: float) -> None:
+    def _retry(self, lane: Lane, job: int, attempt: int, not_before: float | None,
+               now: float) -> None:
         """A failed or lost attempt: queue the next one, if starts are left."""
         if attempt >= self.context.policy.max_attempts:
             self.run.status[job] = FAILED
             return
-        self.c.requeue(job, attempt + 1, not_before, now)
+        lane.c.requeue(job, attempt + 1, not_before, now)
         if not_before is None:
             self._wait(job)
         else:
@@ -320,29 +371,30 @@ class Engine:
             self._push(not_before, _WAKE, job, attempt + 1)
 
     def _renew(self, job: int, attempt: int, now: float) -> None:
-        held = self._running.get(job)
+        lane = self._lane(job)
+        held = lane.running.get(job)
         if held is None or held[0] != attempt:
             return
-        self.c.renew(job, attempt, now)
+        lane.c.renew(job, attempt, now)
         if held[1] - now > self._ttl / 2:
             self._push(now + self._ttl / 3, _RENEW, job, attempt)
 
-    def _change_pool(self, index: int, now: float) -> None:
-        change = self.pool.changes[index]
+    def _change_pool(self, lane: Lane, index: int, now: float) -> None:
+        change = lane.pool.changes[index]
         if change.workers == 0:
             return
         if change.workers > 0:
-            self._add_workers(change.workers, now)
+            self._add_workers(lane, change.workers, now)
             return
-        leaving = list(self._workers)[change.workers:]
-        before = self._capacity
+        leaving = list(lane.workers)[change.workers:]
+        before = lane.capacity
         for worker in leaving:
-            del self._workers[worker]
-        self._pool_changed(now)
+            del lane.workers[worker]
+        self._pool_changed(lane, now)
         if change.crash and before:
-            lost_slots = len(leaving) * self.pool.slots
-            for job in list(self._running)[: math.ceil(len(self._running) * lost_slots / before)]:
-                attempt = self._running[job][0]
-                self._stop(job)
-                self.c.lose(job, attempt, now)
-            self._push(now + self._ttl, _REAP)
+            lost_slots = len(leaving) * lane.pool.slots
+            for job in list(lane.running)[: math.ceil(len(lane.running) * lost_slots / before)]:
+                attempt = lane.running[job][0]
+                self._stop(lane, job)
+                lane.c.lose(job, attempt, now)
+            self._push(now + self._ttl, _REAP, 0, lane.index)

@@ -78,9 +78,9 @@ def test_two_api_processes_report_the_same_fleet_figures(system: System) -> None
     assert {status: entered[status] for status in
             ("queued", "dispatched", "running", "succeeded")} == dict.fromkeys(
         ("queued", "dispatched", "running", "succeeded"), JOBS)
-    assert samples[("tierq_queue_wait_seconds_count", (("pool", "default"), ("tier", "free")))] == JOBS
-    assert samples[("tierq_dispatch_latency_seconds_count", (("pool", "default"), ("tier", "free")))] == JOBS
-    assert samples[("tierq_queue_wait_seconds_bucket", (("le", "+Inf"), ("pool", "default"), ("tier", "free")))] \
-        == JOBS
-    assert samples[("tierq_queue_depth", (("pool", "default"), ("tier", "free")))] == 0
+    free = (("pool", "default"), ("tier", "free"))
+    assert samples[("tierq_queue_wait_seconds_count", free)] == JOBS
+    assert samples[("tierq_dispatch_latency_seconds_count", free)] == JOBS
+    assert samples[("tierq_queue_wait_seconds_bucket", (("le", "+Inf"), *free))] == JOBS
+    assert samples[("tierq_queue_depth", free)] == 0
     assert samples[("tierq_backend_up", (("backend", "redis"),))] == 1

@@ -74,7 +74,8 @@ def test_a_killed_workers_job_succeeds_on_attempt_2_and_its_slot_comes_back(
     # The reaper counted the reclaimed lease, fleet-wide; /metrics shows the count.
     reclaimed = read_reclaimed(fault_redis.client(), system.env["TIERQ_KEY_PREFIX"])
     assert reclaimed >= 1
-    assert f'tierq_leases_reclaimed_total{{pool="default"}} {float(reclaimed)}' in client.get("/metrics").text
+    reclaimed_line = f'tierq_leases_reclaimed_total{{pool="default"}} {float(reclaimed)}'
+    assert reclaimed_line in client.get("/metrics").text
 
 
 def _runs_of(run_log: Path, job_id: str, what: str) -> list[Run]:

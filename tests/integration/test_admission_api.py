@@ -115,7 +115,8 @@ def test_a_tenant_over_its_rate_gets_tenant_limit_and_others_are_unaffected(
     clock.now += 2
     assert client.submit(acme["api_key"]).status_code == 202
     metrics = client.get("/metrics").text
-    assert 'tierq_rejections_total{cause="tenant_limit",limit="rate",pool="default",tier="free"} 1.0' in metrics
+    assert ('tierq_rejections_total{cause="tenant_limit",limit="rate",pool="default",'
+            'tier="free"} 1.0') in metrics
 
 
 def test_a_tiers_rate_applies_to_each_of_its_tenants(
@@ -231,8 +232,8 @@ def test_a_job_that_would_start_after_its_max_wait_is_refused_and_leaves_nothing
         # No max_wait_s of its own: the tier's bound is the only limit.
         assert served.submit(served.tenant_key("relaxed")).status_code == 202
         metrics = served.get("/metrics").text
-        assert 'tierq_rejections_total{cause="capacity",limit="deadline",pool="default",tier="free"} 1.0' in (
-            metrics)
+        assert ('tierq_rejections_total{cause="capacity",limit="deadline",pool="default",'
+                'tier="free"} 1.0') in metrics
 
 
 # -- position and wait -----------------------------------------------------------------------

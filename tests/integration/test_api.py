@@ -186,7 +186,8 @@ def test_a_full_tier_refuses_with_429_capacity(
         assert free["queued"] == free["bound"] == 1
         assert api.submit(api.tenant_key("paying", "premium")).status_code == 202
         metrics = api.get("/metrics").text
-        assert 'tierq_rejections_total{cause="capacity",limit="bound",pool="default",tier="free"} 1.0' in metrics
+        assert ('tierq_rejections_total{cause="capacity",limit="bound",pool="default",'
+                'tier="free"} 1.0') in metrics
 
 
 def test_concurrent_submits_never_overshoot_the_bound(
