@@ -228,12 +228,15 @@ class Settings(BaseSettings):
         return pool_prefix(self.key_prefix, self.pool if name is None else name)
 
     def pool_policy(self, name: str) -> tier_policy.Policy:
-        """The policy with pool ``name``'s own capacity and mean service time, where set."""
+        """The policy with pool ``name``'s own capacity and mean service time, where set.
+        ``policy.pool_concurrency`` sizes the default pool only: another pool without its
+        own ``concurrency`` is sized by its live workers."""
         base = self.build_policy()
         spec = self.pool_set().spec(name)
+        fallback = base.pool_concurrency if name == DEFAULT_POOL else None
         return dataclasses.replace(
             base,
-            pool_concurrency=spec.concurrency or base.pool_concurrency,
+            pool_concurrency=spec.concurrency or fallback,
             mean_service_s=spec.mean_service_s or base.mean_service_s,
         )
 
