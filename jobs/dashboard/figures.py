@@ -183,8 +183,8 @@ def fleet_view(
     waits: Mapping[str, Sequence[float]], refusals: Mapping[str, list[RefusalCount]],
     tenants: list[TenantUse], pools: Sequence[PoolLine],
 ) -> FleetView:
-    """``pol``, ``view``, ``waits`` and ``refusals``: the default pool's, which ``pools``
-    lists first."""
+    """``pol``, ``view`` and ``waits``: the default pool's, which ``pools`` lists first;
+    ``refusals``: every pool's."""
     cards = [tier_card(pol, tier, waits.get(tier.name, []), refusals.get(tier.name, []))
              for tier in view.tiers]
     return FleetView(at=at, window_s=window_s, tiers=cards, pool=pools[0], tenants=tenants,

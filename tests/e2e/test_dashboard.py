@@ -4,8 +4,10 @@ Redis.
 
 The admin's page shows a card per tier; after tenants of every tier submit work its figures
 move (queued, in flight, a refusal, the tenants nearest their cap) without a reload. A
-tenant's page shows its own tier and figures and no other tenant. A screenshot of the fleet's
-page is kept with the test's files; with ``TIERQ_SCREENSHOT_DIR`` set it is also written
+tenant's page shows its own tier and figures and no other tenant. With a second pool
+configured, the page lists every pool (one with no worker yet says so) and each worker's
+pool, and a worker that joins that pool shows up. A screenshot of the fleet's page is kept
+with the test's files; with ``TIERQ_SCREENSHOT_DIR`` set it is also written
 there: ``TIERQ_SCREENSHOT_DIR=docs/img .venv/bin/pytest tests/e2e/test_dashboard.py`` renews
 the README's picture.
 """
@@ -31,6 +33,8 @@ CHROMIUM = "/usr/bin/chromium"
 INSTALL = "apt-get install -y --no-install-recommends chromium"
 # Four slots; a fallback service time of 0.5 s gives bounds and quotas with room to spare.
 CONFIG = "[policy]\nmean_service_s = 0.5\n"
+# The same, with a pool ``gpu`` for ``echo`` jobs: its workers start in the test.
+POOLED = CONFIG + '[pools.gpu]\nkinds = ["echo"]\n'
 WIDTH, HEIGHT = 1366, 768
 TIERS = ["premium", "standard", "free"]
 
@@ -56,12 +60,14 @@ def browser() -> Iterator[Browser]:
             launched.close()
 
 
-@pytest.fixture
+@pytest.fixture(params=[CONFIG], ids=["one pool"])
 def system(
-    tmp_path: Path, pg_url: str, redis_server: RedisServer, key_prefix: str,
+    request: pytest.FixtureRequest, tmp_path: Path, pg_url: str, redis_server: RedisServer,
+    key_prefix: str,
     redis_client: redis.Redis,  # deletes this test's keys (Celery's too) afterwards
 ) -> Iterator[System]:
-    with started_system(tmp_path, config=CONFIG, concurrency=4, database_url=pg_url,
+    config: str = request.param
+    with started_system(tmp_path, config=config, concurrency=4, database_url=pg_url,
                         redis_url=redis_server.url, key_prefix=key_prefix) as deployment:
         yield deployment
 
@@ -109,6 +115,7 @@ def test_the_fleet_and_a_tenant_in_the_browser(
     # The live worker of this host: its slots on its device.
     workers = page.inner_text('[data-card="pool"] [data-field="workers"]')
     assert workers == "1 worker: 4 slots on cpu"
+    assert page.locator('[data-card="pools"]').count() == 0  # one pool: no pools table
 
     assert submit(acme, 5, 2.0) == [202] * 5
     assert submit(globex, 6, 2.0) == [202] * 6
@@ -150,3 +157,41 @@ def test_the_fleet_and_a_tenant_in_the_browser(
     wrong.wait_for_selector("#key-error:not([hidden])")
     assert "not known" in wrong.inner_text("#key-error")
     assert wrong.is_hidden("#board")
+
+
+def pool_row(page: Page, pool: str) -> list[str]:
+    cells = page.locator(f'[data-table="pools"] tr[data-pool="{pool}"] td')
+    return [cells.nth(i).inner_text() for i in range(cells.count())]
+
+
+@pytest.mark.parametrize("system", [POOLED], ids=["two pools"], indirect=True)
+def test_every_pool_and_each_workers_pool_in_the_browser(
+    system: System, browser: Browser, tmp_path: Path
+) -> None:
+    acme = system.tenant("acme", "premium")
+    with system.admin() as admin:
+        wait_until(lambda: admin.get("/v1/dashboard").json()["pool"]["capacity"] >= 4)
+
+    page = open_page(browser, system.url, ADMIN_KEY)
+    page.wait_for_selector('[data-card="pools"] tr[data-pool="gpu"]')
+    assert page.inner_text('[data-card="pool"] h2 span') == "Pool default"
+    assert pool_row(page, "default")[:4] == ["default", "every other kind", "1", "0 / 4"]
+    assert pool_row(page, "gpu")[:4] == ["gpu", "echo", "no live worker", "0 / 0"]
+    workers = page.locator('[data-table="workers"] tbody tr')
+    assert workers.count() == 1 and workers.first.get_attribute("data-pool") == "default"
+
+    system.start("worker-gpu", "worker", "--pool", "gpu", "--concurrency", "1")
+    page.wait_for_function(
+        """() => document.querySelectorAll('[data-table="workers"] tr[data-pool="gpu"]')
+          .length === 1""", timeout=60_000)
+    page.wait_for_function(
+        """() => (document.querySelector(
+          '[data-table="pools"] tr[data-pool="gpu"] [data-field="live-workers"]') || {})
+          .textContent === '1'""", timeout=20_000)
+    assert pool_row(page, "gpu")[3] == "0 / 1"
+    page.screenshot(path=str(tmp_path / "dashboard-pools.png"))
+
+    own = open_page(browser, system.url, key_of(acme))
+    own.wait_for_selector('[data-card="own"] [data-table="own-pools"] tr[data-pool="gpu"]')
+    assert "(pool default)" in own.inner_text('[data-card="own"]')
+    own.screenshot(path=str(tmp_path / "dashboard-pools-tenant.png"))

@@ -133,11 +133,12 @@ def test_a_tenant_sees_only_its_own_view(client: ApiClient, busy: dict[str, str]
 def pooled(
     pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock, redis_client: Any
 ) -> Iterator[ApiClient]:
-    """The API with a second pool, ``gpu``: it runs ``echo`` on 2 slots of its own."""
+    """The API with a second pool, ``gpu``: it runs ``echo`` on 20 slots of its own (a
+    standard tenant's cap there is floor(20 × 0.10) = 2; 1 in the default pool's 4)."""
     settings = load_settings(
         database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix,
         admin_key=ADMIN_KEY, policy={"pool_concurrency": 4},
-        pools={"gpu": {"kinds": ["echo"], "concurrency": 2}},
+        pools={"gpu": {"kinds": ["echo"], "concurrency": 20}},
     )
     with running_api(settings, clock) as api:
         yield api
@@ -161,8 +162,9 @@ def test_each_pool_shows_its_own_figures_workers_and_tenants(
     default, gpu_pool = body["pools"]
     assert default["kinds"] is None and gpu_pool["kinds"] == ["echo"]
     assert (default["live_workers"], default["capacity"], default["inflight"]) == (0, 4, 0)
-    assert (gpu_pool["live_workers"], gpu_pool["capacity"], gpu_pool["inflight"]) == (1, 2, 1)
-    assert gpu_pool["utilisation"] == 0.5 and gpu_pool["service_rate"] > 0
+    assert (gpu_pool["live_workers"], gpu_pool["capacity"], gpu_pool["inflight"]) == (1, 20, 1)
+    assert gpu_pool["utilisation"] == 0.05
+    assert gpu_pool["service_rate"] == pytest.approx(5 * default["service_rate"])
     published = pooled.get("/v1/queues", headers=auth(ADMIN_KEY)).json()["pools"]
     assert body["pools"] == [entry["pool"] for entry in published]
     # `pool` and the tier cards stay the default pool's: the echo job is the gpu pool's.
@@ -172,15 +174,15 @@ def test_each_pool_shows_its_own_figures_workers_and_tenants(
     [worker] = body["workers"]
     assert (worker["id"], worker["pool"], worker["device"]) == ("gpu@host", "gpu", "cuda:0")
     assert worker["slots"] == 2 and worker["memory_bytes"] == 80 * 2**30
-    # acme holds a slot in the gpu pool only: its cap there, floor(2 × 0.5) = 1.
+    # acme holds a slot in the gpu pool only, against its cap there.
     [use] = body["tenants"]
-    assert (use["name"], use["pool"], use["inflight"], use["cap"]) == ("acme", "gpu", 1, 1)
+    assert (use["name"], use["pool"], use["inflight"], use["cap"]) == ("acme", "gpu", 1, 2)
     assert use["queued"] == 0
 
     own = dashboard(pooled, acme["api_key"])["tenant"]
     assert own["use"]["pool"] == "default" and own["pools"][0] == own["use"]
-    assert [(u["pool"], u["inflight"], u["queued"]) for u in own["pools"]] == [
-        ("default", 0, 1), ("gpu", 1, 0)]
+    assert [(u["pool"], u["inflight"], u["cap"], u["queued"]) for u in own["pools"]] == [
+        ("default", 0, 1, 1), ("gpu", 1, 2, 0)]
 
 
 def test_no_key_or_an_unknown_key_is_401(client: ApiClient) -> None:

@@ -1,6 +1,6 @@
 """The alerting rules (deploy/prometheus/alerts.yml) pass ``promtool check rules`` and their
 unit tests (deploy/prometheus/alerts_test.yml, ``promtool test rules``): a case that fires
-each alert and one that must not."""
+each alert and one that must not; the rules over a pool's figures keep two pools apart."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.unit.test_grafana import pool_grouping
 
 pytestmark = pytest.mark.unit
 
@@ -64,13 +66,45 @@ def test_each_alert_has_a_case_that_fires_it_and_one_that_does_not() -> None:
     assert quiet == names, f"no quiet case for {names - quiet}"
 
 
-def test_a_broken_rule_file_fails_the_unit_tests(tmp_path: Path) -> None:
-    """The suite can fail: the same tests against rules that sum a fleet-wide counter over
-    replicas (a double count) do not pass."""
-    broken = ALERTS.read_text().replace("max without (instance) (", "sum without (instance) (")
+def test_the_pool_alerts_aggregate_and_match_by_pool_and_name_it() -> None:
+    """Every alarm reads a pool's figures and keeps the pool label: it aggregates by pool
+    (never over pools), compares two families on the pool too, and a summary that names the
+    tier names the pool."""
+    rules = {rule["alert"]: rule for group in yaml.safe_load(ALERTS.read_text())["groups"]
+             for rule in group["rules"]}
+    for name, rule in rules.items():
+        keeps, merges = pool_grouping(rule["expr"])
+        assert not merges, f"{name} merges pools: {merges}"
+        assert keeps is not False, name
+        if name in ALARMS:
+            assert keeps, f"{name} drops the pool label"
+        summary = rule["annotations"]["summary"]
+        if "$labels.tier" in summary:
+            assert "$labels.pool" in summary, name
+    assert "on (pool, tier)" in rules["TierqStarvation"]["expr"]
+
+
+def broken_rules_fail(tmp_path: Path, broken: str) -> str:
+    """Runs alerts_test.yml against ``broken`` rules: it must fail; its report."""
     assert broken != ALERTS.read_text()
     (tmp_path / "alerts.yml").write_text(broken)
     (tmp_path / "alerts_test.yml").write_text(ALERTS_TEST.read_text())
     tested = run("test", "rules", str(tmp_path / "alerts_test.yml"))
     assert tested.returncode != 0
-    assert "count a fleet-wide counter once" in tested.stdout + tested.stderr
+    return tested.stdout + tested.stderr
+
+
+def test_a_broken_rule_file_fails_the_unit_tests(tmp_path: Path) -> None:
+    """The suite can fail: the same tests against rules that sum a fleet-wide counter over
+    replicas (a double count) do not pass."""
+    broken = ALERTS.read_text().replace("max without (instance) (", "sum without (instance) (")
+    assert "count a fleet-wide counter once" in broken_rules_fail(tmp_path, broken)
+
+
+def test_rules_that_merge_pools_fail_the_unit_tests(tmp_path: Path) -> None:
+    """Per tier over every pool (one pool's room hiding another's starvation, two pools'
+    refusals added up) does not pass either."""
+    broken = ALERTS.read_text().replace("(pool, tier)", "(tier)")
+    report = broken_rules_fail(tmp_path, broken)
+    assert "starvation fires for the pool whose tier waits too long" in report
+    assert "count each pool's refusals on their own" in report
