@@ -47,6 +47,15 @@ __all__ = ["MemoryIndex"]
 class MemoryIndex(MemoryLeases, MemoryUpkeep):
     """``DispatchIndex`` in process memory (not thread-safe; one owner at a time)."""
 
+    def pool(self) -> MemoryIndex:
+        """The twin of another pool of this index's fleet (``jobs.core.pools``): an index
+        of its own that shares this one's leader lock and tenants' rate buckets, as a pool's
+        ``RedisIndex`` shares the root prefix's keys."""
+        other = MemoryIndex(clock=self.clock)
+        other._shares_fleet = True
+        other._fleet = self._fleet
+        return other
+
     def admit(
         self,
         job: IndexedJob,
@@ -110,7 +119,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         check_scores(job)
         duplicate = job.job_id in self._meta
         if terms.rate is not None and not duplicate:
-            decision = self._buckets.take(job.tenant, rate_per_s=terms.rate.rate_per_s,
+            decision = self._fleet.buckets.take(job.tenant, rate_per_s=terms.rate.rate_per_s,
                                           burst=terms.rate.burst, now=terms.now)
             if not decision.allowed:
                 return Admission(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from jobs.index.base import NotLeader
 from jobs.index.rate_limit import MemoryRateLimiter
@@ -26,11 +27,22 @@ def check_caps(caps: Mapping[str, int], what: str) -> None:
             raise ValueError(f"{what} cap for {name!r} must be at least 1, got {cap}")
 
 
+@dataclass
+class FleetState:
+    """What the root prefix holds for every pool (``jobs.index.keys``): the leader lock and
+    its epoch, and the tenants' rate buckets; shared by the twins of one fleet's pools."""
+
+    leader: tuple[str, float] | None = None  # token, expires_at
+    leader_epoch: int = 0
+    buckets: MemoryRateLimiter = field(default_factory=MemoryRateLimiter)
+
+
 class MemoryLayout:
     """The data layout of ``keys.py`` in process memory, and its shared steps."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        self._shares_fleet = False
         # The last ``now`` a caller passed: the time of a fence check in a call that takes
         # none (the leader lock expires on the callers' virtual time, see ``memory.py``).
         self._seen_now: float | None = None
@@ -61,10 +73,9 @@ class MemoryLayout:
         self._workers: dict[str, tuple[float, int]] = {}
         self._devices: dict[str, tuple[str, int | None]] = {}  # worker -> device, memory
         self._pool: tuple[int, float] | None = None  # pool_capacity's (slots, valid until)
-        self._leader: tuple[str, float] | None = None  # token, expires_at
-        self._leader_epoch = 0
+        if not self._shares_fleet:  # a pool's twin keeps the fleet's (``MemoryIndex.pool``)
+            self._fleet = FleetState()
         self._generation: str | None = None
-        self._buckets = MemoryRateLimiter()
         # The ``refusals:<minute>`` hashes: (scope, name, reason) -> count, by minute.
         self._refusals: dict[int, dict[tuple[str, str, str], int]] = {}
         # The twin of the ``service_mean`` hash ``jobs.fleet.service_rate`` publishes in Redis:
@@ -206,25 +217,26 @@ class MemoryLayout:
     def acquire_leadership(self, owner: str, *, ttl_s: float, now: float) -> str | None:
         if self.leader(now=now) is not None:
             return None
-        self._leader_epoch += 1
-        token = f"{self._leader_epoch}:{owner}"
-        self._leader = (token, now + ttl_s)
+        self._fleet.leader_epoch += 1
+        token = f"{self._fleet.leader_epoch}:{owner}"
+        self._fleet.leader = (token, now + ttl_s)
         return token
 
     def renew_leadership(self, token: str, *, ttl_s: float, now: float) -> bool:
         if self.leader(now=now) != token:
             return False
-        self._leader = (token, now + ttl_s)
+        self._fleet.leader = (token, now + ttl_s)
         return True
 
     def resign_leadership(self, token: str, *, now: float) -> bool:
         if self.leader(now=now) != token:
             return False
-        self._leader = None
+        self._fleet.leader = None
         return True
 
     def leader(self, *, now: float) -> str | None:
         self._seen_now = now
-        if self._leader is None or self._leader[1] <= now:
+        held = self._fleet.leader
+        if held is None or held[1] <= now:
             return None
-        return self._leader[0]
+        return held[0]
