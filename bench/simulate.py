@@ -20,9 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.process.settings import load_settings
-from jobs.simulate import CONTENDERS, traffic_for
-from jobs.simulate.contender import Context
-from jobs.simulate.engine import Engine
+from jobs.simulate import CONTENDERS, run_policy, traffic_for
 from jobs.simulate.scenario import load
 
 BUDGET_S = 60.0
@@ -47,8 +45,7 @@ def main() -> None:
     console = Console()
     verdict = ""
     for name in args.policies.split(","):
-        context = Context(policy=pol, traffic=traffic, enqueued=list(traffic.arrival))
-        run = Engine(CONTENDERS[name](context), context, scenario.pool).simulate()
+        run = run_policy(pol, scenario, traffic, name)
         table.add_row(name, f"{len(traffic):,}", f"{run.horizon_s:,.0f}", f"{run.wall_s:.1f}",
                       f"{len(traffic) / run.wall_s:,.0f}", f"{run.utilisation:.1%}")
         if name == "tierq":

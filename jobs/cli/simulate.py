@@ -19,8 +19,8 @@ DEFAULT_POLICIES = "strict,rescore,tierq"
 @friendly
 def simulate(
     scenario: Annotated[
-        str, typer.Option("--scenario", help="A shipped scenario (seed, noisy, diurnal, batch) "
-                          "or the path of a scenario TOML file.")
+        str, typer.Option("--scenario", help="A shipped scenario (seed, noisy, diurnal, batch, "
+                          "pools) or the path of a scenario TOML file.")
     ] = "seed",
     config: Annotated[
         Path | None,
@@ -44,7 +44,7 @@ def simulate(
 ) -> None:
     """Simulate a scenario under the configured policy and the baselines (strict priority,
     a rescored heap): per tier, served, refused, waits and overtaking; per tenant, peak
-    concurrency; the pool's utilisation."""
+    concurrency; the pool's utilisation; with pools, each pool's jobs, waits and use."""
     from jobs import simulate as sim
     from jobs.simulate import plot as plotting
     from jobs.simulate import scenario as scenarios
@@ -62,7 +62,8 @@ def simulate(
     chosen = scenarios.load(scenario)
     count = jobs or chosen.jobs
     target(f"scenario {chosen.name}: {count:,} jobs, seed {seed}, policies {', '.join(names)}")
-    comparison = sim.compare(pol, chosen, jobs=count, seed=seed, policies=names)
+    comparison = sim.compare(pol, chosen, jobs=count, seed=seed, policies=names,
+                             configured=settings.pool_set())
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:  # piped or captured: room for the whole table
         console = Console(highlight=False, soft_wrap=True, width=max(console.width, 200))
@@ -71,7 +72,10 @@ def simulate(
         comparison.reports,
         f"{chosen.name}: {count:,} jobs over {horizon:,.0f} simulated seconds"))
     console.print(table.tenant_table(busiest_tenants(comparison.runs, comparison.traffic)))
-    console.print(table.pool_table(comparison.reports))
+    pooled = len(chosen.pools) > 1
+    console.print(table.pool_table(comparison.reports, "all pools" if pooled else "pool"))
+    if pooled:
+        console.print(table.pools_table(comparison.reports, chosen))
     for line in table.guarantee_lines(pol, comparison.reports):
         console.print(line)
     if plot is not None:

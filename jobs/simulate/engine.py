@@ -1,4 +1,4 @@
-"""The discrete-event loop: one contender, the scenario's traffic, a virtual clock.
+"""The discrete-event loop: a contender per pool, the scenario's traffic, a virtual clock.
 
 The engine plays the parts around the queue: clients submitting at their arrival times, a
 pool of workers (joining, leaving, crashing) running each started job for its service time,
@@ -20,7 +20,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 from jobs.core import policy
 from jobs.core.cadence import FEED_PERIOD_S, ITEMS_PER_ROUND, MAINTENANCE_PERIOD_S
@@ -28,59 +27,16 @@ from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
 from jobs.core.policy import MeasuredMean, weighted_mean
 from jobs.simulate.contender import Contender, Context
 from jobs.simulate.lanes import Lane, lane_tenants
+from jobs.simulate.outcome import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run, Sample
 from jobs.simulate.overtaking import Overtaking
 from jobs.simulate.scenario import Pool
 
-# Job outcomes (``Run.status``); HELD: a batch item the feeder has not admitted yet.
-WAITING, SERVED, REFUSED, EXPIRED, FAILED, HELD = range(6)
+__all__ = ["EXPIRED", "FAILED", "HELD", "REFUSED", "SERVED", "WAITING", "Engine", "Run",
+           "Sample"]
+
 # Event kinds.
 _FINISH, _RENEW, _POOL, _REAP, _WAKE, _FEED = range(6)
 NAN = math.nan
-
-
-@dataclass(frozen=True, kw_only=True)
-class Sample:
-    at_s: float
-    queued: list[int]  # per tier
-    busy: int
-    capacity: int
-    pools: tuple[tuple[int, int], ...] = ()  # per pool: (busy, capacity)
-
-
-@dataclass(kw_only=True)
-class Run:
-    """What happened to every job under one contender."""
-
-    policy: str
-    horizon_s: float
-    enqueued: list[float]  # arrival, or a batch item's admission by the feeder
-    start: list[float]  # first start (nan: never started)
-    status: bytearray
-    refusal: list[str | None]  # "cause/limit" of a refused job
-    # A refused job's (count, limit value) as the contender read them (see ``Verdict``).
-    refusal_figures: dict[int, tuple[int | None, int | None]]
-    told_wait_s: list[float | None]
-    overtaken_wait_s: list[float]  # per tier, see jobs.simulate.overtaking
-    overtaken_gap_s: list[float]
-    peak: list[int]  # per tenant: most jobs running at once (in one pool)
-    caps: list[int | None]  # per tenant, the largest cap it had (None: no cap)
-    cap_exceeded: int  # starts that took a tenant over its cap
-    restarts: int  # starts of a second or later attempt (retried or reaped)
-    busy_s: float  # slot-seconds of work
-    capacity_s: float  # slot-seconds of pool
-    samples: list[Sample] = field(default_factory=list)
-    wall_s: float = 0.0
-    # Per pool (``Traffic.pools``): slot-seconds of work and of pool.
-    pool_busy_s: list[float] = field(default_factory=list)
-    pool_capacity_s: list[float] = field(default_factory=list)
-
-    @property
-    def utilisation(self) -> float:
-        return self.busy_s / self.capacity_s if self.capacity_s else 0.0
-
-    def pool_utilisation(self, pool: int) -> float:
-        offered = self.pool_capacity_s[pool]
-        return self.pool_busy_s[pool] / offered if offered else 0.0
 
 
 class Engine:

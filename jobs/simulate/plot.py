@@ -1,6 +1,6 @@
 """The comparison as a PNG (matplotlib, the ``plot`` extra): per tier the share of its
 admitted jobs started within a wait, per policy; per policy the queue depth of each tier
-over time; the pool's utilisation over time."""
+over time; the pool's utilisation over time (each pool's, with pools)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def _cdf(ax: Any, waits: list[float], admitted: int, top: float, label: str) -> 
     xs = [i / 50 for i in range(51)] + [top ** (k / POINTS) for k in range(1, POINTS + 1)]
     ys = [bisect.bisect_right(waits, x) / admitted for x in xs]
     ax.plot(xs, ys, STYLE.get(label, "-"), label=label)
+
+
+def _share(busy: int, capacity: int) -> float:
+    return busy / capacity if capacity else 0.0
 
 
 def _smooth(values: list[float], width: int = 5) -> list[float]:
@@ -83,10 +87,17 @@ def draw(pol: Policy, comparison: Comparison, path: Path) -> None:
         ax.set(title=f"{run.policy}: queued jobs", xlabel="time (s)", ylabel="queued")
         ax.legend(fontsize="small")
     ax = axes[2][0]
+    pooled = len(traffic.pools) > 1
     for run in runs:
-        busy = [s.busy / s.capacity if s.capacity else 0.0 for s in run.samples]
-        ax.plot([s.at_s for s in run.samples], _smooth(busy), STYLE.get(run.policy, "-"),
-                label=run.policy)
+        times = [s.at_s for s in run.samples]
+        if pooled:  # each pool's own use: one pool's flood is no other's
+            for p, pool in enumerate(traffic.pools):
+                busy = [_share(*s.pools[p]) for s in run.samples]
+                ax.plot(times, _smooth(busy), STYLE.get(run.policy, "-"),
+                        label=f"{run.policy}: {pool}")
+            continue
+        busy = [_share(s.busy, s.capacity) for s in run.samples]
+        ax.plot(times, _smooth(busy), STYLE.get(run.policy, "-"), label=run.policy)
     ax.set_ylim(0, 1.05)
     ax.set(title="pool utilisation", xlabel="time (s)", ylabel="busy slots / capacity")
     ax.legend(fontsize="small")

@@ -13,6 +13,10 @@ drive the real index, on the simulator's virtual clock.
 - the workers: ``register_worker``, lease ``renew`` (heartbeats of long jobs), ``release``;
   a crashed worker's leases lapse and ``reap`` returns them; retries are ``requeue`` with
   ``not_before`` (``policy.retry_backoff_s``) and the original order key.
+
+With pools, each pool has a contender of its own (``jobs.simulate.lanes``): its own index, its
+pool's policy (``jobs.simulate.pool_policy``) and its own measured μ, as each pool is a
+dispatch index of its own under its own prefix in the real system.
 """
 
 from __future__ import annotations

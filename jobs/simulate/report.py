@@ -2,7 +2,8 @@
 
 Waits are from arrival to the first start, of the jobs that started. Jobs still queued when
 the traffic ended are counted apart (``waiting``) with the longest wait they had reached
-(``waiting_max_s``), so a starved tier shows even though none of its jobs started.
+(``waiting_max_s``), so a starved tier shows even though none of its jobs started. With
+pools, each pool has its own figures too: a flood in one must not show in another's.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from jobs.simulate.engine import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run
+from jobs.simulate.outcome import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run
 from jobs.simulate.traffic import Traffic
 
 
@@ -46,6 +47,21 @@ class TierReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PoolReport:
+    """One pool's jobs under one policy, all tiers together."""
+
+    pool: str
+    policy: str
+    submitted: int
+    served: int
+    refused: dict[str, int]  # "cause/limit" → jobs
+    waiting: int  # still queued at the end (or held in a batch)
+    waiting_max_s: float
+    waits: Waits | None  # None: nothing served
+    utilisation: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class PolicyReport:
     policy: str
     jobs: int
@@ -53,6 +69,7 @@ class PolicyReport:
     utilisation: float
     cap_exceeded: int
     wall_s: float
+    pools: list[PoolReport] = field(default_factory=list)  # only with more than one pool
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -154,7 +171,30 @@ def report(run: Run, traffic: Traffic) -> PolicyReport:
     tiers.sort(key=lambda tier: traffic.tiers.index(tier.tier.removesuffix(" batch")))
     return PolicyReport(policy=run.policy, jobs=len(traffic), tiers=tiers,
                         utilisation=run.utilisation, cap_exceeded=run.cap_exceeded,
-                        wall_s=run.wall_s)
+                        wall_s=run.wall_s,
+                        pools=pool_reports(run, traffic) if len(traffic.pools) > 1 else [])
+
+
+def pool_reports(run: Run, traffic: Traffic) -> list[PoolReport]:
+    """Per pool (``traffic.pools`` order): its jobs, refusals, waits and utilisation."""
+    rows = [_Row() for _ in traffic.pools]
+    for job, status in enumerate(run.status):
+        row = rows[traffic.pool[job]]
+        row.counts[status] += 1
+        start = run.start[job]
+        if start == start:  # not nan: started
+            row.waits.append(start - run.enqueued[job])
+        if status == REFUSED:
+            row.refused[run.refusal[job] or "?"] += 1
+        elif status == WAITING:
+            row.oldest_waiting = min(row.oldest_waiting, run.enqueued[job])
+    return [PoolReport(
+        pool=name, policy=run.policy, submitted=sum(row.counts.values()),
+        served=row.counts[SERVED] + row.counts[FAILED], refused=dict(row.refused),
+        waiting=row.counts[WAITING] + row.counts[HELD],
+        waiting_max_s=max(0.0, run.horizon_s - row.oldest_waiting), waits=waits(row.waits),
+        utilisation=run.pool_utilisation(p)) for p, (name, row) in enumerate(
+            zip(traffic.pools, rows, strict=True))]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.core.errors import ConfigError
-from jobs.core.pools import DEFAULT_POOL, PoolSpec, Pools
+from jobs.core.pools import DEFAULT_POOL, Pools, PoolSpec
 
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 PATTERNS = ("poisson", "diurnal", "burst", "trace")
@@ -250,7 +250,8 @@ def _pool(data: Any, name: str, where: str) -> Pool:
     pool = Pool(**values, name=name)
     if pool.workers < 1 or pool.slots < 1:
         raise ConfigError(f"{where}: workers >= 1 and slots >= 1")
-    if (pool.concurrency or 1) < 1 or (pool.mean_service_s or 1) <= 0:
+    if ((pool.concurrency is not None and pool.concurrency < 1)
+            or (pool.mean_service_s is not None and pool.mean_service_s <= 0)):
         raise ConfigError(f"{where}: concurrency >= 1 and mean_service_s > 0")
     return pool
 

@@ -1,4 +1,5 @@
-"""The comparison as Rich tables: per tier and policy, then per policy for the pool."""
+"""The comparison as Rich tables: per tier and policy, then per policy for the pool, and
+with pools per pool and policy."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from rich.table import Table
 
 from jobs.core import policy
 from jobs.core.policy import Policy
-from jobs.simulate.report import PolicyReport, TenantReport, TierReport, Waits
+from jobs.simulate.report import PolicyReport, PoolReport, TenantReport, TierReport, Waits
+from jobs.simulate.scenario import Scenario
 
 NONE = "-"
 
@@ -17,7 +19,7 @@ def seconds(value: float) -> str:
     return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
 
 
-def _refused(tier: TierReport) -> str:
+def _refused(tier: TierReport | PoolReport) -> str:
     if not tier.refused:
         return NONE
     shown = sorted(tier.refused.items(), key=lambda item: -item[1])
@@ -64,8 +66,8 @@ def tier_table(reports: list[PolicyReport], title: str) -> Table:
     return table
 
 
-def pool_table(reports: list[PolicyReport]) -> Table:
-    table = Table(title="pool")
+def pool_table(reports: list[PolicyReport], title: str = "pool") -> Table:
+    table = Table(title=title)
     table.add_column("policy")
     for column in ("utilisation", "starts over a cap", "told vs waited\np50 / p95 s (best tier)",
                    "simulated in s", "jobs/s"):
@@ -76,6 +78,27 @@ def pool_table(reports: list[PolicyReport]) -> Table:
         rate = rep.jobs / rep.wall_s if rep.wall_s else 0.0
         table.add_row(rep.policy, f"{rep.utilisation:.1%}", f"{rep.cap_exceeded:,}", error,
                       f"{rep.wall_s:.2f}", f"{rate:,.0f}")
+    return table
+
+
+def pools_table(reports: list[PolicyReport], scenario: Scenario) -> Table:
+    """Per pool and policy: each pool is admitted and served on its own figures."""
+    table = Table(title="per pool")
+    table.add_column("pool", no_wrap=True)
+    table.add_column("policy", no_wrap=True)
+    for column in ("workers\n× slots", "submitted", "served", "refused",
+                   "waiting at\nend (oldest\ns)", "wait\np50 s", "p95", "max", "utilisation"):
+        table.add_column(column, justify="right")
+    for i, pool in enumerate(scenario.pools):
+        if i:
+            table.add_section()
+        for rep in reports:
+            row = rep.pools[i]
+            waiting = f"{row.waiting:,}" + (f" ({seconds(row.waiting_max_s)})" if row.waiting
+                                            else "")
+            table.add_row(pool.name, rep.policy, f"{pool.workers} × {pool.slots}",
+                          f"{row.submitted:,}", f"{row.served:,}", _refused(row), waiting,
+                          *(_waits(row.waits)[k] for k in (0, 1, 3)), f"{row.utilisation:.1%}")
     return table
 
 
