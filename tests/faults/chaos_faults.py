@@ -84,19 +84,31 @@ class Fleet:
     # pid → (SIGSTOP, SIGCONT) of each time the whole process was frozen past its leases
     frozen: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     stopped: set[int] = field(default_factory=set)  # pids stopped with SIGTERM
+    pools: dict[int, str] = field(default_factory=dict)  # pid → the pool a worker joined
     _started: int = 0
 
-    def start_worker(self, skew_s: float = 0.0) -> Process:
+    def start_worker(self, skew_s: float = 0.0, pool: str = "default") -> Process:
         self._started += 1
-        name = f"worker-{self._started}"
+        name = f"worker-{self._started}" if pool == "default" else f"worker-{pool}-{self._started}"
         env = skew_env(skew_s) if skew_s else None
-        process = self.system.start(name, "worker", "--concurrency", str(WORKER_SLOTS), env=env)
+        process = self.system.start(name, "worker", "--concurrency", str(WORKER_SLOTS),
+                                    "--pool", pool, env=env)
         self.workers.append(process)
+        self.pools[process.popen.pid] = pool
         if skew_s:
             self.skews[process.popen.pid] = skew_s
         clock = f", clock {skew_s:+.0f} s" if skew_s else ""
-        self.timeline.log(f"start {name} (pid {process.popen.pid}{clock})")
+        self.timeline.log(f"start {name} (pid {process.popen.pid}, pool {pool}{clock})")
         return process
+
+    def replace_worker(self, process: Process) -> Process:
+        """A worker in place of ``process``: its pool, its clock."""
+        pid = process.popen.pid
+        return self.start_worker(skew_s=self.skews.get(pid, 0.0),
+                                 pool=self.pools.get(pid, "default"))
+
+    def of_pool(self, pool: str) -> list[Process]:
+        return [p for p in self.workers if self.pools.get(p.popen.pid, "default") == pool]
 
     def start_dispatcher(self) -> Process:
         self._started += 1
@@ -136,12 +148,14 @@ class Fleet:
                 if p.popen.poll() is not None and p.popen.pid not in ours
                 and not (p in self.workers and p.popen.returncode == EXIT_OVERRUN)]
 
-    def heal(self, *, workers: int, dispatchers: int) -> None:
-        """Bring the fleet back to size (replacing processes that died by themselves)."""
+    def heal(self, *, workers: dict[str, int], dispatchers: int) -> None:
+        """Bring the fleet back to size, ``workers`` by pool (replacing processes that died
+        by themselves)."""
         for _ in range(dispatchers - len(self.alive(self.dispatchers))):
             self.start_dispatcher()
-        for _ in range(workers - len(self.alive(self.workers))):
-            self.start_worker()
+        for pool, wanted in workers.items():
+            for _ in range(wanted - len(self.alive(self.of_pool(pool)))):
+                self.start_worker(pool=pool)
 
 
 @dataclass
@@ -212,7 +226,7 @@ class FaultDriver:
         victim = self.rng.choice(alive)
         self.fleet.kill(victim)
         time.sleep(self.rng.uniform(0, 2))
-        self.fleet.start_worker(skew_s=self.fleet.skews.get(victim.popen.pid, 0.0))
+        self.fleet.replace_worker(victim)
 
     def kill_dispatcher(self) -> None:
         alive = self.fleet.alive(self.fleet.dispatchers)
@@ -264,8 +278,9 @@ class FaultDriver:
         self.log(f"redis restarted from the snapshot of {clock_text(at)} ({path.name})")
 
     def skew_worker(self) -> None:
-        """Replace a worker with one whose clock is ``SKEW_S`` off (one skewed at a time)."""
-        alive = self.fleet.alive(self.fleet.workers)
+        """Replace a worker of the default pool with one whose clock is ``SKEW_S`` off (one
+        skewed at a time)."""
+        alive = self.fleet.alive(self.fleet.of_pool("default"))
         skewed = [p for p in alive if p.popen.pid in self.fleet.skews]
         sign = -self.fleet.skews[skewed[0].popen.pid] / SKEW_S if skewed else \
             self.rng.choice((1, -1))
@@ -347,7 +362,7 @@ class FaultDriver:
                 for process in ended:
                     self.log(f"{process.name} (pid {process.popen.pid}) ended itself for the "
                              f"hung job (exit {EXIT_OVERRUN})")
-                    self.fleet.start_worker(skew_s=self.fleet.skews.get(process.popen.pid, 0.0))
+                    self.fleet.replace_worker(process)
                 return
             time.sleep(0.2)
         self.log(f"no worker ended for hung job {job_id} within {HUNG_WAIT_S:g} s")

@@ -32,6 +32,8 @@ DEADLINE_SHARE = 0.25
 # Of the submissions, this share raises an error holding U+0000 and as many return a result
 # holding it (PostgreSQL stores neither as it is).
 NUL_SHARE = 0.03
+# Submissions of the second pool's kind (``tracked.gpu``, its own workers and caps).
+GPU_SHARE = 0.25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +133,8 @@ class ChaosLoad:
             body["payload"]["nul"] = True
         elif pick < 2 * NUL_SHARE:  # a result holding U+0000
             body.update(kind="nul-result", payload={"n": n})
+        elif rng.random() < GPU_SHARE:
+            body["kind"] = "tracked.gpu"
         if rng.random() < DEADLINE_SHARE:
             body["max_wait_s"] = round(rng.uniform(2, 15), 1)
         return Submission(key=body["idempotency_key"], tenant=tenant.name, body=body)

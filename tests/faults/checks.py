@@ -40,7 +40,7 @@ from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from jobs.store.models import JobRow
-from tests.faults.handlers import Run, read_runs
+from tests.faults.handlers import TRACKED_KINDS, Run, read_runs
 from tests.faults.report import Violation, clock_text, render
 
 FINISH_TIMEOUT_S = 90.0
@@ -53,6 +53,8 @@ def check_invariants(
     accepted: Iterable[str],
     *,
     tier_caps: Mapping[str, int],
+    pool_caps: Mapping[str, Mapping[str, int]] | None = None,
+    kind_pools: Mapping[str, str] | None = None,
     run_log: Path | None = None,
     timeout: float = FINISH_TIMEOUT_S,
     killed: Mapping[int, float] | None = None,
@@ -64,7 +66,9 @@ def check_invariants(
     by id. ``killed``: pid → when the test SIGKILLed that process (its runs end then);
     ``frozen``: pid → the (SIGSTOP, SIGCONT) times of each freeze of that process longer than
     a lease (a run open across one is a zombie from its freeze on); ``found``: violations
-    the caller saw itself, reported with these."""
+    the caller saw itself, reported with these. ``tier_caps`` are the default pool's;
+    ``pool_caps`` another pool's by name, ``kind_pools`` the pool of each kind not the
+    default's: a tenant's cap holds in each pool on its own."""
     ids = list(accepted)
     violations = list(found)
     if len(set(ids)) != len(ids):
@@ -83,15 +87,20 @@ def check_invariants(
     if run_log is not None:
         violations += check_runs(jobs, runs, killed or {}, frozen or {})
     violations += check_starts(jobs, runs if run_log is not None else None)
-    caps = {t.id: t.cap if t.cap is not None else tier_caps.get(t.tier)
-            for t in tenants.values() if t is not None}
-    names = {t.id: f"{t.name} ({t.tier}, cap {caps[t.id]})"
-             for t in tenants.values() if t is not None}
-    spans = run_spans(jobs, runs, killed or {}, traced=run_log is not None, frozen=frozen or {})
+    every_pool = {"default": tier_caps, **(pool_caps or {})}
+    caps = {(t.id, pool): t.cap if t.cap is not None else of_pool.get(t.tier)
+            for t in tenants.values() if t is not None
+            for pool, of_pool in every_pool.items()}
+    names = {(t.id, pool): f"{t.name} ({t.tier}, pool {pool}, cap {caps[(t.id, pool)]})"
+             for t in tenants.values() if t is not None for pool in every_pool}
+    spans = run_spans(jobs, runs, killed or {}, traced=run_log is not None, frozen=frozen or {},
+                      kind_pools=kind_pools or {})
     violations += check_caps(spans, caps, names)
     if violations:
         raise AssertionError(
-            render(violations, jobs=jobs, tenants=names, runs=runs, context=context)
+            render(violations, jobs=jobs, runs=runs, context=context,
+                   tenants={t.id: f"{t.name} ({t.tier})" for t in tenants.values()
+                            if t is not None})
         )
     return jobs
 
@@ -144,7 +153,7 @@ def check_runs(
     the others (one is allowed for a job cancelled as its handler returned)."""
     found = []
     for job in jobs.values():
-        if job.kind != "tracked" or not job.terminal:
+        if job.kind not in TRACKED_KINDS or not job.terminal:
             continue
         starts = {(r.attempt, r.pid): r.at for r in runs.get(job.id, []) if r.what == "start"}
         done = [r for r in runs.get(job.id, []) if r.what == "done"
@@ -206,7 +215,7 @@ def check_starts(
         if spent and job.starts != job.max_attempts:
             problems.append(f"failed ({job.error}) after {job.starts} of {job.max_attempts} "
                             "starts")
-        if runs is not None and job.kind == "tracked":
+        if runs is not None and job.kind in TRACKED_KINDS:
             traced = len({r.attempt for r in runs.get(job.id, []) if r.what == "start"})
             if traced > job.starts:
                 problems.append(f"{traced} attempts started in the trace, starts={job.starts}")
@@ -226,6 +235,7 @@ class Span:
     start: float
     end: float
     how: str  # how its end is known: done, stop, killed, next start, finished, running
+    pool: str = "default"  # the pool of its job's kind: a tenant's cap holds per pool
 
     def __str__(self) -> str:
         who = f" pid {self.pid}" if self.pid is not None else " (SQL)"
@@ -236,6 +246,7 @@ class Span:
 def run_spans(
     jobs: Mapping[str, Job], runs: Mapping[str, Sequence[Run]], killed: Mapping[int, float],
     *, traced: bool, frozen: Mapping[int, Sequence[tuple[float, float]]] | None = None,
+    kind_pools: Mapping[str, str] | None = None,
 ) -> list[Span]:
     """Every run's span. A traced run without an end line ended when its process was
     killed; failing that (a kill the test did not make), by the next start of its job (its
@@ -244,13 +255,16 @@ def run_spans(
     the freeze: its lease lapsed meanwhile, and what it does on waking is a zombie's."""
     spans = []
     for job in jobs.values():
-        if traced and job.kind == "tracked":
+        pool = (kind_pools or {}).get(job.kind, "default")
+        if traced and job.kind in TRACKED_KINDS:
             for span in _traced_spans(job, runs.get(job.id, []), killed):
                 stop = freeze_within(frozen or {}, span.pid, span.start, span.end)
+                span = replace(span, pool=pool)
                 spans.append(span if stop is None else replace(span, end=stop, how="frozen"))
         elif job.started_at is not None and job.finished_at is not None:
             spans.append(Span(job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
-                              pid=None, start=job.started_at, end=job.finished_at, how="SQL"))
+                              pid=None, start=job.started_at, end=job.finished_at, how="SQL",
+                              pool=pool))
     return spans
 
 
@@ -294,11 +308,14 @@ def _alive(pid: int) -> bool:
 
 
 def check_caps(
-    spans: Sequence[Span], caps: Mapping[str, int | None], names: Mapping[str, str]
+    spans: Sequence[Span], caps: Mapping[tuple[str, str], int | None],
+    names: Mapping[tuple[str, str], str],
 ) -> list[Violation]:
-    by_tenant: dict[str, list[Span]] = defaultdict(list)
+    """No tenant ran more jobs at once than its cap, in any pool: ``caps`` and ``names`` by
+    ``(tenant id, pool)``."""
+    by_tenant: dict[tuple[str, str], list[Span]] = defaultdict(list)
     for span in spans:
-        by_tenant[span.tenant_id].append(span)
+        by_tenant[(span.tenant_id, span.pool)].append(span)
     found = []
     for tenant_id, tenant_spans in by_tenant.items():
         cap = caps.get(tenant_id)
@@ -310,7 +327,7 @@ def check_caps(
         worst = max(episodes, key=lambda e: len(e.spans))
         found.append(Violation(
             invariant="tenant cap", job_ids=tuple(dict.fromkeys(s.job_id for s in worst.spans)),
-            detail=f"{names.get(tenant_id, tenant_id)} went over its cap {len(episodes)} "
+            detail=f"{names.get(tenant_id, str(tenant_id))} went over its cap {len(episodes)} "
                    f"time(s), first at {clock_text(episodes[0].began)}; the most at once, "
                    f"{len(worst.spans)}, at {clock_text(worst.peak_at)}:\n    "
                    + "\n    ".join(str(s) for s in worst.spans),

@@ -52,6 +52,17 @@ class TrackedHandler:
         return {"attempt": ctx.attempt, "pid": os.getpid()}
 
 
+class TrackedGpuHandler(TrackedHandler):
+    """``tracked`` under a kind of the soak's second pool (``gpu``): its runs are traced the
+    same way, and its tenants' caps are that pool's."""
+
+    kind = "tracked.gpu"
+
+
+# The kinds whose runs leave a trace.
+TRACKED_KINDS = (TrackedHandler.kind, TrackedGpuHandler.kind)
+
+
 class NulResultHandler:
     """Returns a result holding U+0000, which PostgreSQL cannot store: the job ends failed
     with the reason, once, and is never run again."""
@@ -125,4 +136,4 @@ def read_runs(path: Path) -> dict[str, list[Run]]:
     return runs
 
 
-HANDLERS: list[Handler] = [TrackedHandler(), NulResultHandler(), HungHandler()]
+HANDLERS: list[Handler] = [TrackedHandler(), TrackedGpuHandler(), NulResultHandler(), HungHandler()]

@@ -43,7 +43,7 @@ from tests.faults.chaos_faults import WORKER_SLOTS, FaultDriver, Fleet, Timeline
 from tests.faults.chaos_load import ChaosLoad, Submission, TenantLoad
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
-from tests.faults.handlers import read_runs
+from tests.faults.handlers import TrackedGpuHandler, read_runs
 from tests.faults.load import probe_ready
 from tests.faults.report import Violation
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
@@ -56,8 +56,17 @@ FAULT_PHASE_S = 100.0
 SETTLE_S = 45.0
 WORKERS, DISPATCHERS = 3, 2
 POOL = WORKERS * WORKER_SLOTS
-# With a pool of 6 slots: caps floor(6 × share) = 3, 2 and 1.
-CONFIG = """
+# The second pool, ``gpu``: its own worker and its own kind (``tracked.gpu``), so the soak's
+# faults hit two pools' queues, leases and caps at once.
+GPU_WORKERS = 1
+GPU_POOL = GPU_WORKERS * WORKER_SLOTS
+# With a default pool of 6 slots: caps floor(6 × share) = 3, 2 and 1; in the gpu pool's 2
+# slots, 1 each.
+CONFIG = f"""
+[pools.gpu]
+kinds = ["{TrackedGpuHandler.kind}"]
+concurrency = {GPU_POOL}
+
 [tiers.premium]
 base_priority = 0
 max_wait_s = 60
@@ -75,6 +84,8 @@ tenant_share = 0.17
 """
 TIER_CAPS = {name: tenant_cap(Tier(name=name, **tier), POOL)
              for name, tier in tomllib.loads(CONFIG)["tiers"].items()}
+GPU_CAPS = {name: tenant_cap(Tier(name=name, **tier), GPU_POOL)
+            for name, tier in tomllib.loads(CONFIG)["tiers"].items()}
 # name, tier, mean seconds between bursts (1–5 jobs each): about 4 jobs/s in all.
 TENANTS = [
     ("gold-a", "premium", 2.5), ("gold-b", "premium", 2.5),
@@ -121,14 +132,15 @@ def test_chaos_soak(
             fault_pg.resume()
             load.stop()
         timeline.log(f"faults over; {load.summary()}")
-        fleet.heal(workers=WORKERS, dispatchers=DISPATCHERS)
+        fleet.heal(workers={"default": WORKERS, "gpu": GPU_WORKERS}, dispatchers=DISPATCHERS)
         found = client_violations(system, fleet, load, run_log, driver.hung_jobs)
         found += hung_jobs_timed_out(system.env["TIERQ_DATABASE_URL"], driver.hung_jobs)
     except BaseException:
         sys.stderr.write(f"[chaos] seed {seed}\n{timeline.render()}\n")
         raise
     jobs = check_invariants(
-        system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps=TIER_CAPS, run_log=run_log,
+        system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps=TIER_CAPS,
+        pool_caps={"gpu": GPU_CAPS}, kind_pools={TrackedGpuHandler.kind: "gpu"}, run_log=run_log,
         timeout=SETTLE_S, killed=fleet.killed, frozen=fleet.frozen,
         found=found, context=f"seed {seed} ({SEED_ENV}={seed})\n{load.summary()}\n"
                              f"{timeline.render()}",
@@ -144,6 +156,8 @@ def start_fleet(fleet: Fleet) -> list[TenantLoad]:
         fleet.start_dispatcher()
     for _ in range(WORKERS):
         fleet.start_worker()
+    for _ in range(GPU_WORKERS):
+        fleet.start_worker(pool="gpu")
     wait_until(lambda: all("worker.registered" in w.log.read_text(errors="replace")
                            for w in fleet.workers), timeout=60)
     tenants = []

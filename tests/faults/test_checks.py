@@ -100,3 +100,17 @@ def test_a_failure_for_a_late_retry_is_not_a_spent_one() -> None:
         job(status=Status.FAILED, error="boom (start 1; a retry could not start before the "
             "job's deadline, max_wait_s)"), starts=1)
     assert checks.check_starts({"j1": late}, {"j1": [run("start", 1.0)]}) == []
+
+
+def test_a_tenants_cap_holds_in_each_pool_on_its_own() -> None:
+    gpu_job = job("g1", kind="tracked.gpu", started_at=1.0, finished_at=3.0)
+    cpu_job = job("c1", started_at=1.5, finished_at=2.5)
+    spans = run_spans({"g1": gpu_job, "c1": cpu_job}, {}, {}, traced=False,
+                      kind_pools={"tracked.gpu": "gpu"})
+    assert sorted((s.job_id, s.pool) for s in spans) == [("c1", "default"), ("g1", "gpu")]
+    caps = {("t1", "default"): 1, ("t1", "gpu"): 1}
+    names = {key: f"t1 in {key[1]}" for key in caps}
+    assert checks.check_caps(spans, caps, names) == []  # one at a time in each pool
+    second = dataclasses.replace(spans[0], job_id="x", start=1.6, end=2.0)
+    found = checks.check_caps([*spans, second], caps, names)
+    assert len(found) == 1 and f"t1 in {second.pool} went over its cap" in found[0].detail
