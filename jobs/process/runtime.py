@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +46,7 @@ class Runtime:
     # The hot path's single statements on PostgreSQL (``jobs.store.direct``); None: SQLite,
     # or a runtime built by hand (tests), which runs them through ``engine``.
     direct: DirectPool | None = None
-    # The pool this runtime's index and policy are; None: the settings' ``pool``.
+    # The pool this runtime's index and policy are; '': the settings' ``pool``.
     pool: str = ""
     # The runtimes of the other pools, built on first use and shared by them all.
     _pools: dict[str, Runtime] = field(default_factory=dict, repr=False)
@@ -61,7 +62,7 @@ class Runtime:
         """The key prefix of this runtime's pool: its doorbell, counters, hints."""
         return self.settings.pool_prefix(self.pool)
 
-    @property
+    @functools.cached_property
     def pools(self) -> Pools:
         return self.settings.pool_set()
 
