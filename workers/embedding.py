@@ -88,10 +88,12 @@ def model() -> Any:
 
 
 def embed(
-    texts: Sequence[str], *, between_batches: Callable[[], None] | None = None
+    texts: Sequence[str], *, between_batches: Callable[[], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[list[float]]:
     """Unit-length embeddings of ``texts``, ``BATCH_SIZE`` at a time on the model's device;
-    ``between_batches`` runs before each batch (a handler's ``ctx.check``)."""
+    ``between_batches`` runs before each batch (a handler's ``ctx.check``), ``on_progress``
+    after each with the texts done and their total."""
     encoder = model()
     vectors: list[list[float]] = []
     for start in range(0, len(texts), BATCH_SIZE):
@@ -103,4 +105,6 @@ def embed(
             show_progress_bar=False,
         )
         vectors.extend([float(x) for x in row] for row in encoded)
+        if on_progress is not None:
+            on_progress(len(vectors), len(texts))
     return vectors

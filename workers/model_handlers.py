@@ -13,6 +13,7 @@ document that cannot be read, or a blob that is gone, is not.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -55,7 +56,8 @@ class DocumentEmbedHandler:
         data = self._read(str(payload["blob"]))
         _, text = extract_text(data)
         chunks = chunk_text(text)
-        vectors = embedding.embed(chunks, between_batches=ctx.check)
+        vectors = embedding.embed(chunks, between_batches=ctx.check,
+                                  on_progress=reporter(ctx, "chunks embedded"))
         return {
             "chunks": [{"text": c, "embedding": v} for c, v in zip(chunks, vectors, strict=True)],
             "model": embedding.MODEL_NAME,
@@ -106,10 +108,20 @@ class SimilarityHandler:
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         sentences = sorted({s for pair in payload["pairs"] for s in pair})
-        vectors = dict(zip(sentences, embedding.embed(sentences, between_batches=ctx.check),
-                           strict=True))
+        encoded = embedding.embed(sentences, between_batches=ctx.check,
+                                  on_progress=reporter(ctx, "sentences embedded"))
+        vectors = dict(zip(sentences, encoded, strict=True))
         scores = [_dot(vectors[a], vectors[b]) for a, b in payload["pairs"]]
         return {"scores": scores, "spearman": spearman(scores, payload["labels"])}
+
+
+def reporter(ctx: JobContext, what: str) -> Callable[[int, int], None]:
+    """``embed``'s progress as the job's (``ctx.progress``): "12 of 40 chunks embedded"."""
+
+    def report(done: int, total: int) -> None:
+        ctx.progress(done / total if total else 1.0, f"{done} of {total} {what}")
+
+    return report
 
 
 def _dot(a: list[float], b: list[float]) -> float:

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 from jobs.core import policy
 from jobs.core.domain import Job, Tenant
+from jobs.core.progress import Report
 from jobs.core.states import Status
 from jobs.fleet.pool import PoolFigures, live_pool
+from jobs.index import progress as progress_index
 from jobs.process.outage import REDIS_OUTAGE
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
@@ -98,6 +100,9 @@ class Progress:
     job: Job
     queue_position: int | None = None
     estimated_wait_s: float | None = None  # None also when nothing is being served
+    # The handler's latest report: from Redis while it runs, else the one stored with the
+    # ending (``jobs.core.progress``).
+    report: Report | None = None
 
 
 def progress(runtime: Runtime, tenant: Tenant, job: Job) -> Progress:
@@ -108,31 +113,39 @@ def progress_many(runtime: Runtime, tenant: Tenant, jobs: Sequence[Job]) -> list
     """Live queue positions and estimates of the tenant's queued jobs among ``jobs``
     (``jobs.admission.estimates``). Status reads keep working while Redis is down: the positions are
     then unknown (None), not an error."""
-    if not any(job.status is Status.QUEUED for job in jobs):
-        return [Progress(job=job) for job in jobs]
+    reports = {job.id: report for job in jobs
+               if (report := Report.from_dict(job.progress)) is not None}
+    if not any(job.status in (Status.QUEUED, Status.RUNNING) for job in jobs):
+        return [Progress(job=job, report=reports.get(job.id)) for job in jobs]
     places: dict[str, Placement] = {}
     try:
-        for pool, of_pool in _by_pool(runtime, jobs):
+        for pool, of_pool in _by_pool(runtime, jobs, Status.RUNNING):
+            reports.update(progress_index.read(runtime.redis, pool.prefix,
+                                               {job.id: job.attempt for job in of_pool}))
+        for pool, of_pool in _by_pool(runtime, jobs, Status.QUEUED):
             figures = live_pool(pool, now=runtime.clock())
             places.update(placements(pool, tenant, of_pool, figures))
     except REDIS_OUTAGE:
         logger.warning("index.unreachable", extra={"event": "index.unreachable"})
-        return [Progress(job=job) for job in jobs]
-    return [_progress(job, places.get(job.id)) for job in jobs]
+        return [Progress(job=job, report=reports.get(job.id)) for job in jobs]
+    return [_progress(job, places.get(job.id), reports.get(job.id)) for job in jobs]
 
 
-def _by_pool(runtime: Runtime, jobs: Sequence[Job]) -> list[tuple[Runtime, list[Job]]]:
-    """The queued jobs by the runtime of their kind's pool (each pool has its own queue)."""
+def _by_pool(
+    runtime: Runtime, jobs: Sequence[Job], status: Status
+) -> list[tuple[Runtime, list[Job]]]:
+    """The jobs in ``status`` by the runtime of their kind's pool (each pool has its own
+    queue and its own reports)."""
     found: dict[str, tuple[Runtime, list[Job]]] = {}
     for job in jobs:
-        if job.status is Status.QUEUED:
+        if job.status is status:
             pool = runtime.for_kind(job.kind)
             found.setdefault(pool.pool, (pool, []))[1].append(job)
     return list(found.values())
 
 
-def _progress(job: Job, place: Placement | None) -> Progress:
+def _progress(job: Job, place: Placement | None, report: Report | None) -> Progress:
     if place is None:
-        return Progress(job=job)
+        return Progress(job=job, report=report)
     return Progress(job=job, queue_position=place.position,
-                    estimated_wait_s=place.estimated_wait_s)
+                    estimated_wait_s=place.estimated_wait_s, report=report)

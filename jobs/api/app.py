@@ -40,6 +40,9 @@ from jobs.api.routes import (
     documents as routes_documents,
 )
 from jobs.api.routes import (
+    events as routes_events,
+)
+from jobs.api.routes import (
     jobs as routes_jobs,
 )
 from jobs.api.routes import (
@@ -104,8 +107,8 @@ def create_app(
     app.state.metrics = AppMetrics(active)
     app.state.listener = listener
     app.state.tenant_cache = cache
-    routers = (routes_jobs.router, routes_batches.router, routes_documents.router,
-               routes_queues.router, routes_dashboard.router,
+    routers = (routes_jobs.router, routes_events.router, routes_batches.router,
+               routes_documents.router, routes_queues.router, routes_dashboard.router,
                routes_admin.router, routes_workers.router)
     for router in routers:
         app.include_router(router)

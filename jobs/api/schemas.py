@@ -23,6 +23,7 @@ from jobs.core.policy import (
     MAX_TENANT_RATE_PER_S,
     MAX_TIMEOUT_S,
 )
+from jobs.core.progress import Report
 from jobs.core.states import Status
 from jobs.index.base import LiveWorker
 from jobs.service.tenants import NAME_PATTERN
@@ -180,6 +181,22 @@ class SubmitResponse(BaseModel):
         )
 
 
+class ProgressView(BaseModel):
+    """How far its handler says it got (``ctx.progress``)."""
+
+    fraction: float = Field(ge=0, le=1, description="done, from 0 to 1")
+    message: str | None = Field(description="what the handler said with it (200 characters "
+                                "at most), or null")
+    at: str = Field(description=f"when it was reported ({TIMESTAMP})")
+
+    @classmethod
+    def of(cls, report: Report | None) -> ProgressView | None:
+        if report is None:
+            return None
+        return cls(fraction=report.fraction, message=report.message,
+                   at=rfc3339(report.at) or "")
+
+
 class JobResponse(BaseModel):
     """A job as it is now."""
 
@@ -215,6 +232,9 @@ class JobResponse(BaseModel):
         "otherwise")
     cancel_requested: bool = Field(description="a cancel was asked while it ran; its handler "
                                    "stops cooperatively")
+    progress: ProgressView | None = Field(
+        default=None, description="its handler's latest progress report while it runs (this "
+        "attempt's), the last one once it ended; null when it reported none")
 
     @classmethod
     def of(cls, progress: Progress) -> JobResponse:
@@ -239,6 +259,7 @@ class JobResponse(BaseModel):
             timeout_s=job.timeout_s,
             error_type=None if job.error_type is None else ErrorType(job.error_type),
             cancel_requested=job.cancel_requested,
+            progress=ProgressView.of(progress.report),
         )
 
 

@@ -72,22 +72,40 @@ def submit(
 
 
 def _follow(client: Client, job_id: str, console: Console) -> None:
-    """Show the job's progress until it is terminal; print the result and set the exit code."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    """Show the job's state and its handler's progress (a bar, from its event stream) until
+    it is terminal; print the result and set the exit code."""
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        SpinnerColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from jobs.client.http import ApiError
 
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               TaskProgressColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("queued", total=None)
+            state = {"status": "queued"}
 
             def update(job: dict[str, Any]) -> None:
-                status = job.get("status")
+                status = state["status"] = str(job.get("status"))
                 where = f" · position {job.get('queue_position')}" if status == "queued" else ""
                 progress.update(task, description=f"{status}{where}")
+                report = job.get("progress")
+                if isinstance(report, dict):
+                    show(report)
 
-            final = client.wait(job_id, on_update=update)
+            def show(report: dict[str, Any]) -> None:
+                said = f" · {report['message']}" if report.get("message") else ""
+                progress.update(task, total=1.0, completed=float(report.get("fraction", 0)),
+                                description=f"{state['status']}{said}")
+
+            final = _final_state(client, job_id, update, show)
             outcome = client.result(job_id) if final.get("status") == "succeeded" else final
     except ApiError as exc:
         fail(f"lost track of job {job_id}: {exc}", 1)
@@ -96,6 +114,29 @@ def _follow(client: Client, job_id: str, console: Console) -> None:
     if final.get("status") != "succeeded":
         fail(f"job {job_id} {final.get('status')}: {final.get('error')}", 1)
     console.print_json(json.dumps(outcome.get("result")))
+
+
+def _final_state(
+    client: Client, job_id: str, update: Callable[[dict[str, Any]], None],
+    show: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """The job once terminal, following its event stream; long-polls where the stream is
+    cut (a proxy that buffers it, a connection lost)."""
+    from jobs.client.http import TERMINAL_STATUSES, ApiError
+
+    final: dict[str, Any] = {}
+    try:
+        for event in client.events(job_id):
+            if event.event == "job" and isinstance(event.data, dict):
+                final = event.data
+                update(final)
+            elif event.event == "progress" and isinstance(event.data, dict):
+                show(event.data)
+    except ApiError:
+        pass  # followed by long-polls below
+    if final.get("status") in TERMINAL_STATUSES:
+        return final
+    return client.wait(job_id, on_update=update)
 
 
 @friendly

@@ -30,6 +30,7 @@ from jobs.client.protocol import (
     TERMINAL_STATUSES,
     ApiError,
     Call,
+    Event,
     LongPoll,
     NotFound,
     Refused,
@@ -42,11 +43,13 @@ from jobs.client.protocol import (
     cancel_batch_call,
     cancel_call,
     error_from_response,
+    events_call,
     get_call,
     linked_result_call,
     list_batches_call,
     list_call,
     new_idempotency_key,
+    parse_events,
     parse_response,
     parse_value,
     queues_call,
@@ -62,6 +65,7 @@ __all__ = [
     "ApiError",
     "AsyncClient",
     "Client",
+    "Event",
     "NotFound",
     "Refused",
     "RetryPolicy",
@@ -207,6 +211,22 @@ class Client(ClientCore):
                     if line.strip():
                         item: dict[str, Any] = json.loads(line)
                         yield item
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
+
+    def events(self, job_id: str) -> Iterator[Event]:
+        """The job's events as they happen (``GET /v1/jobs/<id>/events``): first ``job``
+        (its body), then ``job`` on each change and ``progress`` on each report of its
+        handler; the iterator ends after the terminal ``job`` event."""
+        call = events_call(job_id)
+        try:
+            with self._http.stream(call.method, call.path,
+                                   timeout=httpx.Timeout(self._timeout, read=None)) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise error_from_response(response.status_code, response.headers,
+                                              response.content)
+                yield from parse_events(response.iter_lines())
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
 

@@ -9,7 +9,7 @@ import json
 import math
 import random
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -152,6 +152,44 @@ def get_call(job_id: str, *, wait: float | None = None) -> Call:
         return Call(method="GET", path=_job_path(job_id))
     seconds = max(1, min(60, math.ceil(wait)))
     return Call(method="GET", path=_job_path(job_id), params={"wait": str(seconds)}, hold_s=seconds)
+
+
+def events_call(job_id: str) -> Call:
+    return Call(method="GET", path=_job_path(job_id) + "/events")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One Server-Sent Event of a job's stream: ``job`` (``data``: the job's body) or
+    ``progress`` (``data``: ``fraction``, ``message``, ``at``)."""
+
+    event: str
+    data: Any
+
+
+def parse_events(lines: Iterable[str]) -> Iterator[Event]:
+    """The events of a ``text/event-stream``, as its lines arrive (comments skipped; a data
+    field that is not JSON is kept as text)."""
+    name, data = "message", list[str]()
+    for line in lines:
+        if line == "":
+            if data:
+                text = "\n".join(data)
+                try:
+                    value: Any = json.loads(text)
+                except ValueError:
+                    value = text
+                yield Event(event=name, data=value)
+            name, data = "message", list[str]()
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                name = value
+            elif field == "data":
+                data.append(value)
 
 
 def result_call(job_id: str) -> Call:

@@ -98,6 +98,8 @@ class Job:
     timeout_s: float | None = None
     # Why it ended badly, beside ``error`` (``jobs.core.error_types.ErrorType``).
     error_type: str | None = None
+    # The handler's last progress report, stored with the ending (``jobs.core.progress``).
+    progress: dict[str, Any] | None = None
 
     @property
     def terminal(self) -> bool:

@@ -70,6 +70,7 @@ from jobs.execution.leases import (
 )
 from jobs.execution.outcome import STALE, RecordsOutcome
 from jobs.execution.prestart import PRE_STARTS, Claim
+from jobs.execution.progress import ProgressSender
 from jobs.execution.registry import HandlerRegistry
 from jobs.execution.running import (
     CANCELLED,
@@ -155,6 +156,7 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         self.job_id = job_id
         self.attempt = attempt
         self.job: Job | None = None  # the row, once read or started
+        self.ctx: JobContext | None = None  # the handler's context, once it runs
         self.worker_id = worker_id
         # Names this handling's start in the row: a duplicated message's start is another's.
         self.token = token or uuid.uuid4().hex
@@ -195,9 +197,12 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         self.job = job
         self._log(logging.DEBUG, "job.started", kind=job.kind,
                   wait_s=None if job.started_at is None else job.started_at - job.enqueued_at)
+        sender = ProgressSender(self.runtime, job.id)
         ctx = JobContext(
             job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id, kind=job.kind,
+            reporter=sender,
         )
+        self.ctx = ctx
         self.limit_s = limits.limit_s(job, self.runtime.policy, registry.timeout_s(job.kind))
         self.retries_timeout = registry.retries_timeout(job.kind)
         heartbeat = Heartbeat(self.runtime, ctx, clock=self._virtual_clock,
@@ -222,6 +227,7 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         RUNNING.add(ctx)
         try:
             ending = call_handler(registry, ctx, job)
+            sender.close()  # the last report is in Redis before the ending is announced
             if not self._claim_ending():
                 self._log(logging.WARNING, "job.stale", reason="ended after its overrun")
                 return STALE

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jobs.core.errors import InvalidRequest
+from jobs.core.progress import Report
 
 MAX_SLEEP_S = 3600.0
 
@@ -91,6 +94,23 @@ class JobContext:
     _timeout: threading.Event = field(
         default_factory=threading.Event, init=False, repr=False, compare=False
     )
+    # Where ``progress`` reports go (the worker's: Redis, throttled); None: kept here only.
+    reporter: Callable[[Report], None] | None = field(default=None, repr=False, compare=False)
+    _last_report: Report | None = field(default=None, init=False, repr=False, compare=False)
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the job got: ``fraction`` from 0 to 1, and a short ``message``
+        ("chunk 40 of 100"). Cheap enough to call per item: reports reach Redis a few times
+        a second at most (the latest always does), never SQL; the last one is stored with
+        the job's ending. ``ValueError`` for a fraction outside 0–1."""
+        report = Report.make(fraction, message, at=time.time(), attempt=self.attempt)
+        object.__setattr__(self, "_last_report", report)  # the context's one mutable field
+        if self.reporter is not None:
+            self.reporter(report)
+
+    @property
+    def last_report(self) -> Report | None:
+        return self._last_report
 
     def cancelled(self) -> bool:
         return self._cancel.is_set()
@@ -167,17 +187,26 @@ class _SleepPayload(BaseModel):
 
 class SleepHandler:
     """Holds a worker slot like real GPU work; sleeps through ``ctx.sleep`` so a cancel
-    stops it. ``fail: true`` raises a non-retryable error once the time has passed."""
+    stops it. ``fail: true`` raises a non-retryable error once the time has passed. A sleep
+    of ``REPORTS_FROM_S`` or more reports its progress every second."""
 
     kind = "sleep"
+    REPORTS_FROM_S = 5.0
 
     def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
         return parse_payload(_SleepPayload, payload)
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         seconds = float(payload["seconds"])
-        if not ctx.sleep(seconds):
-            ctx.check()
+        step = 1.0 if seconds >= self.REPORTS_FROM_S else seconds
+        slept = 0.0
+        while slept < seconds:
+            nap = min(step, seconds - slept)
+            if not ctx.sleep(nap):
+                ctx.check()
+            slept += nap
+            if step < seconds:
+                ctx.progress(min(1.0, slept / seconds), f"{slept:g} of {seconds:g} s")
         if payload.get("fail"):
             raise RuntimeError(f"sleep of {seconds:g} s failed on request (fail=true)")
         return {"slept": seconds}

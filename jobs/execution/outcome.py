@@ -24,6 +24,7 @@ from jobs.core.domain import Job
 from jobs.core.error_types import ErrorType
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
+from jobs.execution.handlers import JobContext
 from jobs.execution.leases import Heartbeat, is_sql_outage
 from jobs.execution.limits import timed_out_error
 from jobs.execution.prestart import PRE_STARTS
@@ -52,6 +53,8 @@ class RecordsOutcome:
     # The attempt's run-time limit, and whether its kind retries an attempt past it.
     limit_s: float
     retries_timeout: bool
+    # The handler's context (its last progress report is stored with the ending).
+    ctx: JobContext | None
 
     @property
     def _job(self) -> Job:
@@ -113,6 +116,9 @@ class RecordsOutcome:
         lease kept), then the ending committed (with the thread pool, in the statement that
         starts that next job), then this attempt's lease released."""
         heartbeat.first_renewed()  # the slot this job was handed is no longer counted twice
+        report = None if self.ctx is None else self.ctx.last_report
+        if report is not None:  # the last report outlives its Redis copy, with the ending
+            fields = {**fields, "progress": report.to_dict()}
         passed = self._pass_slot()
         moved, dst, fields, started = self._record_end(dst, fields, passed)
         heartbeat.stop()  # no renewal may follow the release

@@ -54,10 +54,12 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
 - ``hist:dispatch:<tier>``  the same for dispatch latency (dispatched -> started)
 - ``recent_waits:<tier>``  zset ``wait|job`` -> start time: the tier's latest waits, for the
                        windowed percentiles of ``/v1/queues``
+- ``progress:<job>``   string: JSON, the job's last progress report while it runs (a day's
+                       TTL; the last one is stored in SQL with the ending)
 
-Two pub/sub channels share the prefix (channels, not keys: nothing stores them):
-``changed`` carries ids of jobs whose status moved, ``tenants`` ids of tenants whose record
-changed (``jobs.index.notify``).
+Three pub/sub channels share the prefix (channels, not keys: nothing stores them):
+``changed`` carries ids of jobs whose status moved, ``progressed`` ids of jobs that reported
+progress, ``tenants`` ids of tenants whose record changed (``jobs.index.notify``).
 
 Celery's broker keys live under the same prefix (kombu's ``global_keyprefix``), so nothing
 may delete every key under it while the system runs.
@@ -173,6 +175,15 @@ class IndexKeys:
 
     def recent_waits(self, tier: str) -> str:
         return f"{self.prefix}recent_waits:{tier}"
+
+    def progress(self, job_id: str) -> str:
+        """A running job's last progress report (JSON, ``jobs.index.progress``)."""
+        return f"{self.prefix}progress:{job_id}"
+
+    @property
+    def progress_reported(self) -> str:
+        """Pub/sub channel: ids of jobs that reported progress (``jobs.index.progress``)."""
+        return self._fixed("progressed")
 
     @property
     def changed(self) -> str:

@@ -5,6 +5,7 @@ Whoever commits a change publishes a hint right after its commit, on one of two 
 
 - ``changed``: the ids of jobs whose status moved (worker, dispatcher, cancel), space
   separated, one PUBLISH per call (``announce``);
+- ``progressed``: the id of a job whose handler reported progress (``jobs.index.progress``);
 - ``tenants``: the ids of tenants whose record changed (``announce_tenants``).
 
 A hint is never a commit point: publishing is best effort (a failure is logged, never raised
@@ -70,45 +71,57 @@ def _publish(client: redis.Redis, channel: str, ids: Iterable[str], *, what: str
 # -- waiting --------------------------------------------------------------------------------
 
 
-class Waiter:
-    """One long-poll's doorbell for one job: rung from any thread, awaited on its loop."""
+# What a waiter is rung for: its job's status moved, or its handler reported progress.
+CHANGED, PROGRESSED = "changed", "progressed"
+EVERYTHING = frozenset({CHANGED, PROGRESSED})
 
-    def __init__(self, job_id: str, loop: asyncio.AbstractEventLoop) -> None:
+
+class Waiter:
+    """One long-poll's (or event stream's) doorbell for one job: rung from any thread for
+    the news it asked for (``kinds``), awaited on its loop."""
+
+    def __init__(self, job_id: str, loop: asyncio.AbstractEventLoop,
+                 kinds: frozenset[str] = frozenset({CHANGED})) -> None:
         self.job_id = job_id
         self.loop = loop
+        self.kinds = kinds
         self._event = asyncio.Event()
+        self._rung: set[str] = set()
 
-    async def wait(self, timeout_s: float) -> bool:
-        """True when rung before ``timeout_s`` passed; the ring is consumed, so a ring that
-        arrives while the caller re-reads SQL wakes the next ``wait`` at once."""
+    async def wait(self, timeout_s: float) -> frozenset[str]:
+        """What it was rung for before ``timeout_s`` passed (empty: not rung); the ring is
+        consumed, so a ring that arrives while the caller re-reads SQL wakes the next
+        ``wait`` at once."""
         if not self._event.is_set():
             try:
                 await asyncio.wait_for(self._event.wait(), timeout=max(0.0, timeout_s))
             except TimeoutError:
-                return False
+                return frozenset()
         self._event.clear()
-        return True
+        rung, self._rung = frozenset(self._rung), set()
+        return rung
 
-    def ring_on_loop(self) -> None:
+    def ring_on_loop(self, kinds: Collection[str] = EVERYTHING) -> None:
         """Ring; only on the waiter's own loop (others go through ``_ring_all``)."""
+        self._rung.update(self.kinds & set(kinds))
         self._event.set()
 
 
-def _ring_all(waiters: Collection[Waiter]) -> None:
+def _ring_all(waiters: Collection[Waiter], kinds: Collection[str] = EVERYTHING) -> None:
     """Ring from any thread: one hand-off per event loop, however many waiters."""
     by_loop: dict[asyncio.AbstractEventLoop, list[Waiter]] = {}
     for waiter in waiters:
         by_loop.setdefault(waiter.loop, []).append(waiter)
     for loop, group in by_loop.items():
         try:
-            loop.call_soon_threadsafe(_ring_group, group)
+            loop.call_soon_threadsafe(_ring_group, group, kinds)
         except RuntimeError:  # the loop is closed: nobody waits there any more
             pass
 
 
-def _ring_group(group: list[Waiter]) -> None:
+def _ring_group(group: list[Waiter], kinds: Collection[str]) -> None:
     for waiter in group:
-        waiter.ring_on_loop()
+        waiter.ring_on_loop(kinds)
 
 
 class Waiters:
@@ -119,8 +132,9 @@ class Waiters:
         self._lock = threading.Lock()
         self._by_job: dict[str, set[Waiter]] = {}
 
-    def add(self, job_id: str, loop: asyncio.AbstractEventLoop) -> Waiter:
-        waiter = Waiter(job_id, loop)
+    def add(self, job_id: str, loop: asyncio.AbstractEventLoop,
+            kinds: frozenset[str] = frozenset({CHANGED})) -> Waiter:
+        waiter = Waiter(job_id, loop, kinds)
         with self._lock:
             self._by_job.setdefault(job_id, set()).add(waiter)
         return waiter
@@ -138,11 +152,12 @@ class Waiters:
         with self._lock:
             return sum(len(group) for group in self._by_job.values())
 
-    def wake(self, job_ids: Iterable[str]) -> int:
-        """Ring the waiters of these jobs; how many were rung."""
+    def wake(self, job_ids: Iterable[str], kind: str = CHANGED) -> int:
+        """Ring the waiters of these jobs that asked for ``kind``; how many were rung."""
         with self._lock:
-            chosen = [w for job_id in set(job_ids) for w in self._by_job.get(job_id, ())]
-        _ring_all(chosen)
+            chosen = [w for job_id in set(job_ids) for w in self._by_job.get(job_id, ())
+                      if kind in w.kinds]
+        _ring_all(chosen, (kind,))
         return len(chosen)
 
     def wake_all(self) -> int:
@@ -179,6 +194,7 @@ class Listener:
         carry their jobs' moves; none: the root prefix's pool alone."""
         keys = IndexKeys(prefix)
         self._changed = {IndexKeys(one).changed for one in (pools or [prefix])}
+        self._progressed = {IndexKeys(one).progress_reported for one in (pools or [prefix])}
         self._tenants = keys.tenants_changed
         self.client_name = f"tierq-listener-{uuid.uuid4().hex[:12]}"
         self._pool = redis.ConnectionPool.from_url(
@@ -236,7 +252,7 @@ class Listener:
     def _listen(self) -> None:
         pubsub = PubSub(self._pool)
         try:
-            pubsub.subscribe(*sorted(self._changed), self._tenants)
+            pubsub.subscribe(*sorted(self._changed), *sorted(self._progressed), self._tenants)
             while not self._stop.is_set():
                 message = pubsub.get_message(timeout=POLL_S)
                 if message is not None:
@@ -249,7 +265,8 @@ class Listener:
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind == "subscribe" and message.get("data") == len(self._changed) + 1:
+        if kind == "subscribe" and message.get("data") == (
+                len(self._changed) + len(self._progressed) + 1):
             self._subscribed()
             return
         if kind != "message":
@@ -258,6 +275,8 @@ class Listener:
         ids = _text(message.get("data")).split()
         if channel in self._changed:
             self.waiters.wake(ids)
+        elif channel in self._progressed:
+            self.waiters.wake(ids, PROGRESSED)
         elif channel == self._tenants and self._on_tenants is not None:
             self._on_tenants(ids)
 

@@ -171,6 +171,9 @@ class JobRow(Base):
     # (``jobs.core.error_types.ErrorType``).
     timeout_s: Mapped[float | None] = mapped_column(sa.Double())
     error_type: Mapped[str | None] = mapped_column(sa.String(32))
+    # The handler's last progress report (``jobs.core.progress``), written with the ending;
+    # while the job runs, its reports live in Redis.
+    progress: Mapped[Any | None] = mapped_column(JSON_TYPE)
 
 
 class BlobRow(Base):

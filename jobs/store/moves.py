@@ -26,7 +26,7 @@ from jobs.store.rows import JOBS, dt, dt_or_none, epoch_or_none, job_from_row
 
 TRANSITION_FIELDS = frozenset(
     {"result", "result_blob", "error", "error_type", "not_before", "cancel_requested",
-     "max_attempts", "starts", "started_at"}
+     "max_attempts", "starts", "started_at", "progress"}
 )
 
 
@@ -48,9 +48,10 @@ def transition(
     Moving to ``running`` counts a start (``starts + 1``); a move back to ``queued`` starts a
     new attempt (``attempt + 1``) and keeps ``started_at``. Every move stamps ``updated_at``.
 
-    ``fields`` may set ``result``, ``error``, ``error_type``, ``not_before`` (epoch seconds),
-    ``cancel_requested``, ``max_attempts``, and ``starts`` and ``started_at`` (a hand-back
-    of a start whose handler never ran puts back the values from before it). False means
+    ``fields`` may set ``result``, ``error``, ``error_type``, ``progress``, ``not_before``
+    (epoch seconds), ``cancel_requested``, ``max_attempts``, and ``starts`` and
+    ``started_at`` (a hand-back of a start whose handler never ran puts back the values
+    from before it). False means
     the job was not in ``(src, attempt)``: a late or duplicated message, which must change
     nothing.
     """

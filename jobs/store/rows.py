@@ -107,6 +107,7 @@ def job_from_row(row: JobRow) -> Job:
         result_blob=getattr(row, "result_blob", None),
         timeout_s=getattr(row, "timeout_s", None),
         error_type=getattr(row, "error_type", None),
+        progress=getattr(row, "progress", None),
     )
 
 

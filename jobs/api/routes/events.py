@@ -1,0 +1,116 @@
+"""``GET /v1/jobs/{id}/events``: a job's changes as Server-Sent Events.
+
+First the job as it is (``event: job``, the job's body), then one event per change: ``job``
+when its status (or attempt, or a cancel request) moved, ``progress`` when its handler
+reported; the stream ends after the terminal ``job`` event. Waiting costs no SQL: the
+stream sleeps on the notifications long-polls use (``jobs.index.notify``), reads SQL only on
+its job's status news (and every safety-net period, in case a notification was lost), and
+reads a progress report from Redis alone. A comment every ``PING_S`` keeps proxies from
+closing a quiet stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from jobs.admission import estimates
+from jobs.api.deps import ListenerDep, RuntimeDep, TenantDep, refuse_unknown_query
+from jobs.api.errors import error_responses
+from jobs.api.routes.jobs import _READ, JobIdPath, _safety_net_s
+from jobs.api.schemas import JobResponse, ProgressView
+from jobs.core.domain import Job, Tenant
+from jobs.core.progress import Report
+from jobs.core.states import Status
+from jobs.index import progress as progress_index
+from jobs.index.notify import CHANGED, EVERYTHING, PROGRESSED, Listener
+from jobs.process.runtime import Runtime
+from jobs.service import jobs as job_service
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(refuse_unknown_query)])
+
+# A comment line this often on a quiet stream (proxies close idle connections).
+PING_S = 15.0
+# Each event: its name, and its data (the job's body, or a progress report, as JSON text).
+EVENT = {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "enum": ["job", "progress"]},
+    "data": {"type": "string", "contentMediaType": "application/json"}}}
+STREAM = {"text/event-stream": {"schema": EVENT, "example": (
+    'event: job\ndata: {"id": "…", "status": "running", …}\n\n'
+    'event: progress\ndata: {"fraction": 0.4, "message": "chunk 40 of 100", "at": "…"}\n\n')}}
+
+
+@router.get(
+    "/{job_id}/events",
+    summary="A job's changes as Server-Sent Events, until it ends",
+    description="text/event-stream: first `event: job` with the job's body, then `event: "
+    "job` on each change of its status and `event: progress` on each report of its "
+    "handler; the stream ends after the terminal `job` event. Waiting costs no SQL.",
+    responses={200: {"content": STREAM, "description": "the job's events"},
+               **error_responses(*_READ)},
+)
+async def job_events(
+    job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, listener: ListenerDep,
+    request: Request,
+) -> EventSourceResponse:
+    job = await run_in_threadpool(job_service.load_job, runtime, tenant, job_id)  # 404 here
+    stream = _events(runtime, listener, tenant, job)
+    return EventSourceResponse(stream, ping=PING_S, headers={"Cache-Control": "no-store"})
+
+
+async def _events(
+    runtime: Runtime, listener: Listener, tenant: Tenant, job: Job
+) -> AsyncIterator[dict[str, str]]:
+    listener.start()
+    waiter = listener.waiters.add(job.id, asyncio.get_running_loop(), EVERYTHING)
+    try:
+        # Read again now that the waiter is in place: a change committed after this read
+        # rings it, so none falls between the first read and the registration.
+        job = await run_in_threadpool(job_service.load_job, runtime, tenant, job.id)
+        body, report = await _body(runtime, tenant, job)
+        yield {"event": "job", "data": body.model_dump_json()}
+        seen = None if report is None else report.at
+        safety_at = time.monotonic() + _safety_net_s()
+        while not job.terminal:
+            rung = await waiter.wait(max(0.0, safety_at - time.monotonic()))
+            if CHANGED in rung or time.monotonic() >= safety_at:
+                fresh = await run_in_threadpool(job_service.load_job, runtime, tenant, job.id)
+                safety_at = time.monotonic() + _safety_net_s()
+                if _moved(job, fresh):
+                    job = fresh
+                    body, report = await _body(runtime, tenant, job)
+                    yield {"event": "job", "data": body.model_dump_json()}
+                    seen = seen if report is None else max(report.at, seen or report.at)
+                    continue
+            if PROGRESSED in rung and job.status is Status.RUNNING:
+                report = await run_in_threadpool(_report, runtime, job)
+                if report is not None and (seen is None or report.at > seen):
+                    seen = report.at
+                    view = ProgressView.of(report)
+                    assert view is not None
+                    yield {"event": "progress", "data": view.model_dump_json()}
+    finally:
+        listener.waiters.discard(waiter)
+
+
+async def _body(
+    runtime: Runtime, tenant: Tenant, job: Job
+) -> tuple[JobResponse, Report | None]:
+    progress = await run_in_threadpool(estimates.progress, runtime, tenant, job)
+    return JobResponse.of(progress), progress.report
+
+
+def _report(runtime: Runtime, job: Job) -> Report | None:
+    pool = runtime.for_kind(job.kind)
+    return progress_index.read(runtime.redis, pool.prefix, {job.id: job.attempt}).get(job.id)
+
+
+def _moved(before: Job, after: Job) -> bool:
+    return ((before.status, before.attempt, before.cancel_requested)
+            != (after.status, after.attempt, after.cancel_requested))
+
