@@ -107,7 +107,8 @@ def create_app(
     app.state.metrics = AppMetrics(active)
     app.state.listener = listener
     app.state.tenant_cache = cache
-    routers = (routes_jobs.router, routes_events.router, routes_batches.router,
+    routers = (routes_jobs.router, routes_events.router, routes_events.batch_router,
+               routes_batches.router,
                routes_documents.router, routes_queues.router, routes_dashboard.router,
                routes_admin.router, routes_workers.router)
     for router in routers:

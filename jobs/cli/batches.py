@@ -3,6 +3,7 @@ results as NDJSON. Over the API with a tenant key, as ``tierq jobs`` is."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -92,17 +93,29 @@ def _follow(client: Any, batch_id: str, total: int, console: Console) -> None:
     try:
         with Progress(*columns, console=console) as progress:
             task = progress.add_task("waiting", total=total)
-            while True:
-                state = client.batch(batch_id)
-                counts = state.get("counts", {})
+
+            def show(state: dict[str, Any]) -> dict[str, Any]:
+                counts: dict[str, Any] = state.get("counts", {})
                 done = sum(int(counts.get(name, 0)) for name in DONE)
                 eta = state.get("estimated_finish_s")
                 note = f" · about {eta:.0f} s left" if isinstance(eta, (int, float)) else ""
                 progress.update(task, completed=done,
                                 description=f"{state.get('status')}{note}")
-                if state.get("status") in ("finished", "cancelled"):
+                return counts
+
+            state: dict[str, Any] = {}
+            with contextlib.suppress(ApiError):  # a stream cut short: polled below
+                for event in client.batch_events(batch_id):
+                    if event.event == "batch" and isinstance(event.data, dict):
+                        state = event.data
+                        show(state)
+            while not state or _left(state):
+                state = client.batch(batch_id)
+                show(state)
+                if not _left(state):
                     break
                 time.sleep(POLL_S)
+            counts = state.get("counts", {})
     except ApiError as exc:
         fail(f"lost track of batch {batch_id}: {exc}", 1)
     except KeyboardInterrupt:
@@ -114,6 +127,12 @@ def _follow(client: Any, batch_id: str, total: int, console: Console) -> None:
                   f"succeeded{', ' + summary if summary else ''}")
     if counts.get("failed") or counts.get("expired"):
         raise typer.Exit(1)
+
+
+def _left(state: dict[str, Any]) -> int:
+    """Items of the batch not ended yet."""
+    counts = state.get("counts", {})
+    return sum(int(n) for name, n in counts.items() if name not in DONE)
 
 
 BatchId = Annotated[str, typer.Argument(help="The batch's id.")]

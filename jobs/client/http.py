@@ -39,6 +39,7 @@ from jobs.client.protocol import (
     Unavailable,
     Unreachable,
     batch_call,
+    batch_events_call,
     batch_results_call,
     cancel_batch_call,
     cancel_call,
@@ -218,7 +219,14 @@ class Client(ClientCore):
         """The job's events as they happen (``GET /v1/jobs/<id>/events``): first ``job``
         (its body), then ``job`` on each change and ``progress`` on each report of its
         handler; the iterator ends after the terminal ``job`` event."""
-        call = events_call(job_id)
+        yield from self._events(events_call(job_id))
+
+    def batch_events(self, batch_id: str) -> Iterator[Event]:
+        """The batch's body (``batch`` events: counts by state, ``status``), at once and on
+        each change of its counts; the iterator ends once no item is left to run."""
+        yield from self._events(batch_events_call(batch_id))
+
+    def _events(self, call: Call) -> Iterator[Event]:
         try:
             with self._http.stream(call.method, call.path,
                                    timeout=httpx.Timeout(self._timeout, read=None)) as response:

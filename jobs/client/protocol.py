@@ -241,6 +241,10 @@ def batch_call(batch_id: str) -> Call:
     return Call(method="GET", path=_batch_path(batch_id))
 
 
+def batch_events_call(batch_id: str) -> Call:
+    return Call(method="GET", path=_batch_path(batch_id) + "/events")
+
+
 def batch_results_call(batch_id: str, *, after: int = -1) -> Call:
     return Call(method="GET", path=_batch_path(batch_id) + "/results",
                 params={"after": str(after)})

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from jobs.core.cadence import BATCHES_PER_ROUND, ITEMS_PER_ROUND
 from jobs.dispatch.recovery import check_lead
 from jobs.fleet import pool
+from jobs.index import notify
 from jobs.index.base import IndexedJob
 from jobs.process.runtime import Runtime
 from jobs.store import batches as repo
@@ -115,4 +116,6 @@ class BatchFeeder:
         self.runtime.index.requeue_many(indexed_before, fence=fence)
         with self.runtime.sessions.begin() as session:
             check_lead(session, fence)  # a successor's feeder decides these items, not this one
-            return repo.admit_items(session, admitted, order_key=order_key, now=now)
+            moved = repo.admit_items(session, admitted, order_key=order_key, now=now)
+        notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
+        return moved

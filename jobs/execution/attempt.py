@@ -224,6 +224,7 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
                 return self._hand_back(Status.RUNNING)
             heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
+        self._announce_batch()
         RUNNING.add(ctx)
         try:
             ending = call_handler(registry, ctx, job)
@@ -352,8 +353,16 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         return moved
 
     def _announce(self) -> None:
-        """After a commit: wake long-polls of this job (best effort)."""
+        """After a commit: wake long-polls of this job (best effort), and its batch's event
+        streams."""
         notify.announce(self.runtime.redis, self.runtime.prefix, [self.job_id])
+        self._announce_batch()
+
+    def _announce_batch(self) -> None:
+        """A batch item moved: its batch's event streams read the counts again."""
+        batch_id = None if self.job is None else self.job.batch_id
+        if batch_id is not None:
+            notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
 
     def _pass_slot(self) -> Passed | None:
         """With a ``handover``, before the ending's commit: the job this slot takes next,

@@ -68,6 +68,9 @@ class RecordsOutcome:
     ) -> bool:
         raise NotImplementedError
 
+    def _announce_batch(self) -> None:
+        raise NotImplementedError
+
     def _hand_back(self, src: Status, reason: str = "") -> str:
         raise NotImplementedError
 
@@ -139,6 +142,7 @@ class RecordsOutcome:
         if not moved:
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
+        self._announce_batch()
         level = logging.WARNING if dst is Status.FAILED else logging.INFO
         self._log(level, f"job.{dst.value}", error=fields.get("error"),
                   duration_s=self._run_time())

@@ -51,6 +51,18 @@ def announce(client: redis.Redis, prefix: str, job_ids: Iterable[str]) -> None:
     _publish(client, IndexKeys(prefix).changed, job_ids, what="jobs")
 
 
+def batch_topic(batch_id: str) -> str:
+    """The id a batch's changes are announced under on ``changed`` (beside its items' ids):
+    what a batch's event stream waits on."""
+    return f"batch:{batch_id}"
+
+
+def announce_batches(client: redis.Redis, prefix: str, batch_ids: Iterable[str]) -> None:
+    """Say that these batches' counts moved (an item admitted, started or ended). Best
+    effort."""
+    _publish(client, IndexKeys(prefix).changed, map(batch_topic, batch_ids), what="batches")
+
+
 def announce_tenants(client: redis.Redis, prefix: str, tenant_ids: Iterable[str]) -> None:
     """Say that these tenants' records changed (key, tier, limits). Best effort."""
     _publish(client, IndexKeys(prefix).tenants_changed, tenant_ids, what="tenants")

@@ -36,7 +36,7 @@ from jobs.core.errors import (
 )
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
-from jobs.index import wake
+from jobs.index import notify, wake
 from jobs.process import outage
 from jobs.process.runtime import Runtime
 from jobs.service import jobs as job_service
@@ -376,6 +376,7 @@ def cancel(runtime: Runtime, tenant: Tenant, batch: Batch) -> BatchProgress:
         live = repo.live_items(session, batch.id)
     for job in live:
         job_service.cancel(runtime, tenant, job.id)
+    notify.announce_batches(runtime.redis, runtime.for_kind(batch.kind).prefix, [batch.id])
     logger.info("batch.cancelled", extra={"event": "batch.cancelled", "batch_id": batch.id,
                                           "tenant": tenant.id})
     return progress(runtime, Batch(**{**batch.__dict__, "cancelled": True}))

@@ -227,3 +227,48 @@ def test_a_fraction_outside_0_to_1_is_refused(fraction: Any) -> None:
         ctx.progress(fraction)
     ctx.progress(0.5, "x" * 500)
     assert ctx.last_report is not None and len(ctx.last_report.message or "") == 200
+
+
+class BatchStream(Stream):
+    def _read(self, client: ApiClient, key: str, batch_id: str) -> None:
+        timeout = httpx.Timeout(10, read=60)
+        with httpx.Client(base_url=str(client.base_url), timeout=timeout) as http, \
+                http.stream("GET", f"/v1/batches/{batch_id}/events", headers=auth(key)) as answer:
+            self.status = answer.status_code
+            for event in parse_events(answer.iter_lines()):
+                self.events.append(event)
+        self.ended.set()
+
+
+def test_a_batch_stream_follows_its_counts_and_ends_with_its_last_item(
+    client: ApiClient, other: Runtime, clock: Clock
+) -> None:
+    key = client.tenant_key("bulk", "premium")
+    answer = client.post("/v1/batches", headers=auth(key),
+                         json={"kind": "echo", "items": [{"n": n} for n in range(3)]})
+    assert answer.status_code == 202, answer.text
+    batch_id = answer.json()["id"]
+    stream = BatchStream(client, key, batch_id)
+    stream.wait_for("batch")
+    assert stream.events[0].data["counts"]["waiting"] == 3
+
+    publisher = RecordingPublisher()
+    dispatcher = Dispatcher(other, publisher)
+    registry = HandlerRegistry([Stepping(steps=0)])
+    deadline = time.monotonic() + 30
+    done: set[str] = set()
+    while len(done) < 3:  # the feeder lets the items in, the dispatcher sends them, they run
+        assert time.monotonic() < deadline, "the items were never run"
+        clock.now += 1
+        dispatcher.run_once(clock.now)
+        for job_id, attempt, _ in publisher.sent:
+            if job_id not in done:
+                assert execute(other, registry, job_id, attempt, worker_id="w1") == "succeeded"
+                done.add(job_id)
+    stream.join()
+    assert stream.status == 200 and set(stream.names()) == {"batch"}
+    last = stream.events[-1].data
+    assert last["counts"]["succeeded"] == 3 and last["status"] == "finished"
+    waiting = [event.data["counts"]["waiting"] for event in stream.events]
+    assert waiting[0] == 3 and waiting[-1] == 0
+    assert len(listener_of(client).waiters) == 0

@@ -1,4 +1,5 @@
-"""``GET /v1/jobs/{id}/events``: a job's changes as Server-Sent Events.
+"""``GET /v1/jobs/{id}/events`` and ``GET /v1/batches/{id}/events``: a job's changes, and a
+batch's counts, as Server-Sent Events.
 
 First the job as it is (``event: job``, the job's body), then one event per change: ``job``
 when its status (or attempt, or a cancel request) moved, ``progress`` when its handler
@@ -7,6 +8,10 @@ stream sleeps on the notifications long-polls use (``jobs.index.notify``), reads
 its job's status news (and every safety-net period, in case a notification was lost), and
 reads a progress report from Redis alone. A comment every ``PING_S`` keeps proxies from
 closing a quiet stream.
+
+A batch's stream sends its body (``event: batch``) at once and whenever its counts moved,
+woken by its items' announcements (``notify.announce_batches``: admitted, started, ended),
+reading the counts at most every ``BATCH_EVERY_S``; it ends once no item is left to run.
 """
 
 from __future__ import annotations
@@ -14,30 +19,37 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from jobs.admission import estimates
+from jobs.api.batch_schemas import BatchResponse
 from jobs.api.deps import ListenerDep, RuntimeDep, TenantDep, refuse_unknown_query
 from jobs.api.errors import error_responses
+from jobs.api.routes.batches import _READ as _BATCH_READ
+from jobs.api.routes.batches import BatchIdPath
 from jobs.api.routes.jobs import _READ, JobIdPath, _safety_net_s
 from jobs.api.schemas import JobResponse, ProgressView
 from jobs.core.domain import Job, Tenant
 from jobs.core.progress import Report
 from jobs.core.states import Status
+from jobs.index import notify
 from jobs.index import progress as progress_index
 from jobs.index.notify import CHANGED, EVERYTHING, PROGRESSED, Listener
 from jobs.process.runtime import Runtime
+from jobs.service import batches
 from jobs.service import jobs as job_service
+from jobs.store.batches import Batch
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(refuse_unknown_query)])
 
 # A comment line this often on a quiet stream (proxies close idle connections).
 PING_S = 15.0
 # Each event: its name, and its data (the job's body, or a progress report, as JSON text).
-EVENT = {"type": "object", "required": ["event", "data"], "properties": {
+EVENT: dict[str, Any] = {"type": "object", "required": ["event", "data"], "properties": {
     "event": {"type": "string", "enum": ["job", "progress"]},
     "data": {"type": "string", "contentMediaType": "application/json"}}}
 STREAM = {"text/event-stream": {"schema": EVENT, "example": (
@@ -114,3 +126,50 @@ def _moved(before: Job, after: Job) -> bool:
     return ((before.status, before.attempt, before.cancel_requested)
             != (after.status, after.attempt, after.cancel_requested))
 
+
+
+batch_router = APIRouter(prefix="/v1/batches", tags=["batches"],
+                         dependencies=[Depends(refuse_unknown_query)])
+# A batch stream reads its counts at most this often, however fast its items move.
+BATCH_EVERY_S = 0.5
+BATCH_STREAM = {"text/event-stream": {"schema": {**EVENT, "properties": {
+    **EVENT["properties"], "event": {"type": "string", "enum": ["batch"]}}},
+    "example": 'event: batch\ndata: {"id": "…", "status": "running", "counts": {…}, …}\n\n'}}
+
+
+@batch_router.get(
+    "/{batch_id}/events",
+    summary="A batch's counts as Server-Sent Events, until it is finished",
+    description="text/event-stream: `event: batch` with the batch's body (as GET "
+    "/v1/batches/{batch_id}) at once and on each change of its counts, at most twice a "
+    "second; the stream ends once no item is left to run. Waiting costs no SQL.",
+    responses={200: {"content": BATCH_STREAM, "description": "the batch's events"},
+               **error_responses(*_BATCH_READ)},
+)
+async def batch_events(
+    batch_id: BatchIdPath, tenant: TenantDep, runtime: RuntimeDep, listener: ListenerDep,
+) -> EventSourceResponse:
+    batch = await run_in_threadpool(batches.load, runtime, tenant, batch_id)  # 404 here
+    stream = _batch_events(runtime, listener, batch)
+    return EventSourceResponse(stream, ping=PING_S, headers={"Cache-Control": "no-store"})
+
+
+async def _batch_events(
+    runtime: Runtime, listener: Listener, batch: Batch
+) -> AsyncIterator[dict[str, str]]:
+    listener.start()
+    waiter = listener.waiters.add(notify.batch_topic(batch.id), asyncio.get_running_loop())
+    try:
+        last = None
+        while True:
+            progress = await run_in_threadpool(batches.progress, runtime, batch)
+            body = BatchResponse.of(progress).model_dump_json()
+            if body != last:
+                last = body
+                yield {"event": "batch", "data": body}
+            if not any(n and not Status(name).terminal for name, n in progress.counts.items()):
+                return  # no item is left to run
+            await waiter.wait(_safety_net_s())
+            await asyncio.sleep(BATCH_EVERY_S)  # the news of many items, read once
+    finally:
+        listener.waiters.discard(waiter)
