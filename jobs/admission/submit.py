@@ -81,6 +81,7 @@ class Submission:
     max_attempts: int | None = None
     blob: str | None = None  # the stored document the job reads (``jobs.blobs.records``)
     timeout_s: float | None = None  # None: the kind's, else the policy's
+    retry_of: str | None = None  # the ended job this one retries (``POST .../retry``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +120,7 @@ def submit(
         idempotency_key=submission.idempotency_key,
         blob=submission.blob,
         timeout_s=timeout_of(runtime, validator, submission.kind, submission.timeout_s),
+        retry_of=submission.retry_of,
     )
     place = limits.admit(runtime, tenant, new)
     job = _persist(runtime, new)

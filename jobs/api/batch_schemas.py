@@ -11,6 +11,13 @@ from jobs.service.batches import MAX_BATCH_ITEMS, BatchProgress
 from jobs.store.batches import Batch
 
 BATCH_ID = "the batch's id (a UUID)"
+ENVELOPE = ('each item is {"custom_id": "<1 to 200 characters, unique in the batch>", '
+            '"payload": {...}}; its result line carries the custom_id back')
+WINDOW = ("seconds: items not started this long after the batch was stored end expired "
+          "(never computed)")
+# A batch may give its items up to a week to start.
+MAX_WINDOW_S = 7 * 86400.0
+WindowS = Annotated[float, Field(gt=0, le=MAX_WINDOW_S, allow_inf_nan=False)]
 
 
 class BatchRequest(BaseModel):
@@ -32,6 +39,8 @@ class BatchRequest(BaseModel):
     max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] | None = Field(
         default=None, description="starts allowed per item before it fails")
     timeout_s: TimeoutS | None = Field(default=None, description=f"each item: {TIMEOUT}")
+    envelope: bool = Field(default=False, description=ENVELOPE)
+    completion_window_s: WindowS | None = Field(default=None, description=WINDOW)
 
 
 class BatchLinks(BaseModel):
@@ -66,6 +75,7 @@ class BatchResponse(BaseModel):
     status: str = Field(description="accepted (nothing started yet) | running | finished | "
                                     "cancelled")
     total: int = Field(description="items in the batch")
+    completion_window_s: float | None = Field(default=None, description=WINDOW)
     counts: dict[str, int] = Field(description="items by state: waiting, queued, running, "
                                                "succeeded, failed, cancelled, expired")
     created_at: str | None = Field(description="when it was stored (RFC 3339, UTC)")
@@ -80,6 +90,7 @@ class BatchResponse(BaseModel):
         batch = progress.batch
         return cls(id=batch.id, kind=batch.kind, tier=batch.tier, status=progress.status,
                    total=batch.total, counts=progress.counts,
+                   completion_window_s=batch.completion_window_s,
                    created_at=rfc3339(batch.created_at),
                    finished_at=rfc3339(progress.finished_at),
                    estimated_finish_s=progress.estimated_finish_s, links=links(batch.id))

@@ -232,6 +232,8 @@ ERROR_TYPES: dict[str, ErrorType] = {
                                     "error)"),
     "idempotency_conflict": ErrorType((409,), "an idempotency_key reused with a different "
                                               "kind or payload (job_id names the first job)"),
+    "job_not_ended": ErrorType((409,), "a retry asked of a job that has not ended (job_status "
+                                       "names its state)"),
     "job_cancelled": ErrorType((410,), "the result of a job that was cancelled"),
     "job_expired": ErrorType((410,), "the result of a job that expired before it started"),
     "job_gone": ErrorType((410,), "the job was removed after its tier's retention period "

@@ -235,6 +235,10 @@ class JobResponse(BaseModel):
     progress: ProgressView | None = Field(
         default=None, description="its handler's latest progress report while it runs (this "
         "attempt's), the last one once it ended; null when it reported none")
+    retry_of: str | None = Field(default=None, description="the ended job this one retries "
+                                 "(POST /v1/jobs/<id>/retry); null otherwise")
+    custom_id: str | None = Field(default=None, description="a batch item's id of the "
+                                  "client's own (an envelope's custom_id); null otherwise")
 
     @classmethod
     def of(cls, progress: Progress) -> JobResponse:
@@ -260,6 +264,8 @@ class JobResponse(BaseModel):
             error_type=None if job.error_type is None else ErrorType(job.error_type),
             cancel_requested=job.cancel_requested,
             progress=ProgressView.of(progress.report),
+            retry_of=job.retry_of,
+            custom_id=job.custom_id,
         )
 
 

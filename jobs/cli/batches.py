@@ -57,18 +57,27 @@ def batch_submit(
     kind: Annotated[str, typer.Option("--kind", help="The kind of every item.")],
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until it ends.")] = False,
     idempotency_key: Annotated[str | None, typer.Option(help="Unique per tenant.")] = None,
+    envelope: Annotated[bool, typer.Option(
+        "--envelope", help='Each item is {"custom_id": ..., "payload": {...}}; results and '
+                           "failures are named by custom_id.")] = False,
+    completion_window: Annotated[float | None, typer.Option(
+        min=0.001, max=7 * 86400, show_default=False,
+        help="Seconds: items not started by then expire.")] = None,
     api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
     """Submit a batch; its items enter the live queue as room allows. With --wait, show a
-    progress bar until every item has ended (exit 1 if any failed or expired)."""
+    progress bar until every item has ended, then name the items that did not succeed
+    (exit 1 if any failed or expired)."""
     from jobs.client.http import ApiError
 
     items = list(_items(file))
     console = Console(highlight=False, soft_wrap=True, stderr=True)
     with api_client(api_url, key, announce=True) as client:
         try:
-            batch = client.submit_batch(kind, items, idempotency_key=idempotency_key)
+            batch = client.submit_batch(kind, items, idempotency_key=idempotency_key,
+                                        envelope=envelope,
+                                        completion_window_s=completion_window)
         except ApiError as exc:
             fail(f"not submitted: {exc}", 2)
         Console(highlight=False, soft_wrap=True).print(
@@ -125,8 +134,32 @@ def _follow(client: Any, batch_id: str, total: int, console: Console) -> None:
     summary = ", ".join(f"{n} {name}" for name, n in bad.items())
     console.print(f"batch {batch_id} {state.get('status')}: {counts.get('succeeded', 0)} "
                   f"succeeded{', ' + summary if summary else ''}")
+    if bad:
+        _name_failures(client, batch_id, console)
     if counts.get("failed") or counts.get("expired"):
         raise typer.Exit(1)
+
+
+# The failed items named after a batch ended, at most (the rest: tierq batch results).
+NAMED_FAILURES = 20
+
+
+def _name_failures(client: Any, batch_id: str, console: Console) -> None:
+    """The items that did not succeed, by custom_id (or index), each with its error."""
+    from jobs.client.http import ApiError
+
+    shown = 0
+    try:
+        for line in client.batch_results(batch_id, failed_only=True):
+            if shown == NAMED_FAILURES:
+                console.print(f"  … and more: tierq batch results {batch_id} --failed")
+                return
+            name = line.get("custom_id") or f"item {line.get('index')}"
+            console.print(f"  {name}: {line.get('status')}: {line.get('error')}",
+                          markup=False)
+            shown += 1
+    except ApiError as exc:
+        console.print(f"  (the failed items could not be read: {exc})")
 
 
 def _left(state: dict[str, Any]) -> int:
@@ -142,12 +175,14 @@ BatchId = Annotated[str, typer.Argument(help="The batch's id.")]
 def batch_results(
     batch_id: BatchId,
     after: Annotated[int, typer.Option(min=-1, help="Only items past this index.")] = -1,
+    failed: Annotated[bool, typer.Option(
+        "--failed", help="Only the items that did not succeed (an error file).")] = False,
     api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
     """Print the batch's finished items as NDJSON, one line each, in index order."""
     with api_client(api_url, key) as client:
-        for line in client.batch_results(batch_id, after=after):
+        for line in client.batch_results(batch_id, after=after, failed_only=failed):
             sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 

@@ -309,11 +309,30 @@ def jobs_cancel(job_id: JobId, api_url: ApiUrl = None, key: ApiKey = None) -> No
         f"job {job_id}  {answer.get('status')}{pending}")
 
 
+@friendly
+def jobs_retry(job_id: JobId, api_url: ApiUrl = None, key: ApiKey = None) -> None:
+    """Submit a failed, expired or cancelled job again, as a new job (the old one stays)."""
+    from jobs.client.http import ApiError, Refused
+
+    with api_client(api_url, key, announce=True) as client:
+        try:
+            job = client.retry(job_id)
+        except Refused as exc:
+            retry = f"{exc.retry_after_s:g}" if exc.retry_after_s is not None else "a few"
+            fail(f"refused ({exc.type}): {exc.message} Retry after {retry} s.", 2)
+        except ApiError as exc:
+            fail(f"not retried: {exc}", 2)
+    Console(highlight=False, soft_wrap=True).print(
+        f"job {job.get('id')} retries {job_id}  tier {job.get('tier')}  "
+        f"position {job.get('queue_position')}")
+
+
 def jobs_app() -> typer.Typer:
-    jobs = typer.Typer(help="Look at and cancel jobs (over the API, with a tenant key).",
+    jobs = typer.Typer(help="Look at, cancel and retry jobs (over the API, with a tenant key).",
                        no_args_is_help=True)
     jobs.command("list")(jobs_list)
     jobs.command("get")(jobs_get)
     jobs.command("result")(jobs_result)
     jobs.command("cancel")(jobs_cancel)
+    jobs.command("retry")(jobs_retry)
     return jobs

@@ -19,13 +19,17 @@ from tenacity import AsyncRetrying
 from jobs.client.core import ClientCore
 from jobs.client.protocol import (
     Call,
+    Event,
+    EventParser,
     LongPoll,
     RetryPolicy,
     batch_call,
+    batch_events_call,
     batch_results_call,
     cancel_batch_call,
     cancel_call,
     error_from_response,
+    events_call,
     get_call,
     linked_result_call,
     list_batches_call,
@@ -34,6 +38,7 @@ from jobs.client.protocol import (
     parse_value,
     queues_call,
     result_call,
+    retry_call,
     submit_batch_call,
     submit_call,
     unreachable,
@@ -101,6 +106,38 @@ class AsyncClient(ClientCore):
     async def cancel(self, job_id: str) -> dict[str, Any]:
         return await self._send(cancel_call(job_id))
 
+    async def retry(self, job_id: str) -> dict[str, Any]:
+        """Submit a failed, expired or cancelled job again: the new job (``retry_of``)."""
+        return await self._send(retry_call(job_id))
+
+    async def events(self, job_id: str) -> AsyncIterator[Event]:
+        """The job's events as they happen (``Client.events``), ending after the terminal
+        ``job`` event."""
+        async for event in self._events(events_call(job_id)):
+            yield event
+
+    async def batch_events(self, batch_id: str) -> AsyncIterator[Event]:
+        """The batch's ``batch`` events (``Client.batch_events``)."""
+        async for event in self._events(batch_events_call(batch_id)):
+            yield event
+
+    async def _events(self, call: Call) -> AsyncIterator[Event]:
+        try:
+            async with self._http.stream(
+                    call.method, call.path,
+                    timeout=httpx.Timeout(self._timeout, read=None)) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise error_from_response(response.status_code, response.headers,
+                                              response.content)
+                parser = EventParser()
+                async for line in response.aiter_lines():
+                    event = parser.feed(line)
+                    if event is not None:
+                        yield event
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
+
     async def queues(self) -> dict[str, Any]:
         return await self._send(queues_call())
 
@@ -112,10 +149,13 @@ class AsyncClient(ClientCore):
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
         timeout_s: float | None = None,
+        envelope: bool = False,
+        completion_window_s: float | None = None,
     ) -> dict[str, Any]:
         key = idempotency_key or new_idempotency_key()
-        return await self._send(submit_batch_call(kind, items, idempotency_key=key,
-                                                  max_attempts=max_attempts, timeout_s=timeout_s))
+        return await self._send(submit_batch_call(
+            kind, items, idempotency_key=key, max_attempts=max_attempts, timeout_s=timeout_s,
+            envelope=envelope, completion_window_s=completion_window_s))
 
     async def batch(self, batch_id: str) -> dict[str, Any]:
         return await self._send(batch_call(batch_id))
@@ -127,9 +167,9 @@ class AsyncClient(ClientCore):
         return await self._send(cancel_batch_call(batch_id))
 
     async def batch_results(
-        self, batch_id: str, *, after: int = -1
+        self, batch_id: str, *, after: int = -1, failed_only: bool = False
     ) -> AsyncIterator[dict[str, Any]]:
-        call = batch_results_call(batch_id, after=after)
+        call = batch_results_call(batch_id, after=after, failed_only=failed_only)
         try:
             async with self._http.stream(call.method, call.path, params=call.params,
                                          timeout=self._timeout) as response:

@@ -55,6 +55,7 @@ from jobs.client.protocol import (
     parse_value,
     queues_call,
     result_call,
+    retry_call,
     retryable,
     submit_batch_call,
     submit_call,
@@ -165,6 +166,10 @@ class Client(ClientCore):
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._send(cancel_call(job_id))
 
+    def retry(self, job_id: str) -> dict[str, Any]:
+        """Submit a failed, expired or cancelled job again: the new job (``retry_of``)."""
+        return self._send(retry_call(job_id))
+
     def queues(self) -> dict[str, Any]:
         return self._send(queues_call())
 
@@ -181,12 +186,17 @@ class Client(ClientCore):
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
         timeout_s: float | None = None,
+        envelope: bool = False,
+        completion_window_s: float | None = None,
     ) -> dict[str, Any]:
         """Store a batch (sent as NDJSON); its items enter the live queue as room allows.
-        A fresh idempotency key unless given, so a retried upload never stores it twice."""
+        A fresh idempotency key unless given, so a retried upload never stores it twice.
+        ``envelope``: each item is ``{"custom_id": ..., "payload": {...}}``, the id handed
+        back on its result line; ``completion_window_s``: items not started by then expire."""
         key = idempotency_key or new_idempotency_key()
-        return self._send(submit_batch_call(kind, items, idempotency_key=key,
-                                            max_attempts=max_attempts, timeout_s=timeout_s))
+        return self._send(submit_batch_call(
+            kind, items, idempotency_key=key, max_attempts=max_attempts, timeout_s=timeout_s,
+            envelope=envelope, completion_window_s=completion_window_s))
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         """The batch now: counts by state, ``status``, ``estimated_finish_s``."""
@@ -198,9 +208,12 @@ class Client(ClientCore):
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
         return self._send(cancel_batch_call(batch_id))
 
-    def batch_results(self, batch_id: str, *, after: int = -1) -> Iterator[dict[str, Any]]:
-        """The finished items past ``after``, one dict a line as the server streams them."""
-        call = batch_results_call(batch_id, after=after)
+    def batch_results(
+        self, batch_id: str, *, after: int = -1, failed_only: bool = False
+    ) -> Iterator[dict[str, Any]]:
+        """The finished items past ``after`` (``failed_only``: those that did not succeed),
+        one dict a line as the server streams them."""
+        call = batch_results_call(batch_id, after=after, failed_only=failed_only)
         try:
             with self._http.stream(call.method, call.path, params=call.params,
                                    timeout=self._timeout) as response:

@@ -167,29 +167,42 @@ class Event:
     data: Any
 
 
-def parse_events(lines: Iterable[str]) -> Iterator[Event]:
-    """The events of a ``text/event-stream``, as its lines arrive (comments skipped; a data
-    field that is not JSON is kept as text)."""
-    name, data = "message", list[str]()
-    for line in lines:
+class EventParser:
+    """A ``text/event-stream`` read a line at a time: ``feed`` answers the event a blank
+    line completes (comments skipped; a data field that is not JSON is kept as text)."""
+
+    def __init__(self) -> None:
+        self._name, self._data = "message", list[str]()
+
+    def feed(self, line: str) -> Event | None:
         if line == "":
-            if data:
-                text = "\n".join(data)
-                try:
-                    value: Any = json.loads(text)
-                except ValueError:
-                    value = text
-                yield Event(event=name, data=value)
-            name, data = "message", list[str]()
-        elif line.startswith(":"):
-            continue
-        else:
+            name, data = self._name, self._data
+            self._name, self._data = "message", []
+            if not data:
+                return None
+            text = "\n".join(data)
+            try:
+                value: Any = json.loads(text)
+            except ValueError:
+                value = text
+            return Event(event=name, data=value)
+        if not line.startswith(":"):
             field, _, value = line.partition(":")
             value = value.removeprefix(" ")
             if field == "event":
-                name = value
+                self._name = value
             elif field == "data":
-                data.append(value)
+                self._data.append(value)
+        return None
+
+
+def parse_events(lines: Iterable[str]) -> Iterator[Event]:
+    """The events of a ``text/event-stream``, as its lines arrive."""
+    parser = EventParser()
+    for line in lines:
+        event = parser.feed(line)
+        if event is not None:
+            yield event
 
 
 def result_call(job_id: str) -> Call:
@@ -226,9 +239,16 @@ def submit_batch_call(
     idempotency_key: str,
     max_attempts: int | None = None,
     timeout_s: float | None = None,
+    envelope: bool = False,
+    completion_window_s: float | None = None,
 ) -> Call:
-    """A batch as NDJSON (the server reads it as it streams)."""
+    """A batch as NDJSON (the server reads it as it streams); ``envelope``: each item is
+    ``{"custom_id", "payload"}``."""
     params = {"kind": kind, "idempotency_key": idempotency_key}
+    if envelope:
+        params["envelope"] = "true"
+    if completion_window_s is not None:
+        params["completion_window_s"] = repr(float(completion_window_s))
     if max_attempts is not None:
         params["max_attempts"] = str(max_attempts)
     if timeout_s is not None:
@@ -245,9 +265,15 @@ def batch_events_call(batch_id: str) -> Call:
     return Call(method="GET", path=_batch_path(batch_id) + "/events")
 
 
-def batch_results_call(batch_id: str, *, after: int = -1) -> Call:
-    return Call(method="GET", path=_batch_path(batch_id) + "/results",
-                params={"after": str(after)})
+def batch_results_call(batch_id: str, *, after: int = -1, failed_only: bool = False) -> Call:
+    params = {"after": str(after)}
+    if failed_only:
+        params["status"] = "failed"
+    return Call(method="GET", path=_batch_path(batch_id) + "/results", params=params)
+
+
+def retry_call(job_id: str) -> Call:
+    return Call(method="POST", path=_job_path(job_id) + "/retry")
 
 
 def cancel_batch_call(batch_id: str) -> Call:

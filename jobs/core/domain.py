@@ -47,6 +47,7 @@ class NewJob:
     blob: str | None = None  # the document the job reads (sha256 in the blob store)
     # The longest one attempt may run (the job's, else its kind's, else the policy's).
     timeout_s: float | None = None
+    retry_of: str | None = None  # the job ``POST /v1/jobs/<id>/retry`` made this one from
     id: str = field(default_factory=new_job_id)
 
     @property
@@ -100,6 +101,9 @@ class Job:
     error_type: str | None = None
     # The handler's last progress report, stored with the ending (``jobs.core.progress``).
     progress: dict[str, Any] | None = None
+    # A batch item's id of the client's own; the job a retry made this one from.
+    custom_id: str | None = None
+    retry_of: str | None = None
 
     @property
     def terminal(self) -> bool:

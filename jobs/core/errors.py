@@ -84,6 +84,13 @@ class JobFailed(TierqError):
     status = 409
 
 
+class JobNotEnded(TierqError):
+    """A retry asked of a job that has not ended: the job itself may still succeed."""
+
+    type = "job_not_ended"
+    status = 409
+
+
 class IdempotencyConflict(TierqError):
     """The key names a job of another kind or payload: answering with that job would hand
     the client a result of work it did not ask for."""

@@ -34,6 +34,8 @@ TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
         # A batch item admitted by the feeder as room allows; its ageing starts then.
         (Status.WAITING, Status.QUEUED),
         (Status.WAITING, Status.CANCELLED),
+        # Its batch's completion window passed before it was admitted.
+        (Status.WAITING, Status.EXPIRED),
         (Status.QUEUED, Status.DISPATCHED),
         # A worker's start: the lease it was dispatched with is the claim.
         (Status.QUEUED, Status.RUNNING),

@@ -85,6 +85,13 @@ class BatchFeeder:
         self, batch_id: str, figures: pool.PoolFigures, now: float, full: set[str],
         budget: int, fence: str | None,
     ) -> int:
+        with self.runtime.sessions.begin() as session:
+            check_lead(session, fence)
+            expired = repo.expire_waiting(session, batch_id, now=now)  # its window passed
+        if expired:
+            notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
+            logger.info("batch.items_expired", extra={"event": "batch.items_expired",
+                                                      "batch_id": batch_id, "count": expired})
         with self.runtime.sessions() as session:
             items = repo.next_waiting(session, batch_id, limit=budget)
             tenant = tenants_sql.get_tenant(session, items[0].tenant_id) if items else None
@@ -100,7 +107,7 @@ class BatchFeeder:
         indexed_before: list[IndexedJob] = []
         for item in items:
             entry = IndexedJob(job_id=item.job_id, tenant=tenant.id, tier=tier,
-                               order_key=order_key)
+                               order_key=order_key, start_by=item.start_by)
             outcome = self.runtime.index.admit(entry, bound=bound, tenant_quota=quota,
                                                fence=fence)
             if not outcome.accepted and not outcome.duplicate:

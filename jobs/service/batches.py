@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 # The most items one batch may hold; bigger runs are split by the client.
 MAX_BATCH_ITEMS = 100_000
+# The longest ``custom_id`` an envelope may carry.
+MAX_CUSTOM_ID = 200
 # Batches a tenant may have with items still waiting: one more is ``429 tenant_limit``
 # (``limit: "batches"``), so no tenant can park an unbounded backlog in SQL.
 MAX_OPEN_BATCHES = 20
@@ -63,6 +65,10 @@ class BatchSpec:
     idempotency_key: str | None = None
     max_attempts: int | None = None
     timeout_s: float | None = None  # each item's run-time limit; None: the kind's or policy's
+    # Items are ``{"custom_id", "payload"}`` envelopes, the id handed back on its result line.
+    envelope: bool = False
+    # Items not started this long after the batch is stored end expired.
+    completion_window_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,20 +95,43 @@ class ValidatedItems:
     compact JSON, far smaller than the parsed value, until the batch is stored. Bounded by
     ``MAX_BATCH_ITEMS`` and, over HTTP, by the batch body limit."""
 
-    def __init__(self, validator: PayloadValidator, kind: str) -> None:
+    def __init__(self, validator: PayloadValidator, kind: str, *, envelope: bool = False) -> None:
         self.kind = kind
+        self.envelope = envelope
         self._validator = validator
         self._digest = _Digest(kind)
         self._payloads: list[bytes] = []
+        self.custom_ids: list[str] = []
+        self._seen_ids: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._payloads)
 
     def add(self, item: Any) -> None:
         index = len(self._payloads)
+        if self.envelope:
+            custom_id, item = self._unwrap(index, item)
+            self._digest.add_id(custom_id)
         payload = _validated(self._validator, self.kind, index, item)
         self._digest.add(index, payload)
         self._payloads.append(json.dumps(payload, separators=(",", ":")).encode())
+
+    def _unwrap(self, index: int, item: Any) -> tuple[str, Any]:
+        """An envelope's ``custom_id`` (1–200 characters, unique in the batch) and payload."""
+        if not isinstance(item, dict) or set(item) != {"custom_id", "payload"}:
+            raise _bad_item(index, [{"loc": [], "msg": 'an envelope is {"custom_id": "...", '
+                                     '"payload": {...}} and nothing else'}])
+        custom_id = item["custom_id"]
+        if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= MAX_CUSTOM_ID:
+            raise _bad_item(index, [{"loc": ["custom_id"], "msg": "a string of 1 to "
+                                     f"{MAX_CUSTOM_ID} characters"}])
+        submission.check_text(custom_id, ("items", index, "custom_id"))
+        if custom_id in self._seen_ids:
+            raise _bad_item(index, [{"loc": ["custom_id"], "msg": f"{custom_id!r} is already "
+                                     "the custom_id of another item of this batch"}])
+        self._seen_ids.add(custom_id)
+        self.custom_ids.append(custom_id)
+        return custom_id, item["payload"]
 
     def extend(self, items: Iterable[Any]) -> None:
         for item in items:
@@ -134,7 +163,7 @@ def submit(
     the bad item), ``IdempotencyConflict`` or ``Forbidden``; on any of them nothing is
     stored."""
     _check_tier(runtime, tenant)
-    validated = ValidatedItems(validator, spec.kind)
+    validated = ValidatedItems(validator, spec.kind, envelope=spec.envelope)
     validated.extend(items)
     return store(runtime, tenant, spec, validated)
 
@@ -175,16 +204,19 @@ def store(
         total=len(items), max_attempts=spec.max_attempts or runtime.policy.max_attempts,
         idempotency_key=spec.idempotency_key, content_hash=content_hash, cancelled=False,
         created_at=now, timeout_s=items.timeout_s(runtime, spec.timeout_s),
+        completion_window_s=spec.completion_window_s,
     )
     try:
         with runtime.sessions.begin() as session:
             if not repo.insert_batch(session, batch):
                 raise _KeyTaken
             index = 0
+            ids = items.custom_ids
             for payloads in items.chunks(repo.INSERT_CHUNK):
                 repo.insert_items(session, [
                     repo.item_values(job_id=new_job_id(now), batch=batch, index=index + i,
-                                     payload=payload, now=now)
+                                     payload=payload, now=now,
+                                     custom_id=ids[index + i] if ids else None)
                     for i, payload in enumerate(payloads)])
                 index += len(payloads)
     except _KeyTaken:  # a concurrent submit with the same key won: compare with it
@@ -226,6 +258,9 @@ class _Digest:
         self._hash.update(b"\n" + json.dumps(payload, sort_keys=True,
                                              separators=(",", ":")).encode())
         self.count = index + 1
+
+    def add_id(self, custom_id: str) -> None:
+        self._hash.update(b"\t" + custom_id.encode())
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
@@ -333,11 +368,15 @@ def list_batches(runtime: Runtime, tenant: Tenant, *, limit: int) -> list[BatchP
     return [progress(runtime, batch) for batch in batches]
 
 
-def results(runtime: Runtime, batch: Batch, *, after: int) -> Iterator[bytes]:
-    """NDJSON lines of the finished items past ``after``, in index order, read in chunks."""
+def results(
+    runtime: Runtime, batch: Batch, *, after: int, failed_only: bool = False
+) -> Iterator[bytes]:
+    """NDJSON lines of the finished items past ``after``, in index order, read in chunks;
+    ``failed_only``: those that did not succeed (an error file)."""
     while True:
         with runtime.sessions() as session:
-            jobs = repo.finished_items(session, batch.id, after=after, limit=RESULTS_CHUNK)
+            jobs = repo.finished_items(session, batch.id, after=after, limit=RESULTS_CHUNK,
+                                       failed_only=failed_only)
             sizes = {job.result_blob: blobs_sql.blob_size(session, job.result_blob)
                      for job in jobs if job.result_blob is not None}
         for job in jobs:
@@ -352,6 +391,8 @@ def result_line(job: Job, result_bytes: int | None = None) -> dict[str, Any]:
     """One item's line; a result kept in the blob store is linked, as ``/result`` links it."""
     line: dict[str, Any] = {"index": job.batch_index, "job_id": job.id,
                             "status": job.status.value}
+    if job.custom_id is not None:
+        line["custom_id"] = job.custom_id
     if job.status is Status.SUCCEEDED:
         line["result"] = job.result
         if job.result_blob is not None:

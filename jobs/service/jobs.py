@@ -15,11 +15,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.admission.estimates import Progress, progress_many
-from jobs.admission.submit import ring_dispatcher
+from jobs.admission.submit import (
+    PayloadValidator,
+    Submission,
+    Submitted,
+    ring_dispatcher,
+    submit,
+)
 from jobs.core.domain import Job, Tenant
 from jobs.core.errors import (
     JobFailed,
     JobGone,
+    JobNotEnded,
     NotFound,
     Unavailable,
 )
@@ -114,6 +121,26 @@ def cancel(runtime: Runtime, tenant: Tenant, job_id: str) -> CancelOutcome:
             return outcome
         job = load_job(runtime, tenant, job.id)  # it moved under us: act on its new state
     raise Unavailable("the job keeps changing state; retry the cancel", retry_after_s=1)
+
+
+RETRYABLE = frozenset({Status.FAILED, Status.EXPIRED, Status.CANCELLED})
+
+
+def retry(
+    runtime: Runtime, validator: PayloadValidator, tenant: Tenant, job_id: str
+) -> Submitted:
+    """A new job with the ended job's kind, payload and limits, admitted as any submit is
+    (``429`` included); the ended job is left as it was, named by the new one's ``retry_of``.
+    ``JobNotEnded`` (409) for a job that has not ended, or that succeeded."""
+    job = load_job(runtime, tenant, job_id)
+    if job.status not in RETRYABLE:
+        raise JobNotEnded(
+            f"job {job.id} is {job.status.value}: only a failed, expired or cancelled job is "
+            "retried", job_status=job.status.value, job_id=job.id)
+    return submit(runtime, validator, tenant, Submission(
+        kind=job.kind, payload=job.payload, max_wait_s=job.max_wait_s,
+        max_attempts=job.max_attempts, timeout_s=job.timeout_s, blob=job.blob,
+        retry_of=job.id))
 
 
 def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:

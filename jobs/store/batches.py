@@ -44,8 +44,15 @@ class Batch:
     idempotency_key: str | None
     content_hash: str
     timeout_s: float | None = None
+    completion_window_s: float | None = None
     cancelled: bool
     created_at: float
+
+    @property
+    def start_by(self) -> float | None:
+        """Its items not started by then end expired (None: no window)."""
+        window = self.completion_window_s
+        return None if window is None else self.created_at + window
 
     @classmethod
     def from_row(cls, row: Any) -> Batch:
@@ -54,6 +61,7 @@ class Batch:
             max_attempts=row.max_attempts, idempotency_key=row.idempotency_key,
             content_hash=row.content_hash, cancelled=row.cancelled,
             created_at=row.created_at.timestamp(), timeout_s=getattr(row, "timeout_s", None),
+            completion_window_s=getattr(row, "completion_window_s", None),
         )
 
 
@@ -63,6 +71,7 @@ class WaitingItem:
     tenant_id: str
     tier: str
     batch_index: int
+    start_by: float | None = None
 
 
 def insert_batch(session: Session, batch: Batch) -> bool:
@@ -75,6 +84,7 @@ def insert_batch(session: Session, batch: Batch) -> bool:
                 total=batch.total, max_attempts=batch.max_attempts,
                 idempotency_key=batch.idempotency_key, content_hash=batch.content_hash,
                 cancelled=False, created_at=_dt(batch.created_at), timeout_s=batch.timeout_s,
+                completion_window_s=batch.completion_window_s,
             ))
     except IntegrityError:
         return False
@@ -88,14 +98,17 @@ def insert_items(session: Session, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def item_values(
-    *, job_id: str, batch: Batch, index: int, payload: dict[str, Any], now: float
+    *, job_id: str, batch: Batch, index: int, payload: dict[str, Any], now: float,
+    custom_id: str | None = None,
 ) -> dict[str, Any]:
     at = _dt(now)
+    start_by = batch.start_by
     return {
         "id": job_id, "tenant_id": batch.tenant_id, "tier": batch.tier, "kind": batch.kind,
         "payload": payload, "status": Status.WAITING.value, "attempt": 1,
         "max_attempts": batch.max_attempts, "order_key": 0.0, "created_at": at,
-        "enqueued_at": at, "max_wait_s": None, "start_by": None, "not_before": None,
+        "enqueued_at": at, "max_wait_s": None, "not_before": None,
+        "start_by": None if start_by is None else _dt(start_by), "custom_id": custom_id,
         "dispatched_at": None, "started_at": None, "finished_at": None, "result": None,
         "error": None, "idempotency_key": None, "cancel_requested": False, "starts": 0,
         "updated_at": at, "batch_id": batch.id, "batch_index": index,
@@ -147,12 +160,16 @@ def _epoch(value: datetime | None) -> float | None:
     return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
 
 
-def finished_items(session: Session, batch_id: str, *, after: int, limit: int) -> list[Job]:
-    """Finished items past index ``after``, in index order."""
+def finished_items(
+    session: Session, batch_id: str, *, after: int, limit: int, failed_only: bool = False
+) -> list[Job]:
+    """Finished items past index ``after``, in index order; ``failed_only``: those that did
+    not succeed."""
+    ended = [status.value for status in TERMINAL
+             if not (failed_only and status is Status.SUCCEEDED)]
     rows = session.scalars(
         sa.select(JobRow).where(
-            JobRow.batch_id == batch_id, JobRow.batch_index > after,
-            JobRow.status.in_([status.value for status in TERMINAL]),
+            JobRow.batch_id == batch_id, JobRow.batch_index > after, JobRow.status.in_(ended),
         ).order_by(JobRow.batch_index).limit(limit)).all()
     return [job_from_row(row) for row in rows]
 
@@ -183,10 +200,26 @@ def batches_with_waiting(
 
 def next_waiting(session: Session, batch_id: str, *, limit: int) -> list[WaitingItem]:
     rows = session.execute(
-        sa.select(JOBS.c.id, JOBS.c.tenant_id, JOBS.c.tier, JOBS.c.batch_index).where(
+        sa.select(JOBS.c.id, JOBS.c.tenant_id, JOBS.c.tier, JOBS.c.batch_index,
+                  JOBS.c.start_by).where(
             JOBS.c.status == Status.WAITING.value, JOBS.c.batch_id == batch_id,
         ).order_by(JOBS.c.batch_index).limit(limit)).all()
-    return [WaitingItem(job_id=r[0], tenant_id=r[1], tier=r[2], batch_index=r[3]) for r in rows]
+    return [WaitingItem(job_id=r[0], tenant_id=r[1], tier=r[2], batch_index=r[3],
+                        start_by=None if r[4] is None else _epoch(r[4])) for r in rows]
+
+
+def expire_waiting(session: Session, batch_id: str, *, now: float) -> int:
+    """waiting → expired for the batch's items whose window passed before they were let in;
+    the number moved."""
+    at = _dt(now)
+    result = session.execute(
+        sa.update(JOBS).where(JOBS.c.batch_id == batch_id,
+                              JOBS.c.status == Status.WAITING.value,
+                              JOBS.c.start_by.is_not(None), JOBS.c.start_by <= at)
+        .values(status=Status.EXPIRED.value, finished_at=at, updated_at=at,
+                error="the batch's completion window passed before the item started",
+                error_type="deadline"))
+    return int(cast(Any, result).rowcount)
 
 
 def admit_items(

@@ -130,6 +130,7 @@ def _new_values(new: NewJob) -> dict[str, Any]:
         "result_blob": None,
         "timeout_s": new.timeout_s,
         "error_type": None,
+        "retry_of": new.retry_of,
     }
 
 

@@ -174,6 +174,10 @@ class JobRow(Base):
     # The handler's last progress report (``jobs.core.progress``), written with the ending;
     # while the job runs, its reports live in Redis.
     progress: Mapped[Any | None] = mapped_column(JSON_TYPE)
+    # A batch item's id of the client's own (unique within its batch), and the job that a
+    # ``POST /v1/jobs/<id>/retry`` made this one from.
+    custom_id: Mapped[str | None] = mapped_column(sa.String(200))
+    retry_of: Mapped[str | None] = mapped_column(sa.String(36))
 
 
 class BlobRow(Base):
@@ -208,6 +212,8 @@ class BatchRow(Base):
     max_attempts: Mapped[int] = mapped_column(sa.Integer())
     # Each item's run-time limit (NULL: its kind's or the policy's, as for a single job).
     timeout_s: Mapped[float | None] = mapped_column(sa.Double())
+    # Items not started this long after the batch was stored end expired (their start_by).
+    completion_window_s: Mapped[float | None] = mapped_column(sa.Double())
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(255))
     # sha256 of the kind and the validated items: what an idempotent resubmit is compared by.
     content_hash: Mapped[str] = mapped_column(sa.String(64))

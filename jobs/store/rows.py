@@ -108,6 +108,8 @@ def job_from_row(row: JobRow) -> Job:
         timeout_s=getattr(row, "timeout_s", None),
         error_type=getattr(row, "error_type", None),
         progress=getattr(row, "progress", None),
+        custom_id=getattr(row, "custom_id", None),
+        retry_of=getattr(row, "retry_of", None),
     )
 
 

@@ -78,7 +78,7 @@ def test_empty_database_has_no_revision(empty_url: str) -> None:
 def test_upgrade_head_matches_the_models(connection: sa.Connection) -> None:
     context = MigrationContext.configure(connection, opts={"compare_type": True})
     assert compare_metadata(context, Base.metadata) == []
-    assert context.get_current_revision() == head() == "0011"
+    assert context.get_current_revision() == head() == "0012"
 
 
 def test_check_constraints_match_the_models(connection: sa.Connection) -> None:
@@ -155,7 +155,7 @@ def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
     assert set(_schema(empty_url)) <= {"alembic_version"}
 
     upgrade(empty_url)
-    assert current(empty_url) == "0011"
+    assert current(empty_url) == "0012"
     assert _schema(empty_url) == migrated
 
 

@@ -15,7 +15,7 @@ S, F, C, E = Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED
 
 # Written out independently of jobs.core.states, so a change to the table has to change this too.
 EXPECTED = {
-    (W, Q), (W, C),
+    (W, Q), (W, C), (W, E),
     (Q, D), (Q, R), (Q, C), (Q, E),
     (D, Q), (D, R), (D, C), (D, E), (D, F),
     (R, S), (R, F), (R, C), (R, Q),

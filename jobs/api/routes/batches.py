@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Awaitable, Iterator
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -34,6 +34,9 @@ from starlette.requests import ClientDisconnect
 
 from jobs.admission.submit import PayloadValidator
 from jobs.api.batch_schemas import (
+    ENVELOPE,
+    MAX_WINDOW_S,
+    WINDOW,
     BatchListResponse,
     BatchRequest,
     BatchResponse,
@@ -113,6 +116,10 @@ async def submit_batch(
     timeout_s: Annotated[float | None, Query(
         gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
         description=f"NDJSON bodies: each item's run-time limit, {TIMEOUT}")] = None,
+    envelope: Annotated[bool | None, Query(description=f"NDJSON bodies: {ENVELOPE}")] = None,
+    completion_window_s: Annotated[float | None, Query(
+        gt=0, le=MAX_WINDOW_S, allow_inf_nan=False,
+        description=f"NDJSON bodies: {WINDOW}")] = None,
 ) -> BatchSubmitResponse:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     api = runtime.settings.api
@@ -121,17 +128,21 @@ async def submit_batch(
             raise InvalidRequest("an NDJSON batch names its kind: ?kind=<kind>",
                                  details=[{"loc": ["query", "kind"], "msg": "required"}])
         spec = batches.BatchSpec(kind=kind, idempotency_key=idempotency_key,
-                                 max_attempts=max_attempts, timeout_s=timeout_s)
+                                 max_attempts=max_attempts, timeout_s=timeout_s,
+                                 envelope=bool(envelope),
+                                 completion_window_s=completion_window_s)
         with _uploads(request).slot(tenant, api.max_concurrent_uploads_per_tenant):
             await run_in_threadpool(batches.check_submittable, runtime, tenant, spec)
-            items = batches.ValidatedItems(validator, kind)
+            items = batches.ValidatedItems(validator, kind, envelope=spec.envelope)
             await _within(api.batch_body_timeout_s, _read_ndjson(request, items))
             submitted = await run_in_threadpool(batches.store, runtime, tenant, spec, items)
     else:
         if (kind is not None or idempotency_key is not None or max_attempts is not None
-                or timeout_s is not None):
-            raise InvalidRequest("a JSON batch carries kind, idempotency_key, max_attempts and "
-                                 "timeout_s in its body, not the query")
+                or timeout_s is not None or envelope is not None
+                or completion_window_s is not None):
+            raise InvalidRequest("a JSON batch carries kind, idempotency_key, max_attempts, "
+                                 "timeout_s, envelope and completion_window_s in its body, "
+                                 "not the query")
         if content_type not in ("application/json", ""):
             raise InvalidRequest(f"send the batch as application/json or {NDJSON}, "
                                  f"not {content_type!r}")
@@ -246,7 +257,9 @@ def _submit_json(runtime: Runtime, validator: PayloadValidator, tenant: Tenant, 
                  ) -> batches.SubmittedBatch:
     body = _json_batch(raw)
     spec = batches.BatchSpec(kind=body.kind, idempotency_key=body.idempotency_key,
-                             max_attempts=body.max_attempts, timeout_s=body.timeout_s)
+                             max_attempts=body.max_attempts, timeout_s=body.timeout_s,
+                             envelope=body.envelope,
+                             completion_window_s=body.completion_window_s)
     return batches.submit(runtime, validator, tenant, spec, body.items)
 
 
@@ -301,7 +314,8 @@ def get_batch(batch_id: BatchIdPath, tenant: TenantDep, runtime: RuntimeDep) -> 
     "/{batch_id}/results",
     summary="A batch's finished items, as NDJSON",
     description="One line per finished item in index order: `{index, job_id, status, result}` "
-    "(or `error`), streamed; `?after=<index>` resumes after that index.",
+    "(or `error`; `custom_id` for an envelope's item), streamed; `?after=<index>` resumes "
+    "after that index; `?status=failed` keeps the items that did not succeed.",
     response_class=StreamingResponse,
     responses={200: {"content": {NDJSON: {"schema": {"type": "string"}}},
                      "description": "one JSON object per line"},
@@ -313,9 +327,12 @@ def batch_results(
     runtime: RuntimeDep,
     after: Annotated[int, Query(ge=-1, le=batches.MAX_BATCH_ITEMS,
                                 description="only items past this index")] = -1,
+    status: Annotated[Literal["failed"] | None, Query(
+        description="failed: only the items that did not succeed (failed, cancelled, "
+                    "expired): an error file")] = None,
 ) -> StreamingResponse:
     batch = batches.load(runtime, tenant, batch_id)
-    lines = batches.results(runtime, batch, after=after)
+    lines = batches.results(runtime, batch, after=after, failed_only=status == "failed")
     return StreamingResponse(iterate_in_threadpool(lines), media_type=NDJSON)
 
 

@@ -303,3 +303,28 @@ def blob_size(runtime: Runtime, sha256: str) -> int | None:
     """The size of a stored blob, as recorded when it was written."""
     with runtime.sessions() as session:
         return blobs_sql.blob_size(session, sha256)
+
+
+@router.post(
+    "/{job_id}/retry",
+    status_code=202,
+    response_model=SubmitResponse,
+    summary="Submit an ended job again",
+    description="A failed, expired or cancelled job is submitted again as a new job with the "
+    "same kind, payload and limits, through admission like any submit (202, or 429); the new "
+    "job names it in retry_of, and it is left as it was. A job that has not ended, or that "
+    "succeeded, is 409 job_not_ended.",
+    responses={
+        202: {"description": "the new job, accepted and queued",
+              "headers": {"Location": {"description": "/v1/jobs/<id> of the new job",
+                                       "schema": {"type": "string"}}}},
+        **error_responses(*_READ, "job_not_ended", "capacity", "tenant_limit"),
+    },
+)
+def retry_job(
+    job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, validator: ValidatorDep,
+    response: Response,
+) -> SubmitResponse:
+    submitted = job_service.retry(runtime, validator, tenant, job_id)
+    response.headers["Location"] = f"/v1/jobs/{submitted.progress.job.id}"
+    return SubmitResponse.of(submitted.progress)
