@@ -21,6 +21,7 @@ from jobs.core.errors import ConfigError, InvalidRequest, TierqError
 from jobs.process.settings import load_settings
 
 if TYPE_CHECKING:
+    from jobs.client.core import RetryNotice
     from jobs.client.http import Client
     from jobs.process.runtime import Runtime
 
@@ -114,7 +115,18 @@ def api_client(api_url: str | None, key: str | None, *, announce: bool = False) 
         fail("no API key: pass --key or set TIERQ_API_KEY (tierq tenants create prints one)", 2)
     if announce:
         target(f"API {url}")
-    return Client(url, key)
+    return Client(url, key, on_retry=say_retry)
+
+
+def say_retry(notice: RetryNotice) -> None:
+    """A refusal (or an outage) the client waits out, said as it happens: a command never
+    sits silent while it retries."""
+    error = notice.error
+    what = getattr(error, "type", None)
+    why = f"{what}: {getattr(error, 'message', error)}" if what else str(error)
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"{why.rstrip('.')}; trying again in {notice.delay_s:.1f} s "
+        f"(try {notice.attempt} of {notice.attempts})", style="yellow", markup=False)
 
 
 def _version(value: bool) -> None:

@@ -20,6 +20,15 @@ if TYPE_CHECKING:
 
 
 def _payload(text: str) -> dict[str, Any]:
+    """The payload given as JSON, or ``@FILE``: the JSON object in that file."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            fail(f"--payload {text[:200]}: cannot read {path}: {exc.strerror}", 2)
+        except UnicodeDecodeError:
+            fail(f"--payload: {path} is not UTF-8 text", 2)
     try:
         payload = json.loads(text)
     except ValueError as exc:
@@ -32,7 +41,8 @@ def _payload(text: str) -> dict[str, Any]:
 @friendly
 def submit(
     kind: Annotated[str, typer.Argument(help="Job kind, e.g. sleep or echo.")],
-    payload: Annotated[str, typer.Option(help="The job's payload, a JSON object.")] = "{}",
+    payload: Annotated[str, typer.Option(
+        help="The job's payload, a JSON object, or @FILE to read it from a file.")] = "{}",
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the result.")] = False,
     idempotency_key: Annotated[str | None, typer.Option(help="Unique per tenant.")] = None,
     max_wait: Annotated[
@@ -42,10 +52,14 @@ def submit(
         float | None, typer.Option(help="The longest one attempt may run (s); default: the "
                                    "kind's, else policy.default_timeout_s.")
     ] = None,
+    max_attempts: Annotated[int | None, typer.Option(
+        min=1, max=100, show_default=False,
+        help="Starts allowed before the job fails (default: policy.max_attempts).")] = None,
     api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
-    """Submit a job; with --wait, follow it and print its result."""
+    """Submit a job; with --wait, follow it (a progress bar while it runs) and print its
+    result. Refusals the client retries are said as they happen."""
     from jobs.client.http import ApiError, Refused
 
     body = _payload(payload)
@@ -57,18 +71,25 @@ def submit(
     with api_client(api_url, key, announce=True) as client:
         try:
             job = client.submit(kind, body, idempotency_key=idempotency_key, max_wait_s=max_wait,
-                                timeout_s=timeout)
+                                timeout_s=timeout, max_attempts=max_attempts)
         except Refused as exc:
             retry = f"{exc.retry_after_s:g}" if exc.retry_after_s is not None else "a few"
             fail(f"refused ({exc.type}): {exc.message} Retry after {retry} s.", 2)
         except ApiError as exc:
             fail(f"not submitted: {exc}", 2)
-        console.print(
-            f"job {job.get('id')}  tier {job.get('tier')}  position {job.get('queue_position')}"
-            f"  estimated wait {job.get('estimated_wait_s')} s"
-        )
+        console.print(f"job {job.get('id')}  tier {job.get('tier')}  {_place(job)}")
         if wait:
             _follow(client, str(job["id"]), console)
+
+
+def _place(job: dict[str, Any]) -> str:
+    """Where a just-submitted job stands, rounded: "position 3 · starts in about 1.2 s"."""
+    position, wait = job.get("queue_position"), job.get("estimated_wait_s")
+    if position is None:
+        return str(job.get("status"))
+    if not isinstance(wait, int | float):
+        return f"position {position} · no estimate yet"
+    return f"position {position} · starts in about {wait:.1f} s"
 
 
 def _follow(client: Client, job_id: str, console: Console) -> None:

@@ -1,5 +1,29 @@
-"""The Python client of tierq's HTTP API."""
+"""The Python client of tierq's HTTP API (``docs/client.md``)."""
 
-from jobs.client.http import AsyncClient, Client
+from jobs.client.core import RetryNotice
+from jobs.client.http import (
+    ApiError,
+    AsyncClient,
+    Client,
+    Event,
+    NotFound,
+    Refused,
+    RetryPolicy,
+    Unauthorized,
+    Unavailable,
+    Unreachable,
+)
 
-__all__ = ["AsyncClient", "Client"]
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "Client",
+    "Event",
+    "NotFound",
+    "Refused",
+    "RetryNotice",
+    "RetryPolicy",
+    "Unauthorized",
+    "Unavailable",
+    "Unreachable",
+]

@@ -16,7 +16,7 @@ from typing import Any, Self
 import httpx
 from tenacity import AsyncRetrying
 
-from jobs.client.core import ClientCore
+from jobs.client.core import ClientCore, RetryNotice
 from jobs.client.protocol import (
     Call,
     Event,
@@ -61,8 +61,11 @@ class AsyncClient(ClientCore):
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         retry: RetryPolicy | None = None,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> None:
-        super().__init__(api_key, timeout=timeout, retry=retry)
+        """``on_retry``: told of each refusal or failure the client retries, before it
+        waits (``RetryNotice``); the schedule is ``retry``'s."""
+        super().__init__(api_key, timeout=timeout, retry=retry, on_retry=on_retry)
         self._http = httpx.AsyncClient(
             base_url=base_url, headers=self._headers, timeout=timeout, transport=transport
         )

@@ -25,7 +25,7 @@ import httpx
 from tenacity import Retrying, retry_if_exception
 
 from jobs.client.aio import AsyncClient
-from jobs.client.core import ClientCore
+from jobs.client.core import ClientCore, RetryNotice
 from jobs.client.protocol import (
     TERMINAL_STATUSES,
     ApiError,
@@ -88,8 +88,11 @@ class Client(ClientCore):
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
         retry: RetryPolicy | None = None,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> None:
-        super().__init__(api_key, timeout=timeout, retry=retry)
+        """``on_retry``: told of each refusal or failure the client retries, before it
+        waits (``RetryNotice``); the schedule is ``retry``'s."""
+        super().__init__(api_key, timeout=timeout, retry=retry, on_retry=on_retry)
         self._http = httpx.Client(
             base_url=base_url, headers=self._headers, timeout=timeout, transport=transport
         )

@@ -434,3 +434,29 @@ def test_async_connection_errors_are_retried_then_reported() -> None:
         assert transport.sent == 3
     finally:
         sock.close()
+
+
+def test_cli_submit_says_each_refusal_it_waits_out(api: ScriptedApi, base_url: str) -> None:
+    api.answer("POST /v1/jobs", refusal("capacity", retry_after=1), JSONResponse(
+        ACCEPTED, status_code=202))
+    result = cli(base_url, "submit", "echo")
+    assert result.exit_code == 0, result.output
+    assert "capacity: refused: capacity; trying again in" in result.stderr
+    assert "(try 2 of 5)" in result.stderr
+    assert len(api.requests("POST /v1/jobs")) == 2
+
+
+def test_cli_submit_reads_the_payload_from_a_file_and_takes_max_attempts(
+    api: ScriptedApi, base_url: str, tmp_path: Any
+) -> None:
+    api.answer("POST /v1/jobs", JSONResponse(ACCEPTED, status_code=202))
+    path = tmp_path / "payload.json"
+    path.write_text('{"pairs": [["a", "b"]], "labels": [1.0]}')
+    result = cli(base_url, "submit", "eval.similarity", "--payload", f"@{path}",
+                 "--max-attempts", "2")
+    assert result.exit_code == 0, result.output
+    sent = api.requests("POST /v1/jobs")[0].body
+    assert sent["payload"] == {"pairs": [["a", "b"]], "labels": [1.0]}
+    assert sent["max_attempts"] == 2
+    missing = cli(base_url, "submit", "echo", "--payload", "@/no/such/file.json")
+    assert missing.exit_code == 2 and "cannot read /no/such/file.json" in missing.stderr
