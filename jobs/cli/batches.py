@@ -200,8 +200,21 @@ def batch_cancel(batch_id: BatchId, api_url: ApiUrl = None, key: ApiKey = None) 
     """Cancel every item of the batch that has not started."""
     with api_client(api_url, key, announce=True) as client:
         state = client.cancel_batch(batch_id)
-    Console(highlight=False, soft_wrap=True).print(
-        f"batch {batch_id}  {state.get('status')}  {state.get('counts')}")
+    Console(highlight=False, soft_wrap=True).print(cancel_sentence(batch_id, state))
+
+
+def cancel_sentence(batch_id: str, state: dict[str, Any]) -> str:
+    """What a cancel did, in words: "batch B cancelled: 40 items cancelled, 2 still running
+    (asked to stop), 8 had already ended"."""
+    counts: dict[str, int] = state.get("counts", {})
+    parts = [f"{counts.get('cancelled', 0)} item(s) cancelled"]
+    running = int(counts.get("running", 0))
+    if running:
+        parts.append(f"{running} still running (asked to stop)")
+    ended = sum(int(counts.get(name, 0)) for name in ("succeeded", "failed", "expired"))
+    if ended:
+        parts.append(f"{ended} had already ended")
+    return f"batch {batch_id} {state.get('status')}: {', '.join(parts)}"
 
 
 def batch_app() -> typer.Typer:

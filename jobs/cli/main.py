@@ -10,6 +10,7 @@ import typer
 from jobs.cli import jobs, run, tenants
 from jobs.cli.batches import batch_app
 from jobs.cli.common import global_options
+from jobs.cli.examples import examples
 from jobs.cli.policy import show_policy
 from jobs.cli.simulate import simulate
 
@@ -25,7 +26,7 @@ def build_app() -> typer.Typer:
     )
     app.callback()(global_options)
     for command in (run.up, run.api, run.dispatcher, run.worker, run.flower, run.migrate,
-                    jobs.submit, jobs.upload, jobs.status, run.repair):
+                    jobs.submit, jobs.upload, jobs.status, run.repair, examples):
         app.command()(command)
     app.command("policy")(show_policy)
     app.add_typer(tenants.tenants_app(), name="tenants")

@@ -26,10 +26,13 @@ if TYPE_CHECKING:
 
 def _tierq() -> str:
     """How to call tierq for the same system: with the data directory given, if one was."""
+    from jobs.process.program import tierq_command
+
+    program = tierq_command()
     data_dir = os.environ.get("TIERQ_DATA_DIR")
     if data_dir and Path(data_dir).resolve() != (Path.cwd() / ".tierq").resolve():
-        return f"tierq --data-dir {data_dir}"
-    return "tierq"
+        return f"{program} --data-dir {data_dir}"
+    return program
 
 
 @friendly
@@ -69,7 +72,7 @@ def tenants_list() -> None:
     finally:
         runtime.close()
     table = Table("name", "tier")
-    table.add_column("id", overflow="fold")  # ids are copied from here: never cut them
+    table.add_column("id", no_wrap=True, min_width=36)  # copied from here: never cut or wrapped
     table.add_column("created (UTC)", overflow="fold")
     table.add_column("overrides", overflow="fold")
     for t in tenants:
@@ -77,7 +80,10 @@ def tenants_list() -> None:
         shown = ", ".join(f"{k}={v}" for k, v in overrides.items() if v is not None)
         created = datetime.fromtimestamp(t.created_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(t.name, t.tier, t.id, created, shown or "-")
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped: room for every column
+        console = Console(width=max(console.width, 160))
+    console.print(table)
 
 
 def _tenant_ref(runtime: Runtime, ref: str) -> str:

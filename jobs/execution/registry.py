@@ -86,7 +86,11 @@ class HandlerRegistry:
             return self._handlers[kind]
         except KeyError:
             known = ", ".join(self.kinds()) or "none"
-            msg = f"unknown job kind {kind!r} (known: {known})"
+            extra = EXTRA_KINDS.get(kind)
+            hint = "" if extra is None else (
+                f"; it comes with the {extra} extra: pip install 'tierq[{extra}]' where the "
+                "API and the workers run")
+            msg = f"unknown job kind {kind!r} (known: {known}){hint}"
             raise UnknownKind(msg, details=[{"loc": ["kind"], "msg": msg}]) from None
 
     def kinds(self) -> list[str]:
@@ -125,6 +129,10 @@ def kind_timeout_s(handler: Handler) -> float | None:
 
 def builtin_handlers() -> list[Handler]:
     return [SleepHandler(), EchoHandler()]
+
+
+# Kinds a tierq extra brings (``workers.model_handlers``): an unknown one says what to install.
+EXTRA_KINDS = {"document.embed": "models", "eval.similarity": "models"}
 
 
 def default_registry(extra: str | None = None, *, entry_points: bool = True) -> HandlerRegistry:

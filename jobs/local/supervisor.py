@@ -35,6 +35,7 @@ from typing import Any
 from rich.console import Console
 
 from jobs.core.errors import ConfigError, TierqError
+from jobs.process.program import tierq_command
 
 logger = logging.getLogger(__name__)
 
@@ -397,7 +398,8 @@ def _print_banner(console: Console, options: UpOptions, data_dir: Path, url: str
     """What to do next, in commands that work as printed: from this directory they find
     this system through ``up.json``; from elsewhere, the ``--data-dir`` shown does."""
     default = (Path.cwd() / ".tierq").resolve() == data_dir
-    tierq = "tierq" if default else f"tierq --data-dir {data_dir}"
+    program = tierq_command()
+    tierq = program if default else f"{program} --data-dir {data_dir}"
     console.print(f"[bold green]tierq is up[/]  data in {data_dir}", highlight=False)
     lines = [
         f"  API        {url}",

@@ -22,7 +22,7 @@ def test_every_package_of_the_tree_is_listed_for_the_wheel() -> None:
         for init in (ROOT / top).rglob("__init__.py")
         if "__pycache__" not in init.parts
     }
-    found.add("jobs.migrations")  # the mapped folder (package-dir)
+    found.update({"jobs.migrations", "jobs.examples"})  # the mapped folders (package-dir)
     assert found - listed() == set(), "add these to [tool.setuptools] packages"
     assert listed() - found == set(), "these are listed but not in the tree"
 
