@@ -35,7 +35,9 @@ from typing import Any
 from rich.console import Console
 
 from jobs.core.errors import ConfigError, TierqError
+from jobs.fleet import pool
 from jobs.process.program import tierq_command
+from jobs.process.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -386,11 +388,37 @@ def run_up(options: UpOptions, console: Console) -> None:
                 return
             write_up_file(data_dir, api_url=url)
             _print_banner(console, options, data_dir, url, settings.admin_key is None)
+            for line in derived_lines(settings, options):
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
             supervisor.run_until(stop)
             console.print(f"stopping (running jobs get up to {options.grace_s:g} s)…")
         finally:
             (data_dir / UP_FILE).unlink(missing_ok=True)
             supervisor.stop()
+
+
+def derived_lines(settings: Settings, options: UpOptions) -> list[str]:
+    """What each pool's slots give each tier (bound, tenant cap, tenant quota), as
+    ``tierq policy`` derives them before any run is measured; a warning where they are 1,
+    which refuses a tenant's second job however idle the pool is."""
+    lines = []
+    for name in options.pools:
+        pol = settings.pool_policy(name)
+        slots = pol.pool_concurrency or options.concurrency
+        figures = pool.figures(pol, capacity=slots, inflight=0)
+        of = "" if name == "default" else f" (pool {name})"
+        cells = " · ".join(f"{tier} {figures.bounds[tier]}/{figures.caps[tier]}/"
+                           f"{figures.quotas[tier]}" for tier in pol.tiers)
+        lines.append(f"Bound/cap/quota{of}: {cells}  ({slots} slots, "
+                     f"{pol.mean_service_s:g} s a job until measured)")
+        tight = [tier for tier in pol.tiers
+                 if min(figures.bounds[tier], figures.caps[tier], figures.quotas[tier]) == 1]
+        if tight:
+            lines.append(f"  warning: a figure of 1 ({', '.join(tight)}) makes a tenant's "
+                         "second job wait or be refused however idle the pool is; give more "
+                         "slots (--concurrency) or set policy.mean_service_s to your jobs' "
+                         "time")
+    return lines
 
 
 def _print_banner(console: Console, options: UpOptions, data_dir: Path, url: str,

@@ -57,3 +57,15 @@ def test_the_example_run_comes_out_of_the_installed_package(tmp_path: Path) -> N
         result.output)
     again = CliRunner().invoke(build_app(), ["examples", str(out)])
     assert again.exit_code == 2 and "exists already" in again.output
+
+
+def test_up_prints_what_its_slots_give_each_tier_and_warns_of_ones() -> None:
+    from jobs.local.supervisor import UpOptions, derived_lines
+    from jobs.process.settings import load_settings
+
+    small = derived_lines(load_settings(), UpOptions(concurrency=2))
+    assert small[0].startswith("Bound/cap/quota: premium 1/1/1 · standard 6/1/1")
+    assert "warning: a figure of 1 (premium, standard, free)" in small[1]
+    roomy = derived_lines(load_settings(policy={"mean_service_s": 0.5}),
+                          UpOptions(concurrency=50))
+    assert roomy == [roomy[0]] and "premium 500/12/125" in roomy[0]
