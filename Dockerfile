@@ -12,6 +12,7 @@ COPY pyproject.toml README.md ./
 COPY jobs ./jobs
 COPY workers ./workers
 COPY migrations ./migrations
+COPY examples ./examples
 # Extras to install with it: `docker compose build --build-arg TIERQ_EXTRAS=models` gives the
 # workers the document.embed and eval.similarity handlers (PyTorch and the model).
 ARG TIERQ_EXTRAS=""

@@ -37,7 +37,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     source, dist = base / "source", base / "dist"
     # Built from a copy: the build leaves nothing in this tree, and nothing stale from it.
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("jobs", "workers", "migrations"):
+    for name in ("jobs", "workers", "migrations", "examples"):
         shutil.copytree(ROOT / name, source / name, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
@@ -134,3 +134,12 @@ def test_the_wheel_carries_the_simulator_scenarios(installed: Path, tmp_path: Pa
         timeout=120, check=False)
     assert simulated.returncode == 0, simulated.stdout + simulated.stderr
     assert "noisy: 500 jobs" in simulated.stdout
+
+
+def test_the_wheel_carries_the_example_run(installed: Path, tmp_path: Path) -> None:
+    written = subprocess.run([str(installed / "tierq"), "examples", "ex"], cwd=tmp_path,
+                             env=clean_env(), capture_output=True, text=True, timeout=60,
+                             check=False)
+    assert written.returncode == 0, written.stdout + written.stderr
+    data = (tmp_path / "ex" / "sts-mini.jsonl").read_text().splitlines()
+    assert len(data) == 6 and "batch submit ex/sts-mini.jsonl" in written.stdout

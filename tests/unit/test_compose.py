@@ -382,7 +382,8 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_more() -> Non
     for line in (ROOT / "Dockerfile").read_text().splitlines():
         if line.startswith("COPY "):
             copied += line.split()[1:-1]
-    assert set(copied) == {"pyproject.toml", "README.md", "jobs", "workers", "migrations"}
+    assert set(copied) == {"pyproject.toml", "README.md", "jobs", "workers", "migrations",
+                           "examples"}
     for source in [*copied, "migrations/env.py", "jobs/index/lua/dispatch.lua"]:
         assert (ROOT / source).exists(), source
         assert not dockerignored(source, patterns), f"{source} is left out of the context"
