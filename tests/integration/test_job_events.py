@@ -272,3 +272,24 @@ def test_a_batch_stream_follows_its_counts_and_ends_with_its_last_item(
     waiting = [event.data["counts"]["waiting"] for event in stream.events]
     assert waiting[0] == 3 and waiting[-1] == 0
     assert len(listener_of(client).waiters) == 0
+
+
+def test_a_stream_whose_job_is_pruned_meanwhile_ends_with_a_typed_error(
+    client: ApiClient, other: Runtime
+) -> None:
+    import sqlalchemy as sa
+
+    from jobs.index import notify
+    from jobs.store.models import JobRow
+
+    key = client.tenant_key("acme", "premium")
+    job_id = client.submit(key).json()["id"]
+    stream = Stream(client, key, job_id)
+    stream.wait_for("job")
+    with other.sessions.begin() as session:  # gone from SQL, as retention would leave it
+        session.execute(sa.delete(JobRow).where(JobRow.id == job_id))
+    notify.announce(other.redis, other.prefix, [job_id])
+    stream.join()
+    assert stream.names() == ["job", "error"]
+    assert stream.events[-1].data["type"] == "not_found"
+    assert len(listener_of(client).waiters) == 0

@@ -17,11 +17,12 @@ reading the counts at most every ``BATCH_EVERY_S``; it ends once no item is left
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -34,11 +35,13 @@ from jobs.api.routes.batches import BatchIdPath
 from jobs.api.routes.jobs import _READ, JobIdPath, _safety_net_s
 from jobs.api.schemas import JobResponse, ProgressView
 from jobs.core.domain import Job, Tenant
+from jobs.core.errors import TierqError
 from jobs.core.progress import Report
 from jobs.core.states import Status
 from jobs.index import notify
 from jobs.index import progress as progress_index
 from jobs.index.notify import CHANGED, EVERYTHING, PROGRESSED, Listener
+from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE
 from jobs.process.runtime import Runtime
 from jobs.service import batches
 from jobs.service import jobs as job_service
@@ -48,9 +51,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(refus
 
 # A comment line this often on a quiet stream (proxies close idle connections).
 PING_S = 15.0
+OUTAGE = (*REDIS_OUTAGE, *SQL_OUTAGE)
 # Each event: its name, and its data (the job's body, or a progress report, as JSON text).
 EVENT: dict[str, Any] = {"type": "object", "required": ["event", "data"], "properties": {
-    "event": {"type": "string", "enum": ["job", "progress"]},
+    "event": {"type": "string", "enum": ["job", "progress", "error"]},
     "data": {"type": "string", "contentMediaType": "application/json"}}}
 STREAM = {"text/event-stream": {"schema": EVENT, "example": (
     'event: job\ndata: {"id": "…", "status": "running", …}\n\n'
@@ -68,11 +72,29 @@ STREAM = {"text/event-stream": {"schema": EVENT, "example": (
 )
 async def job_events(
     job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, listener: ListenerDep,
-    request: Request,
 ) -> EventSourceResponse:
     job = await run_in_threadpool(job_service.load_job, runtime, tenant, job_id)  # 404 here
-    stream = _events(runtime, listener, tenant, job)
+    stream = _ended_on_error(_events(runtime, listener, tenant, job))
     return EventSourceResponse(stream, ping=PING_S, headers={"Cache-Control": "no-store"})
+
+
+async def _ended_on_error(
+    events: AsyncIterator[dict[str, str]]
+) -> AsyncIterator[dict[str, str]]:
+    """A stream that cannot go on (its job pruned meanwhile, SQL or Redis gone) ends with an
+    ``error`` event carrying the typed error, instead of a connection cut mid-stream."""
+    try:
+        async for event in events:
+            yield event
+    except TierqError as exc:
+        yield _error_event(exc.type, exc.message)
+    except OUTAGE as exc:
+        yield _error_event("unavailable", f"the stream cannot go on: {type(exc).__name__}; "
+                                          "reconnect, or read the resource again")
+
+
+def _error_event(kind: str, message: str) -> dict[str, str]:
+    return {"event": "error", "data": json.dumps({"type": kind, "message": message})}
 
 
 async def _events(
@@ -133,7 +155,7 @@ batch_router = APIRouter(prefix="/v1/batches", tags=["batches"],
 # A batch stream reads its counts at most this often, however fast its items move.
 BATCH_EVERY_S = 0.5
 BATCH_STREAM = {"text/event-stream": {"schema": {**EVENT, "properties": {
-    **EVENT["properties"], "event": {"type": "string", "enum": ["batch"]}}},
+    **EVENT["properties"], "event": {"type": "string", "enum": ["batch", "error"]}}},
     "example": 'event: batch\ndata: {"id": "…", "status": "running", "counts": {…}, …}\n\n'}}
 
 
@@ -150,7 +172,7 @@ async def batch_events(
     batch_id: BatchIdPath, tenant: TenantDep, runtime: RuntimeDep, listener: ListenerDep,
 ) -> EventSourceResponse:
     batch = await run_in_threadpool(batches.load, runtime, tenant, batch_id)  # 404 here
-    stream = _batch_events(runtime, listener, batch)
+    stream = _ended_on_error(_batch_events(runtime, listener, batch))
     return EventSourceResponse(stream, ping=PING_S, headers={"Cache-Control": "no-store"})
 
 
