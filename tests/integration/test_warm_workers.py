@@ -48,6 +48,13 @@ def events(worker: Worker) -> list[dict[str, Any]]:
     return found
 
 
+def logged(worker: Worker, event: str) -> list[str] | None:
+    """The events the worker logged, once ``event`` is among them (a registration is logged
+    just after it lands in Redis, where the test saw it first)."""
+    names = [e["event"] for e in events(worker)]
+    return names if event in names else None
+
+
 @pytest.mark.parametrize(("pool", "setup"),
                          [("threads", "eager"), ("prefork", "eager"), ("threads", "lazy")])
 def test_a_handler_is_set_up_once_per_process_before_its_first_job(
@@ -57,7 +64,7 @@ def test_a_handler_is_set_up_once_per_process_before_its_first_job(
     with worker_starter({**env, "TIERQ_WORKER_SETUP": setup}, tmp_path) as start:
         worker = start(1, pool)
         wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker)
-        names = [e["event"] for e in events(worker)]
+        names = wait_for(lambda: logged(worker, "worker.registered"), worker, 30)
         if (pool, setup) == ("threads", "eager"):  # set up before the slots were registered
             assert names.index("worker.handler_ready") < names.index("worker.registered")
         if setup == "lazy":  # registered at once; set up by the first job of its kind
@@ -93,7 +100,7 @@ def test_a_worker_with_the_models_extra_loads_its_model_before_it_takes_a_job(
     with worker_starter(env, tmp_path) as start:
         worker = start(1)
         wait_for(lambda: runtime.index.pool_capacity(now=time.time()) == 1, worker, 180)
-        before = [e["event"] for e in events(worker)]
+        before = wait_for(lambda: logged(worker, "worker.registered"), worker, 30)
         assert before.index("model.loaded") < before.index("worker.registered")
         job = send(runtime, publisher, tenant, "eval.similarity", payload={
             "pairs": [["a cat sits", "a cat is sitting"], ["a cat sits", "stock prices"]],
