@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from jobs.api.schemas import TIMESTAMP, PoolView, WorkerView, rfc3339
+from jobs.api.queue_schemas import PoolView, WorkerView
+from jobs.api.schemas import TIMESTAMP, rfc3339
 from jobs.core.states import Status
 from jobs.dashboard.figures import FleetView, JobLine, PoolLine, TenantUse, TenantView, TierCard
 from jobs.dashboard.refusals import RefusalCount

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from jobs.admission import estimates
 from jobs.api.deps import PrincipalDep, RuntimeDep, refuse_unknown_query
 from jobs.api.errors import OUTAGE_RETRY_AFTER_S, error_response, error_responses
-from jobs.api.schemas import (
+from jobs.api.queue_schemas import (
     HealthResponse,
     PoolQueues,
     PoolView,

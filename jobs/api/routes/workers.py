@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from jobs.api.deps import AdminDep, RuntimeDep, refuse_unknown_query
 from jobs.api.errors import error_responses
-from jobs.api.schemas import WorkerView
+from jobs.api.queue_schemas import WorkerView
 
 router = APIRouter(prefix="/v1/admin/workers", tags=["workers"],
                    dependencies=[Depends(refuse_unknown_query)])
