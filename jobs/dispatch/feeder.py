@@ -85,16 +85,13 @@ class BatchFeeder:
         self, batch_id: str, figures: pool.PoolFigures, now: float, full: set[str],
         budget: int, fence: str | None,
     ) -> int:
-        with self.runtime.sessions.begin() as session:
-            check_lead(session, fence)
-            expired = repo.expire_waiting(session, batch_id, now=now)  # its window passed
-        if expired:
-            notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
-            logger.info("batch.items_expired", extra={"event": "batch.items_expired",
-                                                      "batch_id": batch_id, "count": expired})
         with self.runtime.sessions() as session:
             items = repo.next_waiting(session, batch_id, limit=budget)
             tenant = tenants_sql.get_tenant(session, items[0].tenant_id) if items else None
+        start_by = items[0].start_by if items else None  # the batch's: its items share it
+        if start_by is not None and start_by <= now:
+            self._expire(batch_id, now, fence)
+            return 0
         if not items or tenant is None or tenant.id in full or f"tier:{items[0].tier}" in full:
             return 0
         tier = items[0].tier
@@ -126,3 +123,13 @@ class BatchFeeder:
             moved = repo.admit_items(session, admitted, order_key=order_key, now=now)
         notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
         return moved
+
+    def _expire(self, batch_id: str, now: float, fence: str | None) -> None:
+        """The batch's completion window passed: its waiting items end expired, never run
+        (fenced as the admits are)."""
+        with self.runtime.sessions.begin() as session:
+            check_lead(session, fence)
+            expired = repo.expire_waiting(session, batch_id, now=now)
+        notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
+        logger.info("batch.items_expired", extra={"event": "batch.items_expired",
+                                                  "batch_id": batch_id, "count": expired})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import redis
 
@@ -52,12 +52,6 @@ def read(client: redis.Redis, prefix: str, attempts: Mapping[str, int]) -> dict[
         if report is not None and report.attempt == attempts[job_id]:
             found[job_id] = report
     return found
-
-
-def forget(client: redis.Redis, prefix: str, job_ids: Iterable[str]) -> None:
-    keys = [IndexKeys(prefix).progress(job_id) for job_id in job_ids]
-    if keys:
-        client.delete(*keys)
 
 
 def _decode(value: object) -> Report | None:

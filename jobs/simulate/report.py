@@ -98,6 +98,18 @@ class _Row:
     errors: list[float] = field(default_factory=list)  # |waited - told|
     tenants: set[int] = field(default_factory=set)
 
+    def add(self, run: Run, job: int, status: int) -> None:
+        """Count one job: its status, its wait once started, why it was refused, how long it
+        has waited when still waiting at the end."""
+        self.counts[status] += 1
+        start = run.start[job]
+        if start == start:  # not nan: started
+            self.waits.append(start - run.enqueued[job])
+        if status == REFUSED:
+            self.refused[run.refusal[job] or "?"] += 1
+        elif status == WAITING:
+            self.oldest_waiting = min(self.oldest_waiting, run.enqueued[job])
+
 
 def _walk(run: Run, traffic: Traffic) -> list[_Row]:
     """Rows ``0 .. tiers-1`` for the tiers' interactive jobs, ``tiers + t`` for tier t's batch
@@ -107,18 +119,11 @@ def _walk(run: Run, traffic: Traffic) -> list[_Row]:
     for job, status in enumerate(run.status):
         tenant = traffic.tenant[job]
         row = rows[traffic.tenant_tier[tenant] + (ntiers if traffic.batch[job] else 0)]
-        row.counts[status] += 1
+        row.add(run, job, status)
         row.tenants.add(tenant)
-        start = run.start[job]
-        if start == start:  # not nan: started
-            row.waits.append(start - run.enqueued[job])
-        if status == REFUSED:
-            row.refused[run.refusal[job] or "?"] += 1
-        elif status == WAITING:
-            row.oldest_waiting = min(row.oldest_waiting, run.enqueued[job])
         told = run.told_wait_s[job]
         if told is not None and status in (SERVED, FAILED):
-            row.errors.append(abs(start - run.enqueued[job] - told))
+            row.errors.append(abs(run.start[job] - run.enqueued[job] - told))
     return rows
 
 
@@ -179,15 +184,7 @@ def pool_reports(run: Run, traffic: Traffic) -> list[PoolReport]:
     """Per pool (``traffic.pools`` order): its jobs, refusals, waits and utilisation."""
     rows = [_Row() for _ in traffic.pools]
     for job, status in enumerate(run.status):
-        row = rows[traffic.pool[job]]
-        row.counts[status] += 1
-        start = run.start[job]
-        if start == start:  # not nan: started
-            row.waits.append(start - run.enqueued[job])
-        if status == REFUSED:
-            row.refused[run.refusal[job] or "?"] += 1
-        elif status == WAITING:
-            row.oldest_waiting = min(row.oldest_waiting, run.enqueued[job])
+        rows[traffic.pool[job]].add(run, job, status)
     return [PoolReport(
         pool=name, policy=run.policy, submitted=sum(row.counts.values()),
         served=row.counts[SERVED] + row.counts[FAILED], refused=dict(row.refused),

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 import uvicorn
 from fastapi import FastAPI
 
@@ -197,3 +198,28 @@ def queue_of(client: ApiClient, key: str, tier: str) -> dict[str, Any]:
     tiers = client.get("/v1/queues", headers=auth(key)).json()["tiers"]
     found: dict[str, Any] = next(entry for entry in tiers if entry["name"] == tier)
     return found
+
+
+class Statements:
+    """SQL statements run by an engine, counted as they start."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.count = 0
+        self._engine = engine
+        sa.event.listen(engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, *_: Any) -> None:
+        self.count += 1
+
+    def quiet(self) -> None:
+        """Until no statement has run for half a second (reads under way finish)."""
+        deadline = time.monotonic() + 20
+        while True:
+            before = self.count
+            time.sleep(0.5)
+            if self.count == before:
+                return
+            assert time.monotonic() < deadline, "SQL never went quiet"
+
+    def close(self) -> None:
+        sa.event.remove(self._engine, "before_cursor_execute", self._seen)

@@ -3,7 +3,9 @@
 - ``index``: every DispatchIndex implementation in turn (the in-memory twin, Redis), for the
   contract suites (test_index_contract*.py).
 - ``clock`` and ``client``: a hand-moved clock and an API served over real HTTP on
-  PostgreSQL + Redis, for the in-process API tests.
+  PostgreSQL + Redis, for the in-process API tests; ``other``: another process's connections
+  to the client's database and Redis (a worker's, a dispatcher's); ``statements``: the SQL
+  statements the client's engine runs, counted.
 - ``runtime``, ``publisher``, ``tenant``: for the tests of real worker processes, on the
   settings of the module's own ``env`` fixture (``tests.integration.worker_procs``): the
   test's Runtime on the workers' database and index, a Celery publisher, a tenant.
@@ -20,7 +22,14 @@ import redis
 from jobs.core.domain import Tenant
 from jobs.index import DispatchIndex, MemoryIndex, RedisIndex
 from jobs.process.runtime import Runtime
-from tests.integration.api_harness import ApiClient, Clock, make_settings, running_api
+from tests.integration.api_harness import (
+    ApiClient,
+    Clock,
+    Statements,
+    make_settings,
+    rt,
+    running_api,
+)
 from tests.integration.worker_procs import new_tenant, runtime_of
 from tests.services import RedisServer
 from workers.publisher import CeleryPublisher
@@ -37,6 +46,22 @@ def client(
 ) -> Iterator[ApiClient]:
     with running_api(make_settings(pg_url, redis_server.url, key_prefix), clock) as api:
         yield api
+
+
+@pytest.fixture
+def other(client: ApiClient, clock: Clock) -> Iterator[Runtime]:
+    """Another process's connections to the same database and Redis."""
+    runtime = Runtime.from_settings(rt(client).settings)
+    runtime.clock = clock
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def statements(client: ApiClient) -> Iterator[Statements]:
+    counter = Statements(rt(client).engine)
+    yield counter
+    counter.close()
 
 
 @pytest.fixture(params=["memory", "redis"])

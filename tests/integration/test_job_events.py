@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,33 +26,16 @@ from jobs.execution.registry import HandlerRegistry
 from jobs.index import progress as progress_index
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
-from tests.integration.api_harness import ApiClient, Clock, auth, move, rt
+from tests.integration.api_harness import ApiClient, Clock, Statements, auth, move
 from tests.integration.test_long_poll import (
     Background,
     RecordingPublisher,
-    Statements,
     listener_of,
     roomy_tenant,
     until,
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def other(client: ApiClient, clock: Clock) -> Iterator[Runtime]:
-    """A worker's connections to the same database and Redis."""
-    runtime = Runtime.from_settings(rt(client).settings)
-    runtime.clock = clock
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def statements(client: ApiClient) -> Iterator[Statements]:
-    counter = Statements(rt(client).engine)
-    yield counter
-    counter.close()
 
 
 class Stepping:
@@ -78,19 +60,20 @@ class Stepping:
 
 
 class Stream:
-    """One event stream read in a thread of its own, its events kept as they come."""
+    """One event stream (``path``: a job's or a batch's) read in a thread of its own, its
+    events kept as they come."""
 
-    def __init__(self, client: ApiClient, key: str, job_id: str) -> None:
+    def __init__(self, client: ApiClient, key: str, path: str) -> None:
         self.events: list[Event] = []
         self.status: int | None = None
         self.ended = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(client, key, job_id))
+        self._thread = threading.Thread(target=self._read, args=(client, key, path))
         self._thread.start()
 
-    def _read(self, client: ApiClient, key: str, job_id: str) -> None:
+    def _read(self, client: ApiClient, key: str, path: str) -> None:
         timeout = httpx.Timeout(10, read=60)
         with httpx.Client(base_url=str(client.base_url), timeout=timeout) as http, \
-                http.stream("GET", f"/v1/jobs/{job_id}/events", headers=auth(key)) as answer:
+                http.stream("GET", path, headers=auth(key)) as answer:
             self.status = answer.status_code
             for event in parse_events(answer.iter_lines()):
                 self.events.append(event)
@@ -118,7 +101,7 @@ def test_reports_reach_the_body_and_the_stream_which_ends_with_the_job(
 ) -> None:
     key = client.tenant_key("acme", "premium")
     job_id = client.submit(key, {"kind": "echo", "payload": {}}).json()["id"]
-    stream = Stream(client, key, job_id)
+    stream = Stream(client, key, f"/v1/jobs/{job_id}/events")
     stream.wait_for("job")
     assert stream.status == 200 and stream.statuses() == ["queued"]
 
@@ -158,7 +141,7 @@ def test_a_terminal_jobs_stream_is_its_one_event_and_an_unknown_job_is_404(
     key = client.tenant_key("acme", "premium")
     job_id = client.submit(key).json()["id"]
     move(client, job_id, Status.CANCELLED)
-    stream = Stream(client, key, job_id)
+    stream = Stream(client, key, f"/v1/jobs/{job_id}/events")
     stream.join()
     assert stream.statuses() == ["cancelled"]
     missing = client.get("/v1/jobs/00000000-0000-7000-8000-000000000000/events",
@@ -229,17 +212,6 @@ def test_a_fraction_outside_0_to_1_is_refused(fraction: Any) -> None:
     assert ctx.last_report is not None and len(ctx.last_report.message or "") == 200
 
 
-class BatchStream(Stream):
-    def _read(self, client: ApiClient, key: str, batch_id: str) -> None:
-        timeout = httpx.Timeout(10, read=60)
-        with httpx.Client(base_url=str(client.base_url), timeout=timeout) as http, \
-                http.stream("GET", f"/v1/batches/{batch_id}/events", headers=auth(key)) as answer:
-            self.status = answer.status_code
-            for event in parse_events(answer.iter_lines()):
-                self.events.append(event)
-        self.ended.set()
-
-
 def test_a_batch_stream_follows_its_counts_and_ends_with_its_last_item(
     client: ApiClient, other: Runtime, clock: Clock
 ) -> None:
@@ -248,7 +220,7 @@ def test_a_batch_stream_follows_its_counts_and_ends_with_its_last_item(
                          json={"kind": "echo", "items": [{"n": n} for n in range(3)]})
     assert answer.status_code == 202, answer.text
     batch_id = answer.json()["id"]
-    stream = BatchStream(client, key, batch_id)
+    stream = Stream(client, key, f"/v1/batches/{batch_id}/events")
     stream.wait_for("batch")
     assert stream.events[0].data["counts"]["waiting"] == 3
 
@@ -284,7 +256,7 @@ def test_a_stream_whose_job_is_pruned_meanwhile_ends_with_a_typed_error(
 
     key = client.tenant_key("acme", "premium")
     job_id = client.submit(key).json()["id"]
-    stream = Stream(client, key, job_id)
+    stream = Stream(client, key, f"/v1/jobs/{job_id}/events")
     stream.wait_for("job")
     with other.sessions.begin() as session:  # gone from SQL, as retention would leave it
         session.execute(sa.delete(JobRow).where(JobRow.id == job_id))

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 import redis
-import sqlalchemy as sa
 
 from jobs.api.routes import jobs as routes_jobs
 from jobs.core.states import Status
@@ -29,7 +28,7 @@ from jobs.index.notify import Listener
 from jobs.process.runtime import Runtime
 from jobs.service import jobs as job_service
 from jobs.service import tenants
-from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, auth, move, rt
+from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, Statements, auth, move, rt
 
 pytestmark = pytest.mark.integration
 
@@ -85,47 +84,6 @@ def waiting(client: ApiClient, n: int) -> None:
     """Until ``n`` long-polls wait and the listener is subscribed."""
     listener = listener_of(client)
     until(lambda: len(listener.waiters) == n and listener.live, f"{n} waiters, listening")
-
-
-@pytest.fixture
-def other(client: ApiClient, clock: Clock) -> Iterator[Runtime]:
-    """Another process's connections to the same database and Redis."""
-    runtime = Runtime.from_settings(rt(client).settings)
-    runtime.clock = clock
-    yield runtime
-    runtime.close()
-
-
-class Statements:
-    """SQL statements run by an engine, counted as they start."""
-
-    def __init__(self, engine: sa.Engine) -> None:
-        self.count = 0
-        self._engine = engine
-        sa.event.listen(engine, "before_cursor_execute", self._seen)
-
-    def _seen(self, *_: Any) -> None:
-        self.count += 1
-
-    def quiet(self) -> None:
-        """Until no statement has run for half a second (reads under way finish)."""
-        deadline = time.monotonic() + 20
-        while True:
-            before = self.count
-            time.sleep(0.5)
-            if self.count == before:
-                return
-            assert time.monotonic() < deadline, "SQL never went quiet"
-
-    def close(self) -> None:
-        sa.event.remove(self._engine, "before_cursor_execute", self._seen)
-
-
-@pytest.fixture
-def statements(client: ApiClient) -> Iterator[Statements]:
-    counter = Statements(rt(client).engine)
-    yield counter
-    counter.close()
 
 
 class Background:

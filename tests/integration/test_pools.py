@@ -10,7 +10,6 @@ real workers of two pools.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 import redis
@@ -30,6 +29,7 @@ from jobs.process.settings import load_settings
 from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
+from tests.integration.test_dispatcher import RecordingPublisher
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +38,6 @@ T0 = 1_800_000_000.0
 
 class GpuHandler(RecordingHandler):
     kind = "gpu.job"
-
-
-@dataclass
-class RecordingPublisher:
-    sent: list[tuple[str, int, str]] = field(default_factory=list)
-
-    def publish(
-        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
-    ) -> None:
-        self.sent.append((job_id, attempt, tier))
 
 
 @pytest.fixture
