@@ -7,7 +7,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, TIMEOUT, TimeoutS, rfc3339
-from jobs.service.batches import MAX_BATCH_ITEMS, BatchProgress
+from jobs.service.batch_items import MAX_BATCH_ITEMS
+from jobs.service.batches import BatchProgress
 from jobs.store.batches import Batch
 
 BATCH_ID = "the batch's id (a UUID)"

@@ -17,10 +17,9 @@ import httpx
 from tenacity import AsyncRetrying
 
 from jobs.client.core import ClientCore, RetryNotice
+from jobs.client.events import Event, EventParser
 from jobs.client.protocol import (
     Call,
-    Event,
-    EventParser,
     LongPoll,
     RetryPolicy,
     batch_call,

@@ -26,11 +26,11 @@ from tenacity import Retrying, retry_if_exception
 
 from jobs.client.aio import AsyncClient
 from jobs.client.core import ClientCore, RetryNotice
+from jobs.client.events import Event, parse_events
 from jobs.client.protocol import (
     TERMINAL_STATUSES,
     ApiError,
     Call,
-    Event,
     LongPoll,
     NotFound,
     Refused,
@@ -50,7 +50,6 @@ from jobs.client.protocol import (
     list_batches_call,
     list_call,
     new_idempotency_key,
-    parse_events,
     parse_response,
     parse_value,
     queues_call,

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from jobs.client.protocol import Event, parse_events
+from jobs.client.events import Event, parse_events
 from jobs.core.progress import Report
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.client.protocol import Event, parse_events
+from jobs.client.events import Event, parse_events
 from jobs.core.progress import MAX_MESSAGE, Report
 
 

@@ -50,6 +50,7 @@ from jobs.core.errors import InvalidRequest, TenantLimitExceeded
 from jobs.core.policy import MAX_TIMEOUT_S
 from jobs.process.runtime import Runtime
 from jobs.service import batches
+from jobs.service.batch_items import MAX_BATCH_ITEMS, ValidatedItems
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"],
                    dependencies=[Depends(refuse_unknown_query)])
@@ -133,7 +134,7 @@ async def submit_batch(
                                  completion_window_s=completion_window_s)
         with _uploads(request).slot(tenant, api.max_concurrent_uploads_per_tenant):
             await run_in_threadpool(batches.check_submittable, runtime, tenant, spec)
-            items = batches.ValidatedItems(validator, kind, envelope=spec.envelope)
+            items = ValidatedItems(validator, kind, envelope=spec.envelope)
             await _within(api.batch_body_timeout_s, _read_ndjson(request, items))
             submitted = await run_in_threadpool(batches.store, runtime, tenant, spec, items)
     else:
@@ -214,7 +215,7 @@ def _left() -> InvalidRequest:
                           "nothing was stored")
 
 
-async def _read_ndjson(request: Request, items: batches.ValidatedItems) -> None:
+async def _read_ndjson(request: Request, items: ValidatedItems) -> None:
     """Add the body's lines to ``items`` as they arrive: each chunk's whole lines are parsed
     and validated in the threadpool (no loop time spent on them), the bytes awaited here."""
     lines = _Lines()
@@ -247,7 +248,7 @@ class _Lines:
         return b"".join(self._parts)
 
 
-def _add_lines(items: batches.ValidatedItems, lines: list[bytes]) -> None:
+def _add_lines(items: ValidatedItems, lines: list[bytes]) -> None:
     for line in lines:
         if line.strip():
             items.add(_parse_line(line, len(items)))
@@ -325,7 +326,7 @@ def batch_results(
     batch_id: BatchIdPath,
     tenant: TenantDep,
     runtime: RuntimeDep,
-    after: Annotated[int, Query(ge=-1, le=batches.MAX_BATCH_ITEMS,
+    after: Annotated[int, Query(ge=-1, le=MAX_BATCH_ITEMS,
                                 description="only items past this index")] = -1,
     status: Annotated[Literal["failed"] | None, Query(
         description="failed: only the items that did not succeed (failed, cancelled, "
