@@ -12,6 +12,14 @@ wall clock (an NTP step, a skewed host). One caller at a time measures; the othe
 last offset meanwhile and never wait on Redis (an outage must not stall every thread that
 asks the time). Until Redis has answered once it falls back to the host's clock, the only
 one there is.
+
+A reading is only as good as its round trip: the server read its clock somewhere within it,
+so the offset is known to half the round trip. A reading taken while the host is loaded (a
+30 ms round trip) would put every timestamp 15 ms off until the next one, so, as NTP's clock
+filter does, a reading replaces the offset in use only when it is at least as certain (the
+older one's uncertainty grows with its age, ``DRIFT`` a second) or when the two cannot both
+be right: the server's clock moved (a failover to another host), and the new one is the
+truth.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ import redis
 RESYNC_S = 10.0
 # After a failed read, wait this long before trying again (Redis down: do not hammer it).
 RETRY_S = 1.0
+# How fast an offset grows uncertain, in seconds a second: a monotonic clock's drift against
+# the server's, with room to spare (quartz drifts by tens of parts per million).
+DRIFT = 1e-4
 
 
 class ServerClock:
@@ -44,6 +55,8 @@ class ServerClock:
         self._monotonic = monotonic
         self._fallback = fallback
         self._offset: float | None = None
+        self._uncertainty = float("inf")  # half the round trip of the reading in use
+        self._measured_at = -float("inf")  # monotonic time of that reading
         self._next_sync = -float("inf")
         self._lock = threading.Lock()
 
@@ -74,7 +87,14 @@ class ServerClock:
                 return
             after = self._monotonic()
             # The server read its clock somewhere in [before, after]: take the middle.
-            self._offset = server - (before + after) / 2
+            self._adopt(server - (before + after) / 2, (after - before) / 2, after)
             self._next_sync = after + self._resync_s
         finally:
             self._lock.release()
+
+    def _adopt(self, offset: float, uncertainty: float, now: float) -> None:
+        held = self._uncertainty + DRIFT * (now - self._measured_at)
+        disagree = (self._offset is not None
+                    and abs(offset - self._offset) > uncertainty + held)
+        if uncertainty <= held or disagree:
+            self._offset, self._uncertainty, self._measured_at = offset, uncertainty, now

@@ -90,3 +90,65 @@ def test_while_one_caller_measures_the_others_do_not_wait() -> None:
     release.set()
     measuring.join(5)
     assert clock() == c.server
+
+
+class RoundTrips(Clocks):
+    """Each read takes ``rtt`` seconds; the server reads its clock ``read_at`` into it (the
+    middle is what the clock assumes: anything else is an error of up to half the trip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rtt = 0.0
+        self.read_at = 0.0
+
+    def read_server(self) -> float:
+        self.reads += 1
+        self.advance(self.read_at)
+        seen = self.server
+        self.advance(self.rtt - self.read_at)
+        return seen
+
+
+def test_a_slow_reading_does_not_replace_a_sharper_one() -> None:
+    c = RoundTrips()
+    clock = ServerClock(c.read_server, resync_s=1, monotonic=c.monotonic, fallback=lambda: 0.0)
+    c.rtt, c.read_at = 0.001, 0.0005
+    assert abs(clock() - c.server) < 1e-9
+    # A loaded host: a 40 ms round trip, the server answering at its very start (20 ms off
+    # by the middle rule). The sharp offset stays.
+    c.advance(1.5)
+    c.rtt, c.read_at = 0.040, 0.0
+    assert abs(clock() - c.server) < 1e-9 and c.reads == 2
+
+
+def test_a_sharp_reading_replaces_a_slow_one() -> None:
+    c = RoundTrips()
+    clock = ServerClock(c.read_server, resync_s=1, monotonic=c.monotonic, fallback=lambda: 0.0)
+    c.rtt, c.read_at = 0.040, 0.0
+    assert abs(clock() - c.server + 0.020) < 1e-6  # the first reading is all there is
+    c.advance(1.5)
+    c.rtt, c.read_at = 0.001, 0.0005
+    assert abs(clock() - c.server) < 1e-9
+
+
+def test_a_reading_that_cannot_agree_with_the_held_one_wins() -> None:
+    # The server's clock moved (Redis failed over to a host a second ahead): the sharper
+    # old offset is wrong, and the new one, however slow its trip, is taken.
+    c = RoundTrips()
+    clock = ServerClock(c.read_server, resync_s=1, monotonic=c.monotonic, fallback=lambda: 0.0)
+    c.rtt, c.read_at = 0.001, 0.0005
+    clock()
+    c.advance(1.5)
+    c.server += 1.0
+    c.rtt, c.read_at = 0.040, 0.020
+    assert abs(clock() - c.server) < 1e-9
+
+
+def test_an_old_sharp_reading_gives_way_as_its_drift_grows() -> None:
+    c = RoundTrips()
+    clock = ServerClock(c.read_server, resync_s=10, monotonic=c.monotonic, fallback=lambda: 0.0)
+    c.rtt, c.read_at = 0.001, 0.0005
+    clock()
+    c.advance(3600)  # an hour later, the held reading is ±0.36 s by the drift allowed
+    c.rtt, c.read_at = 0.010, 0.004  # a 10 ms trip, answered 1 ms before its middle
+    assert abs(clock() - (c.server - 0.001)) < 1e-6  # taken: ±5 ms beats ±0.36 s
