@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from jobs.admission import limits
 from jobs.admission.estimates import Progress, progress
+from jobs.admission.webhooks import checked_webhook
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.errors import (
     DuplicateJob,
@@ -31,6 +32,7 @@ from jobs.core.errors import (
     Unavailable,
 )
 from jobs.core.ids import new_job_id
+from jobs.core.webhooks import JOB_EVENTS, Webhook
 from jobs.index import wake
 from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE, is_backend_outage
 from jobs.process.runtime import Runtime
@@ -82,6 +84,7 @@ class Submission:
     blob: str | None = None  # the stored document the job reads (``jobs.blobs.records``)
     timeout_s: float | None = None  # None: the kind's, else the policy's
     retry_of: str | None = None  # the ended job this one retries (``POST .../retry``)
+    webhook: Webhook | None = None  # as the client named it: checked by ``submit``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +108,8 @@ def submit(
         existing = _by_idempotency_key(runtime, tenant.id, submission.idempotency_key)
         if existing is not None:
             return _resubmitted(runtime, tenant, existing, submission.kind, payload)
+    webhook = None if submission.webhook is None else checked_webhook(
+        runtime, submission.webhook.url, submission.webhook.events, known=JOB_EVENTS)
     now = runtime.clock()
     new = NewJob(
         id=new_job_id(now),
@@ -121,6 +126,8 @@ def submit(
         blob=submission.blob,
         timeout_s=timeout_of(runtime, validator, submission.kind, submission.timeout_s),
         retry_of=submission.retry_of,
+        webhook_url=None if webhook is None else webhook.url,
+        webhook_events=None if webhook is None else webhook.column,
     )
     place = limits.admit(runtime, tenant, new)
     job = _persist(runtime, new)

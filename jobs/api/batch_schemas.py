@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, TIMEOUT, TimeoutS, rfc3339
+from jobs.api.webhook_schemas import WebhookRequest
 from jobs.service.batch_items import MAX_BATCH_ITEMS
 from jobs.service.batches import BatchProgress
 from jobs.store.batches import Batch
@@ -42,6 +43,10 @@ class BatchRequest(BaseModel):
     timeout_s: TimeoutS | None = Field(default=None, description=f"each item: {TIMEOUT}")
     envelope: bool = Field(default=False, description=ENVELOPE)
     completion_window_s: WindowS | None = Field(default=None, description=WINDOW)
+    webhook: WebhookRequest | None = Field(
+        default=None, description="POST batch.completed there when every item has ended, "
+        "and batch.item.completed as each one does if its events name item.completed "
+        "(docs/api.md, Webhooks)")
 
 
 class BatchLinks(BaseModel):

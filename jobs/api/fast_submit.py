@@ -93,6 +93,7 @@ class FastSubmit:
         return principal.tenant, submit.Submission(
             kind=parsed.kind, payload=parsed.payload, max_wait_s=parsed.max_wait_s,
             max_attempts=parsed.max_attempts, timeout_s=parsed.timeout_s,
+            webhook=None if parsed.webhook is None else parsed.webhook.webhook(),
         )
 
 

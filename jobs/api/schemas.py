@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.admission.estimates import Progress
+from jobs.api.webhook_schemas import WebhookRequest
 from jobs.core.error_types import ErrorType
 from jobs.core.policy import (
     MAX_TENANT_BURST,
@@ -25,6 +26,7 @@ from jobs.core.policy import (
 )
 from jobs.core.progress import Report
 from jobs.core.states import Status
+from jobs.core.webhooks import events_of
 from jobs.service.tenants import NAME_PATTERN
 
 MAX_WAIT_LIMIT_S = 30 * 24 * 3600.0
@@ -144,6 +146,8 @@ class SubmitRequest(_Request):
         default=None, examples=[3],
         description="starts allowed before the job fails (default: the policy's)")
     timeout_s: TimeoutS | None = Field(default=None, examples=[600], description=TIMEOUT)
+    webhook: WebhookRequest | None = Field(
+        default=None, description="POST each event of the job there (docs/api.md, Webhooks)")
 
 
 class JobLinks(BaseModel):
@@ -238,6 +242,11 @@ class JobResponse(BaseModel):
                                  "(POST /v1/jobs/<id>/retry); null otherwise")
     custom_id: str | None = Field(default=None, description="a batch item's id of the "
                                   "client's own (an envelope's custom_id); null otherwise")
+    batch_id: str | None = Field(default=None, description="the batch it is an item of; null "
+                                 "for a job of its own")
+    webhook: WebhookRequest | None = Field(
+        default=None, description="where its events are posted, and which (a batch item's are "
+        "its batch's: null here)")
 
     @classmethod
     def of(cls, progress: Progress) -> JobResponse:
@@ -265,6 +274,9 @@ class JobResponse(BaseModel):
             progress=ProgressView.of(progress.report),
             retry_of=job.retry_of,
             custom_id=job.custom_id,
+            batch_id=job.batch_id,
+            webhook=None if job.webhook_url is None or job.batch_id is not None
+            else WebhookRequest(url=job.webhook_url, events=list(events_of(job.webhook_events))),
         )
 
 

@@ -243,16 +243,19 @@ def repair(
 def serve(settings: Settings) -> None:
     """Run the dispatcher until SIGTERM or SIGINT; a leader resigns on the way out, so a
     standby takes over without waiting out the lock's TTL."""
+    import functools
     import signal
     import threading
 
     import redis
 
+    from jobs.api.webhook_bodies import render
     from jobs.dispatch.dispatcher import Dispatcher
     from jobs.dispatch.leadership import Leadership
     from jobs.dispatch.loop import run_forever
     from jobs.dispatch.pools import PoolDispatchers
     from jobs.process.runtime import Runtime
+    from jobs.service.deliverer import Deliverer
     from workers.publisher import CeleryPublisher  # the publishing adapter: Celery stays there
 
     runtime = Runtime.from_settings(settings.model_copy(update={"pool": DEFAULT_POOL}),
@@ -266,10 +269,17 @@ def serve(settings: Settings) -> None:
         signal.signal(sig, lambda *_: stop.set())
     logger = logging.getLogger("tierq.dispatcher")
     logger.info("dispatcher.started", extra={"owner": leadership.owner})
+    # Every dispatcher, leader or standby, delivers webhooks: events are claimed in SQL.
+    deliverer = threading.Thread(
+        target=Deliverer(runtime, functools.partial(render, runtime)).run, args=(stop,),
+        name="webhooks", daemon=True)
+    deliverer.start()
     try:
         run_forever(dispatchers[0] if len(dispatchers) == 1 else PoolDispatchers(dispatchers),
                     stop, leadership)
     finally:
+        stop.set()
+        deliverer.join(timeout=5)
         try:
             leadership.resign(runtime.clock())
         except redis.RedisError:

@@ -48,6 +48,9 @@ class NewJob:
     # The longest one attempt may run (the job's, else its kind's, else the policy's).
     timeout_s: float | None = None
     retry_of: str | None = None  # the job ``POST /v1/jobs/<id>/retry`` made this one from
+    # Its webhook: the URL and the events as stored (``jobs.core.webhooks.events_column``).
+    webhook_url: str | None = None
+    webhook_events: str | None = None
     id: str = field(default_factory=new_job_id)
 
     @property
@@ -104,6 +107,9 @@ class Job:
     # A batch item's id of the client's own; the job a retry made this one from.
     custom_id: str | None = None
     retry_of: str | None = None
+    # Its webhook (``jobs.core.webhooks``); a batch item carries its batch's.
+    webhook_url: str | None = None
+    webhook_events: str | None = None
 
     @property
     def terminal(self) -> bool:

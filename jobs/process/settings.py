@@ -163,6 +163,12 @@ class Settings(BaseSettings):
     worker_setup: Literal["eager", "lazy"] = "eager"
     # Every Redis key tierq writes starts with this; one hash tag keeps them in one slot.
     key_prefix: str = "{tierq}:"
+    # Webhooks to loopback, link-local and private addresses (refused by default: a tenant
+    # must not make tierq call inside its network); deliveries made at once per process,
+    # and per tenant within them (one slow receiver holds up no other tenant).
+    webhook_allow_private: bool = False
+    webhook_concurrency: Annotated[int, Field(ge=1, le=256)] = 16
+    webhook_tenant_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
     config: Path | None = None
 
     policy: PolicySettings = PolicySettings()

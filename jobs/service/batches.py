@@ -23,6 +23,7 @@ from typing import Any
 
 from jobs.admission import submit as submission
 from jobs.admission.submit import PayloadValidator
+from jobs.admission.webhooks import checked_webhook
 from jobs.core.domain import Job, Tenant
 from jobs.core.errors import (
     Forbidden,
@@ -33,6 +34,7 @@ from jobs.core.errors import (
 )
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
+from jobs.core.webhooks import BATCH_EVENTS, Webhook
 from jobs.index import notify, wake
 from jobs.process import outage
 from jobs.process.runtime import Runtime
@@ -64,6 +66,7 @@ class BatchSpec:
     envelope: bool = False
     # Items not started this long after the batch is stored end expired.
     completion_window_s: float | None = None
+    webhook: Webhook | None = None  # as the client named it: checked by ``store``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +130,8 @@ def store(
         if existing is not None:
             return _resubmitted(existing, spec, content_hash)
     _check_open_batches(runtime, tenant)
+    webhook = None if spec.webhook is None else checked_webhook(
+        runtime, spec.webhook.url, spec.webhook.events, known=BATCH_EVENTS)
     now = runtime.clock()
     batch = Batch(
         id=new_job_id(now), tenant_id=tenant.id, tier=tenant.tier, kind=spec.kind,
@@ -134,6 +139,8 @@ def store(
         idempotency_key=spec.idempotency_key, content_hash=content_hash, cancelled=False,
         created_at=now, timeout_s=items.timeout_s(runtime, spec.timeout_s),
         completion_window_s=spec.completion_window_s,
+        webhook_url=None if webhook is None else webhook.url,
+        webhook_events=None if webhook is None else webhook.column,
     )
     try:
         with runtime.sessions.begin() as session:

@@ -20,6 +20,8 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job
 from jobs.core.pools import KindScope
 from jobs.core.states import TERMINAL, Status
+from jobs.core.webhooks import Webhook, events_of
+from jobs.store import webhooks
 from jobs.store.models import BatchRow, JobRow
 from jobs.store.rows import job_from_row
 from jobs.store.scope import EVERY_KIND, scoped
@@ -47,6 +49,17 @@ class Batch:
     completion_window_s: float | None = None
     cancelled: bool
     created_at: float
+    # Its webhook: the URL and its events as stored (``jobs.core.webhooks.events_column``).
+    webhook_url: str | None = None
+    webhook_events: str | None = None
+
+    @property
+    def item_webhook(self) -> tuple[str | None, str | None]:
+        """The webhook columns of its items: its URL and what they report for it."""
+        if self.webhook_url is None:
+            return None, None
+        marks = Webhook.of_batch(self.webhook_url, events_of(self.webhook_events))
+        return (self.webhook_url, marks.column) if marks.events else (None, None)
 
     @property
     def start_by(self) -> float | None:
@@ -62,6 +75,8 @@ class Batch:
             content_hash=row.content_hash, cancelled=row.cancelled,
             created_at=row.created_at.timestamp(), timeout_s=getattr(row, "timeout_s", None),
             completion_window_s=getattr(row, "completion_window_s", None),
+            webhook_url=getattr(row, "webhook_url", None),
+            webhook_events=getattr(row, "webhook_events", None),
         )
 
 
@@ -85,6 +100,8 @@ def insert_batch(session: Session, batch: Batch) -> bool:
                 idempotency_key=batch.idempotency_key, content_hash=batch.content_hash,
                 cancelled=False, created_at=_dt(batch.created_at), timeout_s=batch.timeout_s,
                 completion_window_s=batch.completion_window_s,
+                webhook_url=batch.webhook_url, webhook_events=batch.webhook_events,
+                open_items=batch.total,
             ))
     except IntegrityError:
         return False
@@ -103,6 +120,7 @@ def item_values(
 ) -> dict[str, Any]:
     at = _dt(now)
     start_by = batch.start_by
+    webhook_url, webhook_events = batch.item_webhook
     return {
         "id": job_id, "tenant_id": batch.tenant_id, "tier": batch.tier, "kind": batch.kind,
         "payload": payload, "status": Status.WAITING.value, "attempt": 1,
@@ -112,7 +130,8 @@ def item_values(
         "dispatched_at": None, "started_at": None, "finished_at": None, "result": None,
         "error": None, "idempotency_key": None, "cancel_requested": False, "starts": 0,
         "updated_at": at, "batch_id": batch.id, "batch_index": index,
-        "timeout_s": batch.timeout_s,
+        "timeout_s": batch.timeout_s, "webhook_url": webhook_url,
+        "webhook_events": webhook_events,
     }
 
 
@@ -269,6 +288,7 @@ def prune_emptied(session: Session, *, tier: str, before: float, limit: int) -> 
     ids = list(session.scalars(due))
     if not ids:
         return 0
+    webhooks.forget(session, batch_ids=ids)
     session.execute(sa.delete(BATCHES).where(BATCHES.c.id.in_(ids))
                     .execution_options(synchronize_session=False))
     return len(ids)

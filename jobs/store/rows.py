@@ -110,6 +110,8 @@ def job_from_row(row: JobRow) -> Job:
         progress=getattr(row, "progress", None),
         custom_id=getattr(row, "custom_id", None),
         retry_of=getattr(row, "retry_of", None),
+        webhook_url=getattr(row, "webhook_url", None),
+        webhook_events=getattr(row, "webhook_events", None),
     )
 
 

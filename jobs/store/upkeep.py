@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from jobs.core.pools import DEFAULT_POOL
 from jobs.core.states import TERMINAL, Status
+from jobs.store import webhooks
 from jobs.store.engine import bound_leader_transaction
 from jobs.store.models import (
     IndexStateRow,
@@ -135,6 +136,7 @@ def prune_finished(session: Session, *, tier: str, before: float, limit: int,
     rows = session.execute(stmt.execution_options(synchronize_session=False)).all()
     if not rows:
         return Pruned(tier=tier, pruned=0, abandoned=0)
+    webhooks.forget(session, job_ids=[row.id for row in rows])  # their deliveries go too
     at = dt(now)
     session.execute(sa.insert(TOMBSTONES), [
         {"id": row.id, "tenant_id": row.tenant_id, "tier": tier, "pruned_at": at}

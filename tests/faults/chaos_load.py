@@ -34,6 +34,8 @@ DEADLINE_SHARE = 0.25
 NUL_SHARE = 0.03
 # Submissions of the second pool's kind (``tracked.gpu``, its own workers and caps).
 GPU_SHARE = 0.25
+# Of the jobs, those with a webhook (``job.completed``) to the soak's receiver.
+WEBHOOK_SHARE = 0.3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +66,7 @@ class ChaosLoad:
     url: str
     tenants: list[TenantLoad]
     seed: int
+    webhook_url: str | None = None  # where a share of the jobs ask their end to be posted
     submissions: list[Submission] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)  # one line per cancel, with its answer
     anomalies: list[str] = field(default_factory=list)  # answers the API must never give
@@ -113,7 +116,7 @@ class ChaosLoad:
                     if self._stop.is_set():
                         break
                     n += 1
-                    submission = self._submission(tenant, n, rng)
+                    submission = self._submission(tenant, n, rng, self.webhook_url)
                     with self._lock:
                         self.submissions.append(submission)
                     self._submit(client, submission)
@@ -121,7 +124,8 @@ class ChaosLoad:
                         self._cancel_later(submission.job_id, tenant.api_key, rng)
 
     @staticmethod
-    def _submission(tenant: TenantLoad, n: int, rng: random.Random) -> Submission:
+    def _submission(tenant: TenantLoad, n: int, rng: random.Random,
+                    webhook_url: str | None) -> Submission:
         body: dict[str, Any] = {
             "kind": "tracked",
             "payload": {"seconds": round(rng.uniform(0, 1.5), 3), "n": n},
@@ -137,6 +141,8 @@ class ChaosLoad:
             body["kind"] = "tracked.gpu"
         if rng.random() < DEADLINE_SHARE:
             body["max_wait_s"] = round(rng.uniform(2, 15), 1)
+        if webhook_url is not None and rng.random() < WEBHOOK_SHARE:
+            body["webhook"] = {"url": webhook_url}
         return Submission(key=body["idempotency_key"], tenant=tenant.name, body=body)
 
     def _submit(self, client: httpx.Client, submission: Submission) -> None:

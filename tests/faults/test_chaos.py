@@ -38,7 +38,7 @@ import sqlalchemy as sa
 from jobs.core.domain import Job
 from jobs.core.policy import Tier, tenant_cap
 from jobs.store.models import JobRow, TenantRow
-from tests.e2e.harness import System, wait_until
+from tests.e2e.harness import System, free_port, wait_until
 from tests.faults.chaos_faults import WORKER_SLOTS, FaultDriver, Fleet, Timeline
 from tests.faults.chaos_load import ChaosLoad, Submission, TenantLoad
 from tests.faults.checks import check_invariants
@@ -47,6 +47,7 @@ from tests.faults.handlers import TrackedGpuHandler, read_runs
 from tests.faults.load import probe_ready
 from tests.faults.report import Violation
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+from tests.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.faults, pytest.mark.chaos, pytest.mark.alone, pytest.mark.timeout(420)]
 
@@ -118,9 +119,11 @@ def test_chaos_soak(
     timeline = Timeline()
     system = fault_system(CONFIG)
     system.env.update(TIERQ_POLICY__POOL_CONCURRENCY=str(POOL), TIERQ_POLICY__LEADER_TTL_S="2",
-                      TIERQ_POLICY__TIMEOUT_GRACE_S="1")
+                      TIERQ_POLICY__TIMEOUT_GRACE_S="1", TIERQ_WEBHOOK_ALLOW_PRIVATE="true")
     fleet = Fleet(system=system, timeline=timeline)
-    load = ChaosLoad(url=system.url, tenants=start_fleet(fleet), seed=seed)
+    receiver = Receiver(free_port(), lambda got, tries: 204)
+    load = ChaosLoad(url=system.url, tenants=start_fleet(fleet), seed=seed,
+                     webhook_url=receiver.url)
     driver = FaultDriver(fleet=fleet, redis_server=fault_redis, pg=fault_pg,
                          rng=random.Random(seed), only=chosen_faults())
     driver.faults()  # an unknown name in TIERQ_CHAOS_FAULTS fails here, before any load
@@ -137,7 +140,12 @@ def test_chaos_soak(
         found += hung_jobs_timed_out(system.env["TIERQ_DATABASE_URL"], driver.hung_jobs)
     except BaseException:
         sys.stderr.write(f"[chaos] seed {seed}\n{timeline.render()}\n")
+        receiver.close()
         raise
+    try:
+        found += events_delivered(system.env["TIERQ_DATABASE_URL"], load.submissions, receiver)
+    finally:
+        receiver.close()
     jobs = check_invariants(
         system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps=TIER_CAPS,
         pool_caps={"gpu": GPU_CAPS}, kind_pools={TrackedGpuHandler.kind: "gpu"}, run_log=run_log,
@@ -184,6 +192,37 @@ def client_violations(
     found += submitted_once(system.env["TIERQ_DATABASE_URL"], load.submissions, driven)
     found += skew_in_effect(fleet, run_log)
     return found
+
+
+def events_delivered(database_url: str, submissions: list[Submission],
+                     receiver: Receiver) -> list[Violation]:
+    """Each job that asked for its end to be posted and ended was posted ``job.completed``
+    (at least once: a delivery whose record was lost is made again, under the same id), once
+    every job has ended (waited for as long as the jobs are, plus a claim's lapse)."""
+    asked = {s.job_id for s in submissions if s.job_id is not None and "webhook" in s.body}
+    engine = sa.create_engine(database_url, poolclass=sa.NullPool)
+    deadline = time.monotonic() + SETTLE_S + 60
+    try:
+        while True:
+            with engine.connect() as conn:
+                ended = {row.id for row in conn.execute(
+                    sa.select(JobRow.id).where(JobRow.id.in_(asked),
+                                               JobRow.finished_at.is_not(None)))}
+            posted = {r.event["data"]["id"]: r.id for r in receiver.of_type("job.completed")}
+            missing = ended - set(posted)
+            if (not missing and len(ended) == len(asked)) or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+    finally:
+        engine.dispose()
+    pairs = {(r.event["data"]["id"], r.id) for r in receiver.of_type("job.completed")}
+    twice = {job_id for job_id, n in Counter(job_id for job_id, _ in pairs).items() if n > 1}
+    return ([Violation(invariant="a finished job's webhook event is delivered",
+                       detail=f"{job_id}: ended, no job.completed posted", job_ids=(job_id,))
+             for job_id in sorted(missing)]
+            + [Violation(invariant="one event per ending",
+                         detail=f"{job_id}: job.completed posted under several webhook-ids",
+                         job_ids=(job_id,)) for job_id in sorted(twice)])
 
 
 def hung_jobs_timed_out(database_url: str, job_ids: list[str]) -> list[Violation]:

@@ -48,6 +48,7 @@ from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, TIMEOUT, ErrorResponse
 from jobs.core.domain import Tenant
 from jobs.core.errors import InvalidRequest, TenantLimitExceeded
 from jobs.core.policy import MAX_TIMEOUT_S
+from jobs.core.webhooks import MAX_URL_LENGTH, Webhook
 from jobs.process.runtime import Runtime
 from jobs.service import batches
 from jobs.service.batch_items import MAX_BATCH_ITEMS, ValidatedItems
@@ -121,6 +122,12 @@ async def submit_batch(
     completion_window_s: Annotated[float | None, Query(
         gt=0, le=MAX_WINDOW_S, allow_inf_nan=False,
         description=f"NDJSON bodies: {WINDOW}")] = None,
+    webhook_url: Annotated[str | None, Query(
+        min_length=1, max_length=MAX_URL_LENGTH,
+        description="NDJSON bodies: the batch's webhook (docs/api.md, Webhooks)")] = None,
+    webhook_events: Annotated[str | None, Query(
+        max_length=100, description="NDJSON bodies: its events, comma-separated: completed, "
+        "item.completed (default: completed)")] = None,
 ) -> BatchSubmitResponse:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     api = runtime.settings.api
@@ -131,7 +138,8 @@ async def submit_batch(
         spec = batches.BatchSpec(kind=kind, idempotency_key=idempotency_key,
                                  max_attempts=max_attempts, timeout_s=timeout_s,
                                  envelope=bool(envelope),
-                                 completion_window_s=completion_window_s)
+                                 completion_window_s=completion_window_s,
+                                 webhook=_query_webhook(webhook_url, webhook_events))
         with _uploads(request).slot(tenant, api.max_concurrent_uploads_per_tenant):
             await run_in_threadpool(batches.check_submittable, runtime, tenant, spec)
             items = ValidatedItems(validator, kind, envelope=spec.envelope)
@@ -140,10 +148,11 @@ async def submit_batch(
     else:
         if (kind is not None or idempotency_key is not None or max_attempts is not None
                 or timeout_s is not None or envelope is not None
-                or completion_window_s is not None):
+                or completion_window_s is not None or webhook_url is not None
+                or webhook_events is not None):
             raise InvalidRequest("a JSON batch carries kind, idempotency_key, max_attempts, "
-                                 "timeout_s, envelope and completion_window_s in its body, "
-                                 "not the query")
+                                 "timeout_s, envelope, completion_window_s and webhook in "
+                                 "its body, not the query")
         if content_type not in ("application/json", ""):
             raise InvalidRequest(f"send the batch as application/json or {NDJSON}, "
                                  f"not {content_type!r}")
@@ -260,8 +269,19 @@ def _submit_json(runtime: Runtime, validator: PayloadValidator, tenant: Tenant, 
     spec = batches.BatchSpec(kind=body.kind, idempotency_key=body.idempotency_key,
                              max_attempts=body.max_attempts, timeout_s=body.timeout_s,
                              envelope=body.envelope,
-                             completion_window_s=body.completion_window_s)
+                             completion_window_s=body.completion_window_s,
+                             webhook=None if body.webhook is None else body.webhook.webhook())
     return batches.submit(runtime, validator, tenant, spec, body.items)
+
+
+def _query_webhook(url: str | None, events: str | None) -> Webhook | None:
+    if url is None:
+        if events is not None:
+            raise InvalidRequest("webhook_events names the events of a webhook_url",
+                                 details=[{"loc": ["query", "webhook_url"], "msg": "required"}])
+        return None
+    named = tuple(part.strip() for part in (events or "").split(",") if part.strip())
+    return Webhook(url=url, events=named)
 
 
 def _json_batch(raw: bytes) -> BatchRequest:

@@ -21,8 +21,9 @@ from jobs.api.schemas import MAX_WAIT_LIMIT_S, TIMEOUT, SubmitResponse
 from jobs.blobs.records import store_blob
 from jobs.blobs.store import digest
 from jobs.core import content_type
-from jobs.core.errors import PayloadTooLarge, UnsupportedMediaType
+from jobs.core.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from jobs.core.policy import MAX_TIMEOUT_S
+from jobs.core.webhooks import MAX_URL_LENGTH, Webhook
 from jobs.process.runtime import Runtime
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"],
@@ -47,6 +48,13 @@ class DocumentForm(BaseModel):
         description="expire the job if it has not started within this many seconds")
     timeout_s: float | None = Field(
         default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description=TIMEOUT)
+    webhook_url: str | None = Field(
+        default=None, min_length=1, max_length=MAX_URL_LENGTH,
+        description="POST the job's events there (docs/api.md, Webhooks)")
+    webhook_events: str | None = Field(
+        default=None, max_length=100,
+        description="the webhook's events, comma-separated: started, completed (default: "
+                    "completed)")
 
 
 class DocumentInfo(BaseModel):
@@ -100,7 +108,7 @@ def upload_document(
     submitted = submit.submit(
         runtime, validator, tenant,
         submit.Submission(kind=form.kind, payload=payload, max_wait_s=form.max_wait_s,
-                          blob=sha256, timeout_s=form.timeout_s),
+                          blob=sha256, timeout_s=form.timeout_s, webhook=_webhook(form)),
     )
     job_id = submitted.progress.job.id
     response.headers["Location"] = f"/v1/jobs/{job_id}"
@@ -118,3 +126,14 @@ def _read_limited(file: UploadFile, runtime: Runtime) -> bytes:
         raise PayloadTooLarge(f"the document is over the limit of {limit} bytes",
                               limit_bytes=limit)
     return data
+
+
+def _webhook(form: DocumentForm) -> Webhook | None:
+    if form.webhook_url is None:
+        if form.webhook_events is not None:
+            raise InvalidRequest("webhook_events names the events of a webhook_url",
+                                 details=[{"loc": ["body", "webhook_url"], "msg": "required"}])
+        return None
+    events = tuple(part.strip() for part in (form.webhook_events or "").split(",")
+                   if part.strip())
+    return Webhook(url=form.webhook_url, events=events)

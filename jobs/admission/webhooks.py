@@ -1,0 +1,62 @@
+"""A webhook as a submission names it, checked before anything is stored.
+
+The URL's text is checked here (``jobs.core.webhooks.url_problem``) and so is where it
+points: a literal address, or every address its name resolves to now, must not be inside a
+network (loopback, link-local, private) unless the operator allows it. A name that does not
+resolve is accepted (the receiver may not be up yet): the deliverer checks the addresses
+again at each try, so a name that later points inside is not called either.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from jobs.core.errors import InvalidRequest
+from jobs.core.webhooks import Webhook, forbidden, literal_address, url_problem
+from jobs.process.runtime import Runtime
+
+PRIVATE = ("points to a loopback, link-local or private address, which tierq does not call "
+           "unless the operator allows it (webhook_allow_private)")
+
+
+def checked_webhook(
+    runtime: Runtime, url: str, events: Sequence[str], *, known: Sequence[str],
+    loc: tuple[str | int, ...] = ("webhook",),
+) -> Webhook:
+    """The subscription, or ``InvalidRequest`` naming the field and why."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise _bad((*loc, "url"), f"must be {problem}")
+    unknown = [event for event in events if event not in known]
+    if unknown:
+        raise _bad((*loc, "events"), f"unknown event {unknown[0]!r}: one of {list(known)}")
+    if not runtime.settings.webhook_allow_private and points_inside(url):
+        raise _bad((*loc, "url"), PRIVATE)
+    return Webhook(url=url, events=tuple(dict.fromkeys(events or known[:1])))
+
+
+def points_inside(url: str) -> bool:
+    """The URL's host is, or resolves to, an address tierq must not call."""
+    host = urlsplit(url).hostname or ""
+    address = literal_address(host)
+    if address is not None:
+        return forbidden(address)
+    return any(forbidden(found) for found in resolved(host))
+
+
+def resolved(host: str) -> list[Any]:
+    """Every address ``host`` resolves to now (none when it does not)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return []
+    return [a for a in (literal_address(str(info[4][0]).split("%")[0]) for info in infos)
+            if a is not None]
+
+
+def _bad(loc: tuple[str | int, ...], msg: str) -> InvalidRequest:
+    return InvalidRequest(f"{'.'.join(str(part) for part in loc)}: {msg}",
+                          details=[{"loc": list(loc), "msg": msg}])

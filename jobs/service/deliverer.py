@@ -1,0 +1,200 @@
+"""The deliverer: posts each recorded webhook event, signed, until it is taken or a day has
+passed.
+
+Every dispatcher process runs one (``tierq dispatcher``; ``tierq up`` included), leader or
+standby: events are claimed in SQL (``jobs.store.webhooks``), so any number share the work
+and one that dies lets its claims lapse to the others. A try is a POST of ``{"type",
+"timestamp", "data"}`` signed as the Standard Webhooks specification says (the
+``standardwebhooks`` package; with both secrets while a rotated one still signs), given
+``TIMEOUT_S`` to answer, never following a redirect (it could lead inside a network). A
+``2xx`` delivers it; anything else is tried again with backoff (``jobs.core.webhooks``) under
+the same ``webhook-id``, until a day after the event. Tries run on a bounded pool, at most
+``tenant_concurrency`` of one tenant's at once, so one slow receiver holds up no one else.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import secrets as random_bytes
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from standardwebhooks.webhooks import Webhook as Signer
+
+from jobs.admission.webhooks import points_inside
+from jobs.core.webhooks import RETRY_FOR_S, TIMEOUT_S, backoff_s
+from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE
+from jobs.process.runtime import Runtime
+from jobs.store import webhooks as repo
+from jobs.store.webhooks import Event
+
+logger = logging.getLogger("tierq.webhooks")
+
+# How often due events are looked for, and how long a claim holds an event: longer than a
+# try can take, so a live deliverer's event is never taken from it.
+POLL_S = 0.25
+CLAIM_S = TIMEOUT_S + 20.0
+# A rotated secret keeps signing beside the new one this long.
+PREVIOUS_SECRET_S = 24 * 3600.0
+# Of an answer's body, what a try's record keeps to say why it failed.
+ERROR_CHARS = 300
+
+# What a delivery's ``data`` is made from: the job's (or batch's) body as the API shows it,
+# None when it is gone.
+Render = Callable[[Event], dict[str, Any] | None]
+
+
+def new_secret() -> str:
+    return "whsec_" + base64.b64encode(random_bytes.token_bytes(24)).decode()
+
+
+def tenant_secrets(runtime: Runtime, tenant_id: str) -> repo.Secrets:
+    with runtime.sessions.begin() as session:
+        return repo.secrets(session, tenant_id, now=runtime.clock(), made=new_secret())
+
+
+def rotate_secret(runtime: Runtime, tenant_id: str) -> repo.Secrets:
+    with runtime.sessions.begin() as session:
+        return repo.rotate(session, tenant_id, made=new_secret(), now=runtime.clock(),
+                           previous_for_s=PREVIOUS_SECRET_S)
+
+
+def signature(secrets: list[str], msg_id: str, at: datetime, body: str) -> str:
+    """The ``webhook-signature`` header: one ``v1,<base64>`` per secret, space-separated."""
+    return " ".join(Signer(secret).sign(msg_id, at, body) for secret in secrets)
+
+
+class Deliverer:
+    """Claims due events and posts them until ``stop`` is set."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        render: Render,
+        *,
+        concurrency: int | None = None,
+        tenant_concurrency: int | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        settings = runtime.settings
+        self.runtime = runtime
+        self.render = render
+        self.concurrency = concurrency or settings.webhook_concurrency
+        self.tenant_concurrency = tenant_concurrency or settings.webhook_tenant_concurrency
+        self.allow_private = settings.webhook_allow_private
+        self.client = client or httpx.Client(
+            timeout=TIMEOUT_S, follow_redirects=False,
+            headers={"user-agent": "tierq-webhooks"},
+            limits=httpx.Limits(max_connections=self.concurrency))
+        self._busy: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="webhook")
+        try:
+            while not stop.is_set():
+                self._done.clear()
+                try:
+                    for event in self._claim():
+                        pool.submit(self._try, event)
+                except (*SQL_OUTAGE, *REDIS_OUTAGE):
+                    logger.warning("webhooks.claim_failed", exc_info=True)
+                    stop.wait(1.0)
+                # A finished try frees a slot: look again at once rather than after a poll.
+                self._done.wait(POLL_S)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # unposted claims lapse
+            self.client.close()
+
+    def run_once(self) -> int:
+        """Claim what is due and deliver it in this thread: how many events were tried."""
+        events = self._claim()
+        for event in events:
+            self._try(event)
+        return len(events)
+
+    def _claim(self) -> list[Event]:
+        with self._lock:
+            free = self.concurrency - sum(self._busy.values())
+            busy = Counter(self._busy)
+        if free <= 0:
+            return []
+        now = self.runtime.clock()
+        with self.runtime.sessions.begin() as session:
+            chosen: list[str] = []
+            for event_id, tenant_id in repo.due(session, now=now, limit=free * 4):
+                if busy[tenant_id] < self.tenant_concurrency and len(chosen) < free:
+                    busy[tenant_id] += 1
+                    chosen.append(event_id)
+            events = repo.claim(session, chosen, now=now, until=now + CLAIM_S)
+        with self._lock:
+            self._busy.update(event.tenant_id for event in events)
+        return events
+
+    def _try(self, event: Event) -> None:
+        try:
+            self._deliver(event)
+        except Exception:
+            # Its record could not be written (SQL went away): the claim lapses and it is
+            # tried again.
+            logger.warning("webhooks.try_failed", exc_info=True, extra={"webhook_id": event.id})
+        finally:
+            with self._lock:
+                self._busy[event.tenant_id] -= 1
+                if self._busy[event.tenant_id] <= 0:
+                    del self._busy[event.tenant_id]
+            self._done.set()
+
+    def _deliver(self, event: Event) -> None:
+        began = time.monotonic()
+        status_code, error, final = self._post(event)
+        now = self.runtime.clock()
+        next_at: float | None = now + backoff_s(event.tries + 1)
+        if final or (next_at or 0) > event.created_at + RETRY_FOR_S:
+            next_at = None
+        with self.runtime.sessions.begin() as session:
+            repo.record_try(session, event, at=now, status_code=status_code, error=error,
+                            duration_ms=(time.monotonic() - began) * 1000, next_at=next_at)
+        logger.info("webhook.try", extra={
+            "event": "webhook.try", "webhook_id": event.id, "type": event.type,
+            "status_code": status_code, "error": error, "tenant": event.tenant_id,
+            "given_up": error is not None and next_at is None})
+
+    def _post(self, event: Event) -> tuple[int | None, str | None, bool]:
+        """The answer's status code, the error (None: delivered), and whether that error
+        is final (no later try can succeed)."""
+        data = self.render(event)
+        if data is None:
+            return None, "its job or batch no longer exists", True
+        if not self.allow_private and points_inside(event.url):
+            return None, "the URL points to a loopback, link-local or private address", True
+        at = datetime.fromtimestamp(self.runtime.clock(), tz=UTC)
+        body = json.dumps({"type": event.type, "timestamp": _rfc3339(event.created_at),
+                           "data": data}, separators=(",", ":"))
+        secrets = tenant_secrets(self.runtime, event.tenant_id).signing
+        headers = {"content-type": "application/json", "webhook-id": event.id,
+                   "webhook-timestamp": str(int(at.timestamp())),
+                   "webhook-signature": signature(secrets, event.id, at, body)}
+        try:
+            answer = self.client.post(event.url, content=body.encode(), headers=headers)
+        except httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"[:ERROR_CHARS] or "no answer", False
+        if 200 <= answer.status_code < 300:
+            return answer.status_code, None, False
+        text = answer.text[:ERROR_CHARS].strip()
+        error = f"HTTP {answer.status_code}" + (f": {text}" if text else "")
+        return answer.status_code, error, False
+
+
+def _rfc3339(epoch: float) -> str:
+    moment = datetime.fromtimestamp(epoch, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,200 @@
+"""SQL of webhooks: the outbox of events (recorded by the trigger of migration 0013), each
+delivery try, and the tenants' signing secrets.
+
+A deliverer claims a due event by moving its ``next_attempt_at`` past the time a try can
+take, compare-and-set on the value it read: of several deliverers one wins, and a deliverer
+that dies holding an event lets the claim lapse, so the event is tried again (at least once;
+the ``webhook-id`` stays, and receivers deduplicate on it). As everywhere in ``jobs.store``,
+functions take a ``Session`` and never commit.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from jobs.store.models import TenantRow, WebhookAttemptRow, WebhookEventRow
+from jobs.store.rows import dt, epoch_or_none, epoch_required
+
+EVENTS = cast(sa.Table, WebhookEventRow.__table__)
+ATTEMPTS = cast(sa.Table, WebhookAttemptRow.__table__)
+TENANTS = cast(sa.Table, TenantRow.__table__)
+PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """An event to deliver: ``id`` is its ``webhook-id``."""
+
+    id: str
+    tenant_id: str
+    job_id: str | None
+    batch_id: str | None
+    type: str
+    url: str
+    created_at: float
+    tries: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> Event:
+        return cls(id=row.id, tenant_id=row.tenant_id, job_id=row.job_id,
+                   batch_id=row.batch_id, type=row.type, url=row.url,
+                   created_at=epoch_required(row.created_at), tries=row.tries)
+
+
+def due(session: Session, *, now: float, limit: int) -> list[tuple[str, str]]:
+    """``(id, tenant_id)`` of pending events due by ``now``, the longest due first."""
+    rows = session.execute(
+        sa.select(EVENTS.c.id, EVENTS.c.tenant_id)
+        .where(EVENTS.c.status == PENDING, EVENTS.c.next_attempt_at <= dt(now))
+        .order_by(EVENTS.c.next_attempt_at).limit(limit))
+    return [(row.id, row.tenant_id) for row in rows]
+
+
+def claim(session: Session, ids: Sequence[str], *, now: float, until: float) -> list[Event]:
+    """The events of ``ids`` still pending and due, now held until ``until``: the ones this
+    call won."""
+    if not ids:
+        return []
+    rows = session.execute(
+        sa.update(EVENTS)
+        .where(EVENTS.c.id.in_(ids), EVENTS.c.status == PENDING,
+               EVENTS.c.next_attempt_at <= dt(now))
+        .values(next_attempt_at=dt(until))
+        .returning(*EVENTS.c)).all()
+    return [Event.from_row(row) for row in rows]
+
+
+def record_try(
+    session: Session, event: Event, *, at: float, status_code: int | None, error: str | None,
+    duration_ms: float, next_at: float | None,
+) -> None:
+    """A try and where it leaves the event: delivered (no ``error``), due again at
+    ``next_at``, or given up (``next_at`` None)."""
+    session.execute(sa.insert(ATTEMPTS).values(
+        event_id=event.id, at=dt(at), status_code=status_code, error=error,
+        duration_ms=duration_ms))
+    if error is None:
+        values: dict[str, Any] = {"status": DELIVERED, "finished_at": dt(at)}
+    elif next_at is None:
+        values = {"status": FAILED, "finished_at": dt(at)}
+    else:
+        values = {"next_attempt_at": dt(next_at)}
+    session.execute(sa.update(EVENTS).where(EVENTS.c.id == event.id, EVENTS.c.status == PENDING)
+                    .values(tries=EVENTS.c.tries + 1, **values))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attempt:
+    at: float
+    status_code: int | None
+    error: str | None
+    duration_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Delivery:
+    """An event with its tries, as ``GET .../deliveries`` shows it."""
+
+    id: str
+    type: str
+    url: str
+    status: str
+    created_at: float
+    next_attempt_at: float | None
+    attempts: list[Attempt]
+
+
+def deliveries(
+    session: Session, *, job_id: str | None = None, batch_id: str | None = None
+) -> list[Delivery]:
+    """A job's events (or a batch's own, ``batch.completed``), oldest first."""
+    stmt = sa.select(EVENTS).order_by(EVENTS.c.created_at, EVENTS.c.id)
+    if job_id is not None:
+        stmt = stmt.where(EVENTS.c.job_id == job_id)
+    else:
+        stmt = stmt.where(EVENTS.c.batch_id == batch_id, EVENTS.c.job_id.is_(None))
+    events = session.execute(stmt).all()
+    tries: dict[str, list[Attempt]] = defaultdict(list)
+    if events:
+        for row in session.execute(
+                sa.select(ATTEMPTS).where(ATTEMPTS.c.event_id.in_([e.id for e in events]))
+                .order_by(ATTEMPTS.c.id)):
+            tries[row.event_id].append(Attempt(
+                at=epoch_required(row.at), status_code=row.status_code, error=row.error,
+                duration_ms=row.duration_ms))
+    return [Delivery(id=e.id, type=e.type, url=e.url, status=e.status,
+                     created_at=epoch_required(e.created_at),
+                     next_attempt_at=epoch_or_none(e.next_attempt_at), attempts=tries[e.id])
+            for e in events]
+
+
+def forget(session: Session, *, job_ids: Iterable[str] = (),
+           batch_ids: Iterable[str] = ()) -> int:
+    """Delete the events (and their tries) of pruned jobs and batches; how many events."""
+    job_ids, batch_ids = list(job_ids), list(batch_ids)
+    conditions = []
+    if job_ids:
+        conditions.append(EVENTS.c.job_id.in_(job_ids))
+    if batch_ids:
+        conditions.append(EVENTS.c.batch_id.in_(batch_ids))
+    if not conditions:
+        return 0
+    ids = sa.select(EVENTS.c.id).where(sa.or_(*conditions))
+    session.execute(sa.delete(ATTEMPTS).where(ATTEMPTS.c.event_id.in_(ids)))
+    result: Any = session.execute(sa.delete(EVENTS).where(sa.or_(*conditions)))
+    return int(result.rowcount)
+
+
+# -- signing secrets -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Secrets:
+    """What signs a tenant's webhooks now: its secret, and the one it replaced while that
+    still signs."""
+
+    current: str
+    previous: str | None
+    previous_until: float | None
+
+    @property
+    def signing(self) -> list[str]:
+        return [self.current] + ([self.previous] if self.previous else [])
+
+
+def secrets(session: Session, tenant_id: str, *, now: float, made: str) -> Secrets:
+    """The tenant's secrets; ``made`` becomes its secret if it has none yet (the first
+    writer's stays when two race)."""
+    read = sa.select(TENANTS.c.webhook_secret, TENANTS.c.webhook_secret_previous,
+                     TENANTS.c.webhook_previous_until).where(TENANTS.c.id == tenant_id)
+    row = session.execute(read).one()
+    if row.webhook_secret is None:  # written only once: a read is all later calls cost
+        session.execute(sa.update(TENANTS).where(TENANTS.c.id == tenant_id,
+                                                 TENANTS.c.webhook_secret.is_(None))
+                        .values(webhook_secret=made))
+        row = session.execute(read).one()
+    until = epoch_or_none(row.webhook_previous_until)
+    if row.webhook_secret_previous is None or until is None or until <= now:
+        return Secrets(current=row.webhook_secret, previous=None, previous_until=None)
+    return Secrets(current=row.webhook_secret, previous=row.webhook_secret_previous,
+                   previous_until=until)
+
+
+def rotate(session: Session, tenant_id: str, *, made: str, now: float,
+           previous_for_s: float) -> Secrets:
+    """``made`` becomes the tenant's secret; the one it replaces signs beside it for
+    ``previous_for_s``."""
+    current = secrets(session, tenant_id, now=now, made=made).current
+    if current == made:  # it had none: nothing to keep signing with
+        return Secrets(current=made, previous=None, previous_until=None)
+    until = now + previous_for_s
+    session.execute(sa.update(TENANTS).where(TENANTS.c.id == tenant_id).values(
+        webhook_secret=made, webhook_secret_previous=current,
+        webhook_previous_until=dt(until)))
+    return Secrets(current=made, previous=current, previous_until=until)

@@ -1,0 +1,80 @@
+"""A webhook receiver for tests: an HTTP server on loopback that keeps every POST (its
+Standard Webhooks headers and body) and answers what the test says, and the specification's
+signature check written out."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Received:
+    id: str
+    timestamp: str
+    signature: str
+    body: bytes
+    at: float = field(default_factory=time.time)
+
+    @property
+    def event(self) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.body)
+        return found
+
+
+class Receiver:
+    """An HTTP server on loopback that keeps every POST and answers what ``answer`` says."""
+
+    def __init__(self, port: int, answer: Callable[[Received, int], int]) -> None:
+        self.port = port
+        self.received: list[Received] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                got = Received(id=self.headers["webhook-id"],
+                               timestamp=self.headers["webhook-timestamp"],
+                               signature=self.headers["webhook-signature"], body=body)
+                with receiver.lock:
+                    receiver.received.append(got)
+                    tries = sum(1 for r in receiver.received if r.id == got.id)
+                self.send_response(answer(got, tries))
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def of_type(self, kind: str) -> list[Received]:
+        with self.lock:
+            return [r for r in self.received if r.event["type"] == kind]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def signed_by(received: Received, secret: str) -> bool:
+    """The specification's check, written out: one of the header's ``v1`` signatures is
+    HMAC-SHA256 of ``<id>.<timestamp>.<body>`` under the secret's bytes."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    content = f"{received.id}.{received.timestamp}.".encode() + received.body
+    expected = base64.b64encode(hmac.new(key, content, hashlib.sha256).digest()).decode()
+    return any(sig == f"v1,{expected}" for sig in received.signature.split(" "))
