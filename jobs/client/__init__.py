@@ -13,6 +13,7 @@ from jobs.client.http import (
     Unavailable,
     Unreachable,
 )
+from jobs.client.webhooks import Webhook, WebhookVerificationError, verify_webhook
 
 __all__ = [
     "ApiError",
@@ -26,4 +27,7 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Unreachable",
+    "Webhook",
+    "WebhookVerificationError",
+    "verify_webhook",
 ]

@@ -16,7 +16,15 @@ from typing import Any, Self
 import httpx
 from tenacity import AsyncRetrying
 
-from jobs.client.core import ClientCore, RetryNotice
+from jobs.client.core import (
+    ClientCore,
+    RetryNotice,
+    batch_deliveries_call,
+    deliveries_call,
+    rotate_webhook_secret_call,
+    webhook_secret_call,
+    with_webhook,
+)
 from jobs.client.events import Event, EventParser
 from jobs.client.protocol import (
     Call,
@@ -42,6 +50,7 @@ from jobs.client.protocol import (
     submit_call,
     unreachable,
 )
+from jobs.client.webhooks import Webhook
 
 __all__ = ["AsyncClient"]
 
@@ -87,11 +96,12 @@ class AsyncClient(ClientCore):
         max_wait_s: float | None = None,
         max_attempts: int | None = None,
         timeout_s: float | None = None,
+        webhook: Webhook | Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         key = idempotency_key or new_idempotency_key()
-        return await self._send(submit_call(kind, payload, idempotency_key=key,
-                                            max_wait_s=max_wait_s, max_attempts=max_attempts,
-                                            timeout_s=timeout_s))
+        call = submit_call(kind, payload, idempotency_key=key, max_wait_s=max_wait_s,
+                           max_attempts=max_attempts, timeout_s=timeout_s)
+        return await self._send(with_webhook(call, webhook))
 
     async def get(self, job_id: str, *, wait: float | None = None) -> dict[str, Any]:
         return await self._send(get_call(job_id, wait=wait))
@@ -153,11 +163,29 @@ class AsyncClient(ClientCore):
         timeout_s: float | None = None,
         envelope: bool = False,
         completion_window_s: float | None = None,
+        webhook: Webhook | Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         key = idempotency_key or new_idempotency_key()
-        return await self._send(submit_batch_call(
+        call = submit_batch_call(
             kind, items, idempotency_key=key, max_attempts=max_attempts, timeout_s=timeout_s,
-            envelope=envelope, completion_window_s=completion_window_s))
+            envelope=envelope, completion_window_s=completion_window_s)
+        return await self._send(with_webhook(call, webhook))
+
+    async def webhook_secret(self) -> dict[str, Any]:
+        """The tenant's webhook signing secret (``Client.webhook_secret``)."""
+        return await self._send(webhook_secret_call())
+
+    async def rotate_webhook_secret(self) -> dict[str, Any]:
+        """A new signing secret (``Client.rotate_webhook_secret``); never sent twice."""
+        return await self._send(rotate_webhook_secret_call(), repeatable=False)
+
+    async def deliveries(self, job_id: str) -> dict[str, Any]:
+        """The job's webhook deliveries (``Client.deliveries``)."""
+        return await self._send(deliveries_call(job_id))
+
+    async def batch_deliveries(self, batch_id: str) -> dict[str, Any]:
+        """The batch's own webhook deliveries (``Client.batch_deliveries``)."""
+        return await self._send(batch_deliveries_call(batch_id))
 
     async def batch(self, batch_id: str) -> dict[str, Any]:
         return await self._send(batch_call(batch_id))
@@ -213,8 +241,8 @@ class AsyncClient(ClientCore):
                 return job
             await asyncio.sleep(pause)
 
-    async def _send(self, call: Call) -> dict[str, Any]:
-        retrying = AsyncRetrying(**self._retrying_args())
+    async def _send(self, call: Call, *, repeatable: bool = True) -> dict[str, Any]:
+        retrying = AsyncRetrying(**self._retrying_args(repeatable=repeatable))
         result: dict[str, Any] = await retrying(self._send_once, call)
         return result
 

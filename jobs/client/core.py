@@ -1,16 +1,23 @@
 """The part of both clients that is neither transport nor awaiting, in one place so that
-``Client`` (``jobs.client.http``) and ``AsyncClient`` (``jobs.client.aio``) cannot drift apart.
+``Client`` (``jobs.client.http``) and ``AsyncClient`` (``jobs.client.aio``) cannot drift apart:
+headers, timeouts, the retry schedule, and the calls of webhooks (a submit's subscription,
+the tenant's signing secret, the deliveries of a job or a batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import quote
 
 from tenacity import RetryCallState, retry_if_exception, stop_after_attempt, stop_before_delay
 
-from jobs.client.protocol import Call, RetryPolicy, retry_delay_s, retryable
+from jobs.client.protocol import Call, RetryPolicy, Unreachable, retry_delay_s, retryable
+from jobs.client.webhooks import Webhook
+
+# What the ``webhook`` keyword of a submit takes.
+WebhookArg = Webhook | Mapping[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -35,12 +42,14 @@ class ClientCore:
         self._on_retry = on_retry
         self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "tierq-client"}
 
-    def _retrying_args(self) -> dict[str, Any]:
+    def _retrying_args(self, *, repeatable: bool = True) -> dict[str, Any]:
+        """``repeatable=False``: a call that must not run twice (it has no idempotency key)
+        is sent again only when the server said it did nothing, never after no answer."""
         policy = self._retry
         args: dict[str, Any] = {
             "stop": stop_after_attempt(policy.attempts) | stop_before_delay(policy.total_s),
             "wait": self._wait_s,
-            "retry": retry_if_exception(retryable),
+            "retry": retry_if_exception(retryable if repeatable else _refused_or_unavailable),
             "reraise": True,
         }
         if self._on_retry is not None:
@@ -74,3 +83,40 @@ class ClientCore:
             "params": call.params,
             "timeout": self._timeout + call.hold_s,
         }
+
+
+def _refused_or_unavailable(exc: BaseException) -> bool:
+    return retryable(exc) and not isinstance(exc, Unreachable)
+
+
+def with_webhook(call: Call, webhook: WebhookArg) -> Call:
+    """A submit ``call`` that also names ``webhook``: in its JSON body (``POST /v1/jobs``) or,
+    for a body that is not JSON (an NDJSON batch), as ``webhook_url`` and ``webhook_events``
+    query parameters."""
+    if webhook is None:
+        return call
+    hook = Webhook.of(webhook)
+    if call.content is not None:
+        return replace(call, params={**(call.params or {}), **hook.fields()})
+    return replace(call, json={**(call.json or {}), "webhook": hook.body()})
+
+
+def webhook_form(webhook: WebhookArg) -> dict[str, str]:
+    """The form fields of a document upload that name ``webhook`` (none for None)."""
+    return {} if webhook is None else Webhook.of(webhook).fields()
+
+
+def webhook_secret_call() -> Call:
+    return Call(method="GET", path="/v1/webhooks/secret")
+
+
+def rotate_webhook_secret_call() -> Call:
+    return Call(method="POST", path="/v1/webhooks/secret/rotate")
+
+
+def deliveries_call(job_id: str) -> Call:
+    return Call(method="GET", path=f"/v1/jobs/{quote(job_id, safe='')}/deliveries")
+
+
+def batch_deliveries_call(batch_id: str) -> Call:
+    return Call(method="GET", path=f"/v1/batches/{quote(batch_id, safe='')}/deliveries")

@@ -22,10 +22,19 @@ from pathlib import Path
 from typing import Any, Self
 
 import httpx
-from tenacity import Retrying, retry_if_exception
+from tenacity import Retrying
 
 from jobs.client.aio import AsyncClient
-from jobs.client.core import ClientCore, RetryNotice
+from jobs.client.core import (
+    ClientCore,
+    RetryNotice,
+    batch_deliveries_call,
+    deliveries_call,
+    rotate_webhook_secret_call,
+    webhook_form,
+    webhook_secret_call,
+    with_webhook,
+)
 from jobs.client.events import Event, parse_events
 from jobs.client.protocol import (
     TERMINAL_STATUSES,
@@ -55,11 +64,11 @@ from jobs.client.protocol import (
     queues_call,
     result_call,
     retry_call,
-    retryable,
     submit_batch_call,
     submit_call,
     unreachable,
 )
+from jobs.client.webhooks import Webhook
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -114,11 +123,14 @@ class Client(ClientCore):
         max_wait_s: float | None = None,
         max_attempts: int | None = None,
         timeout_s: float | None = None,
+        webhook: Webhook | Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """``webhook``: where to POST the job's events (``Webhook``, or ``{"url",
+        "events"}``), signed with the tenant's secret (``webhook_secret``)."""
         key = idempotency_key or new_idempotency_key()
-        return self._send(submit_call(kind, payload, idempotency_key=key,
-                                      max_wait_s=max_wait_s, max_attempts=max_attempts,
-                                      timeout_s=timeout_s))
+        call = submit_call(kind, payload, idempotency_key=key, max_wait_s=max_wait_s,
+                           max_attempts=max_attempts, timeout_s=timeout_s)
+        return self._send(with_webhook(call, webhook))
 
     def upload(
         self,
@@ -127,15 +139,16 @@ class Client(ClientCore):
         kind: str = "document.embed",
         max_wait_s: float | None = None,
         timeout: float = 120.0,
+        webhook: Webhook | Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Upload a document and submit a job of ``kind`` for it: the job's body plus
-        ``document`` (sha256, bytes, content_type).
+        ``document`` (sha256, bytes, content_type). ``webhook``: as ``submit``'s.
 
         Retried on refusals and outages (nothing was submitted), never after the request
         may have reached the server: an upload carries no idempotency key."""
         file = Path(path)
         data = file.read_bytes()
-        form = {"kind": kind}
+        form = {"kind": kind, **webhook_form(webhook)}
         if max_wait_s is not None:
             form["max_wait_s"] = str(max_wait_s)
 
@@ -149,8 +162,7 @@ class Client(ClientCore):
                 raise unreachable(exc) from exc
             return parse_response(response.status_code, response.headers, response.content)
 
-        args = {**self._retrying_args(), "retry": retry_if_exception(_upload_retryable)}
-        result: dict[str, Any] = Retrying(**args)(once)
+        result: dict[str, Any] = Retrying(**self._retrying_args(repeatable=False))(once)
         return result
 
     def get(self, job_id: str, *, wait: float | None = None) -> dict[str, Any]:
@@ -190,15 +202,38 @@ class Client(ClientCore):
         timeout_s: float | None = None,
         envelope: bool = False,
         completion_window_s: float | None = None,
+        webhook: Webhook | Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Store a batch (sent as NDJSON); its items enter the live queue as room allows.
         A fresh idempotency key unless given, so a retried upload never stores it twice.
         ``envelope``: each item is ``{"custom_id": ..., "payload": {...}}``, the id handed
-        back on its result line; ``completion_window_s``: items not started by then expire."""
+        back on its result line; ``completion_window_s``: items not started by then expire;
+        ``webhook``: where to POST ``batch.completed`` (events ``completed``) and each
+        ``batch.item.completed`` (``item.completed``)."""
         key = idempotency_key or new_idempotency_key()
-        return self._send(submit_batch_call(
+        call = submit_batch_call(
             kind, items, idempotency_key=key, max_attempts=max_attempts, timeout_s=timeout_s,
-            envelope=envelope, completion_window_s=completion_window_s))
+            envelope=envelope, completion_window_s=completion_window_s)
+        return self._send(with_webhook(call, webhook))
+
+    def webhook_secret(self) -> dict[str, Any]:
+        """The tenant's webhook signing secret: ``{"secret": "whsec_...",
+        "previous_valid_until"}`` (until when the secret it replaced still signs too)."""
+        return self._send(webhook_secret_call())
+
+    def rotate_webhook_secret(self) -> dict[str, Any]:
+        """Make a new signing secret (same shape as ``webhook_secret``); the old one signs
+        beside it for a day. Never sent twice: a second rotation would end the old one."""
+        return self._send(rotate_webhook_secret_call(), repeatable=False)
+
+    def deliveries(self, job_id: str) -> dict[str, Any]:
+        """The job's webhook deliveries, each with its tries: ``{"deliveries": [...]}``."""
+        return self._send(deliveries_call(job_id))
+
+    def batch_deliveries(self, batch_id: str) -> dict[str, Any]:
+        """The batch's own webhook deliveries (``batch.completed``; its items' are under
+        each item's job): ``{"deliveries": [...]}``."""
+        return self._send(batch_deliveries_call(batch_id))
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         """The batch now: counts by state, ``status``, ``estimated_finish_s``."""
@@ -275,8 +310,9 @@ class Client(ClientCore):
                 return job
             time.sleep(pause)
 
-    def _send(self, call: Call) -> dict[str, Any]:
-        result: dict[str, Any] = Retrying(**self._retrying_args())(self._send_once, call)
+    def _send(self, call: Call, *, repeatable: bool = True) -> dict[str, Any]:
+        retrying = Retrying(**self._retrying_args(repeatable=repeatable))
+        result: dict[str, Any] = retrying(self._send_once, call)
         return result
 
     def _send_once(self, call: Call) -> dict[str, Any]:
@@ -292,7 +328,3 @@ class Client(ClientCore):
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
         return parse_value(response.status_code, response.headers, response.content)
-
-
-def _upload_retryable(exc: BaseException) -> bool:
-    return retryable(exc) and not isinstance(exc, Unreachable)
