@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import ApiKey, ApiUrl, api_client, fail, friendly
+from jobs.cli.webhooks import WebhookEvents, WebhookUrl, webhook_of
 
 if TYPE_CHECKING:
     from jobs.client.http import Client
@@ -55,6 +56,8 @@ def submit(
     max_attempts: Annotated[int | None, typer.Option(
         min=1, max=100, show_default=False,
         help="Starts allowed before the job fails (default: policy.max_attempts).")] = None,
+    webhook: WebhookUrl = None,
+    webhook_event: WebhookEvents = None,
     api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
@@ -71,7 +74,8 @@ def submit(
     with api_client(api_url, key, announce=True) as client:
         try:
             job = client.submit(kind, body, idempotency_key=idempotency_key, max_wait_s=max_wait,
-                                timeout_s=timeout, max_attempts=max_attempts)
+                                timeout_s=timeout, max_attempts=max_attempts,
+                                webhook=webhook_of(webhook, webhook_event))
         except Refused as exc:
             retry = f"{exc.retry_after_s:g}" if exc.retry_after_s is not None else "a few"
             fail(f"refused ({exc.type}): {exc.message} Retry after {retry} s.", 2)
@@ -168,6 +172,8 @@ def upload(
     max_wait: Annotated[
         float | None, typer.Option(help="Expire the job if it has not started by then (s).")
     ] = None,
+    webhook: WebhookUrl = None,
+    webhook_event: WebhookEvents = None,
     api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
@@ -182,7 +188,8 @@ def upload(
     console = Console(highlight=False, soft_wrap=True)
     with api_client(api_url, key, announce=True) as client:
         try:
-            job = client.upload(file, kind=kind, max_wait_s=max_wait)
+            job = client.upload(file, kind=kind, max_wait_s=max_wait,
+                                webhook=webhook_of(webhook, webhook_event))
         except Refused as exc:
             retry = f"{exc.retry_after_s:g}" if exc.retry_after_s is not None else "a few"
             fail(f"refused ({exc.type}): {exc.message} Retry after {retry} s.", 2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from jobs.cli import jobs, run, tenants
+from jobs.cli import jobs, run, tenants, webhooks
 from jobs.cli.batches import batch_app
 from jobs.cli.common import global_options
 from jobs.cli.examples import examples
@@ -32,6 +32,7 @@ def build_app() -> typer.Typer:
     app.add_typer(tenants.tenants_app(), name="tenants")
     app.add_typer(jobs.jobs_app(), name="jobs")
     app.add_typer(batch_app(), name="batch")
+    app.add_typer(webhooks.webhooks_app(), name="webhooks")
     app.command("simulate")(simulate)
     return app
 

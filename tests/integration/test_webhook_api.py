@@ -153,3 +153,40 @@ def test_the_operator_may_allow_private_addresses(private_client: ApiClient) -> 
     move(private_client, job_id, Status.RUNNING)
     shown = private_client.get(f"/v1/jobs/{job_id}/deliveries", headers=auth(key)).json()
     assert [d["type"] for d in shown["deliveries"]] == ["job.started"]
+
+
+def _cli(client: ApiClient, key: str, *args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from jobs.cli.main import build_app
+
+    env = {"TIERQ_API_URL": str(client.base_url), "TIERQ_API_KEY": key, "COLUMNS": "200"}
+    return CliRunner().invoke(build_app(), list(args), env=env)
+
+
+def test_the_command_line_submits_with_a_webhook_and_shows_secret_and_deliveries(
+    client: ApiClient,
+) -> None:
+    key = client.tenant_key("acme", "premium")
+    done = _cli(client, key, "submit", "echo", "--webhook", PUBLIC,
+                "--webhook-event", "started", "--webhook-event", "completed")
+    assert done.exit_code == 0, done.output
+    job_id = done.stdout.split()[1]
+    assert client.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()["webhook"] == {
+        "url": PUBLIC, "events": ["completed", "started"]}
+    lonely = _cli(client, key, "submit", "echo", "--webhook-event", "started")
+    assert lonely.exit_code == 2 and "--webhook" in lonely.output
+
+    secret = _cli(client, key, "webhooks", "secret")
+    assert secret.exit_code == 0 and secret.stdout.strip() == client.get(
+        "/v1/webhooks/secret", headers=auth(key)).json()["secret"]
+    rotated = _cli(client, key, "webhooks", "rotate")
+    assert rotated.exit_code == 0 and rotated.stdout.split()[0] != secret.stdout.strip()
+    assert "the previous secret also signs until" in rotated.stdout
+
+    empty = _cli(client, key, "webhooks", "deliveries", job_id)
+    assert empty.exit_code == 0 and "no webhook event recorded" in empty.stdout
+    client.post(f"/v1/jobs/{job_id}/cancel", headers=auth(key))
+    shown = _cli(client, key, "webhooks", "deliveries", job_id)
+    assert shown.exit_code == 0, shown.output
+    assert "job.completed" in shown.stdout and "pending" in shown.stdout
