@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from jobs.cli.common import ApiKey, ApiUrl, api_client, fail, friendly
+from jobs.cli.webhooks import webhook_of
 
 # How often ``--wait`` asks for the batch's counts.
 POLL_S = 1.0
@@ -63,6 +64,13 @@ def batch_submit(
     completion_window: Annotated[float | None, typer.Option(
         min=0.001, max=7 * 86400, show_default=False,
         help="Seconds: items not started by then expire.")] = None,
+    webhook: Annotated[str | None, typer.Option(
+        "--webhook", show_default=False,
+        help="POST the batch's events to this URL, signed (tierq webhooks secret).")] = None,
+    webhook_event: Annotated[list[str] | None, typer.Option(
+        "--webhook-event", show_default=False,
+        help="completed (every item ended) or item.completed (each item as it ends); repeat "
+             "it; default: completed.")] = None,
     api_url: ApiUrl = None,
     key: ApiKey = None,
 ) -> None:
@@ -77,7 +85,8 @@ def batch_submit(
         try:
             batch = client.submit_batch(kind, items, idempotency_key=idempotency_key,
                                         envelope=envelope,
-                                        completion_window_s=completion_window)
+                                        completion_window_s=completion_window,
+                                        webhook=webhook_of(webhook, webhook_event))
         except ApiError as exc:
             fail(f"not submitted: {exc}", 2)
         Console(highlight=False, soft_wrap=True).print(

@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 
 from jobs.core.states import Status
+from jobs.store import batches as batches_sql
 from tests.integration.api_harness import (
     ADMIN_KEY,
     ApiClient,
     auth,
     make_settings,
     move,
+    rt,
     running_api,
 )
 from tests.services import RedisServer
@@ -190,3 +192,18 @@ def test_the_command_line_submits_with_a_webhook_and_shows_secret_and_deliveries
     shown = _cli(client, key, "webhooks", "deliveries", job_id)
     assert shown.exit_code == 0, shown.output
     assert "job.completed" in shown.stdout and "pending" in shown.stdout
+
+
+def test_the_command_line_submits_a_batch_with_a_webhook(client: ApiClient,
+                                                         tmp_path: Any) -> None:
+    key = client.tenant_key("acme", "premium")
+    items = tmp_path / "items.ndjson"
+    items.write_text("{}\n{}\n")
+    done = _cli(client, key, "batch", "submit", str(items), "--kind", "echo", "--webhook",
+                PUBLIC, "--webhook-event", "item.completed")
+    assert done.exit_code == 0, done.output
+    batch_id = done.stdout.split()[1]
+    with rt(client).sessions() as session:
+        batch = batches_sql.get_batch(session, batch_id)
+    assert batch is not None and batch.webhook_url == PUBLIC
+    assert batch.item_webhook == (PUBLIC, ",item.completed,")
