@@ -28,8 +28,9 @@ from jobs.store import jobs as jobs_sql
 from jobs.store import stats as stats_sql
 from jobs.store import tenants as tenants_sql
 from jobs.store import upkeep as upkeep_sql
+from jobs.store import webhooks as webhooks_sql
 from jobs.store.engine import make_engine, make_sessionmaker
-from jobs.store.models import JobRow, JobTombstoneRow
+from jobs.store.models import JobRow, JobTombstoneRow, WebhookAttemptRow, WebhookEventRow
 from tests.integration.api_harness import ApiClient, Clock, auth, dispatch_one, move, rt
 
 pytestmark = pytest.mark.integration
@@ -355,3 +356,35 @@ def test_a_batch_goes_once_every_one_of_its_items_is_gone(runtime: Runtime) -> N
     stats = retention.run_once(T0 + 151)
     assert (stats.pruned, stats.batches) == ({"free": 1}, 1)
     assert ids_left(runtime, BatchRow) == set() and ids_left(runtime) == set()
+
+
+def test_a_pruned_jobs_webhook_deliveries_go_with_it(runtime: Runtime) -> None:
+    owner = tenant(runtime, "a", "free")
+    with runtime.sessions.begin() as s:
+        old = NewJob(id=new_job_id(T0), tenant_id=owner, tier="free", kind="echo", payload={},
+                     order_key=T0, enqueued_at=T0, webhook_url="https://receiver.example/",
+                     webhook_events=",completed,")
+        jobs_sql.insert_job(s, old)
+        kept = NewJob(id=new_job_id(T0 + 150), tenant_id=owner, tier="free", kind="echo",
+                      payload={}, order_key=T0, enqueued_at=T0 + 150,
+                      webhook_url="https://receiver.example/", webhook_events=",completed,")
+        jobs_sql.insert_job(s, kept)
+        for new, at in ((old, T0), (kept, T0 + 150)):
+            assert jobs_sql.transition(s, new.id, src=Status.QUEUED, attempt=1,
+                                       dst=Status.CANCELLED, now=at)
+        event = webhooks_sql.claim(s, [i for i, _ in webhooks_sql.due(s, now=T0, limit=5)],
+                                   now=T0, until=T0 + 30)[0]
+        webhooks_sql.record_try(s, event, at=T0, status_code=500, error="HTTP 500",
+                                duration_ms=1.0, next_at=T0 + 5)
+    assert count(runtime, WebhookEventRow) == 2 and count(runtime, WebhookAttemptRow) == 1
+    Retention(runtime.sessions, runtime.policy, batch_size=10).run_once(T0 + 200)
+    assert ids_left(runtime) == {kept.id}
+    assert ids_left(runtime, WebhookEventRow) == {e.id for e in _events_of(runtime, kept.id)}
+    assert len(_events_of(runtime, kept.id)) == 1
+    assert count(runtime, WebhookAttemptRow) == 0
+
+
+def _events_of(runtime: Runtime, job_id: str) -> list[Any]:
+    with runtime.sessions() as s:
+        return list(s.execute(sa.select(WebhookEventRow.id).where(
+            WebhookEventRow.job_id == job_id)))
