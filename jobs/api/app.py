@@ -42,12 +42,14 @@ from jobs.api.routes import (
 from jobs.api.routes import (
     events as routes_events,
 )
+from jobs.api.routes import explorer as routes_explorer
 from jobs.api.routes import (
     jobs as routes_jobs,
 )
 from jobs.api.routes import (
     queues as routes_queues,
 )
+from jobs.api.routes import webhooks as routes_webhooks
 from jobs.api.routes import (
     workers as routes_workers,
 )
@@ -110,7 +112,8 @@ def create_app(
     routers = (routes_jobs.router, routes_events.router, routes_events.batch_router,
                routes_batches.router,
                routes_documents.router, routes_queues.router, routes_dashboard.router,
-               routes_admin.router, routes_workers.router)
+               routes_admin.router, routes_workers.router, routes_explorer.router,
+               routes_webhooks.router)
     for router in routers:
         app.include_router(router)
     app.mount(routes_dashboard.ASSETS_PATH, routes_dashboard.assets(), name="dashboard-assets")

@@ -2,9 +2,10 @@
 
 FastAPI derives the document from the routes and schemas; what the pydantic models cannot
 say is filled in once, on the first request for it: the job kinds the handler registry has
-(the ``kind`` enum), the configured tiers (the ``tier`` enums of the tenant requests) and
-the error types (``jobs.api.errors.ERROR_TYPES``). A client generated from the document, and
-schemathesis, then know the values the server accepts instead of guessing at free text.
+(the ``kind`` enum), the configured tiers (the ``tier`` enums of the tenant requests), both
+also for the job searches' filters, and the error types (``jobs.api.errors.ERROR_TYPES``). A
+client generated from the document, and schemathesis, then know the values the server accepts
+instead of guessing at free text.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ def complete(document: Schema, *, tiers: Sequence[str], kinds: Sequence[str] | N
     _enum(schemas["TenantPatchRequest"]["properties"]["tier"], tiers)
     _enum(schemas["ErrorDetail"]["properties"]["type"], list(ERROR_TYPES))
     schemas["Status"]["description"] = STATUS_DESCRIPTION
+    for path in SEARCHES:  # the job explorer's filters
+        for param in document["paths"].get(path, {}).get("get", {}).get("parameters", []):
+            if param["name"] == "tier":
+                _enum(param["schema"], tiers)
+            elif param["name"] == "kind" and kinds is not None:
+                _enum(param["schema"], kinds)
+
+
+SEARCHES = ("/v1/jobs", "/v1/admin/jobs")
 
 
 STATUS_DESCRIPTION = (

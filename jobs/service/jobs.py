@@ -1,4 +1,4 @@
-"""The job service behind the API's reads and cancels: look up, list, hand out results, cancel.
+"""The job service behind the API's reads and cancels: look up, hand out results, cancel, retry.
 
 Cancelling follows the job's state: a queued job leaves the index and becomes ``cancelled``;
 a dispatched one is cancelled and its lease released; a running one is flagged for its
@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.admission.estimates import Progress, progress_many
 from jobs.admission.submit import (
     PayloadValidator,
     Submission,
@@ -31,6 +30,7 @@ from jobs.core.errors import (
     Unavailable,
 )
 from jobs.core.states import Status
+from jobs.core.webhooks import Webhook, events_of
 from jobs.index import counters, notify
 from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE
 from jobs.process.runtime import Runtime
@@ -71,16 +71,6 @@ def load_job(runtime: Runtime, tenant: Tenant, job_id: str) -> Job:
     if job is None:
         raise NotFound("no such job", job_id=job_id)
     return job
-
-
-def list_jobs(
-    runtime: Runtime, tenant: Tenant, *, status: Status | None, limit: int, cursor: str | None
-) -> tuple[list[Progress], str | None]:
-    with runtime.sessions() as session:
-        jobs, next_cursor = jobs_sql.list_jobs(
-            session, tenant_id=tenant.id, status=status, limit=limit, cursor=cursor
-        )
-    return progress_many(runtime, tenant, jobs), next_cursor
 
 
 def finished_result(job: Job) -> Any:
@@ -140,7 +130,14 @@ def retry(
     return submit(runtime, validator, tenant, Submission(
         kind=job.kind, payload=job.payload, max_wait_s=job.max_wait_s,
         max_attempts=job.max_attempts, timeout_s=job.timeout_s, blob=job.blob,
-        retry_of=job.id))
+        retry_of=job.id, webhook=_own_webhook(job)))
+
+
+def _own_webhook(job: Job) -> Webhook | None:
+    """The job's own webhook, which its retry keeps (a batch item's is its batch's)."""
+    if job.webhook_url is None or job.batch_id is not None:
+        return None
+    return Webhook(url=job.webhook_url, events=events_of(job.webhook_events))
 
 
 def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:

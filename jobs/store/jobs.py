@@ -18,10 +18,7 @@ Functions take a ``Session`` first and never commit; the caller owns the transac
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
-import uuid
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any, cast
@@ -32,7 +29,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from jobs.core.domain import Job, JobSummary, NewJob
-from jobs.core.errors import DuplicateJob, InvalidRequest, Unavailable
+from jobs.core.errors import DuplicateJob, Unavailable
 from jobs.core.pools import KindScope
 from jobs.core.states import TERMINAL, Status
 from jobs.store.direct import Runner
@@ -62,6 +59,7 @@ from jobs.store.rows import (
     summary_from_columns,
 )
 from jobs.store.scope import EVERY_KIND, scoped
+from jobs.store.search import JobQuery, search_jobs
 
 
 def insert_job(session: Runner, new: NewJob) -> Job:
@@ -131,6 +129,8 @@ def _new_values(new: NewJob) -> dict[str, Any]:
         "timeout_s": new.timeout_s,
         "error_type": None,
         "retry_of": new.retry_of,
+        "webhook_url": new.webhook_url,
+        "webhook_events": new.webhook_events,
     }
 
 
@@ -167,18 +167,8 @@ def list_jobs(
     cursor: str | None = None,
 ) -> tuple[list[Job], str | None]:
     """One page of the tenant's jobs, newest first, and the cursor of the next (None: last)."""
-    if limit < 1:
-        raise InvalidRequest("limit must be at least 1", limit=limit)
-    stmt = sa.select(JobRow).where(JobRow.tenant_id == tenant_id)
-    if status is not None:
-        stmt = stmt.where(JobRow.status == status.value)
-    if cursor is not None:
-        stmt = stmt.where(JobRow.id < _decode_cursor(cursor))
-    stmt = stmt.order_by(JobRow.id.desc()).limit(limit + 1)
-    rows = session.scalars(stmt, execution_options=FRESH).all()
-    page = [job_from_row(row) for row in rows[:limit]]
-    next_cursor = _encode_cursor(page[-1].id) if len(rows) > limit else None
-    return page, next_cursor
+    return search_jobs(session, JobQuery(tenant_id=tenant_id, status=status), limit=limit,
+                       cursor=cursor)
 
 
 def latest_jobs(session: Session, *, tenant_id: str, limit: int) -> list[JobSummary]:
@@ -207,22 +197,6 @@ def queued_order(
         JobRow.tenant_id == tenant_id, JobRow.status == Status.QUEUED.value
     ), JobRow.kind, scope)
     return sorted((order_key, job_id) for order_key, job_id in session.execute(stmt))
-
-
-def _encode_cursor(job_id: str) -> str:
-    return base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> str:
-    """The job id the previous page ended on; anything else is an invalid request."""
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        job_id = str(uuid.UUID(text))
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidRequest("invalid cursor", cursor=cursor) from None
-    if job_id != text:
-        raise InvalidRequest("invalid cursor", cursor=cursor)
-    return job_id
 
 
 def request_cancel(session: Session, job_id: str) -> bool:

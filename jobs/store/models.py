@@ -41,6 +41,7 @@ STATUS_VALUES = tuple(status.value for status in Status)
 # submit, a start and a finish write 17 index entries instead of 36. (SQLite keeps them whole:
 # its planner uses a partial index only when a query repeats its predicate word for word.)
 LIVE_ROWS = sa.text("status IN ('waiting', 'queued', 'dispatched', 'running')")
+ENDED_ROWS = sa.text("status IN ('succeeded', 'failed', 'cancelled', 'expired')")
 
 
 def status_check_sql(values: tuple[str, ...] = STATUS_VALUES) -> str:
@@ -90,6 +91,11 @@ class TenantRow(Base):
     max_queued: Mapped[int | None] = mapped_column(sa.Integer())
     rate_per_s: Mapped[float | None] = mapped_column(sa.Double())
     rate_burst: Mapped[int | None] = mapped_column(sa.Integer())
+    # The secret that signs its webhooks (made on first use), and the one it replaced,
+    # which still signs beside it until ``webhook_previous_until``.
+    webhook_secret: Mapped[str | None] = mapped_column(sa.String(80))
+    webhook_secret_previous: Mapped[str | None] = mapped_column(sa.String(80))
+    webhook_previous_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class JobRow(Base):
@@ -122,6 +128,10 @@ class JobRow(Base):
                  postgresql_where=sa.text("batch_id IS NOT NULL")),
         sa.Index("ix_jobs_status_batch_id_batch_index", "status", "batch_id", "batch_index",
                  postgresql_where=sa.text("status = 'waiting'")),
+        # The job explorer (``jobs.store.search``), every tenant's jobs newest first: of one
+        # ended status (live ones are few and have the indexes above), or of one kind.
+        sa.Index("ix_jobs_status_id", "status", "id", postgresql_where=ENDED_ROWS),
+        sa.Index("ix_jobs_kind_id", "kind", "id"),
         # Blob pruning: is a blob still named by a job?
         sa.Index("ix_jobs_blob", "blob", postgresql_where=sa.text("blob IS NOT NULL")),
         sa.Index("ix_jobs_result_blob", "result_blob",
@@ -178,6 +188,10 @@ class JobRow(Base):
     # ``POST /v1/jobs/<id>/retry`` made this one from.
     custom_id: Mapped[str | None] = mapped_column(sa.String(200))
     retry_of: Mapped[str | None] = mapped_column(sa.String(36))
+    # Its webhook (``jobs.core.webhooks``): a trigger records each event it names in the
+    # transaction of the change (migration 0013). A batch item carries its batch's.
+    webhook_url: Mapped[str | None] = mapped_column(sa.Text())
+    webhook_events: Mapped[str | None] = mapped_column(sa.String(64))
 
 
 class BlobRow(Base):
@@ -219,6 +233,11 @@ class BatchRow(Base):
     content_hash: Mapped[str] = mapped_column(sa.String(64))
     cancelled: Mapped[bool] = mapped_column(sa.Boolean())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Its webhook, and (with one that wants batch.completed) its items not ended yet,
+    # counted down by the trigger that records the event when it reaches 0.
+    webhook_url: Mapped[str | None] = mapped_column(sa.Text())
+    webhook_events: Mapped[str | None] = mapped_column(sa.String(64))
+    open_items: Mapped[int | None] = mapped_column(sa.Integer())
 
 
 class IndexStateRow(Base):
@@ -276,3 +295,45 @@ class RetentionTotalRow(Base):
     tier: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     pruned: Mapped[int] = mapped_column(sa.BigInteger())
     abandoned: Mapped[int] = mapped_column(sa.BigInteger())
+
+
+class WebhookEventRow(Base):
+    """An event to deliver (the outbox): recorded by the trigger of migration 0013 in the
+    transaction of its change, delivered at least once (``jobs.service.deliverer``)."""
+
+    __tablename__ = "webhook_events"
+    __table_args__ = (
+        sa.CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status"),
+        # The deliverer's claim: pending events due first.
+        sa.Index("ix_webhook_events_status_next_attempt_at", "status", "next_attempt_at",
+                 postgresql_where=sa.text("status = 'pending'")),
+        sa.Index("ix_webhook_events_job_id", "job_id"),
+        sa.Index("ix_webhook_events_batch_id", "batch_id"),
+    )
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)  # the webhook-id
+    tenant_id: Mapped[str] = mapped_column(sa.String(36))
+    job_id: Mapped[str | None] = mapped_column(sa.String(36))
+    batch_id: Mapped[str | None] = mapped_column(sa.String(36))
+    type: Mapped[str] = mapped_column(sa.String(40))
+    url: Mapped[str] = mapped_column(sa.Text())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # When it is due: its next try, or, while a deliverer holds it, when that claim lapses.
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    tries: Mapped[int] = mapped_column(sa.Integer(), server_default="0")
+    status: Mapped[str] = mapped_column(sa.String(16), server_default="pending")
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class WebhookAttemptRow(Base):
+    """One try of a delivery: its answer's status code, or why there was none."""
+
+    __tablename__ = "webhook_attempts"
+    __table_args__ = (sa.Index("ix_webhook_attempts_event_id", "event_id"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer(), primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(sa.String(40))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    status_code: Mapped[int | None] = mapped_column(sa.Integer())
+    error: Mapped[str | None] = mapped_column(sa.Text())
+    duration_ms: Mapped[float] = mapped_column(sa.Double())

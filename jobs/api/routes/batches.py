@@ -63,10 +63,30 @@ BatchIdPath = Annotated[str, Path(description="the batch's id, from the submit's
 UPLOADS_RETRY_S = 5
 T = TypeVar("T")
 
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """A model's JSON schema with its ``$defs`` put in place of their references: the body
+    is declared by hand, so nothing else would carry the definitions it points to."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve({**defs[ref.removeprefix("#/$defs/")],
+                                **{k: v for k, v in node.items() if k != "$ref"}})
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
+
+
 _BODY = {
     "required": True,
     "content": {
-        "application/json": {"schema": BatchRequest.model_json_schema()},
+        "application/json": {"schema": _inlined(BatchRequest.model_json_schema())},
         NDJSON: {"schema": {"type": "string", "description": "one item payload (a JSON "
                                                              "object) per line; ?kind= names "
                                                              "the kind"}},

@@ -29,6 +29,7 @@ from jobs.api.deps import (
     refuse_unknown_query,
 )
 from jobs.api.errors import error_responses
+from jobs.api.explorer_schemas import job_filters
 from jobs.api.schemas import (
     CancelResponse,
     JobListResponse,
@@ -44,7 +45,9 @@ from jobs.core.errors import JobGone, NotFound, Unavailable
 from jobs.core.states import Status
 from jobs.index.notify import Listener
 from jobs.process.runtime import Runtime
+from jobs.service import explorer
 from jobs.service import jobs as job_service
+from jobs.service.explorer import Filters
 from jobs.store import blobs as blobs_sql
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(refuse_unknown_query)])
@@ -103,6 +106,7 @@ def submit_job(
             max_wait_s=body.max_wait_s,
             max_attempts=body.max_attempts,
             timeout_s=body.timeout_s,
+            webhook=None if body.webhook is None else body.webhook.webhook(),
         ),
     )
     job_id = submitted.progress.job.id
@@ -116,22 +120,24 @@ def submit_job(
     "",
     response_model=JobListResponse,
     summary="This tenant's jobs, newest first",
-    description="One page of the tenant's jobs, optionally of one status; follow next_cursor "
-    "for the next page.",
+    description="One page of the tenant's jobs matching every filter given: status, kind, "
+    "tier, and creation time (since inclusive, until exclusive); follow next_cursor for the "
+    "next page.",
     responses=error_responses("invalid_request", "unauthorized", "forbidden", "unavailable"),
 )
 def list_jobs(
     tenant: TenantDep,
     runtime: RuntimeDep,
-    status: Annotated[Status | None, Query(description="only jobs in this state")] = None,
+    validator: ValidatorDep,
+    filters: Annotated[Filters, Depends(job_filters)],
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="jobs per page")] = 50,
     cursor: Annotated[str | None, Query(max_length=200,
                                         description="next_cursor of the previous page")] = None,
 ) -> JobListResponse:
-    page, next_cursor = job_service.list_jobs(
-        runtime, tenant, status=status, limit=limit, cursor=cursor
-    )
-    return JobListResponse(jobs=[JobResponse.of(p) for p in page], next_cursor=next_cursor)
+    query = explorer.query_of(runtime, validator, filters, tenant_id=tenant.id)
+    found, next_cursor = explorer.search(runtime, query, limit=limit, cursor=cursor)
+    return JobListResponse(jobs=[JobResponse.of(f.progress) for f in found],
+                           next_cursor=next_cursor)
 
 
 @router.get(

@@ -2,7 +2,9 @@
 // draws one card per tier, the pool or the tenant's own figures, and two line charts of the
 // last HISTORY_MS. With [pools] configured it also draws every pool and its workers (a
 // tenant: its use of each pool); with one pool the page is as it was before pools.
-// Plain DOM and canvas; no library, nothing loaded from elsewhere.
+// Beside it, a job explorer (#jobs?status=…) and a page per job (#job/<id>): the admin key
+// searches and acts on every tenant's jobs, a tenant's key on its own.
+// Plain DOM and canvas; no library, nothing loaded from elsewhere; data is set as text only.
 (() => {
   "use strict";
 
@@ -31,7 +33,9 @@
     sessionStorage.removeItem(KEY_ITEM);
     if (timer !== null) clearTimeout(timer);
     timer = null;
-    $("board").hidden = true;
+    viewKind = null;
+    stopJobTimer();
+    for (const id of ["board", "explorer", "job-page", "nav"]) $(id).hidden = true;
     $("forget-key").hidden = true;
     $("key-form").hidden = false;
     $("key-error").hidden = !message;
@@ -302,7 +306,8 @@
       return card;
     }
     const rows = own.recent_jobs.slice(0, 8).map((job) => el("tr", {},
-      el("td", { class: "id", text: "…" + job.id.slice(-10), title: job.id }), el("td", { text: job.kind }),
+      el("td", { class: "id", title: job.id }, jobLink(job.id, "…" + job.id.slice(-10))),
+      el("td", { text: job.kind }),
       el("td", { text: job.status }), el("td", { class: "num", text: seconds(job.wait_s) })));
     card.append(el("table", {},
       el("thead", {}, el("tr", {}, el("th", { text: "job" }), el("th", { text: "kind" }),
@@ -399,13 +404,323 @@
     return 10 * magnitude;
   }
 
+  // -- the job explorer ---------------------------------------------------------------------
+  // #jobs?status=…&kind=…: a search (GET v1/jobs, or v1/admin/jobs with the admin key), newest
+  // first, a page at a time; #job/<id>: one job read whole, refreshed until it has ended,
+  // with Cancel, Retry and its webhook deliveries.
+
+  const PAGE = 50;
+  const FILTERS = ["status", "kind", "tier", "tenant", "since", "until"];
+  const TERMINAL = ["succeeded", "failed", "cancelled", "expired"];
+  const RETRYABLE = ["failed", "cancelled", "expired"];
+  let viewKind = null; // "fleet" (the admin key) or "tenant", once /v1/dashboard answered
+  let search = { serial: 0, params: new URLSearchParams(), cursor: null };
+  let jobTimer = null;
+  let notice = { id: null, node: null }; // what the last action on a job said
+
+  function route() {
+    const hash = window.location.hash.replace(/^#/, "");
+    if (hash.startsWith("job/")) return { name: "job", id: decodeURIComponent(hash.slice(4)) };
+    if (hash === "jobs" || hash.startsWith("jobs?")) {
+      return { name: "jobs", params: new URLSearchParams(hash.slice(5)) };
+    }
+    return { name: "board" };
+  }
+
+  function showRoute() {
+    if (viewKind === null) return; // the first answer of /v1/dashboard says whose key it is
+    const where = route();
+    $("board").hidden = where.name !== "board";
+    $("explorer").hidden = where.name !== "jobs";
+    $("job-page").hidden = where.name !== "job";
+    document.body.dataset.route = where.name;
+    for (const button of document.querySelectorAll("#nav [data-route]")) {
+      button.dataset.active = String(button.dataset.route === (where.name === "board" ? "" : "jobs"));
+    }
+    if (where.name !== "job") stopJobTimer();
+    if (where.name === "jobs") openSearch(where.params);
+    if (where.name === "job") openJob(where.id);
+  }
+
+  // The admin's routes act on any tenant's job; a tenant's on its own.
+  function jobPath(id, tenantTail, adminTail) {
+    const fleet = viewKind === "fleet";
+    return (fleet ? "v1/admin/jobs/" : "v1/jobs/") + encodeURIComponent(id)
+      + (fleet ? adminTail : tenantTail);
+  }
+
+  async function call(path, method) {
+    const answer = await fetch(path, {
+      method: method || "GET",
+      headers: { Authorization: "Bearer " + sessionStorage.getItem(KEY_ITEM),
+        Accept: "application/json" },
+      cache: "no-store",
+    });
+    if (answer.status === 401) {
+      askForKey("That key is not known to this system.");
+      throw new Error("unauthorized");
+    }
+    let body = null;
+    try { body = await answer.json(); } catch (err) { body = null; }
+    return { ok: answer.ok, status: answer.status, body };
+  }
+
+  function problem(result) {
+    return result.body && result.body.error ? result.body.error.message : "HTTP " + result.status;
+  }
+
+  function jobLink(id, text) {
+    return el("a", { href: "#job/" + encodeURIComponent(id), text: text || id,
+      dataset: { jobLink: id } });
+  }
+
+  // datetime-local inputs hold local time without a zone; the API takes RFC 3339 with one.
+  function isoOf(local) {
+    const moment = new Date(local);
+    return Number.isNaN(moment.getTime()) ? local : moment.toISOString();
+  }
+
+  function localOf(iso) {
+    const moment = new Date(iso);
+    if (!iso || Number.isNaN(moment.getTime())) return "";
+    const two = (n) => String(n).padStart(2, "0");
+    return `${moment.getFullYear()}-${two(moment.getMonth() + 1)}-${two(moment.getDate())}T`
+      + `${two(moment.getHours())}:${two(moment.getMinutes())}:${two(moment.getSeconds())}`;
+  }
+
+  function openSearch(params) {
+    const form = $("search-form");
+    for (const name of FILTERS) {
+      const value = params.get(name) || "";
+      form.elements[name].value = name === "since" || name === "until" ? localOf(value) : value;
+    }
+    search = { serial: search.serial + 1, params, cursor: null };
+    $("results").tBodies[0].replaceChildren();
+    searchPage();
+  }
+
+  async function searchPage() {
+    const serial = search.serial;
+    const query = new URLSearchParams();
+    for (const name of FILTERS) {
+      const value = search.params.get(name);
+      if (value && (name !== "tenant" || viewKind === "fleet")) query.set(name, value);
+    }
+    query.set("limit", String(PAGE));
+    if (search.cursor) query.set("cursor", search.cursor);
+    $("results").dataset.state = "loading";
+    $("more").hidden = true;
+    $("search-error").hidden = true;
+    let result;
+    try {
+      result = await call((viewKind === "fleet" ? "v1/admin/jobs?" : "v1/jobs?") + query);
+    } catch (err) {
+      result = { ok: false, status: 0, body: { error: { message: "cannot reach the API" } } };
+    }
+    if (serial !== search.serial) return; // another search began meanwhile
+    if (!result.ok) {
+      $("search-error").textContent = problem(result);
+      $("search-error").hidden = false;
+    } else {
+      $("results").tBodies[0].append(...result.body.jobs.map(resultRow));
+      search.cursor = result.body.next_cursor;
+      $("more").hidden = !search.cursor;
+    }
+    $("results-empty").hidden = !result.ok || $("results").tBodies[0].childElementCount > 0;
+    $("results").dataset.state = "done";
+  }
+
+  function resultRow(job) {
+    return el("tr", { dataset: { job: job.id, status: job.status } },
+      el("td", { class: "id" }, jobLink(job.id)),
+      viewKind === "fleet" ? el("td", { text: job.tenant || job.tenant_id }) : null,
+      el("td", { text: job.kind }), el("td", { text: job.tier }),
+      el("td", { text: job.status, dataset: { field: "status" } }),
+      el("td", { text: job.created_at || "–" }),
+      el("td", { class: "num", text: job.starts + " / " + job.max_attempts }));
+  }
+
+  function stopJobTimer() {
+    if (jobTimer !== null) clearTimeout(jobTimer);
+    jobTimer = null;
+  }
+
+  async function openJob(id) {
+    stopJobTimer();
+    const card = $("job");
+    if (card.dataset.job !== id) {
+      card.dataset.job = id;
+      card.dataset.state = "loading";
+      card.replaceChildren(el("p", { class: "empty", text: "loading…" }));
+    }
+    let result;
+    try {
+      result = await call(jobPath(id, "/detail", ""));
+    } catch (err) {
+      result = { ok: false, status: 0, body: { error: { message: "cannot reach the API" } } };
+    }
+    const here = route();
+    if (here.name !== "job" || here.id !== id) return; // the page moved on meanwhile
+    if (!result.ok) {
+      card.dataset.state = result.status === 404 ? "missing" : "error";
+      card.replaceChildren(backLink(), el("p", { class: "error", dataset: { field: "problem" },
+        text: result.status === 404 ? "No job " + id + " for this key." : problem(result) }));
+    } else {
+      renderJob(card, result.body);
+      if (!TERMINAL.includes(result.body.status)) {
+        jobTimer = setTimeout(() => openJob(id), REFRESH_MS);
+      }
+    }
+  }
+
+  function backLink() {
+    return el("p", {}, el("a", { href: "#jobs", text: "← search jobs" }));
+  }
+
+  function field(name, label, value) {
+    const shown = value === null || value === undefined || value === "" ? "–" : value;
+    return [el("dt", { text: label }),
+      el("dd", { dataset: { field: name } }, typeof shown === "string"
+        ? document.createTextNode(shown) : shown)];
+  }
+
+  function progressText(progress) {
+    if (!progress) return null;
+    return Math.round(progress.fraction * 100) + "%"
+      + (progress.message ? " · " + progress.message : "") + " (" + progress.at + ")";
+  }
+
+  function renderJob(card, job) {
+    const ended = TERMINAL.includes(job.status);
+    const facts = el("dl", { class: "facts" },
+      ...field("id", "id", job.id),
+      ...field("tenant", "tenant", job.tenant + " (" + job.tenant_id + ")"),
+      ...field("tier", "tier", job.tier),
+      ...field("kind", "kind", job.kind),
+      ...field("status", "status", job.status
+        + (job.cancel_requested && !ended ? " (cancel requested)" : "")),
+      ...field("progress", "progress", progressText(job.progress)),
+      ...field("attempt", "attempt", job.attempt + " of at most " + job.max_attempts + " starts"),
+      ...field("starts", "starts", String(job.starts)),
+      ...(job.status === "queued" ? field("queue", "queue position",
+        job.queue_position === null ? null : job.queue_position + " ahead, about "
+          + seconds(job.estimated_wait_s) + " to start") : []),
+      ...field("created-at", "created", job.created_at),
+      ...field("enqueued-at", "enqueued", job.enqueued_at),
+      ...field("dispatched-at", "dispatched", job.dispatched_at),
+      ...field("started-at", "started", job.started_at),
+      ...field("finished-at", "finished", job.finished_at),
+      ...field("error", "error", job.error),
+      ...field("error-type", "error type", job.error_type),
+      ...field("timeout", "run-time limit", job.timeout_s === null ? null : seconds(job.timeout_s)),
+      ...(job.retry_of ? field("retry-of", "retries", jobLink(job.retry_of)) : []),
+      ...(job.webhook ? field("webhook", "webhook", job.webhook.url
+        + " (" + (job.webhook.events || []).join(", ") + ")") : []));
+    const payload = el("pre", { class: "payload", dataset: { field: "payload" },
+      text: job.payload_truncated ? job.payload_excerpt + " …"
+        : JSON.stringify(job.payload, null, 2) });
+    const actions = el("div", { class: "actions" });
+    if (!ended) {
+      const cancel = el("button", { type: "button", dataset: { action: "cancel" },
+        text: job.cancel_requested ? "Cancel requested" : "Cancel" });
+      cancel.disabled = job.cancel_requested;
+      cancel.addEventListener("click", () => act(job.id, "cancel", cancel));
+      actions.append(cancel);
+    }
+    if (RETRYABLE.includes(job.status)) {
+      const retry = el("button", { type: "button", dataset: { action: "retry" }, text: "Retry" });
+      retry.addEventListener("click", () => act(job.id, "retry", retry));
+      actions.append(retry);
+    }
+    const deliveries = el("section", { class: "deliveries", dataset: { field: "deliveries" } },
+      el("h3", { text: "Webhook deliveries" }), el("p", { class: "empty", text: "loading…" }));
+    card.replaceChildren(...[backLink(),
+      el("h2", {}, el("span", { text: "Job " + job.id }),
+        el("small", { text: job.status, dataset: { status: job.status } })),
+      actions, notice.id === job.id ? notice.node : null, facts,
+      el("h3", { text: "Payload" }),
+      job.payload_truncated ? el("p", { class: "hint", dataset: { field: "payload-cut" },
+        text: "cut: its JSON is " + job.payload_bytes + " bytes; only its start is shown" })
+        : null,
+      payload, deliveries].filter(Boolean));
+    card.dataset.state = ended ? "ended" : "live";
+    card.dataset.status = job.status;
+    loadDeliveries(job.id, deliveries);
+  }
+
+  async function act(id, action, button) {
+    button.disabled = true;
+    let result;
+    try {
+      result = await call(jobPath(id, "/" + action, "/" + action), "POST");
+    } catch (err) {
+      result = { ok: false, status: 0, body: { error: { message: "cannot reach the API" } } };
+    }
+    let node;
+    if (!result.ok) {
+      node = el("p", { class: "error", dataset: { field: "notice" }, text: problem(result) });
+    } else if (action === "retry") {
+      node = el("p", { class: "notice", dataset: { field: "notice" } },
+        document.createTextNode("Retried as a new job: "), jobLink(result.body.id));
+    } else {
+      node = el("p", { class: "notice", dataset: { field: "notice" }, text: result.status === 202
+        ? "Asked its handler to stop: it ends cancelled when it does." : "Cancel: " + result.body.status });
+    }
+    notice = { id, node };
+    openJob(id);
+  }
+
+  async function loadDeliveries(id, section) {
+    let result;
+    try {
+      result = await call(jobPath(id, "/deliveries", "/deliveries"));
+    } catch (err) {
+      result = { ok: false, status: 0, body: { error: { message: "cannot reach the API" } } };
+    }
+    const list = result.ok && result.body && Array.isArray(result.body.deliveries)
+      ? result.body.deliveries : null;
+    let shown;
+    if (list === null) {
+      shown = el("p", { class: "empty", dataset: { state: "unavailable" },
+        text: "deliveries unavailable: " + problem(result) });
+    } else if (list.length === 0) {
+      shown = el("p", { class: "empty", dataset: { state: "none" }, text: "no webhook" });
+    } else {
+      shown = el("table", { dataset: { table: "deliveries" } },
+        el("thead", {}, el("tr", {}, el("th", { text: "event" }), el("th", { text: "url" }),
+          el("th", { text: "status" }), el("th", { text: "created" }),
+          el("th", { text: "next attempt" }), el("th", { text: "attempts" }))),
+        el("tbody", {}, ...list.map(deliveryRow)));
+    }
+    section.replaceChildren(section.firstChild, shown);
+  }
+
+  function deliveryRow(delivery) {
+    const attempts = delivery.attempts || [];
+    const last = attempts.length ? attempts[attempts.length - 1] : null;
+    const lastText = last === null ? "none"
+      : attempts.length + ", last " + (last.status_code === null ? "" : "HTTP " + last.status_code)
+        + (last.error ? " " + last.error : "") + " at " + last.at;
+    return el("tr", { dataset: { delivery: delivery.webhook_id, status: delivery.status } },
+      el("td", { text: delivery.type }), el("td", { class: "id", text: delivery.url }),
+      el("td", { text: delivery.status }), el("td", { text: delivery.created_at }),
+      el("td", { text: delivery.next_attempt_at || "–" }), el("td", { text: lastText }));
+  }
+
   // -- the page -----------------------------------------------------------------------------
 
   function render(body) {
     $("key-form").hidden = true;
-    $("board").hidden = false;
     $("forget-key").hidden = false;
+    $("nav").hidden = false;
     document.body.dataset.view = body.view;
+    if (viewKind !== body.view) {
+      viewKind = body.view; // whose key it is: the explorer's routes and columns follow
+      for (const node of document.querySelectorAll("[data-fleet-only]")) {
+        node.hidden = viewKind !== "fleet";
+      }
+      showRoute();
+    }
     $("view-name").textContent = body.view === "fleet"
       ? "fleet" : "tenant " + body.tenant.use.name;
     const cards = body.tiers.map((tier, i) => tierCard(tier, i, body));
@@ -446,6 +761,29 @@
   $("forget-key").addEventListener("click", () => {
     samples.length = 0;
     askForKey("");
+  });
+
+  for (const button of document.querySelectorAll("#nav [data-route]")) {
+    button.addEventListener("click", () => {
+      window.location.hash = button.dataset.route ? "#" + button.dataset.route : "";
+      if (!button.dataset.route) showRoute(); // an empty hash may not fire hashchange
+    });
+  }
+  $("search-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const form = $("search-form");
+    const query = new URLSearchParams();
+    for (const name of FILTERS) {
+      const value = form.elements[name].value.trim();
+      if (value) query.set(name, name === "since" || name === "until" ? isoOf(value) : value);
+    }
+    const hash = "#jobs" + (query.toString() ? "?" + query : "");
+    if (window.location.hash === hash) showRoute();
+    else window.location.hash = hash;
+  });
+  $("more").addEventListener("click", () => searchPage());
+  window.addEventListener("hashchange", () => {
+    if (!window.location.hash.includes("key=")) showRoute();
   });
 
   keyFromFragment();
