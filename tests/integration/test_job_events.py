@@ -8,6 +8,7 @@ after the terminal event, and costs no SQL while it waits.
 from __future__ import annotations
 
 import asyncio
+import resource
 import threading
 import time
 from typing import Any
@@ -149,12 +150,25 @@ def test_a_terminal_jobs_stream_is_its_one_event_and_an_unknown_job_is_404(
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
 
 
-STREAMS = 300
+STREAMS = 1000
 
 
+def _room_for(descriptors: int) -> None:
+    """Raise this process's open-file limit (the server's and the clients' sockets both
+    live here) to ``descriptors``, as far as the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = descriptors if hard == resource.RLIM_INFINITY else min(descriptors, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    assert hard == resource.RLIM_INFINITY or hard >= descriptors, (
+        f"{STREAMS} streams need {descriptors} open files; the hard limit is {hard}")
+
+
+@pytest.mark.timeout(300)
 def test_open_streams_cost_no_sql_while_they_wait(
     client: ApiClient, statements: Statements
 ) -> None:
+    _room_for(3 * STREAMS)
     key = roomy_tenant(client)
     jobs = [client.submit(key).json()["id"] for _ in range(3)]
     ends: list[list[str]] = []
@@ -176,14 +190,14 @@ def test_open_streams_cost_no_sql_while_they_wait(
     sender.start()
     listener = listener_of(client)
     until(lambda: len(listener.waiters) == STREAMS and listener.live, "every stream waits",
-          timeout_s=60)
+          timeout_s=180)
     statements.quiet()
     before = statements.count
     time.sleep(2.0)  # the measurement: two seconds of open, quiet streams
     assert statements.count - before == 0
     for job_id in jobs:
         move(client, job_id, Status.CANCELLED)
-    sender.join(timeout=60)
+    sender.join(timeout=180)
     assert len(ends) == STREAMS
     assert {tuple(statuses) for statuses in ends} == {("queued", "cancelled")}
     assert len(listener.waiters) == 0

@@ -12,12 +12,10 @@ from jobs.api.routes.batches import BatchIdPath
 from jobs.api.routes.jobs import JobIdPath
 from jobs.api.schemas import rfc3339
 from jobs.api.webhook_schemas import DeliveriesResponse, WebhookSecretResponse
-from jobs.core.errors import NotFound
 from jobs.process.runtime import Runtime
-from jobs.service import batches
+from jobs.service import batches, explorer
 from jobs.service import jobs as job_service
 from jobs.service.deliverer import rotate_secret, tenant_secrets
-from jobs.store import jobs as jobs_sql
 from jobs.store import webhooks as webhooks_sql
 from jobs.store.webhooks import Secrets
 
@@ -77,19 +75,11 @@ async def batch_deliveries(batch_id: BatchIdPath, tenant: TenantDep,
     return await run_in_threadpool(lambda: _deliveries(runtime, batch_id=batch.id))
 
 
-def _any_job(runtime: Runtime, job_id: str) -> str:
-    canonical = job_service.parse_job_id(job_id)
-    with runtime.sessions() as session:
-        if jobs_sql.get_job(session, canonical) is None:
-            raise NotFound("no such job", job_id=job_id)
-    return canonical
-
-
 @router.get("/v1/admin/jobs/{job_id}/deliveries", response_model=DeliveriesResponse,
             summary="Any job's webhook deliveries (admin)",
             description="As GET /v1/jobs/<id>/deliveries, for any tenant's job.",
-            responses=error_responses(*_READ))
+            responses=error_responses(*_READ, "job_gone"))
 async def admin_job_deliveries(job_id: JobIdPath, _: AdminDep,
                                runtime: RuntimeDep) -> DeliveriesResponse:
-    canonical = await run_in_threadpool(_any_job, runtime, job_id)
-    return await run_in_threadpool(lambda: _deliveries(runtime, job_id=canonical))
+    job, _tenant = await run_in_threadpool(explorer.any_job, runtime, job_id)
+    return await run_in_threadpool(lambda: _deliveries(runtime, job_id=job.id))
