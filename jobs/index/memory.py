@@ -1,7 +1,9 @@
 """The in-memory twin of ``RedisIndex``: same behaviour, step for step, for the simulator
 and for model-based tests. It mirrors the Lua scripts' data layout (see ``keys.py``) with
 the sorted sets of ``zset.py``, ordered like Redis's: ascending score, ties by member bytes
-(code point order of a ``str`` is the byte order of its UTF-8).
+(code point order of a ``str`` is the byte order of its UTF-8). The sets whose order no step
+walks (the lease table, a tenant's leases, a tier's queued jobs) are plain dicts of member to
+score, sorted only where one is read in order (``reap``).
 
 The choices the protocol leaves open are the ones ``redis_index.py`` documents: delayed
 jobs are counted but not positioned nor dispatched before their ``not_before``; ``requeue``
@@ -23,8 +25,9 @@ import math
 from collections.abc import Iterable, Sequence
 
 from jobs.core import policy
+from jobs.core.policy import Tier
 from jobs.index.keys import PROMOTE_LIMIT
-from jobs.index.memory_layout import check_scores
+from jobs.index.memory_layout import check_scores, frozen_value
 from jobs.index.memory_leases import MemoryLeases
 from jobs.index.memory_upkeep import MemoryUpkeep
 from jobs.index.values import (
@@ -42,6 +45,10 @@ from jobs.index.values import (
 )
 
 __all__ = ["MemoryIndex"]
+
+# What an admission decided: accepted, reason, tier queued, tenant queued, position, duplicate
+# (the fields of ``Admitted``).
+_Decision = tuple[bool, str | None, int, int, int, bool]
 
 
 class MemoryIndex(MemoryLeases, MemoryUpkeep):
@@ -67,6 +74,15 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
     ) -> Admitted:
         self._check_fence(fence, None, "admit")
         check_scores(job)
+        accepted, reason, tier_queued, queued, position, duplicate = self._admit(
+            job, bound, tenant_quota, max_position)
+        return Admitted(accepted=accepted, tier_queued=tier_queued, tenant_queued=queued,
+                        position=position, reason=reason, duplicate=duplicate)
+
+    def _admit(self, job: IndexedJob, bound: int, tenant_quota: int | None,
+               max_position: int | None) -> _Decision:
+        """``admit`` past its checks, as a plain tuple: ``admit_new`` answers with figures
+        of its own, and needs no ``Admitted`` in between."""
         tier_queued = len(self._tiers.get(job.tier, ()))
         queued = self.tenant_queued(job.tenant)
         known = self._meta.get(job.job_id)
@@ -75,8 +91,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
             if position is None:
                 delayed = self._delayed.score(job.job_id) is not None
                 position = self._queued.rank_at(known.order_key, job.job_id) if delayed else 0
-            return Admitted(accepted=True, tier_queued=tier_queued, tenant_queued=queued,
-                            position=position, duplicate=True)
+            return True, None, tier_queued, queued, position, True
         reason = None
         if tier_queued >= bound:
             reason = "capacity"
@@ -86,12 +101,10 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         if reason is None and max_position is not None and ahead > max_position:
             reason = "deadline"
         if reason is not None:
-            return Admitted(accepted=False, tier_queued=tier_queued, tenant_queued=queued,
-                            position=ahead, reason=reason)
+            return False, reason, tier_queued, queued, ahead, False
         self._index(job if job.attempt == 1 else dataclasses.replace(job, attempt=1))
         # Its rank now (queued) or the rank it will have (delayed): the jobs before it.
-        return Admitted(accepted=True, tier_queued=tier_queued + 1, tenant_queued=queued + 1,
-                        position=ahead)
+        return True, None, tier_queued + 1, queued + 1, ahead, False
 
     def admit_new(self, job: IndexedJob, terms: AdmissionTerms) -> Admission:
         admission = self._admit_new(job, terms)
@@ -101,9 +114,11 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
 
     def _count_refusal(self, job: IndexedJob, reason: str, *, now: float) -> None:
         minute = refusal_minute(now)
-        kept = minute - REFUSALS_KEEP_S // REFUSAL_BUCKET_S
-        for old in [m for m in self._refusals if m < kept]:  # EXPIRE's twin
-            del self._refusals[old]
+        if minute != self._refused_minute:  # the last count's sweep left none to lapse
+            self._refused_minute = minute
+            kept = minute - REFUSALS_KEEP_S // REFUSAL_BUCKET_S
+            for old in [m for m in self._refusals if m < kept]:  # EXPIRE's twin
+                del self._refusals[old]
         bucket = self._refusals.setdefault(minute, {})
         for key in (("tier", job.tier, reason), ("tenant", job.tenant, reason)):
             bucket[key] = bucket.get(key, 0) + 1
@@ -119,14 +134,14 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         check_scores(job)
         duplicate = job.job_id in self._meta
         if terms.rate is not None and not duplicate:
-            decision = self._fleet.buckets.take(job.tenant, rate_per_s=terms.rate.rate_per_s,
-                                          burst=terms.rate.burst, now=terms.now)
-            if not decision.allowed:
+            bucket = self._fleet.buckets.take(job.tenant, rate_per_s=terms.rate.rate_per_s,
+                                              burst=terms.rate.burst, now=terms.now)
+            if not bucket.allowed:
                 return Admission(
                     accepted=False, reason="rate", duplicate=False,
                     position=self._ahead_of_new(job.order_key),
                     tier_queued=0, tenant_queued=0, tenant_inflight=0, capacity=0,
-                    inflight=0, measured=None, next_token_s=decision.retry_after_s,
+                    inflight=0, measured=None, next_token_s=bucket.retry_after_s,
                     bound=0, quota=0, max_position=None)
         measured = self.service_mean
         if measured is not None and not (math.isfinite(measured[0]) and measured[0] >= 0):
@@ -135,43 +150,61 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         if measured is not None and measured[1] >= terms.service_samples_min:
             mean = max(0.001, measured[0])
         capacity = terms.pool_concurrency or self.pool_capacity(now=terms.now)
-        inflight, tenant_inflight = self._held_slots(), self.tenant_inflight(job.tenant)
-        mu = policy.service_rate(capacity, mean)
-        bound = policy.queue_bound(terms.tier, mu, terms.client_timeout_s)
-        quota = terms.tenant_quota
-        if quota is None:
-            quota = policy.tenant_quota(terms.tier, bound)
-        cap = terms.tenant_cap
-        if cap is None:
-            cap = policy.tenant_cap(terms.tier, capacity)
+        # ``_held_slots`` and ``tenant_inflight``, read in place: this runs per submit.
+        inflight = len(self._leases) - len(self._ending)
+        tenant_inflight = len(self._tenant_leases.get(job.tenant, ()))
+        mu, bound, quota, cap = self._tier_figures(terms.tier, capacity, mean,
+                                                   terms.client_timeout_s)
+        if terms.tenant_quota is not None:
+            quota = terms.tenant_quota
+        if terms.tenant_cap is not None:
+            cap = terms.tenant_cap
         max_position = None
+        decision: _Decision | None = None
         if terms.max_wait_s is not None:
             max_position = policy.latest_useful_position(
                 terms.max_wait_s, max(0, capacity - inflight), mu)
+            if not duplicate:
+                decision = self._late_for_tenant(job, terms.max_wait_s, cap, capacity, mean,
+                                                 tenant_inflight)
+        if decision is None:
+            if job.not_before is not None:
+                job = dataclasses.replace(job, not_before=None)
+            decision = self._admit(job, bound, quota, max_position)
+        accepted, reason, tier_queued, tenant_queued, position, duplicate = decision
+        return frozen_value(
+            Admission, accepted=accepted, reason=reason, duplicate=duplicate, position=position,
+            tier_queued=tier_queued, tenant_queued=tenant_queued,
+            tenant_inflight=tenant_inflight, capacity=capacity, inflight=inflight,
+            measured=measured, next_token_s=0.0, bound=bound, quota=quota,
+            max_position=max_position)
 
-        def verdict(admitted: Admitted) -> Admission:
-            return Admission(
-                accepted=admitted.accepted, reason=admitted.reason,
-                duplicate=admitted.duplicate, position=admitted.position,
-                tier_queued=admitted.tier_queued, tenant_queued=admitted.tenant_queued,
-                tenant_inflight=tenant_inflight, capacity=capacity, inflight=inflight,
-                measured=measured, next_token_s=0.0, bound=bound, quota=quota,
-                max_position=max_position)
+    def _tier_figures(self, tier: Tier, capacity: int, mean: float,
+                      client_timeout_s: float | None) -> tuple[float, int, int, int]:
+        """The policy's μ, the tier's bound and its tenants' default quota and cap on this
+        pool; kept per tier while the pool and its mean stay the same, as they do for many
+        admissions in a row."""
+        kept = self._figured.get(tier.name)
+        if kept is not None and kept[0] is tier and kept[1] == (capacity, mean,
+                                                                  client_timeout_s):
+            return kept[2]
+        mu = policy.service_rate(capacity, mean)
+        bound = policy.queue_bound(tier, mu, client_timeout_s)
+        figures = (mu, bound, policy.tenant_quota(tier, bound), policy.tenant_cap(tier, capacity))
+        self._figured[tier.name] = (tier, (capacity, mean, client_timeout_s), figures)
+        return figures
 
-        if terms.max_wait_s is not None and not duplicate:
-            max_excess = policy.latest_useful_excess(
-                terms.max_wait_s, policy.tenant_rate(cap, capacity, mean))
-            queued = self.tenant_queued(job.tenant)
-            load = policy.TenantLoad(cap=cap, inflight=tenant_inflight, ahead=queued)
-            if max_excess is not None and load.excess > max_excess:
-                return verdict(Admitted(
-                    accepted=False, reason="deadline",
-                    position=self._ahead_of_new(job.order_key), tenant_queued=queued,
-                    tier_queued=len(self._tiers.get(job.tier, ()))))
-        if job.not_before is not None:
-            job = dataclasses.replace(job, not_before=None)
-        return verdict(self.admit(job, bound=bound, tenant_quota=quota,
-                                  max_position=max_position))
+    def _late_for_tenant(self, job: IndexedJob, max_wait_s: float, cap: int, capacity: int,
+                         mean: float, tenant_inflight: int) -> _Decision | None:
+        """The refusal of a job its own tenant's cap would start too late (None: in time)."""
+        max_excess = policy.latest_useful_excess(
+            max_wait_s, policy.tenant_rate(cap, capacity, mean))
+        queued = self.tenant_queued(job.tenant)
+        load = policy.TenantLoad(cap=cap, inflight=tenant_inflight, ahead=queued)
+        if max_excess is None or load.excess <= max_excess:
+            return None
+        return (False, "deadline", len(self._tiers.get(job.tier, ())), queued,
+                self._ahead_of_new(job.order_key), False)
 
     def _ahead_of_new(self, order_key: float) -> int:
         """Queued jobs at or below ``order_key`` (ZCOUNT -inf order_key)."""
@@ -188,7 +221,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
             known = self._meta.get(job.job_id)
             if known is not None:
                 newer = known.attempt > job.attempt or (
-                    known.attempt == job.attempt and self._leases.score(job.job_id) is not None
+                    known.attempt == job.attempt and job.job_id in self._leases
                 )
                 if newer:
                     continue
@@ -213,34 +246,44 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         now = self._at(now)
         self._check_fence(fence, now, "dispatch")
         expires_at = now + lease_ttl_s
+        if self._delayed:
+            self._promote(now)
+        out: list[Lease] = []
+        runnable, blocked, meta = self._runnable, self._blocked, self._meta
+        while len(out) < n:
+            top = runnable.first()
+            if top is None:
+                break
+            job_id = top[0]
+            job = meta[job_id]
+            tenant = job.tenant
+            inflight = len(self._tenant_leases.get(tenant, ()))  # ``tenant_inflight``
+            cap = self._cap_of(tenant)
+            runnable.remove(job_id)
+            if inflight >= cap:
+                blocked.add(job_id, top[1])  # found at its cap: not counted
+                continue
+            self._zrem(self._queues, tenant, job_id)
+            self._queued.remove(job_id)
+            self._drop(self._tiers, job.tier, job_id)
+            if job.start_by is not None:  # only a job with a deadline has one to drop
+                self._deadlines.remove(job_id)
+            self._put(self._tenant_leases, tenant, job_id, expires_at)
+            self._leases[job_id] = expires_at
+            head = self._head(tenant)
+            if head is not None:
+                (blocked if inflight + 1 >= cap else runnable).add(*head)
+            out.append(frozen_value(Lease, job_id=job_id, tenant=tenant, tier=job.tier,
+                                    order_key=job.order_key, expires_at=expires_at,
+                                    attempt=job.attempt, start_by=job.start_by))
+        return out
+
+    def _promote(self, now: float) -> None:
+        """Delayed jobs due by ``now`` join their queues (at most ``PROMOTE_LIMIT``)."""
         for job_id, _ in self._delayed.upto(now, PROMOTE_LIMIT):
             job = self._meta[job_id]
             self._undelay(job_id, job.tenant)
             self._enqueue(job_id, job.tenant, job.order_key, recheck=False)
-        out: list[Lease] = []
-        while len(out) < n:
-            top = self._runnable.first()
-            if top is None:
-                break
-            job = self._meta[top[0]]
-            inflight, cap = self.tenant_inflight(job.tenant), self._cap_of(job.tenant)
-            self._runnable.remove(job.job_id)
-            if inflight >= cap:
-                self._blocked.add(job.job_id, top[1])  # found at its cap: not counted
-                continue
-            self._zrem(self._queues, job.tenant, job.job_id)
-            self._queued.remove(job.job_id)
-            self._zrem(self._tiers, job.tier, job.job_id)
-            self._deadlines.remove(job.job_id)
-            self._zadd(self._tenant_leases, job.tenant, job.job_id, expires_at)
-            self._leases.add(job.job_id, expires_at)
-            head = self._head(job.tenant)
-            if head is not None:
-                (self._blocked if inflight + 1 >= cap else self._runnable).add(*head)
-            out.append(Lease(job_id=job.job_id, tenant=job.tenant, tier=job.tier,
-                             order_key=job.order_key, expires_at=expires_at,
-                             attempt=job.attempt, start_by=job.start_by))
-        return out
 
     def hand_over(
         self,
@@ -265,11 +308,11 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         if not keep:
             self.release(job_id, attempt=attempt)
         else:
-            held, known = self._leases.score(job_id), self._meta.get(job_id)
+            held, known = self._leases.get(job_id), self._meta.get(job_id)
             if held is not None and known is not None and known.attempt == attempt:
                 kept = (known.tenant, held)  # set aside for the choice, put back after it
-                self._leases.remove(job_id)
-                self._zrem(self._tenant_leases, known.tenant, job_id)
+                del self._leases[job_id]
+                self._drop(self._tenant_leases, known.tenant, job_id)
                 head = self._head_of(known.tenant)
                 if head is not None:
                     self._refile(known.tenant, head)  # under its cap now, for the choice
@@ -277,8 +320,8 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
                             now=now)
         if kept is not None:
             tenant, expires_at = kept
-            self._leases.add(job_id, expires_at)
-            self._zadd(self._tenant_leases, tenant, job_id, expires_at)
+            self._leases[job_id] = expires_at
+            self._put(self._tenant_leases, tenant, job_id, expires_at)
             if handed is not None:
                 self._ending.add(job_id)  # its slot is the next job's now
             head = self._head_of(tenant)
@@ -323,7 +366,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
     ) -> bool:
         self._check_fence(fence, None, "put_back")
         known = self._meta.get(job_id)
-        if known is None or self._leases.score(job_id) is None or known.attempt != attempt:
+        if known is None or job_id not in self._leases or known.attempt != attempt:
             return False
         self._unindex(known)
         self._index(dataclasses.replace(known, not_before=not_before))
@@ -360,10 +403,9 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
         depths: dict[str, TierDepth] = {}
         for tier in tiers:
-            zset = self._tiers.get(tier)
-            first = None if zset is None else zset.first()
+            queued = self._tiers.get(tier)
             depths[tier] = TierDepth(
-                queued=0 if zset is None else len(zset),
-                oldest_order_key=None if first is None else first[1],
+                queued=0 if queued is None else len(queued),
+                oldest_order_key=None if not queued else min(queued.values()),
             )
         return depths

@@ -8,11 +8,27 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from jobs.core.policy import Tier
 from jobs.index.base import NotLeader
 from jobs.index.rate_limit import MemoryRateLimiter
 from jobs.index.values import IndexedJob, TierPush
 from jobs.index.zset import ZSet
+
+V = TypeVar("V")
+
+
+def frozen_value(cls: type[V], **fields: Any) -> V:
+    """A frozen dataclass's value, filled in without its ``__init__``: that one sets each
+    field through ``object.__setattr__`` and costs about three times as much, and the twin
+    and the simulator build one per simulated job. Every field must be given (defaults are
+    not applied), and the class must have no ``__post_init__`` and no ``__slots__``."""
+    if len(fields) != len(cls.__dataclass_fields__):  # type: ignore[attr-defined]
+        raise TypeError(f"{cls.__name__}: every field must be given")
+    value = object.__new__(cls)
+    value.__dict__.update(fields)
+    return value
 
 
 def check_scores(job: IndexedJob) -> None:
@@ -59,10 +75,14 @@ class MemoryLayout:
 
     def clear(self) -> None:
         self._queues: dict[str, ZSet] = {}
-        self._tenant_leases: dict[str, ZSet] = {}
-        self._tiers: dict[str, ZSet] = {}
+        # A tenant's leases and a tier's queued jobs, member -> score: they are counted, and
+        # a tier's lowest score read, but never walked in order, so a dict does (see ``_put``).
+        self._tenant_leases: dict[str, dict[str, float]] = {}
+        self._tiers: dict[str, dict[str, float]] = {}
         self._runnable, self._blocked, self._queued = ZSet(), ZSet(), ZSet()
-        self._delayed, self._deadlines, self._leases = ZSet(), ZSet(), ZSet()
+        self._delayed, self._deadlines = ZSet(), ZSet()
+        # job -> lease expiry: looked up per job, walked in order only by ``reap`` (``_lapsed``).
+        self._leases: dict[str, float] = {}
         self._meta: dict[str, IndexedJob] = {}
         self._cancels: set[str] = set()  # leased jobs flagged to cancel (meta's 7th field)
         self._ending: set[str] = set()  # leases kept while ending (common.lua's ENDING)
@@ -78,16 +98,23 @@ class MemoryLayout:
         self._generation: str | None = None
         # The ``refusals:<minute>`` hashes: (scope, name, reason) -> count, by minute.
         self._refusals: dict[int, dict[tuple[str, str, str], int]] = {}
+        self._refused_minute: int | None = None  # the minute of the last refusal counted
         # The twin of the ``service_mean`` hash ``jobs.fleet.service_rate`` publishes in Redis:
         # the measured mean service time and its samples.
         self.service_mean: tuple[float, int] | None = None
         self._tier_push: TierPush | None = None
+        # ``admit_new``'s figures per tier: (tier, (capacity, mean, client timeout), figures).
+        self._figured: dict[str, tuple[Tier, tuple[int, float, float | None],
+                                       tuple[float, int, int, int]]] = {}
 
     # -- the layout's small steps (the helpers of lua/common.lua) --
 
     @staticmethod
     def _zadd(sets: dict[str, ZSet], key: str, member: str, score: float) -> None:
-        sets.setdefault(key, ZSet()).add(member, score)
+        zset = sets.get(key)
+        if zset is None:  # not ``setdefault``: that would build a set per call
+            zset = sets[key] = ZSet()
+        zset.add(member, score)
 
     @staticmethod
     def _zrem(sets: dict[str, ZSet], key: str, member: str) -> bool:
@@ -98,6 +125,30 @@ class MemoryLayout:
             del sets[key]
         return True
 
+    @staticmethod
+    def _put(sets: dict[str, dict[str, float]], key: str, member: str, score: float) -> None:
+        """``_zadd`` for a set kept as a dict: the same members and scores, no order kept."""
+        members = sets.get(key)
+        if members is None:
+            members = sets[key] = {}
+        members[member] = score
+
+    @staticmethod
+    def _drop(sets: dict[str, dict[str, float]], key: str, member: str) -> bool:
+        """``_zrem`` for a set kept as a dict."""
+        members = sets.get(key)
+        if members is None or members.pop(member, None) is None:
+            return False
+        if not members:
+            del sets[key]
+        return True
+
+    def _lapsed(self, now: float, limit: int) -> list[tuple[str, float]]:
+        """Leases expiring at or before ``now``, in (expiry, job) order, at most ``limit``."""
+        due = sorted((expires_at, job_id) for job_id, expires_at in self._leases.items()
+                     if expires_at <= now)
+        return [(job_id, expires_at) for expires_at, job_id in due[:limit]]
+
     def _cap_of(self, tenant: str) -> int:
         cap = self._tenant_caps.get(tenant)
         if cap is None:
@@ -106,7 +157,7 @@ class MemoryLayout:
         return 1 if cap is None else cap
 
     def _at_cap(self, tenant: str) -> bool:
-        return self.tenant_inflight(tenant) >= self._cap_of(tenant)
+        return len(self._tenant_leases.get(tenant, ())) >= self._cap_of(tenant)
 
     def _head(self, tenant: str) -> tuple[str, float] | None:
         queue = self._queues.get(tenant)
@@ -118,8 +169,9 @@ class MemoryLayout:
 
     def _refile(self, tenant: str, old: str | None) -> bool:
         head = self._head(tenant)
-        was_blocked = old is not None and self._blocked.score(old) is not None
-        source = self._blocked if was_blocked else self._runnable
+        blocked, runnable = self._blocked, self._runnable
+        was_blocked = old is not None and blocked.score(old) is not None
+        source = blocked if was_blocked else runnable
         if head is None:
             if old is not None:
                 source.remove(old)
@@ -129,15 +181,20 @@ class MemoryLayout:
             return False
         if old is not None:
             source.remove(old)
-        (self._blocked if to_blocked else self._runnable).add(head[0], head[1])
+        (blocked if to_blocked else runnable).add(head[0], head[1])
         return was_blocked and not to_blocked
 
     def _enqueue(self, job_id: str, tenant: str, order_key: float, recheck: bool) -> None:
-        old = self._head_of(tenant)
-        self._zadd(self._queues, tenant, job_id, order_key)
+        queue = self._queues.get(tenant)
+        if queue is None:
+            queue = self._queues[tenant] = ZSet()
+        old = queue.first()
+        old_id = None if old is None else old[0]
+        queue.add(job_id, order_key)
         self._queued.add(job_id, order_key)
-        if recheck or self._head_of(tenant) != old:
-            self._refile(tenant, old)
+        head = queue.first()
+        if recheck or head is None or head[0] != old_id:
+            self._refile(tenant, old_id)
 
     def _undelay(self, job_id: str, tenant: str) -> bool:
         if not self._delayed.remove(job_id):
@@ -154,7 +211,7 @@ class MemoryLayout:
         self._cancels.discard(job.job_id)
         retiered = self._tenant_tier.get(job.tenant) != job.tier
         self._tenant_tier[job.tenant] = job.tier
-        self._zadd(self._tiers, job.tier, job.job_id, job.order_key)
+        self._put(self._tiers, job.tier, job.job_id, job.order_key)
         if job.start_by is not None:
             self._deadlines.add(job.job_id, job.start_by)
         if job.not_before is None:
@@ -175,11 +232,11 @@ class MemoryLayout:
             state, old = "queued", self._head_of(tenant)
             self._zrem(self._queues, tenant, job_id)
             self._queued.remove(job_id)
-        elif self._leases.remove(job_id):
+        elif self._leases.pop(job_id, None) is not None:
             state = "leased"
-            self._zrem(self._tenant_leases, tenant, job_id)
+            self._drop(self._tenant_leases, tenant, job_id)
             self._ending.discard(job_id)
-        self._zrem(self._tiers, job.tier, job_id)
+        self._drop(self._tiers, job.tier, job_id)
         self._deadlines.remove(job_id)
         del self._meta[job_id]
         self._cancels.discard(job_id)
@@ -192,9 +249,11 @@ class MemoryLayout:
         return state
 
     def _check_fence(self, fence: str | None, now: float | None, what: str) -> None:
+        if not fence:
+            return
         if now is None:
             now = self._seen_now if self._seen_now is not None else self.clock()
-        if fence and self.leader(now=now) != fence:
+        if self.leader(now=now) != fence:
             raise NotLeader(f"{what} refused: the fencing token is not the leader's")
 
     # -- counts --

@@ -31,17 +31,17 @@ class MemoryLeases(MemoryLayout):
         """``start`` records nothing here: the twin keeps no metrics."""
         if release is not None:
             self.release(release.job_id, attempt=release.attempt)
-        current = self._leases.score(job_id)
+        current = self._leases.get(job_id)
         if current is None or self._meta[job_id].attempt != attempt:
             return Renewal.LOST
         expires_at = self._at(now) + ttl_s
         if expires_at > current:
-            self._leases.add(job_id, expires_at)
-            self._tenant_leases[self._meta[job_id].tenant].add(job_id, expires_at)
+            self._leases[job_id] = expires_at
+            self._tenant_leases[self._meta[job_id].tenant][job_id] = expires_at
         return Renewal.CANCEL_REQUESTED if job_id in self._cancels else Renewal.HELD
 
     def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
-        if self._leases.score(job_id) is None:
+        if job_id not in self._leases:
             return False
         if attempt is not None and self._meta[job_id].attempt != attempt:
             return False
@@ -62,15 +62,15 @@ class MemoryLeases(MemoryLayout):
         """``ring``, ``ring_if_runnable`` and ``announce`` reach nobody here: nothing waits
         on a twin; nor does ``outcome`` count anything (the twin keeps no metrics)."""
         self._check_fence(fence, None, "release")
-        if self._leases.score(job_id) is None:
+        if job_id not in self._leases:
             return False
         if attempt is not None and self._meta[job_id].attempt != attempt:
             return False
         tenant = self._meta.pop(job_id).tenant
         self._cancels.discard(job_id)
         self._ending.discard(job_id)
-        self._leases.remove(job_id)
-        self._zrem(self._tenant_leases, tenant, job_id)
+        del self._leases[job_id]
+        self._drop(self._tenant_leases, tenant, job_id)
         head = self._head_of(tenant)
         return head is not None and self._refile(tenant, head)
 
@@ -82,7 +82,7 @@ class MemoryLeases(MemoryLayout):
         now = self._at(now)
         self._check_fence(fence, now, "reap")
         out: list[Lease] = []
-        for job_id, expires_at in self._leases.upto(now, limit):
+        for job_id, expires_at in self._lapsed(now, limit):
             job = self._meta[job_id]
             self._unindex(job)
             out.append(Lease(job_id=job_id, tenant=job.tenant, tier=job.tier,
@@ -106,17 +106,17 @@ class MemoryLeases(MemoryLayout):
         if known is not None:
             if known.attempt > job.attempt:
                 return False
-            current = self._leases.score(job_id)
+            current = self._leases.get(job_id)
             if known.attempt == job.attempt and current is not None:
                 if current < expires_at:
-                    self._leases.add(job_id, expires_at)
-                    self._tenant_leases[known.tenant].add(job_id, expires_at)
+                    self._leases[job_id] = expires_at
+                    self._tenant_leases[known.tenant][job_id] = expires_at
                 return True
             self._unindex(known)
         self._meta[job_id] = job
         self._cancels.discard(job_id)
-        self._zadd(self._tenant_leases, job.tenant, job_id, expires_at)
-        self._leases.add(job_id, expires_at)
+        self._put(self._tenant_leases, job.tenant, job_id, expires_at)
+        self._leases[job_id] = expires_at
         self._tenant_tier[job.tenant] = job.tier
         head = self._head_of(job.tenant)
         if head is not None:

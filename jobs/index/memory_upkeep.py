@@ -33,15 +33,17 @@ class MemoryUpkeep(MemoryLayout):
                 self._runnable.add(job_id, score)
 
     def job_ids(self) -> Iterator[str]:
-        for zset in (self._queued, self._delayed, self._leases):
+        for zset in (self._queued, self._delayed):
             for job_id, _ in zset.items():
                 yield job_id
+        for _, job_id in sorted((at, job_id) for job_id, at in self._leases.items()):
+            yield job_id
 
     def scan_entries(self, cursor: int, count: int) -> tuple[int, list[Entry]]:
         ids = sorted(self._meta)[cursor:cursor + count]
         entries = [
             Entry(job_id=job_id, attempt=self._meta[job_id].attempt,
-                  leased=self._leases.score(job_id) is not None)
+                  leased=job_id in self._leases)
             for job_id in ids
         ]
         following = cursor + count
@@ -50,7 +52,7 @@ class MemoryUpkeep(MemoryLayout):
     def entries_of(self, job_ids: Sequence[str]) -> dict[str, Entry]:
         return {
             job_id: Entry(job_id=job_id, attempt=self._meta[job_id].attempt,
-                          leased=self._leases.score(job_id) is not None)
+                          leased=job_id in self._leases)
             for job_id in job_ids
             if job_id in self._meta
         }

@@ -25,7 +25,7 @@ from jobs.core import policy
 from jobs.core.cadence import FEED_PERIOD_S, ITEMS_PER_ROUND, MAINTENANCE_PERIOD_S
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
 from jobs.core.policy import MeasuredMean, weighted_mean
-from jobs.simulate.contender import Contender, Context
+from jobs.simulate.contender import Contender, Context, Verdict
 from jobs.simulate.lanes import Lane, lane_tenants
 from jobs.simulate.outcome import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run, Sample
 from jobs.simulate.overtaking import Overtaking
@@ -70,7 +70,14 @@ class Engine:
                  tracker=Overtaking(tenant_tier=traffic.tenant_tier, tier_rank=rank, cap=c.cap))
             for i, (c, p) in enumerate(pairs)]
         self._one = [(lane,) for lane in self.lanes]  # what an event of one pool dispatches
+        self._pooled = len(self.lanes) > 1
+        # The columns the loop reads per event, bound once.
         self._pool = traffic.pool
+        self._tenant = traffic.tenant
+        self._service_s = traffic.service_s
+        self._failures = traffic.failures
+        self._batch = traffic.batch
+        self._enqueued = context.enqueued
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = itertools.count()
         self._next_worker = 0
@@ -78,12 +85,15 @@ class Engine:
         self._busy = 0
         self._sample_dt = self.horizon / samples if self.horizon > 0 else math.inf
         self._ttl = context.policy.lease_ttl_s
+        self._renew_after = self._ttl / 2  # a job running longer than this is renewed
+        self._renew_every = self._ttl / 3
         # (pool, tenant) → batch items not admitted yet
         self._held: dict[tuple[int, int], deque[int]] = {}
         self._backoff: dict[int, int] = {}  # job → the attempt that waits out its backoff
         self._last = 0.0  # the time of the last event
         self._next_sample, self._next_measure = 0.0, REFRESH_S
         self._next_upkeep = MAINTENANCE_PERIOD_S
+        self._next_timer = 0.0  # the first of the three above: no timer is due before it
 
     def _push(self, at: float, kind: int, job: int = 0, attempt: int = 0) -> None:
         heapq.heappush(self._events, (at, next(self._seq), kind, job, attempt))
@@ -114,12 +124,18 @@ class Engine:
             self._add_workers(lane, lane.pool.workers, 0.0)
             for i, change in enumerate(lane.pool.changes):
                 self._push(change.at_s, _POOL, i, lane.index)
+        # Bound once: the loop runs per event.
+        account, timers, arrive, handle = self._account, self._timers, self._arrive, self._handle
+        dispatch = self._dispatch
         for now, kind, job, attempt in self._timeline():
-            self._upkeep(now)
-            for lane in self._handle(kind, job, attempt, now):
+            account(now)
+            if now >= self._next_timer:
+                timers(now)
+            lanes = arrive(job, now) if kind == -1 else handle(kind, job, attempt, now)
+            for lane in lanes:
                 # A dispatch can start nothing while every slot is busy.
                 if lane.busy < lane.capacity:
-                    self._dispatch(lane, now)
+                    dispatch(lane, now)
         self._account(self.horizon)
         trackers = [lane.tracker for lane in self.lanes]
         run.overtaken_wait_s = [max(w) for w in zip(*(t.wait_max for t in trackers), strict=True)]
@@ -136,12 +152,12 @@ class Engine:
         """Arrivals and events in time order, up to the last arrival: (time, kind, job,
         attempt), kind -1 for an arrival."""
         arrival, n, i = self.context.traffic.arrival, len(self.context.traffic), 0
-        events = self._events
+        events, horizon, pop = self._events, self.horizon, heapq.heappop
         while True:
             if events and (i >= n or events[0][0] <= arrival[i]):
-                if events[0][0] > self.horizon:
+                if events[0][0] > horizon:
                     return
-                at, _, kind, job, attempt = heapq.heappop(events)
+                at, _, kind, job, attempt = pop(events)
                 yield at, kind, job, attempt
             elif i < n:
                 i += 1
@@ -152,18 +168,18 @@ class Engine:
     def _account(self, now: float) -> None:
         """Slot-seconds busy and offered since the last event."""
         elapsed = now - self._last
-        self.run.busy_s += self._busy * elapsed
-        self.run.capacity_s += self._capacity * elapsed
-        if len(self.lanes) > 1:
+        run = self.run
+        run.busy_s += self._busy * elapsed
+        run.capacity_s += self._capacity * elapsed
+        if self._pooled:
             for lane in self.lanes:
                 lane.busy_s += lane.busy * elapsed
                 lane.capacity_s += lane.capacity * elapsed
         self._last = now
 
-    def _upkeep(self, now: float) -> None:
+    def _timers(self, now: float) -> None:
         """What runs on timers: the samples for the picture, the dispatcher's measure of the
         mean service time (``REFRESH_S``) and its expiry sweep (``MAINTENANCE_PERIOD_S``)."""
-        self._account(now)
         while now >= self._next_sample:
             queued = [sum(q) for q in zip(*(lane.c.queued() for lane in self.lanes),
                                           strict=True)]
@@ -182,11 +198,11 @@ class Engine:
             self._next_upkeep = now + MAINTENANCE_PERIOD_S
             for lane in self.lanes:
                 self._expire(lane.c.expire(now))
+        self._next_timer = min(self._next_sample, self._next_measure, self._next_upkeep)
 
     def _handle(self, kind: int, job: int, attempt: int, now: float) -> Sequence[Lane]:
-        """Play one event; the lanes where a dispatch may start something."""
-        if kind == -1:
-            return self._arrive(job, now)
+        """Play one event other than an arrival; the lanes where a dispatch may start
+        something."""
         if kind == _FINISH:
             return self._finish(job, attempt, now)
         if kind == _RENEW:
@@ -207,27 +223,34 @@ class Engine:
         return self._one[lane.index]
 
     def _wait(self, job: int) -> None:
-        self._lane(job).tracker.wait(job, self.context.traffic.tenant[job],
-                                     self.context.enqueued[job])
+        self._lane(job).tracker.wait(job, self._tenant[job], self._enqueued[job])
 
     def _arrive(self, job: int, now: float) -> Sequence[Lane]:
-        lane = self._lane(job)
-        if self.context.traffic.batch[job]:
-            if not self._held:
-                self._push(now, _FEED)
-            key = (lane.index, self.context.traffic.tenant[job])
-            self._held.setdefault(key, deque()).append(job)
-            self.run.status[job] = HELD
+        lane = self.lanes[self._pool[job]]
+        if self._batch[job]:
+            self._hold(lane, job, now)
             return ()
         verdict = lane.c.submit(job, now)
         if not verdict.accepted:
-            self.run.status[job] = REFUSED
-            self.run.refusal[job] = f"{verdict.cause}/{verdict.limit}"
-            self.run.refusal_figures[job] = (verdict.count, verdict.limit_value)
+            self._refuse(job, verdict)
             return ()
         self.run.told_wait_s[job] = verdict.told_wait_s
-        self._wait(job)
+        lane.tracker.wait(job, self._tenant[job], self._enqueued[job])
         return self._one[lane.index]
+
+    def _hold(self, lane: Lane, job: int, now: float) -> None:
+        """A batch item waits with its tenant's for the feeder."""
+        if not self._held:
+            self._push(now, _FEED)
+        key = (lane.index, self._tenant[job])
+        self._held.setdefault(key, deque()).append(job)
+        self.run.status[job] = HELD
+
+    def _refuse(self, job: int, verdict: Verdict) -> None:
+        run = self.run
+        run.status[job] = REFUSED
+        run.refusal[job] = f"{verdict.cause}/{verdict.limit}"
+        run.refusal_figures[job] = (verdict.count, verdict.limit_value)
 
     def _feed(self, now: float) -> Sequence[Lane]:
         """A round of the batch feeder: each tenant's items in order until the first one
@@ -254,21 +277,21 @@ class Engine:
 
     def _dispatch(self, lane: Lane, now: float) -> None:
         dispatched = lane.c.dispatch(now)
-        self._expire(dispatched.expired)
+        if dispatched.expired:
+            self._expire(dispatched.expired)
         for job, attempt in dispatched.started:
             self._start(lane, job, attempt, now)
 
     def _expire(self, jobs: list[int]) -> None:
-        traffic = self.context.traffic
         for job in jobs:
             self.run.status[job] = EXPIRED
             self._backoff.pop(job, None)
-            self._lane(job).tracker.unwait(job, traffic.tenant[job], self.context.enqueued[job])
+            self._lane(job).tracker.unwait(job, self._tenant[job], self._enqueued[job])
 
     def _start(self, lane: Lane, job: int, attempt: int, now: float) -> None:
-        traffic, run = self.context.traffic, self.run
-        tenant = traffic.tenant[job]
-        if math.isnan(run.start[job]):
+        run = self.run
+        tenant = self._tenant[job]
+        if run.start[job] != run.start[job]:  # nan: its first start
             run.start[job] = now
             run.status[job] = SERVED
         if attempt > 1:
@@ -281,16 +304,16 @@ class Engine:
         cap = lane.c.cap(tenant)
         if cap is not None and running > cap:
             run.cap_exceeded += 1
-        lane.tracker.start(job, tenant, self.context.enqueued[job], now)
-        end = now + traffic.service_s[job]
+        lane.tracker.start(job, tenant, self._enqueued[job], now)
+        end = now + self._service_s[job]
         lane.running[job] = (attempt, end)
         self._push(end, _FINISH, job, attempt)
-        if end - now > self._ttl / 2:
-            self._push(now + self._ttl / 3, _RENEW, job, attempt)
+        if end - now > self._renew_after:
+            self._push(now + self._renew_every, _RENEW, job, attempt)
 
     def _stop(self, lane: Lane, job: int) -> None:
         """A running attempt ends (finished or lost): its slot frees."""
-        tenant = self.context.traffic.tenant[job]
+        tenant = self._tenant[job]
         del lane.running[job]
         self._busy -= 1
         lane.busy -= 1
@@ -298,15 +321,15 @@ class Engine:
         lane.tracker.finish(tenant)
 
     def _finish(self, job: int, attempt: int, now: float) -> Sequence[Lane]:
-        lane = self._lane(job)
+        lane = self.lanes[self._pool[job]]
         held = lane.running.get(job)
         if held is None or held[0] != attempt:
             return ()  # lost with its worker
         self._stop(lane, job)
         lane.c.finish(job, attempt, now)
-        lane.run_times.appendleft(self.context.traffic.service_s[job])
+        lane.run_times.appendleft(self._service_s[job])
         lane.completions += 1
-        if attempt <= self.context.traffic.failures[job]:
+        if attempt <= self._failures[job]:
             pol = self.context.policy
             backoff = policy.retry_backoff_s(attempt, pol.retry_backoff_s,
                                              pol.retry_backoff_max_s)
@@ -332,8 +355,8 @@ class Engine:
         if held is None or held[0] != attempt:
             return
         lane.c.renew(job, attempt, now)
-        if held[1] - now > self._ttl / 2:
-            self._push(now + self._ttl / 3, _RENEW, job, attempt)
+        if held[1] - now > self._renew_after:
+            self._push(now + self._renew_every, _RENEW, job, attempt)
 
     def _change_pool(self, lane: Lane, index: int, now: float) -> None:
         change = lane.pool.changes[index]

@@ -48,9 +48,12 @@ class Overtaking:
 
     def _refresh(self, tenant: int) -> None:
         cap = self._cap(tenant)
+        if cap is not None and self._inflight[tenant] >= cap:  # no room: no head to offer
+            self._head_of[tenant] = None
+            return
         oldest = self._oldest(tenant)
         old = self._head_of[tenant]
-        if oldest is None or (cap is not None and self._inflight[tenant] >= cap):
+        if oldest is None:
             self._head_of[tenant] = None
             return
         if old is not None and old[1] == oldest[1]:
@@ -92,8 +95,11 @@ class Overtaking:
             first = self._first(tier)
             if first is not None and first[0] < arrival:
                 oldest = first[0]
-                self.wait_max[tier] = max(self.wait_max[tier], now - oldest)
-                self.gap_max[tier] = max(self.gap_max[tier], arrival - oldest)
+                # As ``max(kept, new)``, without a call per worse tier and start.
+                if now - oldest > self.wait_max[tier]:
+                    self.wait_max[tier] = now - oldest
+                if arrival - oldest > self.gap_max[tier]:
+                    self.gap_max[tier] = arrival - oldest
         self._inflight[tenant] += 1
         del self._live[job]
         self._refresh(tenant)

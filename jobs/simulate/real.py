@@ -29,6 +29,7 @@ from jobs.fleet import pool as capacity
 from jobs.fleet.pool import PoolFigures
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
 from jobs.index.memory import MemoryIndex
+from jobs.index.memory_layout import frozen_value
 from jobs.simulate.contender import Context, Dispatched, Verdict
 
 _LIMITS = {"capacity": "bound", "tenant_limit": "quota"}
@@ -43,14 +44,17 @@ def job_id(job: int) -> str:
 def _refused(admission: Admission) -> Verdict:
     """The refusal as ``jobs.admission.limits`` types it, with the figures it was decided on."""
     reason = admission.reason or "capacity"
-    figures = {
-        "capacity": (admission.tier_queued, admission.bound),
-        "tenant_limit": (admission.tenant_queued, admission.quota),
-        "deadline": (admission.position, admission.max_position),
-    }.get(reason, (None, None))
+    count: int | None = None
+    limit: int | None = None
+    if reason == "capacity":
+        count, limit = admission.tier_queued, admission.bound
+    elif reason == "tenant_limit":
+        count, limit = admission.tenant_queued, admission.quota
+    elif reason == "deadline":
+        count, limit = admission.position, admission.max_position
     return Verdict(accepted=False,
                    cause="tenant_limit" if reason in ("tenant_limit", "rate") else "capacity",
-                   limit=_LIMITS.get(reason, reason), count=figures[0], limit_value=figures[1])
+                   limit=_LIMITS.get(reason, reason), count=count, limit_value=limit)
 
 
 class TierqContender:
@@ -72,6 +76,14 @@ class TierqContender:
         self._figured: tuple[tuple[int, tuple[float, int] | None], PoolFigures] | None = None
         self._caps: list[int] = [1] * len(self._tiers)
         self._deadlines = any(w is not None for w in traffic.max_wait_s)
+        # Per tenant: its name, tier, own (cap, max_queued) and cap now (``set_workers``).
+        self._tenant_names = traffic.tenants
+        self._tenant_tier = traffic.tenant_tier
+        self._own = [traffic.overrides.get(t, (None, None)) for t in range(len(traffic.tenants))]
+        self._tenant_caps: list[int] = [1] * len(traffic.tenants)
+        # Every job's id, formatted once: a job's id is asked for at its submit, release and
+        # every heartbeat.
+        self._ids = [job_id(job) for job in range(len(traffic))]
 
     # -- the pool --
 
@@ -86,6 +98,8 @@ class TierqContender:
         self._capacity = self.policy.pool_concurrency or self._slots
         figures = capacity.figures(self.policy, capacity=self._capacity, inflight=0)
         self._caps = [figures.caps[name] for name in self._tier_names]
+        self._tenant_caps = [own if own is not None else self._caps[tier]
+                             for (own, _), tier in zip(self._own, self._tenant_tier, strict=True)]
         traffic = self.context.traffic
         own_caps = {traffic.tenants[t]: cap for t, (cap, _) in traffic.overrides.items()
                     if cap is not None}
@@ -96,42 +110,42 @@ class TierqContender:
         self.index.service_mean = (mean.mean_s, mean.samples)
 
     def cap(self, tenant: int) -> int | None:
-        own = self._own(tenant)[0]
-        return own if own is not None else self._caps[self.context.traffic.tenant_tier[tenant]]
-
-    def _own(self, tenant: int) -> tuple[int | None, int | None]:
-        """The tenant's own (cap, max_queued), as its record would hold them."""
-        return self.context.traffic.overrides.get(tenant, (None, None))
+        return self._tenant_caps[tenant]
 
     # -- submit --
 
     def submit(self, job: int, now: float) -> Verdict:
         self._now = now
-        traffic, pol = self.context.traffic, self.policy
-        tier_index = traffic.tier_of(job)
+        pol = self.policy
+        tenant = self.context.traffic.tenant[job]
+        tier_index = self._tenant_tier[tenant]
         tier = self._tiers[tier_index]
-        max_wait = traffic.max_wait_s[job]
-        own_cap, own_quota = self._own(traffic.tenant[job])
-        entry = IndexedJob(
-            job_id=job_id(job), tenant=traffic.tenants[traffic.tenant[job]], tier=tier.name,
+        max_wait = self.context.traffic.max_wait_s[job]
+        own_cap, own_quota = self._own[tenant]
+        entry = frozen_value(
+            IndexedJob, job_id=self._ids[job], tenant=self._tenant_names[tenant], tier=tier.name,
             order_key=policy.order_key(now, tier.base_priority, pol.ageing_rate_s),
-            start_by=None if max_wait is None else now + max_wait)
-        admission = self.index.admit_new(entry, AdmissionTerms(
-            now=now, tier=tier, mean_service_s=pol.mean_service_s,
+            start_by=None if max_wait is None else now + max_wait, not_before=None, attempt=1)
+        admission = self.index.admit_new(entry, frozen_value(
+            AdmissionTerms, now=now, tier=tier, mean_service_s=pol.mean_service_s,
             service_samples_min=pol.service_samples_min, client_timeout_s=pol.client_timeout_s,
             pool_concurrency=pol.pool_concurrency, rate=self._rates[tier_index],
             tenant_cap=own_cap, tenant_quota=own_quota, max_wait_s=max_wait))
         if not admission.accepted:
             return _refused(admission)
+        return Verdict(accepted=True, told_wait_s=self._told_wait(admission, tier, own_cap))
+
+    def _told_wait(self, admission: Admission, tier: Tier, own_cap: int | None) -> float | None:
+        """The estimate an accepted job is told, as ``jobs.admission.estimates`` tells it."""
         figures = self._figures(admission.capacity, admission.measured)
-        load = policy.TenantLoad(cap=own_cap or figures.caps[tier.name],
-                                 inflight=admission.tenant_inflight,
-                                 ahead=max(0, admission.tenant_queued - 1))
+        load = frozen_value(policy.TenantLoad, cap=own_cap or figures.caps[tier.name],
+                            inflight=admission.tenant_inflight,
+                            ahead=max(0, admission.tenant_queued - 1))
         told = policy.expected_wait_s(
             admission.position, max(0, figures.capacity - admission.inflight),
             figures.service_rate, tenant=load, capacity=figures.capacity,
             mean_service_s=figures.mean_service_s)
-        return Verdict(accepted=True, told_wait_s=told if math.isfinite(told) else None)
+        return told if math.isfinite(told) else None
 
     def _figures(self, pool: int, measured: tuple[float, int] | None) -> PoolFigures:
         """``capacity.figures`` of the admission's pool and measure (as ``jobs.admission.limits``
@@ -151,7 +165,7 @@ class TierqContender:
         traffic = self.context.traffic
         tier = self._tiers[traffic.tier_of(job)]
         figures = self._figures(self._capacity, self.index.service_mean)
-        own_quota = self._own(traffic.tenant[job])[1]
+        own_quota = self._own[traffic.tenant[job]][1]
         outcome = self.index.admit(
             IndexedJob(job_id=job_id(job), tenant=traffic.tenants[traffic.tenant[job]],
                        tier=tier.name, order_key=self.policy.order_key(tier.name, now)),
@@ -182,10 +196,10 @@ class TierqContender:
                 return out
 
     def finish(self, job: int, attempt: int, now: float) -> None:
-        self.index.release(job_id(job), attempt=attempt)
+        self.index.release(self._ids[job], attempt=attempt)
 
     def renew(self, job: int, attempt: int, now: float) -> None:
-        self.index.renew(job_id(job), attempt=attempt, ttl_s=self._ttl, now=now)
+        self.index.renew(self._ids[job], attempt=attempt, ttl_s=self._ttl, now=now)
 
     def lose(self, job: int, attempt: int, now: float) -> None:
         """Nothing to do: the lease simply stops being renewed."""
