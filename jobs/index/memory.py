@@ -137,7 +137,7 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         capacity = terms.pool_concurrency or self.pool_capacity(now=terms.now)
         inflight, tenant_inflight = self._held_slots(), self.tenant_inflight(job.tenant)
         mu = policy.service_rate(capacity, mean)
-        bound = policy.queue_bound(terms.tier, mu, terms.client_timeout_s)
+        bound = policy.queue_bound(terms.tier, mu, terms.client_timeout_s, capacity=capacity)
         quota = terms.tenant_quota
         if quota is None:
             quota = policy.tenant_quota(terms.tier, bound)
@@ -170,7 +170,18 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
                     tier_queued=len(self._tiers.get(job.tier, ()))))
         if job.not_before is not None:
             job = dataclasses.replace(job, not_before=None)
-        return verdict(self.admit(job, bound=bound, tenant_quota=quota,
+        admit_bound = bound
+        tier_queued = len(self._tiers.get(job.tier, ()))
+        free = max(0, capacity - inflight)
+        if not duplicate and tier_queued >= bound and free > 0:
+            # As admit_new.lua: the tier's queue waits on caps, not on the pool.
+            if tenant_inflight >= cap:
+                return verdict(Admitted(
+                    accepted=False, reason="cap", position=self._ahead_of_new(job.order_key),
+                    tenant_queued=self.tenant_queued(job.tenant), tier_queued=tier_queued))
+            if free > len(self._runnable):
+                admit_bound = tier_queued + 1
+        return verdict(self.admit(job, bound=admit_bound, tenant_quota=quota,
                                   max_position=max_position))
 
     def _ahead_of_new(self, order_key: float) -> int:

@@ -47,9 +47,11 @@ def _refused(admission: Admission) -> Verdict:
         "capacity": (admission.tier_queued, admission.bound),
         "tenant_limit": (admission.tenant_queued, admission.quota),
         "deadline": (admission.position, admission.max_position),
+        "cap": (admission.tenant_inflight, None),
     }.get(reason, (None, None))
     return Verdict(accepted=False,
-                   cause="tenant_limit" if reason in ("tenant_limit", "rate") else "capacity",
+                   cause="tenant_limit" if reason in ("tenant_limit", "rate", "cap")
+                   else "capacity",
                    limit=_LIMITS.get(reason, reason), count=figures[0], limit_value=figures[1])
 
 
