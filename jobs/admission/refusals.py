@@ -11,6 +11,10 @@ at least 1, never a constant:
   ``tier_queued - bound + 1`` jobs at the service rate ``mu``.
 - ``tenant_limit``/quota: the tenant's own queue drains at its concurrency cap over the
   mean service time, so one place frees after ``mean / cap``.
+- ``tenant_limit``/cap: the tier is at its bound while the pool has a free slot, and the
+  tenant runs as many jobs as its cap allows: its next one starts when one of its own ends,
+  after ``mean / cap`` (the pool is not what holds it back, so the cause is never
+  ``capacity``).
 - ``tenant_limit``/rate: the time until its token bucket holds the next token.
 - ``capacity``/deadline: the job would start after its own ``max_wait_s``, by the estimate of
   ``policy.expected_wait_s``. It would start in time once the queue ahead of it has shrunk to
@@ -38,6 +42,7 @@ REFUSAL_NAMES = {
     "deadline": ("capacity", "deadline"),
     "tenant_limit": ("tenant_limit", "quota"),
     "rate": ("tenant_limit", "rate"),
+    "cap": ("tenant_limit", "cap"),
 }
 
 
@@ -123,6 +128,8 @@ def refused(refusal: Refusal) -> Refused:
     """The exception to raise for the index's refusal (the API maps it to a 429)."""
     if refusal.reason == "tenant_limit":
         return _quota(refusal)
+    if refusal.reason == "cap":
+        return _cap(refusal)
     if refusal.reason == "deadline":
         return _deadline(refusal)
     return _bound(refusal)
@@ -161,6 +168,28 @@ def _quota(r: Refusal) -> TenantLimitExceeded:
         limit="quota",
         tenant_queued=r.tenant_queued,
         quota=r.quota,
+    )
+
+
+def _cap(r: Refusal) -> TenantLimitExceeded:
+    load = r.tenant_load
+    running = 0 if load is None else load.inflight
+    cap = 0 if load is None else load.cap
+    message = (f"tenant {r.tenant_name!r} runs {running} jobs, its cap of {cap}, and tier "
+               f"{r.tier!r} is at its bound of {r.bound} queued jobs, which wait on their "
+               f"tenants' caps while the pool has {r.free_slots} free slot(s)")
+    return TenantLimitExceeded(
+        message,
+        tier=r.tier,
+        queue_position=r.position,
+        retry_after_s=tenant_retry_after_s(
+            tenant_rate=r.tenant_rate, idle_retry_s=r.idle_retry_s
+        ),
+        limit="cap",
+        tenant_inflight=running,
+        tenant_cap=cap,
+        tier_queued=r.tier_queued,
+        bound=r.bound,
     )
 
 

@@ -17,7 +17,8 @@ class RefusalTally(BaseModel):
     """Submits refused with a 429 in the window, of one cause and limit."""
 
     cause: str = Field(description="`capacity` (ours to fix) or `tenant_limit` (the client's)")
-    limit: str = Field(description="the limit hit: `bound`, `deadline`, `quota` or `rate`")
+    limit: str = Field(description="the limit hit: `bound`, `deadline`, `quota`, `rate` or "
+                       "`cap`")
     count: int = Field(description="refusals of this cause and limit in the window")
 
     @classmethod

@@ -73,10 +73,11 @@ class ErrorDetail(BaseModel):
     )
     limit: str | None = Field(
         default=None, examples=["bound"],
-        description="429: the limit hit: bound or deadline (capacity), quota or rate "
+        description="429: the limit hit: bound or deadline (capacity), quota, rate or cap "
                     "(tenant_limit); its figures follow (bound, quota, rate_per_s, max_wait_s; "
-                    "a deadline the tenant's own cap causes adds tenant_cap, tenant_inflight "
-                    "and tenant_queued_ahead)",
+                    "cap: tenant_cap, tenant_inflight, bound, tier_queued; a deadline the "
+                    "tenant's own cap causes adds tenant_cap, tenant_inflight and "
+                    "tenant_queued_ahead)",
     )
     bound: int | None = Field(default=None, description="429 bound: the tier's queue bound")
     tier_queued: int | None = Field(default=None, description="429 bound: jobs the tier has "

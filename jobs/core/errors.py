@@ -17,7 +17,7 @@
     ├── UnsupportedMediaType         415 unsupported_media_type: a document no handler reads
     ├── Refused                      429: nothing was accepted
     │   ├── CapacityExceeded         capacity: the tier is at its bound (ours to fix)
-    │   └── TenantLimitExceeded      tenant_limit: this tenant's quota or rate (theirs)
+    │   └── TenantLimitExceeded      tenant_limit: this tenant's quota, rate or cap (theirs)
     ├── Unavailable                  503 unavailable: SQL or Redis cannot be reached
     ├── DuplicateJob                 idempotency key already used by this tenant (carries
     │                                its job; the service decides: same job or a conflict)

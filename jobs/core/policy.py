@@ -7,7 +7,8 @@ module asks this one for the numbers, so the maths lives in one place (see docs/
   sooner). With one ageing rate for all tiers the relative order of two queued jobs never
   changes, so it equals ordering by the static ``order_key = enqueued_at + base_priority *
   ageing_rate``: a virtual deadline, computed once on insert.
-- Bound (Little's law): ``queue_bound = max(1, floor(mu * min(max_wait, client_timeout)))``.
+- Bound (Little's law): ``queue_bound = max(1, capacity, floor(mu * min(max_wait,
+  client_timeout)))``: never fewer than the pool's slots, which keep the pool busy.
 - Cap: ``tenant_cap = max(1, floor(pool_concurrency * tenant_share))``; never 0, which would
   block a tenant forever.
 - Deadline: a job may wait ``max_wait_s``; ``latest_useful_position`` is the last place in the
@@ -123,9 +124,13 @@ def useful_wait_s(tier: Tier, client_timeout_s: float | None = None) -> float:
     return min(tier.max_wait_s, client_timeout_s)
 
 
-def queue_bound(tier: Tier, mu: float, client_timeout_s: float | None = None) -> int:
-    """How many jobs of this tier may wait: ``max(1, floor(mu * W))``."""
-    return max(1, math.floor(mu * useful_wait_s(tier, client_timeout_s) + 1e-9))
+def queue_bound(
+    tier: Tier, mu: float, client_timeout_s: float | None = None, *, capacity: int = 0
+) -> int:
+    """How many jobs of this tier may wait: ``max(1, capacity, floor(mu * W))``. Never fewer
+    than the pool's slots: a smaller bound (a small pool of long jobs) would refuse work that
+    an idle slot could start, and call the pool full while it is not."""
+    return max(1, capacity, math.floor(mu * useful_wait_s(tier, client_timeout_s) + 1e-9))
 
 
 def tenant_cap(tier: Tier, pool_concurrency: int) -> int:

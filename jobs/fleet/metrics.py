@@ -50,9 +50,9 @@ ENTERED = ("queued", "dispatched", "running", "succeeded", "failed", "cancelled"
 REPAIRS = ("full_pass", "orphan_recovered", "reindexed", "entry_removed")
 # Every (cause, limit) a refusal can have: listed at 0 for every tier until the first.
 REFUSALS = (("capacity", "bound"), ("capacity", "deadline"), ("tenant_limit", "quota"),
-            ("tenant_limit", "rate"), ("tenant_limit", "batches"))
+            ("tenant_limit", "rate"), ("tenant_limit", "cap"), ("tenant_limit", "batches"))
 # Refusals admit_new.lua counts itself (the ``limit`` of the 429).
-COUNTED_BY_ADMIT = frozenset({"bound", "deadline", "quota", "rate"})
+COUNTED_BY_ADMIT = frozenset({"bound", "deadline", "quota", "rate", "cap"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,7 +274,7 @@ def _counter_families(reads: Sequence[_PoolRead]) -> Iterable[Metric]:
     rejections = CounterMetricFamily(
         "tierq_rejections",
         "Submissions refused with a 429, by pool, tier, cause (capacity, tenant_limit) and "
-        "the limit hit (bound, deadline; quota, rate, batches)",
+        "the limit hit (bound, deadline; quota, rate, cap, batches)",
         labels=["pool", "tier", "cause", "limit"])
     repairs = CounterMetricFamily(
         "tierq_reconciler_repairs", "What the reconciler repaired, by pool and kind "

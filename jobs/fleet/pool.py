@@ -47,7 +47,8 @@ def figures(
     samples = measured.samples if measured is not None and enough else 0
     mu = policy.service_rate(capacity, mean)
     bounds = {
-        name: policy.queue_bound(tier, mu, pol.client_timeout_s) for name, tier in pol.tiers.items()
+        name: policy.queue_bound(tier, mu, pol.client_timeout_s, capacity=capacity)
+        for name, tier in pol.tiers.items()
     }
     return PoolFigures(
         capacity=capacity,

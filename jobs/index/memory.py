@@ -167,10 +167,14 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
             if not duplicate:
                 decision = self._late_for_tenant(job, terms.max_wait_s, cap, capacity, mean,
                                                  tenant_inflight)
+        admit_bound = bound
+        if decision is None and not duplicate:
+            decision, admit_bound = self._room(job, bound, cap, capacity - inflight,
+                                               tenant_inflight)
         if decision is None:
             if job.not_before is not None:
                 job = dataclasses.replace(job, not_before=None)
-            decision = self._admit(job, bound, quota, max_position)
+            decision = self._admit(job, admit_bound, quota, max_position)
         accepted, reason, tier_queued, tenant_queued, position, duplicate = decision
         return frozen_value(
             Admission, accepted=accepted, reason=reason, duplicate=duplicate, position=position,
@@ -189,10 +193,24 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
                                                                   client_timeout_s):
             return kept[2]
         mu = policy.service_rate(capacity, mean)
-        bound = policy.queue_bound(tier, mu, client_timeout_s)
+        bound = policy.queue_bound(tier, mu, client_timeout_s, capacity=capacity)
         figures = (mu, bound, policy.tenant_quota(tier, bound), policy.tenant_cap(tier, capacity))
         self._figured[tier.name] = (tier, (capacity, mean, client_timeout_s), figures)
         return figures
+
+    def _room(self, job: IndexedJob, bound: int, cap: int, free: int,
+              tenant_inflight: int) -> tuple[_Decision | None, int]:
+        """As admit_new.lua: a tier at its bound while a slot is free waits on its tenants'
+        caps, not on the pool. A tenant at its own cap is refused for it ('cap'); another's
+        job is let past the bound while more slots are free than tenants have a job
+        runnable. The refusal, if any, and the bound to admit under."""
+        tier_queued = len(self._tiers.get(job.tier, ()))
+        if tier_queued < bound or free <= 0:
+            return None, bound
+        if tenant_inflight >= cap:
+            return (False, "cap", tier_queued, self.tenant_queued(job.tenant),
+                    self._ahead_of_new(job.order_key), False), bound
+        return None, tier_queued + 1 if free > len(self._runnable) else bound
 
     def _late_for_tenant(self, job: IndexedJob, max_wait_s: float, cap: int, capacity: int,
                          mean: float, tenant_inflight: int) -> _Decision | None:

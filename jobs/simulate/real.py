@@ -52,8 +52,11 @@ def _refused(admission: Admission) -> Verdict:
         count, limit = admission.tenant_queued, admission.quota
     elif reason == "deadline":
         count, limit = admission.position, admission.max_position
+    elif reason == "cap":
+        count = admission.tenant_inflight
     return Verdict(accepted=False,
-                   cause="tenant_limit" if reason in ("tenant_limit", "rate") else "capacity",
+                   cause="tenant_limit" if reason in ("tenant_limit", "rate", "cap")
+                   else "capacity",
                    limit=_LIMITS.get(reason, reason), count=count, limit_value=limit)
 
 

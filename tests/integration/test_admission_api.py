@@ -194,6 +194,36 @@ def test_a_full_tier_refuses_with_capacity_and_the_drain_time(
         assert refused.headers["X-Queue-Position"] == "3"
 
 
+def test_a_tenant_at_its_cap_is_refused_for_its_cap_while_a_slot_is_free(
+    urls: tuple[str, str, str], clock: Clock
+) -> None:
+    # tierq up's pool: 2 slots at 6 s. Premium's Little's-law bound is 1, floored at the 2
+    # slots; its cap is 1. With one job running and two queued behind its tenant's cap, the
+    # tier is at its bound while a slot is free: the pool is not what holds the work back.
+    with api(urls, clock, pool_concurrency=2) as served:
+        acme = served.create_tenant("acme", "premium")
+        assert patch_tenant(served, acme["id"], max_queued=10).status_code == 200
+        first = served.submit(acme["api_key"]).json()["id"]
+        dispatch_one(served, first)
+        for _ in range(2):
+            clock.now += 0.01
+            assert served.submit(acme["api_key"]).status_code == 202
+        refused = served.submit(acme["api_key"])
+        error = assert_refusal(refused, type_="tenant_limit", limit="cap", tier="premium")
+        assert (error["tenant_cap"], error["tenant_inflight"]) == (1, 1)
+        assert (error["bound"], error["tier_queued"]) == (2, 2)
+        assert "its cap of 1" in error["message"] and "1 free slot" in error["message"]
+        assert refused.headers["Retry-After"] == "6"  # its running job ends in a service time
+        # Another tenant's job takes the free slot at once: admitted past the bound.
+        other = served.tenant_key("other", "premium")
+        assert served.submit(other).status_code == 202
+        # Now the free slot has a job ready for it: the bound holds.
+        assert_refusal(served.submit(other), type_="capacity", limit="bound", tier="premium")
+        metrics = served.get("/metrics").text
+        assert ('tierq_rejections_total{cause="tenant_limit",limit="cap",pool="default",'
+                'tier="premium"} 1.0') in metrics
+
+
 def test_with_no_workers_the_refusal_says_so_and_waits_a_registration_period(
     urls: tuple[str, str, str], clock: Clock
 ) -> None:

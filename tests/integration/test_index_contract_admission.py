@@ -159,3 +159,36 @@ def test_refusals_are_counted_by_tier_tenant_reason_and_minute(
             ("tier", "std", "tenant_limit"): 1, ("tenant", "a", "tenant_limit"): 1,
             ("tier", "std", "capacity"): 2, ("tenant", "b", "capacity"): 2}
         assert index.refusal_counts([]) == {}
+
+
+def test_a_tier_at_its_bound_with_a_free_slot_refuses_only_for_a_tenants_own_cap(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Four slots, one busy; the tier's queue (its bound of 4: the slots floor Little's law's
+    2) holds four jobs of tenants at their cap of 1, so three slots stay free. A tenant at its
+    cap is refused for that cap, never for capacity; another tenant's job is let past the
+    bound, since it starts at once; once the free slots are fewer than the tenants with a
+    runnable job, the bound holds again."""
+    tier = policy.Tier(name="std", base_priority=0, max_wait_s=2, tenant_share=0.25)
+    for index in (RedisIndex(redis_client, key_prefix), MemoryIndex()):
+        index.clear()
+        terms = AdmissionTerms(now=NOW, tier=tier, mean_service_s=4.0, service_samples_min=20,
+                               pool_concurrency=4, tenant_quota=10)
+        assert _submit(index, "a1", "a", terms).accepted
+        assert [lease.job_id for lease in index.dispatch(4, lease_ttl_s=600, now=NOW)] == ["a1"]
+        for n in range(4):  # held back by a's cap of 1: the pool keeps three slots free
+            assert _submit(index, f"a{n + 2}", "a", terms).accepted
+        assert index.dispatch(4, lease_ttl_s=600, now=NOW) == []
+
+        capped = _submit(index, "a9", "a", terms)
+        assert (capped.accepted, capped.reason, capped.bound) == (False, "cap", 4)
+        assert (capped.tier_queued, capped.tenant_inflight, capped.inflight) == (4, 1, 1)
+        past = _submit(index, "b1", "b", terms)
+        assert past.accepted and past.tier_queued == 5 and past.bound == 4
+        assert _submit(index, "c1", "c", terms).accepted  # 3 free slots, 1 tenant ready (b)
+        assert _submit(index, "d1", "d", terms).accepted  # 3 free slots, 2 ready (b, c)
+        full = _submit(index, "e1", "e", terms)  # 3 free slots, 3 ready (b, c, d): it waits
+        assert (full.accepted, full.reason) == (False, "capacity")
+        assert index.refusal_counts([refusal_minute(NOW)]) == {
+            ("tier", "std", "cap"): 1, ("tenant", "a", "cap"): 1,
+            ("tier", "std", "capacity"): 1, ("tenant", "e", "capacity"): 1}

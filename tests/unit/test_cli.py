@@ -65,7 +65,7 @@ def test_policy_prints_the_worked_example(app: typer.Typer) -> None:
     assert result.exit_code == 0, result.output
     rows = _rows(result.stdout)
     # tier: priority, max wait, bound, cap, quota (each configured then live), rate, ageing
-    assert rows["premium"] == ["0", "5", "20", "-", "6", "-", "5", "-", "-", "0 s"]
+    assert rows["premium"] == ["0", "5", "24", "-", "6", "-", "6", "-", "-", "0 s"]
     assert rows["standard"] == ["10", "20", "80", "-", "2", "-", "8", "-", "-", "60 s"]
     assert rows["free"] == ["20", "60", "240", "-", "1", "-", "9", "-", "-", "120 s"]
     # figure: configured, live

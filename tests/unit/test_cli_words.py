@@ -65,7 +65,8 @@ def test_up_prints_what_its_slots_give_each_tier_and_warns_of_ones() -> None:
     from jobs.process.settings import load_settings
 
     small = derived_lines(load_settings(), UpOptions(concurrency=2))
-    assert small[0].startswith("Bound/cap/quota: premium 1/1/1 · standard 6/1/1")
+    # Premium's Little's-law bound is 1 there; the pool's 2 slots floor it.
+    assert small[0].startswith("Bound/cap/quota: premium 2/1/1 · standard 6/1/1")
     assert "warning: a figure of 1 (premium, standard, free)" in small[1]
     roomy = derived_lines(load_settings(policy={"mean_service_s": 0.5}),
                           UpOptions(concurrency=50))

@@ -412,7 +412,7 @@ def test_the_sizing_table_of_deploy_md_is_what_the_policy_computes(
     built = load_settings().build_policy()
     tiers, pool = built.tiers, 16
     mu = policy.service_rate(pool, 6.0)
-    bounds = {name: policy.queue_bound(tier, mu) for name, tier in tiers.items()}
+    bounds = {name: policy.queue_bound(tier, mu, capacity=pool) for name, tier in tiers.items()}
 
     def per_tier(values: dict[str, float]) -> str:
         return ", ".join(f"{name} {values[name]:g}" for name in ("premium", "standard", "free"))

@@ -53,7 +53,7 @@ def test_the_measured_mean_counts_only_with_enough_samples(pol: policy.Policy) -
 def test_figures_follow_the_measured_mean(pol: policy.Policy) -> None:
     configured = pool.figures(pol, capacity=24, inflight=0)
     assert (configured.service_rate, configured.service_samples) == (4.0, 0)
-    assert configured.bounds == {"premium": 20, "standard": 80, "free": 240}
+    assert configured.bounds == {"premium": 24, "standard": 80, "free": 240}
     # Jobs take 3 s, not 6: μ doubles, and so does every bound and quota; caps do not move.
     measured = pool.figures(pol, capacity=24, inflight=0,
                                 measured=MeasuredMean(mean_s=3.0, samples=40))

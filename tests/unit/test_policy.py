@@ -43,6 +43,17 @@ def test_bound_is_at_least_one(tiers: dict[str, policy.Tier]) -> None:
     assert policy.queue_bound(tiers["premium"], 0.01) == 1
 
 
+def test_a_bound_is_never_below_the_pools_slots(tiers: dict[str, policy.Tier]) -> None:
+    # Premium waits 5 s at most, a job takes 6 s: Little's law gives 20 for 24 slots, and
+    # 1 for 2 slots; the slots floor both, so a pool whose slots all free at once finds
+    # enough jobs queued to start.
+    assert policy.queue_bound(tiers["premium"], policy.service_rate(24, 6.0), capacity=24) == 24
+    assert policy.queue_bound(tiers["premium"], policy.service_rate(2, 6.0), capacity=2) == 2
+    # Above the slots, Little's law decides.
+    assert policy.queue_bound(tiers["free"], policy.service_rate(24, 6.0), capacity=24) == 240
+    assert policy.queue_bound(tiers["premium"], 0.0, capacity=0) == 1
+
+
 def test_caps_of_a_24_slot_pool(tiers: dict[str, policy.Tier]) -> None:
     caps = {name: policy.tenant_cap(tier, 24) for name, tier in tiers.items()}
     # 24 × 0.04 = 0.96 rounds down to 0, and a cap of 0 would block the tenant forever.
@@ -125,9 +136,9 @@ def test_bounds_and_caps_are_never_below_one(
 ) -> None:
     tier = policy.Tier(name="t", base_priority=0, max_wait_s=wait, tenant_share=share)
     mu = policy.service_rate(capacity, mean)
-    bound = policy.queue_bound(tier, mu)
-    assert bound >= 1
-    assert bound <= max(1, math.floor(mu * wait) + 1)
+    bound = policy.queue_bound(tier, mu, capacity=capacity)
+    assert bound >= max(1, capacity)
+    assert bound <= max(1, capacity, math.floor(mu * wait) + 1)
     assert policy.tenant_cap(tier, capacity) >= 1
     assert policy.tenant_quota(tier, bound) >= 1
 

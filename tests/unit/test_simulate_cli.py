@@ -51,7 +51,7 @@ def test_simulate_seed_prints_the_table_and_draws_the_png(app: typer.Typer,
     assert set(rows) == {(tier, pol) for tier in ("premium", "standard", "free")
                          for pol in ("strict", "rescore", "tierq")}
     submitted, served = rows[("free", "tierq")][:2]
-    assert int(submitted) > 100 and int(served.replace(",", "")) > 0.8 * int(submitted)
+    assert int(submitted) > 100 and int(served.replace(",", "")) > 0.7 * int(submitted)
     assert int(rows[("free", "strict")][1]) < 0.05 * int(submitted)  # starved
     assert "quota" in rows[("premium", "tierq")][2]  # premium alone is over capacity
     assert "A free job ties with fresh premium work after 120 s" in result.stdout

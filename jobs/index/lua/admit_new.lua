@@ -39,7 +39,8 @@ local function count_refusal(reason)
 end
 
 local REFUSED_AS = {rate = 'tenant_limit|rate', tenant_limit = 'tenant_limit|quota',
-                    capacity = 'capacity|bound', deadline = 'capacity|deadline'}
+                    capacity = 'capacity|bound', deadline = 'capacity|deadline',
+                    cap = 'tenant_limit|cap'}
 local function count(accepted, reason, dup)
   if accepted == 1 then
     if dup == 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'queued', 1) end
@@ -73,7 +74,7 @@ if measured_mean and samples >= tonumber(ARGV[11]) then mean = math.max(0.001, m
 local capacity = tonumber(ARGV[9]) or live_slots(KEYS[14], KEYS[15], now)
 local inflight = held_slots()
 local mu = math.max(0, capacity) / mean
-local bound = math.max(1, math.floor(mu * tonumber(ARGV[12]) + 1e-9))
+local bound = math.max(1, capacity, math.floor(mu * tonumber(ARGV[12]) + 1e-9))
 local quota = tonumber(ARGV[16]) or math.max(1, math.floor(bound * tonumber(ARGV[13]) + 1e-9))
 local cap = tonumber(ARGV[15]) or math.max(1, math.floor(capacity * tonumber(ARGV[14]) + 1e-9))
 local tenant_inflight = redis.call('ZCARD', lkey(tenant))
@@ -100,4 +101,22 @@ if max_wait and not duplicate and capacity > 0 then
   end
 end
 
-return verdict(admit_job(job, tenant, tier, order_key, ARGV[5], '', bound, quota, max_position))
+-- A tier at its bound while a slot of the pool is free: its queued jobs wait on their tenants'
+-- caps, not on the pool. A job whose own tenant is at its cap is refused for that cap
+-- ('cap', tenant_limit): the pool is not to blame. Any other job may take the free slot at
+-- once, as long as more slots are free than tenants have a job runnable: it is let past the
+-- bound (the bound counts jobs that wait, and this one will not).
+local admit_bound = bound
+if not duplicate then
+  local tier_queued = redis.call('ZCARD', tkey(tier))
+  local free = math.max(0, capacity - inflight)
+  if tier_queued >= bound and free > 0 then
+    if tenant_inflight >= cap then
+      return verdict({0, tier_queued, tenant_queued(tenant), ahead_at(order_key), 'cap', 0})
+    end
+    if free > redis.call('ZCARD', RUNNABLE) then admit_bound = tier_queued + 1 end
+  end
+end
+
+return verdict(admit_job(job, tenant, tier, order_key, ARGV[5], '', admit_bound, quota,
+                         max_position))
