@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobs.core.errors import InvalidRequest
 from jobs.core.webhooks import MAX_URL_LENGTH, Webhook
 
 TIMESTAMP = "RFC 3339, UTC, milliseconds"
@@ -30,6 +31,18 @@ class WebhookRequest(BaseModel):
     def webhook(self) -> Webhook:
         """As named, unchecked: the submit checks it (``jobs.admission.webhooks``)."""
         return Webhook(url=self.url, events=tuple(self.events or ()))
+
+
+def webhook_of_fields(url: str | None, events: str | None, *, where: str) -> Webhook | None:
+    """A webhook named by two plain fields (NDJSON batches' query, an upload's form):
+    ``webhook_url`` and ``webhook_events``, comma-separated; unchecked, as ``webhook()``."""
+    if url is None:
+        if events is not None:
+            raise InvalidRequest("webhook_events names the events of a webhook_url",
+                                 details=[{"loc": [where, "webhook_url"], "msg": "required"}])
+        return None
+    named = tuple(part.strip() for part in (events or "").split(",") if part.strip())
+    return Webhook(url=url, events=named)
 
 
 class WebhookSecretResponse(BaseModel):

@@ -57,6 +57,12 @@ def new_secret() -> str:
 
 
 def tenant_secrets(runtime: Runtime, tenant_id: str) -> repo.Secrets:
+    """Read (every try signs with them); written once, in a write transaction, when the
+    tenant has none yet."""
+    with runtime.sessions() as session:
+        found = repo.read_secrets(session, tenant_id, now=runtime.clock())
+    if found is not None:
+        return found
     with runtime.sessions.begin() as session:
         return repo.secrets(session, tenant_id, now=runtime.clock(), made=new_secret())
 
@@ -129,12 +135,17 @@ class Deliverer:
         if free <= 0:
             return []
         now = self.runtime.clock()
+        # The poll reads (no write lock on SQLite while nothing is due); the claim writes.
+        with self.runtime.sessions() as session:
+            due = repo.due(session, now=now, limit=free * 4)
+        chosen: list[str] = []
+        for event_id, tenant_id in due:
+            if busy[tenant_id] < self.tenant_concurrency and len(chosen) < free:
+                busy[tenant_id] += 1
+                chosen.append(event_id)
+        if not chosen:
+            return []
         with self.runtime.sessions.begin() as session:
-            chosen: list[str] = []
-            for event_id, tenant_id in repo.due(session, now=now, limit=free * 4):
-                if busy[tenant_id] < self.tenant_concurrency and len(chosen) < free:
-                    busy[tenant_id] += 1
-                    chosen.append(event_id)
             events = repo.claim(session, chosen, now=now, until=now + CLAIM_S)
         with self._lock:
             self._busy.update(event.tenant_id for event in events)

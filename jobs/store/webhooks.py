@@ -168,22 +168,32 @@ class Secrets:
         return [self.current] + ([self.previous] if self.previous else [])
 
 
-def secrets(session: Session, tenant_id: str, *, now: float, made: str) -> Secrets:
-    """The tenant's secrets; ``made`` becomes its secret if it has none yet (the first
-    writer's stays when two race)."""
-    read = sa.select(TENANTS.c.webhook_secret, TENANTS.c.webhook_secret_previous,
-                     TENANTS.c.webhook_previous_until).where(TENANTS.c.id == tenant_id)
-    row = session.execute(read).one()
-    if row.webhook_secret is None:  # written only once: a read is all later calls cost
-        session.execute(sa.update(TENANTS).where(TENANTS.c.id == tenant_id,
-                                                 TENANTS.c.webhook_secret.is_(None))
-                        .values(webhook_secret=made))
-        row = session.execute(read).one()
+def read_secrets(session: Session, tenant_id: str, *, now: float) -> Secrets | None:
+    """The tenant's secrets, or None while it has none yet (a read: no write lock)."""
+    row = session.execute(sa.select(
+        TENANTS.c.webhook_secret, TENANTS.c.webhook_secret_previous,
+        TENANTS.c.webhook_previous_until).where(TENANTS.c.id == tenant_id)).one()
+    if row.webhook_secret is None:
+        return None
     until = epoch_or_none(row.webhook_previous_until)
     if row.webhook_secret_previous is None or until is None or until <= now:
         return Secrets(current=row.webhook_secret, previous=None, previous_until=None)
     return Secrets(current=row.webhook_secret, previous=row.webhook_secret_previous,
                    previous_until=until)
+
+
+def secrets(session: Session, tenant_id: str, *, now: float, made: str) -> Secrets:
+    """The tenant's secrets; ``made`` becomes its secret if it has none yet (the first
+    writer's stays when two race)."""
+    found = read_secrets(session, tenant_id, now=now)
+    if found is not None:
+        return found
+    session.execute(sa.update(TENANTS).where(TENANTS.c.id == tenant_id,
+                                             TENANTS.c.webhook_secret.is_(None))
+                    .values(webhook_secret=made))
+    made_or_raced = read_secrets(session, tenant_id, now=now)
+    assert made_or_raced is not None
+    return made_or_raced
 
 
 def rotate(session: Session, tenant_id: str, *, made: str, now: float,

@@ -45,10 +45,11 @@ from jobs.api.batch_schemas import (
 from jobs.api.deps import RuntimeDep, TenantDep, ValidatorDep, refuse_unknown_query
 from jobs.api.errors import error_responses
 from jobs.api.schemas import MAX_ATTEMPTS_LIMIT, TIMEOUT, ErrorResponse
+from jobs.api.webhook_schemas import webhook_of_fields
 from jobs.core.domain import Tenant
 from jobs.core.errors import InvalidRequest, TenantLimitExceeded
 from jobs.core.policy import MAX_TIMEOUT_S
-from jobs.core.webhooks import MAX_URL_LENGTH, Webhook
+from jobs.core.webhooks import MAX_URL_LENGTH
 from jobs.process.runtime import Runtime
 from jobs.service import batches
 from jobs.service.batch_items import MAX_BATCH_ITEMS, ValidatedItems
@@ -159,7 +160,8 @@ async def submit_batch(
                                  max_attempts=max_attempts, timeout_s=timeout_s,
                                  envelope=bool(envelope),
                                  completion_window_s=completion_window_s,
-                                 webhook=_query_webhook(webhook_url, webhook_events))
+                                 webhook=webhook_of_fields(webhook_url, webhook_events,
+                                                           where="query"))
         with _uploads(request).slot(tenant, api.max_concurrent_uploads_per_tenant):
             await run_in_threadpool(batches.check_submittable, runtime, tenant, spec)
             items = ValidatedItems(validator, kind, envelope=spec.envelope)
@@ -292,16 +294,6 @@ def _submit_json(runtime: Runtime, validator: PayloadValidator, tenant: Tenant, 
                              completion_window_s=body.completion_window_s,
                              webhook=None if body.webhook is None else body.webhook.webhook())
     return batches.submit(runtime, validator, tenant, spec, body.items)
-
-
-def _query_webhook(url: str | None, events: str | None) -> Webhook | None:
-    if url is None:
-        if events is not None:
-            raise InvalidRequest("webhook_events names the events of a webhook_url",
-                                 details=[{"loc": ["query", "webhook_url"], "msg": "required"}])
-        return None
-    named = tuple(part.strip() for part in (events or "").split(",") if part.strip())
-    return Webhook(url=url, events=named)
 
 
 def _json_batch(raw: bytes) -> BatchRequest:

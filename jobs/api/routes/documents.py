@@ -18,12 +18,13 @@ from jobs.admission import submit
 from jobs.api.deps import BlobStoreDep, RuntimeDep, TenantDep, ValidatorDep, refuse_unknown_query
 from jobs.api.errors import error_responses
 from jobs.api.schemas import MAX_WAIT_LIMIT_S, TIMEOUT, SubmitResponse
+from jobs.api.webhook_schemas import webhook_of_fields
 from jobs.blobs.records import store_blob
 from jobs.blobs.store import digest
 from jobs.core import content_type
-from jobs.core.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from jobs.core.errors import PayloadTooLarge, UnsupportedMediaType
 from jobs.core.policy import MAX_TIMEOUT_S
-from jobs.core.webhooks import MAX_URL_LENGTH, Webhook
+from jobs.core.webhooks import MAX_URL_LENGTH
 from jobs.process.runtime import Runtime
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"],
@@ -108,7 +109,8 @@ def upload_document(
     submitted = submit.submit(
         runtime, validator, tenant,
         submit.Submission(kind=form.kind, payload=payload, max_wait_s=form.max_wait_s,
-                          blob=sha256, timeout_s=form.timeout_s, webhook=_webhook(form)),
+                          blob=sha256, timeout_s=form.timeout_s, webhook=webhook_of_fields(
+                              form.webhook_url, form.webhook_events, where="body")),
     )
     job_id = submitted.progress.job.id
     response.headers["Location"] = f"/v1/jobs/{job_id}"
@@ -126,14 +128,3 @@ def _read_limited(file: UploadFile, runtime: Runtime) -> bytes:
         raise PayloadTooLarge(f"the document is over the limit of {limit} bytes",
                               limit_bytes=limit)
     return data
-
-
-def _webhook(form: DocumentForm) -> Webhook | None:
-    if form.webhook_url is None:
-        if form.webhook_events is not None:
-            raise InvalidRequest("webhook_events names the events of a webhook_url",
-                                 details=[{"loc": ["body", "webhook_url"], "msg": "required"}])
-        return None
-    events = tuple(part.strip() for part in (form.webhook_events or "").split(",")
-                   if part.strip())
-    return Webhook(url=form.webhook_url, events=events)

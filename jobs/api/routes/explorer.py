@@ -22,6 +22,7 @@ from jobs.api.explorer_schemas import (
     JobDetailResponse,
     job_filters,
 )
+from jobs.api.routes.jobs import cancel_answer
 from jobs.api.schemas import CancelResponse, SubmitResponse
 from jobs.service import explorer
 from jobs.service import jobs as job_service
@@ -97,11 +98,7 @@ def get_any_job(job_id: JobIdPath, _: AdminDep, runtime: RuntimeDep) -> JobDetai
 def cancel_any_job(
     job_id: JobIdPath, _: AdminDep, runtime: RuntimeDep, response: Response
 ) -> CancelResponse:
-    outcome = explorer.cancel_any(runtime, job_id)
-    if outcome.pending:
-        response.status_code = 202
-    job = outcome.job
-    return CancelResponse(id=job.id, status=job.status, cancel_requested=job.cancel_requested)
+    return cancel_answer(explorer.cancel_any(runtime, job_id), response)
 
 
 @router.post(

@@ -48,6 +48,7 @@ from jobs.process.runtime import Runtime
 from jobs.service import explorer
 from jobs.service import jobs as job_service
 from jobs.service.explorer import Filters
+from jobs.service.jobs import CancelOutcome
 from jobs.store import blobs as blobs_sql
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(refuse_unknown_query)])
@@ -298,7 +299,11 @@ def get_result_blob(
 def cancel_job(
     job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, response: Response
 ) -> CancelResponse:
-    outcome = job_service.cancel(runtime, tenant, job_id)
+    return cancel_answer(job_service.cancel(runtime, tenant, job_id), response)
+
+
+def cancel_answer(outcome: CancelOutcome, response: Response) -> CancelResponse:
+    """A cancel's answer: 202 while a running job is asked to stop, else 200."""
     if outcome.pending:
         response.status_code = 202
     job = outcome.job
