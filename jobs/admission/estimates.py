@@ -9,6 +9,11 @@ the pool has idle slots it may not use. The same numbers answer the 202 of a sub
 It is a plain fact a client can watch shrink; which of those jobs start first (others' at
 their cap do not, its own beyond its cap hold it back) is what the estimate accounts for.
 
+The pool's side counts the better-ranked work expected to arrive while the job waits, at the
+tiers' measured arrival rates (``policy.overtakers``, ``jobs.fleet.arrivals``): a free job
+behind a premium stream that alone fills the pool is told the wait until ageing lets it
+pass, not the drain time of the jobs ahead of it now.
+
 The tenant's side is read next to, not inside, the atomic index calls: a job finishing or
 another submit of the tenant between two reads moves an estimate by one job at most, which
 an estimate can bear (the bound and the quota stay exact in the admit script).
@@ -26,6 +31,7 @@ from jobs.core import policy
 from jobs.core.domain import Job, Tenant
 from jobs.core.progress import Report
 from jobs.core.states import Status
+from jobs.fleet.arrivals import read_arrivals
 from jobs.fleet.pool import PoolFigures, live_pool
 from jobs.index import progress as progress_index
 from jobs.process.outage import REDIS_OUTAGE
@@ -56,11 +62,22 @@ def tenant_rate(tenant: Tenant, figures: PoolFigures) -> float:
                               figures.mean_service_s)
 
 
-def placement(figures: PoolFigures, *, position: int, load: policy.TenantLoad) -> Placement:
-    """A job ``position`` jobs ahead in the index, its tenant as ``load`` says."""
+def later_work(runtime: Runtime, *, order_key: float, now: float) -> list[policy.Overtaker]:
+    """The work expected to pass a job of ``order_key`` queued in ``runtime``'s pool."""
+    pol = runtime.policy
+    return policy.overtakers(pol.tiers, pol.ageing_rate_s, order_key=order_key, now=now,
+                             arrivals=read_arrivals(runtime.index))
+
+
+def placement(
+    figures: PoolFigures, *, position: int, load: policy.TenantLoad,
+    later: Sequence[policy.Overtaker] = (),
+) -> Placement:
+    """A job ``position`` jobs ahead in the index, its tenant as ``load`` says, passed by
+    ``later`` work while it waits."""
     estimate = policy.expected_wait_s(
         position, figures.free_slots, figures.service_rate, tenant=load,
-        capacity=figures.capacity, mean_service_s=figures.mean_service_s,
+        capacity=figures.capacity, mean_service_s=figures.mean_service_s, later=later,
     )
     return Placement(position=position,
                      estimated_wait_s=estimate if math.isfinite(estimate) else None)
@@ -79,6 +96,7 @@ def placements(
     with runtime.sessions() as session:  # a read: on SQLite it must not take the write lock
         order = jobs_sql.queued_order(session, tenant.id, runtime.scope)
     cap = tenant_cap(tenant, figures)
+    now = runtime.clock()
     found: dict[str, Placement] = {}
     for job in queued:
         position = runtime.index.position(job.id)
@@ -86,7 +104,9 @@ def placements(
             continue
         ahead = bisect_left(order, (job.order_key, job.id))
         load = policy.TenantLoad(cap=cap, inflight=inflight, ahead=ahead)
-        found[job.id] = placement(figures, position=position, load=load)
+        found[job.id] = placement(
+            figures, position=position, load=load,
+            later=later_work(runtime, order_key=job.order_key, now=now))
     return found
 
 

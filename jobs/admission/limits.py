@@ -10,7 +10,8 @@ the index (``DispatchIndex.admit_new``, one Redis round trip), in this order:
    (``tenant_limit``), and the job's own ``max_wait_s``: a job whose predicted start is
    already later than that is refused (``capacity``) rather than accepted now and expired
    unserved later. The check is a position: the latest place in the queue from which the
-   job is still expected to start in time (``policy.latest_useful_position``).
+   job is still expected to start in time (``policy.latest_useful_position``), counting the
+   better-ranked work expected to arrive and pass it meanwhile (``policy.passing_jobs``).
 
 The bounds follow from the pool's live figures (capacity, leases, measured mean service
 time), read in that same call, so they are the figures of the moment of the decision; the
@@ -25,6 +26,7 @@ place and its estimate (``jobs.admission.estimates``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from jobs.admission import estimates
 from jobs.admission.estimates import Placement
@@ -44,7 +46,8 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
     """Take the tenant's token and index the job under the tier's bound, the tenant's quota
     and its own deadline, in one call to the index; its place in the queue (jobs ahead of
     it) and its estimated wait. Raises the typed refusal (``Refused``)."""
-    admit_terms = terms(runtime, tenant, new)
+    later = estimates.later_work(runtime, order_key=new.order_key, now=new.enqueued_at)
+    admit_terms = terms(runtime, tenant, new, later)
     admission = runtime.index.admit_new(
         IndexedJob(job_id=new.id, tenant=tenant.id, tier=new.tier, order_key=new.order_key,
                    start_by=new.start_by),
@@ -62,21 +65,26 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
     if admission.accepted:
         load = policy.TenantLoad(cap=cap, inflight=admission.tenant_inflight,
                                  ahead=max(0, admission.tenant_queued - 1))
-        return estimates.placement(figures, position=admission.position, load=load)
+        return estimates.placement(figures, position=admission.position, load=load,
+                                   later=later)
     reason = admission.reason or "capacity"
     _log_refusal(tenant, new.tier, *cause_and_limit(reason))
     raise refused(_refusal(
         runtime, tenant, new, figures, reason=reason, position=admission.position,
         tier_queued=admission.tier_queued, max_position=admission.max_position,
         load=policy.TenantLoad(cap=cap, inflight=admission.tenant_inflight,
-                               ahead=admission.tenant_queued),
+                               ahead=admission.tenant_queued), later=later,
     ))
 
 
-def terms(runtime: Runtime, tenant: Tenant, new: NewJob) -> AdmissionTerms:
+def terms(
+    runtime: Runtime, tenant: Tenant, new: NewJob, later: Sequence[policy.Overtaker] = ()
+) -> AdmissionTerms:
     """What the index admits ``new`` under: the policy, the tenant's overrides, the job's
-    own deadline. ``now`` is the job's enqueue time, on the one clock."""
+    own deadline and the ``later`` work expected to pass it before then. ``now`` is the
+    job's enqueue time, on the one clock."""
     pol = runtime.policy
+    passing = 0.0 if new.max_wait_s is None else policy.passing_jobs(later, new.max_wait_s)
     return AdmissionTerms(
         now=new.enqueued_at,
         tier=pol.tier(new.tier),
@@ -89,6 +97,7 @@ def terms(runtime: Runtime, tenant: Tenant, new: NewJob) -> AdmissionTerms:
         tenant_cap=tenant.cap,
         tenant_quota=tenant.max_queued,
         max_wait_s=new.max_wait_s,
+        passing=passing,
     )
 
 
@@ -106,6 +115,7 @@ def pool_figures(runtime: Runtime, admission: Admission) -> PoolFigures:
 def _refusal(
     runtime: Runtime, tenant: Tenant, new: NewJob, figures: PoolFigures, *, reason: str,
     position: int, tier_queued: int, max_position: int | None, load: policy.TenantLoad,
+    later: Sequence[policy.Overtaker],
 ) -> Refusal:
     return Refusal(
         reason=reason,
@@ -123,6 +133,7 @@ def _refusal(
         max_position=max_position,
         free_slots=figures.free_slots,
         tenant_load=load,
+        later=tuple(later),
     )
 
 

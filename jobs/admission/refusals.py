@@ -17,10 +17,11 @@ at least 1, never a constant:
   ``capacity``).
 - ``tenant_limit``/rate: the time until its token bucket holds the next token.
 - ``capacity``/deadline: the job would start after its own ``max_wait_s``, by the estimate of
-  ``policy.expected_wait_s``. It would start in time once the queue ahead of it has shrunk to
-  the latest useful position, after ``(position - max_position) / mu``, and once enough of
-  the tenant's own jobs have finished to free a slot under its cap in time, after
-  ``(excess - max_excess) / tenant_rate``: the later of the two that bind.
+  ``policy.expected_wait_s`` (the better-ranked work expected to arrive meanwhile counted).
+  It would start in time once the queue ahead of it has shrunk to the latest useful
+  position, after ``(position - max_position) / mu``, and once enough of the tenant's own
+  jobs have finished to free a slot under its cap in time, after ``(excess - max_excess) /
+  tenant_rate``: the later of the two that bind.
 
 With nothing being served (``mu == 0``: no live workers) there is no drain time to give.
 The message says so, and ``Retry-After`` is the worker registration period
@@ -34,7 +35,13 @@ import math
 from dataclasses import dataclass
 
 from jobs.core.errors import CapacityExceeded, Refused, TenantLimitExceeded
-from jobs.core.policy import TenantLoad, estimated_wait_s, latest_useful_excess, tenant_wait_s
+from jobs.core.policy import (
+    Overtaker,
+    TenantLoad,
+    latest_useful_excess,
+    overtaken_wait_s,
+    tenant_wait_s,
+)
 
 # The index's refusal reasons (``Admission.reason``) as a 429 names them: (cause, limit).
 REFUSAL_NAMES = {
@@ -77,6 +84,8 @@ class Refusal:
     free_slots: int = 0
     # The tenant's cap, jobs in flight and own jobs ahead (deadline; None: not known).
     tenant_load: TenantLoad | None = None
+    # The work expected to arrive and pass the job while it waits (deadline).
+    later: tuple[Overtaker, ...] = ()
 
 
 def idle_retry_s(lease_ttl_s: float) -> float:
@@ -196,7 +205,7 @@ def _cap(r: Refusal) -> TenantLimitExceeded:
 def _deadline(r: Refusal) -> CapacityExceeded:
     if r.max_wait_s is None:
         raise ValueError("a deadline refusal needs max_wait_s")
-    pool_wait = estimated_wait_s(r.position, r.free_slots, r.service_rate)
+    pool_wait = overtaken_wait_s(r.position + 1 - r.free_slots, r.service_rate, r.later)
     load = r.tenant_load
     own_wait = 0.0 if load is None else tenant_wait_s(load, r.tenant_rate)
     estimate = max(pool_wait, own_wait)

@@ -71,6 +71,9 @@ def simulate(
     console.print(table.tier_table(
         comparison.reports,
         f"{chosen.name}: {count:,} jobs over {horizon:,.0f} simulated seconds"))
+    told = table.told_table(comparison.reports)
+    if told is not None:
+        console.print(told)
     console.print(table.tenant_table(busiest_tenants(comparison.runs, comparison.traffic)))
     pooled = len(chosen.pools) > 1
     console.print(table.pool_table(comparison.reports, "all pools" if pooled else "pool"))

@@ -20,6 +20,12 @@ def new_job_id(now: float | None = None) -> str:
     return str(uuid.UUID(int=value))
 
 
+def first_id_at(at: float) -> str:
+    """The least job id made at or after ``at``: ids compare as their times do."""
+    ms = max(0, int(at * 1000)) & ((1 << 48) - 1)
+    return str(uuid.UUID(int=ms << 80))
+
+
 def new_tenant_id() -> str:
     return str(uuid.uuid4())
 

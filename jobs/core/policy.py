@@ -14,11 +14,14 @@ module asks this one for the numbers, so the maths lives in one place (see docs/
 - Deadline: a job may wait ``max_wait_s``; ``latest_useful_position`` is the last place in the
   queue from which it is still expected to start in time.
 - Estimate: the later of the pool's start (``estimated_wait_s``) and the tenant's own (its
-  cap, its jobs in flight and queued ahead: ``tenant_wait_s``), see ``expected_wait_s``.
+  cap, its jobs in flight and queued ahead: ``tenant_wait_s``), see ``expected_wait_s``. The
+  pool's start counts the better-ranked work expected to arrive while the job waits
+  (``overtakers``, ``overtaken_wait_s``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +69,8 @@ class Policy:
     # a handler asked to stop at its limit has before the process running it is ended.
     default_timeout_s: float = 3600.0
     timeout_grace_s: float = 10.0
+    # Arrival rates are the admissions of this last window (``jobs.core.arrivals``).
+    arrivals_window_s: float = 60.0
 
     def tier(self, name: str) -> Tier:
         return self.tiers[name]
@@ -200,14 +205,81 @@ def estimated_wait_s(position: int, free_slots: int, mu: float) -> float:
     return behind_free / mu
 
 
-def latest_useful_position(max_wait_s: float, free_slots: int, mu: float) -> int | None:
+def latest_useful_position(
+    max_wait_s: float, free_slots: int, mu: float, *, passing: float = 0.0
+) -> int | None:
     """The last position (jobs ahead) from which a job is expected to start within
-    ``max_wait_s``: the largest ``p`` with ``estimated_wait_s(p, free_slots, mu) <=
-    max_wait_s``. -1 when even the head of the queue would start too late; None when nothing
-    is served (``mu == 0``): there is no estimate to refuse on."""
+    ``max_wait_s``: the largest ``p`` with ``overtaken_wait_s(p + 1 - free_slots, mu, later)
+    <= max_wait_s``, where ``passing`` is ``passing_jobs(later, max_wait_s)``. The least
+    fixed point is at most ``M`` exactly when the right side at ``M`` is (past the fixed
+    point the passing rate stays below ``mu``), so ``p + 1 - free + passing <= mu × M``. -1
+    when even the head of the queue would start too late; None when nothing is
+    served (``mu == 0``): there is no estimate to refuse on."""
     if mu <= 0:
         return None
-    return max(0, free_slots) - 1 + math.floor(mu * max_wait_s + 1e-9)
+    free = max(0, free_slots)  # a job with a free slot starts at once, whatever passes later
+    return free - 1 + max(0, math.floor(mu * max_wait_s - passing + 1e-9))
+
+
+def passing_jobs(later: Sequence[Overtaker], within_s: float) -> float:
+    """Jobs expected to arrive within ``within_s`` and rank ahead of the job ``later``
+    describes: each tier's rate over the part of its window that ``within_s`` covers."""
+    return sum(o.rate_per_s * min(o.window_s, within_s) for o in later)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overtaker:
+    """Later work that passes a queued job: jobs of a tier arriving at ``rate_per_s`` rank
+    ahead of it while they arrive within ``window_s`` of now (after that, ageing has made the
+    job the better of the two)."""
+
+    rate_per_s: float
+    window_s: float
+
+
+def overtakers(
+    tiers: Mapping[str, Tier], ageing_rate_s: float, *, order_key: float, now: float,
+    arrivals: Mapping[str, float],
+) -> list[Overtaker]:
+    """Who passes a job of ``order_key`` from ``now``: a job of tier ``t`` arriving ``s``
+    seconds later has order key ``now + s + p_t * ageing_rate``, ahead of ``order_key`` while
+    ``s < order_key - now - p_t * ageing_rate``; ``arrivals`` are the tiers' measured rates
+    (jobs/s). A job's own tier never passes it (a tie goes to the earlier id)."""
+    found = []
+    for name, rate in arrivals.items():
+        tier = tiers.get(name)
+        if tier is None or rate <= 0:
+            continue
+        window = order_key - now - tier.base_priority * ageing_rate_s
+        if window > 0:
+            found.append(Overtaker(rate_per_s=rate, window_s=window))
+    return found
+
+
+def overtaken_wait_s(behind: float, mu: float, later: Sequence[Overtaker]) -> float:
+    """The least ``W`` with ``W = (behind + Σ rate × min(window, W)) / mu``: the wait of a job
+    ``behind`` jobs past the free slots when the work that arrives meanwhile and ranks ahead
+    of it is served first. The right side grows with ``W`` and is bounded (each tier passes
+    the job for its window at most), so the least fixed point exists; it is found segment by
+    segment between the windows, where the equation is linear. Infinite when nothing is
+    served."""
+    if behind <= 0:
+        return 0.0
+    if mu <= 0:
+        return math.inf
+    if not later:
+        return behind / mu
+    windows = sorted((o.window_s, o.rate_per_s) for o in later)
+    slope = sum(rate for _, rate in windows)  # jobs/s passing while W is below every window
+    passed = 0.0  # jobs of the tiers whose window W has outlived: rate × window each
+    for window, rate in [*windows, (math.inf, 0.0)]:
+        if slope < mu:
+            wait = (behind + passed) / (mu - slope)
+            if wait <= window:
+                return wait
+        passed += rate * window
+        slope -= rate
+    return (behind + passed) / mu  # not reached: the last segment has slope 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,20 +323,23 @@ def expected_wait_s(
     tenant: TenantLoad,
     capacity: int,
     mean_service_s: float,
+    later: Sequence[Overtaker] = (),
 ) -> float:
     """Expected wait of a queued job: it starts once the pool has a slot for it AND its tenant
     has one under its cap, so the later of the two.
 
     - The pool: ``position`` jobs ahead, ``free_slots`` free, draining at ``mu`` jobs/s
-      (``estimated_wait_s``). It counts every job ahead, even those of tenants at their cap
-      that will not start first: an overestimate there, never an underestimate.
+      (``estimated_wait_s``), and the ``later`` work that arrives while it waits and ranks
+      ahead of it (``overtaken_wait_s``). It counts every job ahead, even those of tenants at
+      their cap that will not start first: an overestimate there, never an underestimate.
     - The tenant: with ``r`` jobs in flight, ``q`` of its own queued ahead and cap ``c``, it
       adds nothing while ``r + q < c``; otherwise ``r + q - c + 1`` of its own jobs must
       finish first, at its rate ``min(c, capacity) / mean_service_s`` (``tenant_wait_s``).
       A running job counts as a whole service time: the model keeps no ages.
     """
     rate = tenant_rate(tenant.cap, capacity, mean_service_s)
-    return max(estimated_wait_s(position, free_slots, mu), tenant_wait_s(tenant, rate))
+    pool = overtaken_wait_s(position + 1 - max(0, free_slots), mu, later)
+    return max(pool, tenant_wait_s(tenant, rate))
 
 
 def latest_useful_excess(max_wait_s: float, tenant_rate: float) -> int | None:
@@ -293,9 +368,16 @@ def weighted_mean(run_times_newest_first: Sequence[float], half_life: float = HA
     """Recency-weighted mean: the ``i``-th newest run weighs ``0.5 ** (i / half_life)``."""
     if not run_times_newest_first:
         raise ValueError("no run times to average")
-    weights = [math.pow(0.5, i / half_life) for i in range(len(run_times_newest_first))]
+    weights, weight = _weights(len(run_times_newest_first), half_life)
     total = sum(w * max(0.0, t) for w, t in zip(weights, run_times_newest_first, strict=True))
-    return total / sum(weights)
+    return total / weight
+
+
+@functools.lru_cache(maxsize=64)
+def _weights(count: int, half_life: float) -> tuple[tuple[float, ...], float]:
+    """The weights of ``count`` runs, newest first, and their sum (the same every refresh)."""
+    weights = tuple(math.pow(0.5, i / half_life) for i in range(count))
+    return weights, sum(weights)
 
 
 def mean_service_s(policy: Policy, measured: MeasuredMean | None) -> float:

@@ -6,6 +6,10 @@ sample count, so every API replica reads the same figure in one round trip
 (``read_measured``). Readers use it only once ``policy.service_samples_min`` runs back it
 (``mean_service_s``); before that the configured ``mean_service_s`` stands.
 
+With it the leader publishes each tier's arrival rate (``jobs.core.arrivals``): the jobs it
+admitted over the last ``policy.arrivals_window_s``, which estimates count as the better-ranked work
+that passes a queued job (``jobs.fleet.arrivals`` reads them).
+
 The mean is exponentially weighted by recency over the last ``WINDOW`` runs (the weight halves
 every ``HALF_LIFE`` runs), so a change of workload moves μ within tens of jobs while one odd
 job moves it little.
@@ -20,6 +24,7 @@ from typing import Any
 
 import redis
 
+from jobs.core.arrivals import rate_of
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
 from jobs.core.cadence import SERVICE_STALE_AFTER_S as STALE_AFTER_S
 from jobs.core.policy import WINDOW, MeasuredMean, weighted_mean
@@ -38,6 +43,18 @@ def publish(client: redis.Redis, prefix: str, measured: MeasuredMean, *, now: fl
     pipe = client.pipeline(transaction=True)
     pipe.hset(key, mapping={"mean_s": repr(measured.mean_s), "samples": measured.samples,
                             "at": repr(now)})
+    pipe.expire(key, STALE_AFTER_S)
+    pipe.execute()
+
+
+def publish_arrivals(
+    client: redis.Redis, prefix: str, rates: dict[str, float], *, now: float
+) -> None:
+    """Replace the published arrival rates (a tier without arrivals is absent)."""
+    key = IndexKeys(prefix).arrivals
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(key)
+    pipe.hset(key, mapping={"at": repr(now), **{tier: repr(rate) for tier, rate in rates.items()}})
     pipe.expire(key, STALE_AFTER_S)
     pipe.execute()
 
@@ -70,7 +87,12 @@ class ServiceRateTracker:
         with runtime.sessions() as session:
             times = stats_sql.recent_service_times(session, limit=self.window,
                                                     scope=runtime.scope)
+            window = runtime.policy.arrivals_window_s
+            arrived = stats_sql.arrival_counts(session, since=now - window, scope=runtime.scope)
         self._refreshed_at = now
+        publish_arrivals(runtime.redis, runtime.prefix,
+                         {tier: rate_of(count, window) for tier, count in arrived.items()},
+                         now=now)
         if not times:
             self._current = None
             return None

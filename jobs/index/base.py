@@ -353,6 +353,12 @@ class DispatchIndex(Protocol):
         """Sum of the slots of workers whose registration has not expired at ``now``."""
         ...
 
+    def arrival_rates(self) -> dict[str, float]:
+        """Each tier's arrival rate (jobs/s) as the leader last published it
+        (``jobs.fleet.service_rate``); a tier with none is absent, and so is every tier when
+        nothing was published."""
+        ...
+
     def inflight(self) -> int:
         """Leases held now, over all tenants."""
         ...

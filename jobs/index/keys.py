@@ -38,6 +38,8 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
                        lost its data; older than SQL's, Redis came back from a snapshot
 - ``rate:<tenant>``    hash tokens, at: the tenant's request-rate token bucket
 - ``service_mean``     hash mean_s, samples, at: the measured mean service time
+- ``arrivals``         hash tier -> jobs/s admitted over the last minute, at: when measured
+                       (``jobs.fleet.arrivals``)
 - ``wake``             list: the dispatcher's doorbell (a few tokens at most)
 - ``tier_push``        string: JSON, the broker message envelope and each tier's queue, for
                        a submit that leases and pushes its job itself (``offer``)
@@ -126,6 +128,10 @@ class IndexKeys:
     @property
     def service_mean(self) -> str:
         return self._fixed("service_mean")
+
+    @property
+    def arrivals(self) -> str:
+        return self._fixed("arrivals")
 
     @property
     def tier_push(self) -> str:

@@ -6,7 +6,7 @@ import math
 
 from jobs.core.histograms import StartFigures
 from jobs.index.memory_layout import MemoryLayout, check_scores
-from jobs.index.values import Finished, IndexedJob, Lease, LiveWorker, Renewal
+from jobs.index.values import Finished, IndexedJob, Lease, LiveWorker, Renewal, rates_of
 
 
 class MemoryLeases(MemoryLayout):
@@ -148,6 +148,9 @@ class MemoryLeases(MemoryLayout):
                            device=self._devices.get(worker, ("cpu", None))[0],
                            memory_bytes=self._devices.get(worker, ("cpu", None))[1])
                 for worker, (expires_at, slots) in sorted(self._workers.items())]
+
+    def arrival_rates(self) -> dict[str, float]:
+        return rates_of({tier: repr(rate) for tier, rate in self.arrivals.items()})
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         now = self._at(now)

@@ -100,7 +100,7 @@ class RedisIndex(RedisLeases, RedisUpkeep):
             score_arg(policy.useful_wait_s(tier, terms.client_timeout_s)),
             score_arg(queued_share), score_arg(tier.tenant_share),
             opt_int_arg(terms.tenant_cap), opt_int_arg(terms.tenant_quota),
-            opt_score_arg(terms.max_wait_s), str(REFUSALS_KEEP_S),
+            opt_score_arg(terms.max_wait_s), str(REFUSALS_KEEP_S), score_arg(terms.passing),
         ]
         keys = [*self._fenced, *self._keys.worker_keys(), self._keys.service_mean,
                 self._keys.rate_bucket(job.tenant),

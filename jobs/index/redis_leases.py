@@ -26,6 +26,7 @@ from jobs.index.values import (
     MessagePush,
     Renewal,
     TierPush,
+    rates_of,
 )
 
 # How long a process keeps the workers' ``TierPush`` before reading it again.
@@ -234,6 +235,10 @@ class RedisLeases(RedisScripts):
              for worker, slots, device, expires_at, memory in rows),
             key=lambda worker: worker.worker_id,
         )
+
+    def arrival_rates(self) -> dict[str, float]:
+        raw: dict[bytes, bytes] = self._client.hgetall(self._keys.arrivals)  # type: ignore[assignment]
+        return rates_of({text_of(tier): text_of(rate) for tier, rate in raw.items()})
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         return int(self._pool_capacity(keys=self._keys.worker_keys(), args=[now_arg(now)]))

@@ -157,6 +157,9 @@ class AdmissionTerms:
     tenant_cap: int | None = None  # the tenant's overrides; None: the tier's
     tenant_quota: int | None = None
     max_wait_s: float | None = None  # the job's own deadline
+    # Jobs expected to arrive within max_wait_s and pass it (``policy.passing_jobs``): its
+    # predicted start counts them, so the latest useful position is that many places earlier.
+    passing: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,3 +226,19 @@ class LiveWorker:
 class TierDepth:
     queued: int
     oldest_order_key: float | None
+
+
+def rates_of(published: dict[str, str]) -> dict[str, float]:
+    """The arrival rates of a published ``arrivals`` hash, by tier: its ``at`` and anything
+    not a positive finite number left out."""
+    rates = {}
+    for tier, text in published.items():
+        if tier == "at":
+            continue
+        try:
+            rate = float(text)
+        except ValueError:
+            continue
+        if math.isfinite(rate) and rate > 0:
+            rates[tier] = rate
+    return rates

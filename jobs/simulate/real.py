@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 
 from jobs.core import policy
+from jobs.core.arrivals import ArrivalCounter
+from jobs.core.cadence import SERVICE_REFRESH_S
 from jobs.core.policy import MeasuredMean, RateLimit, Tier
 from jobs.fleet import pool as capacity
 from jobs.fleet.pool import PoolFigures
@@ -87,6 +89,14 @@ class TierqContender:
         # Every job's id, formatted once: a job's id is asked for at its submit, release and
         # every heartbeat.
         self._ids = [job_id(job) for job in range(len(traffic))]
+        # Admissions per tier, and the rates the dispatcher last published from them (every
+        # SERVICE_REFRESH_S, as the mean service time).
+        self._arrivals = ArrivalCounter(pol.arrivals_window_s)
+        self._arrival_rates: dict[str, float] = {}
+        self._rates_next = 0.0
+        # A new job's overtakers depend on its tier alone (its window on each better tier is
+        # the difference of their priorities): per tier, for the rates of the moment.
+        self._later_of: dict[int, list[policy.Overtaker]] = {}
 
     # -- the pool --
 
@@ -125,20 +135,40 @@ class TierqContender:
         tier = self._tiers[tier_index]
         max_wait = self.context.traffic.max_wait_s[job]
         own_cap, own_quota = self._own[tenant]
+        order_key = policy.order_key(now, tier.base_priority, pol.ageing_rate_s)
         entry = frozen_value(
             IndexedJob, job_id=self._ids[job], tenant=self._tenant_names[tenant], tier=tier.name,
-            order_key=policy.order_key(now, tier.base_priority, pol.ageing_rate_s),
-            start_by=None if max_wait is None else now + max_wait, not_before=None, attempt=1)
+            order_key=order_key, start_by=None if max_wait is None else now + max_wait,
+            not_before=None, attempt=1)
+        later = self._later(tier_index, order_key, now)
         admission = self.index.admit_new(entry, frozen_value(
             AdmissionTerms, now=now, tier=tier, mean_service_s=pol.mean_service_s,
             service_samples_min=pol.service_samples_min, client_timeout_s=pol.client_timeout_s,
             pool_concurrency=pol.pool_concurrency, rate=self._rates[tier_index],
-            tenant_cap=own_cap, tenant_quota=own_quota, max_wait_s=max_wait))
+            tenant_cap=own_cap, tenant_quota=own_quota, max_wait_s=max_wait,
+            passing=0.0 if max_wait is None else policy.passing_jobs(later, max_wait)))
         if not admission.accepted:
             return _refused(admission)
-        return Verdict(accepted=True, told_wait_s=self._told_wait(admission, tier, own_cap))
+        self._arrivals.arrived(tier.name, now)
+        return Verdict(accepted=True, told_wait_s=self._told_wait(admission, tier, own_cap, later))
 
-    def _told_wait(self, admission: Admission, tier: Tier, own_cap: int | None) -> float | None:
+    def _later(self, tier: int, order_key: float, now: float) -> list[policy.Overtaker]:
+        """``policy.overtakers`` of a job of ``tier`` submitted ``now``, at the rates the
+        dispatcher would have published last."""
+        if now >= self._rates_next:
+            self._arrival_rates = self._arrivals.rates(now)
+            self._rates_next = now + SERVICE_REFRESH_S
+            self._later_of = {}
+        later = self._later_of.get(tier)
+        if later is None:
+            pol = self.policy
+            later = self._later_of[tier] = policy.overtakers(
+                pol.tiers, pol.ageing_rate_s, order_key=order_key, now=now,
+                arrivals=self._arrival_rates)
+        return later
+
+    def _told_wait(self, admission: Admission, tier: Tier, own_cap: int | None,
+                   later: list[policy.Overtaker]) -> float | None:
         """The estimate an accepted job is told, as ``jobs.admission.estimates`` tells it."""
         figures = self._figures(admission.capacity, admission.measured)
         load = frozen_value(policy.TenantLoad, cap=own_cap or figures.caps[tier.name],
@@ -147,7 +177,7 @@ class TierqContender:
         told = policy.expected_wait_s(
             admission.position, max(0, figures.capacity - admission.inflight),
             figures.service_rate, tenant=load, capacity=figures.capacity,
-            mean_service_s=figures.mean_service_s)
+            mean_service_s=figures.mean_service_s, later=later)
         return told if math.isfinite(told) else None
 
     def _figures(self, pool: int, measured: tuple[float, int] | None) -> PoolFigures:

@@ -44,6 +44,9 @@ class TierReport:
     cap: int | None  # the largest cap its tenants had (None: no cap)
     # |waited − told| of served jobs that were told an estimate (None: none told)
     told_error: Waits | None
+    # Those jobs' told waits and their waits, each distribution on its own (None: none told)
+    told: Waits | None = None
+    told_waited: Waits | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +99,8 @@ class _Row:
     oldest_waiting: float = math.inf
     waits: list[float] = field(default_factory=list)
     errors: list[float] = field(default_factory=list)  # |waited - told|
+    told: list[float] = field(default_factory=list)  # what the served jobs were told
+    told_waited: list[float] = field(default_factory=list)  # what the same jobs waited
     tenants: set[int] = field(default_factory=set)
 
     def add(self, run: Run, job: int, status: int) -> None:
@@ -126,7 +131,10 @@ def _walk(run: Run, traffic: Traffic) -> list[_Row]:
         row.tenants.add(tenant)
         told = told_wait_s[job]
         if told is not None and status in (SERVED, FAILED):
-            row.errors.append(abs(start[job] - enqueued[job] - told))
+            waited = start[job] - enqueued[job]
+            row.errors.append(abs(waited - told))
+            row.told.append(told)
+            row.told_waited.append(waited)
     return rows
 
 
@@ -175,7 +183,8 @@ def report(run: Run, traffic: Traffic) -> PolicyReport:
             overtaken_gap_s=math.nan if batch else run.overtaken_gap_s[t],
             tenants=len(row.tenants), peak=max((run.peak[n] for n in row.tenants), default=0),
             cap=max((c for c in caps if c is not None), default=None),
-            told_error=waits(row.errors)))
+            told_error=waits(row.errors), told=waits(row.told),
+            told_waited=waits(row.told_waited)))
     tiers.sort(key=lambda tier: traffic.tiers.index(tier.tier.removesuffix(" batch")))
     return PolicyReport(policy=run.policy, jobs=len(traffic), tiers=tiers,
                         utilisation=run.utilisation, cap_exceeded=run.cap_exceeded,

@@ -81,6 +81,30 @@ def pool_table(reports: list[PolicyReport], title: str = "pool") -> Table:
     return table
 
 
+def told_table(reports: list[PolicyReport]) -> Table | None:
+    """Per tier, what the served jobs were told against what they waited, for each policy
+    that tells an estimate: the two distributions' p50 and p95 side by side (the estimate is
+    honest when they agree), and each job's own error."""
+    table = Table(title="told vs waited (served jobs that were told an estimate)")
+    table.add_column("tier", no_wrap=True)
+    table.add_column("policy", no_wrap=True)
+    for column in ("told\np50 s", "waited\np50 s", "told\np95 s", "waited\np95 s",
+                   "|waited − told|\np50 / p95 s"):
+        table.add_column(column, justify="right")
+    rows = 0
+    for i, tier in enumerate(reports[0].tiers):
+        for rep in reports:
+            row = rep.tiers[i]
+            told, waited, error = row.told, row.told_waited, row.told_error
+            if told is None or waited is None or error is None:
+                continue
+            table.add_row(tier.tier, rep.policy, seconds(told.p50), seconds(waited.p50),
+                          seconds(told.p95), seconds(waited.p95),
+                          f"{seconds(error.p50)} / {seconds(error.p95)}")
+            rows += 1
+    return table if rows else None
+
+
 def pools_table(reports: list[PolicyReport], scenario: Scenario) -> Table:
     """Per pool and policy: each pool is admitted and served on its own figures."""
     table = Table(title="per pool")

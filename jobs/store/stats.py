@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from jobs.core.ids import first_id_at
 from jobs.core.pools import KindScope
 from jobs.core.states import Status
 from jobs.store.models import (
@@ -60,6 +61,19 @@ def recent_service_times(
         for started, finished in session.execute(stmt)
         if started is not None and finished is not None
     ]
+
+
+def arrival_counts(
+    session: Session, *, since: float, scope: KindScope = EVERY_KIND
+) -> dict[str, int]:
+    """Jobs of each tier that entered the queue at or after ``since``, among those created
+    since then: a range of the primary key, since ids are time-ordered (``jobs.core.ids``)."""
+    stmt = (
+        scoped(sa.select(JobRow.tier, sa.func.count()), JobRow.kind, scope)
+        .where(JobRow.id >= first_id_at(since), JobRow.enqueued_at >= dt(since))
+        .group_by(JobRow.tier)
+    )
+    return {tier: count for tier, count in session.execute(stmt)}
 
 
 def recent_waits(session: Session, *, tier: str, since: float) -> list[float]:

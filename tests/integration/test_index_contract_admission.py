@@ -8,6 +8,7 @@ both, refusals and their figures included, so the script cannot drift from the p
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -49,6 +50,7 @@ def scenes(draw: Any) -> dict[str, Any]:
         tenant_cap=draw(st.none() | st.integers(1, 5)),
         tenant_quota=draw(st.none() | st.integers(1, 8)),
         max_wait_s=draw(st.none() | waits),
+        passing=draw(st.sampled_from([0.0, 0.4, 3.0, 17.5, 500.0])),
     )
     return {
         "terms": terms,
@@ -192,3 +194,13 @@ def test_a_tier_at_its_bound_with_a_free_slot_refuses_only_for_a_tenants_own_cap
         assert index.refusal_counts([refusal_minute(NOW)]) == {
             ("tier", "std", "cap"): 1, ("tenant", "a", "cap"): 1,
             ("tier", "std", "capacity"): 1, ("tenant", "e", "capacity"): 1}
+
+
+def test_published_arrival_rates_read_the_same(redis_client: redis.Redis,
+                                               key_prefix: str) -> None:
+    real, twin = RedisIndex(redis_client, key_prefix), MemoryIndex()
+    assert real.arrival_rates() == twin.arrival_rates() == {}
+    redis_client.hset(IndexKeys(key_prefix).arrivals, mapping={
+        "at": repr(NOW), "premium": "5.5", "standard": "0.25", "free": "0.0", "odd": "nan"})
+    twin.arrivals = {"premium": 5.5, "standard": 0.25, "free": 0.0, "odd": math.nan}
+    assert real.arrival_rates() == twin.arrival_rates() == {"premium": 5.5, "standard": 0.25}

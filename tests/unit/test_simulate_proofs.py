@@ -3,8 +3,9 @@
 On ``seed`` (24 slots at 6 s, premium alone above capacity): priority only starves free work;
 tierq serves every admitted free job within its ageing guarantee, no premium job that arrived
 more than the guarantee after a free one goes first, no tenant runs over its cap, refusals
-happen only at a bound or a quota, the told wait of the best tier holds, and the rescored
-heap orders as tierq does to within its rescore period.
+happen only at a bound or a quota, the told wait holds for every tier (later arrivals of
+better tiers counted, also on ``noisy``, ``diurnal`` and ``batch``), and the rescored heap
+orders as tierq does to within its rescore period.
 """
 
 from __future__ import annotations
@@ -141,20 +142,36 @@ def test_refusals_happen_only_at_a_bound_or_a_quota(seed: Comparison) -> None:
 
 def test_told_wait_matches_the_simulated_wait(seed: Comparison, noisy: Comparison,
                                               pol: Policy) -> None:
-    """Tolerance: 95% of the jobs start within one mean service time of the wait they were
-    told. It holds for the best tier always (nothing that arrives later goes ahead of it),
-    and for every tier while the better tiers leave room (noisy). Under a saturating better
-    tier (seed) the lower tiers wait up to their ageing guarantee longer than told: the
-    estimate counts the jobs ahead, not the better work still to come."""
+    """Tolerance for each job: 95% of the best tier's jobs start within one mean service time
+    of the wait they were told (nothing that arrives later goes ahead of it), and every
+    tier's while the better tiers leave room (noisy)."""
     tolerance = pol.mean_service_s
     best = _tier(seed, "tierq", "premium").told_error
     assert best is not None and best.p95 <= tolerance
     for tier in ("premium", "standard", "free"):
         error = _tier(noisy, "tierq", tier).told_error
         assert error is not None and error.p95 <= tolerance, tier
-    free = _tier(seed, "tierq", "free").told_error
-    guarantee = policy.ageing_guarantee_s(pol.tier("free"), pol.tiers, pol.ageing_rate_s)
-    assert free is not None and free.p50 <= guarantee
+
+
+@pytest.mark.parametrize("name", ["seed", "noisy", "diurnal", "batch"])
+def test_the_wait_told_is_the_wait_got_for_every_tier(name: str, pol: Policy) -> None:
+    """What the served jobs of each tier were told against what they waited, as two
+    distributions: the medians within 10 % of each other and the p95s within 25 %, or within
+    one mean service time where that is more (a slot frees once per service time: no
+    estimate is finer). The told wait counts the better-ranked work expected to arrive while
+    a job waits, so a standard or free job behind a premium stream that alone fills the pool
+    is told the ageing it needs (seed: about 66 s and 126 s), not the drain of the queue
+    ahead of it now (20 s and 26 s before later arrivals were counted)."""
+    chosen = scenario.load(name)
+    comparison = compare(pol, chosen, jobs=JOBS, seed=1, policies=["tierq"])
+    floor = chosen.service.mean_s
+    for tier in comparison.reports[0].tiers:
+        if tier.tier.endswith(" batch"):
+            continue  # batch items are told their batch's estimate, not one each
+        told, waited = tier.told, tier.told_waited
+        assert told is not None and waited is not None, tier.tier
+        assert abs(told.p50 - waited.p50) <= max(floor, 0.10 * waited.p50), tier
+        assert abs(told.p95 - waited.p95) <= max(floor, 0.25 * waited.p95), tier
 
 
 def test_rescore_and_tierq_agree_to_within_one_rescore_period(seed: Comparison) -> None:

@@ -11,6 +11,7 @@
 -- ARGV[13] the tier's queued share (quota)  ARGV[14] the tier's tenant share (cap)
 -- ARGV[15] the tenant's cap ('' the tier's)  ARGV[16] the tenant's quota ('' the tier's)
 -- ARGV[17] the job's max_wait_s ('' none)  ARGV[18] seconds to keep KEYS[18]
+-- ARGV[19] jobs expected to arrive within max_wait_s and pass it (policy.passing_jobs)
 -- Returns {accepted 0/1, reason or '', tier_queued, tenant_queued, position, duplicate 0/1,
 -- tenant_inflight, capacity, inflight, measured mean ('' none), measured samples ('' none),
 -- seconds until the next token ('0'), bound, quota, max_position ('' none)}.
@@ -80,7 +81,8 @@ local cap = tonumber(ARGV[15]) or math.max(1, math.floor(capacity * tonumber(ARG
 local tenant_inflight = redis.call('ZCARD', lkey(tenant))
 local max_position = nil
 if max_wait and mu > 0 then
-  max_position = math.max(0, capacity - inflight) - 1 + math.floor(mu * max_wait + 1e-9)
+  max_position = math.max(0, capacity - inflight) - 1
+                 + math.max(0, math.floor(mu * max_wait - tonumber(ARGV[19]) + 1e-9))
 end
 
 local function verdict(r)

@@ -1,0 +1,71 @@
+"""Later arrivals in what a client is told, over real HTTP on real PostgreSQL and Redis: the
+leader measures each tier's arrival rate from SQL and publishes it; a lower tier's estimate
+and its deadline count the better-ranked work that will pass it (``policy.overtakers``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from jobs.fleet.service_rate import ServiceRateTracker, publish_arrivals
+from tests.integration.api_harness import Clock, auth, dispatch_one, make_settings, rt, running_api
+from tests.services import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def settings(pg_url: str, redis_server: RedisServer, key_prefix: str,
+             redis_client: redis.Redis) -> Any:
+    # One slot at 6 s: μ = 1/6 jobs/s. Premium passes a free job for (20 - 0) × 6 = 120 s.
+    return make_settings(pg_url, redis_server.url, key_prefix, pool_concurrency=1)
+
+
+def test_the_leader_publishes_each_tiers_admissions_over_the_window(settings: Any) -> None:
+    clock = Clock()
+    with running_api(settings.model_copy(update={"policy": settings.policy.model_copy(
+            update={"pool_concurrency": 24})}), clock) as served:
+        premium = served.tenant_key("lux", tier="premium")
+        free = [served.tenant_key(f"f{i}") for i in range(3)]
+        assert all(served.submit(premium).status_code == 202 for _ in range(5))
+        assert all(served.submit(key).status_code == 202 for key in free)
+        runtime = rt(served)
+        ServiceRateTracker().refresh(runtime, clock.now)
+        assert runtime.index.arrival_rates() == {"premium": 5 / 60, "free": 3 / 60}
+        # A window later they have all aged out of it.
+        ServiceRateTracker().refresh(runtime, clock.now + 61)
+        assert runtime.index.arrival_rates() == {}
+
+
+def test_a_free_job_is_told_the_premium_work_that_will_pass_it(
+    settings: Any, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    clock = Clock()
+    # Premium admitted at 3 a minute: it passes a free job for the first 120 s of its wait.
+    publish_arrivals(redis_client, key_prefix, {"premium": 0.05}, now=clock.now)
+    with running_api(settings, clock) as served:
+        running = served.submit(served.tenant_key("std", tier="standard")).json()["id"]
+        dispatch_one(served, running)  # the one slot is busy
+
+        # One job to finish first: 6 s alone; W = (1 + 0.05 W) × 6 with premium passing.
+        f1 = served.tenant_key("f1")
+        told = served.submit(f1).json()
+        assert told["queue_position"] == 0
+        assert told["estimated_wait_s"] == pytest.approx(6 / 0.7, abs=1e-3)
+        again = served.get(f"/v1/jobs/{told['id']}", headers=auth(f1)).json()
+        assert again["estimated_wait_s"] == pytest.approx(6 / 0.7, abs=1e-3)  # as it was told
+
+        clock.now += 0.5  # a later id: behind f1's job (ids of one millisecond tie at random)
+        # Two ahead: 12 s alone, within 15 s; 12 / 0.7 = 17.1 s with premium passing: late.
+        late = served.submit(served.tenant_key("f2"), {
+            "kind": "sleep", "payload": {"seconds": 1}, "max_wait_s": 15})
+        assert late.status_code == 429, late.text
+        error = late.json()["error"]
+        assert (error["type"], error["limit"]) == ("capacity", "deadline")
+        assert error["estimated_wait_s"] == pytest.approx(12 / 0.7, abs=1e-3)
+        clock.now += 0.5
+        in_time = served.submit(served.tenant_key("f3"), {
+            "kind": "sleep", "payload": {"seconds": 1}, "max_wait_s": 18})
+        assert in_time.status_code == 202, in_time.text

@@ -1,0 +1,109 @@
+"""The estimate that counts later arrivals: who passes a queued job, for how long, and the
+fixed point of its wait (``policy.overtakers``, ``overtaken_wait_s``, ``passing_jobs`` and
+the deadline's ``latest_useful_position``), and the arrival counter the simulator uses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobs.core import policy
+from jobs.core.arrivals import ArrivalCounter, rate_of
+from jobs.core.policy import Overtaker
+from jobs.process.settings import load_settings
+
+pytestmark = pytest.mark.unit
+
+AGEING = 6.0  # the default: a point of priority is 6 s of waiting
+
+
+@pytest.fixture
+def tiers() -> dict[str, policy.Tier]:
+    return dict(load_settings().build_policy().tiers)  # premium 0, standard 10, free 20
+
+
+def right_side(wait: float, behind: float, mu: float, later: list[Overtaker]) -> float:
+    return (behind + sum(o.rate_per_s * min(o.window_s, wait) for o in later)) / mu
+
+
+def test_a_new_job_is_passed_by_each_better_tier_for_their_distance_in_ageing(
+    tiers: dict[str, policy.Tier],
+) -> None:
+    now = 1000.0
+    free = policy.order_key(now, tiers["free"].base_priority, AGEING)
+    later = policy.overtakers(tiers, AGEING, order_key=free, now=now,
+                              arrivals={"premium": 6.0, "standard": 0.5, "free": 9.0})
+    assert sorted((o.window_s, o.rate_per_s) for o in later) == [(60.0, 0.5), (120.0, 6.0)]
+    premium = policy.order_key(now, 0, AGEING)
+    assert policy.overtakers(tiers, AGEING, order_key=premium, now=now,
+                             arrivals={"premium": 6.0, "free": 9.0}) == []
+
+
+def test_a_job_that_has_waited_is_passed_for_less(tiers: dict[str, policy.Tier]) -> None:
+    """A free job queued 100 s ago ranks as a premium one queued 20 s from now: premium
+    arriving within 20 s still passes it, nothing else does."""
+    free = policy.order_key(900.0, tiers["free"].base_priority, AGEING)
+    later = policy.overtakers(tiers, AGEING, order_key=free, now=1000.0,
+                              arrivals={"premium": 6.0, "standard": 0.5, "unknown": 3.0})
+    assert [(o.window_s, o.rate_per_s) for o in later] == [(20.0, 6.0)]
+
+
+def test_nothing_passing_leaves_the_drain_time_of_the_jobs_ahead() -> None:
+    assert policy.overtaken_wait_s(8, 4.0, []) == policy.estimated_wait_s(7, 0, 4.0) == 2.0
+    assert policy.overtaken_wait_s(0, 4.0, [Overtaker(rate_per_s=9.0, window_s=60.0)]) == 0.0
+    assert policy.overtaken_wait_s(3, 0.0, []) == math.inf
+
+
+def test_a_stream_that_alone_fills_the_pool_holds_a_job_for_its_whole_window() -> None:
+    """Premium at 5 jobs/s on a pool serving 4: a free job behind 20 jobs waits out the
+    premium that arrives in its 120 s window (600 jobs) and the 20, at 4 jobs/s."""
+    wait = policy.overtaken_wait_s(20, 4.0, [Overtaker(rate_per_s=5.0, window_s=120.0)])
+    assert wait == pytest.approx((20 + 5.0 * 120.0) / 4.0)
+    # Premium at half the pool's rate passes it only while it waits: W = (20 + 2W) / 4.
+    half = policy.overtaken_wait_s(20, 4.0, [Overtaker(rate_per_s=2.0, window_s=120.0)])
+    assert half == pytest.approx(10.0)
+
+
+overtaker = st.builds(Overtaker, rate_per_s=st.floats(0.0, 50.0),
+                      window_s=st.floats(0.001, 10_000.0))
+
+
+@given(behind=st.floats(0.001, 10_000.0), mu=st.floats(0.01, 100.0),
+       later=st.lists(overtaker, max_size=4))
+def test_the_wait_is_the_least_fixed_point(
+    behind: float, mu: float, later: list[Overtaker]
+) -> None:
+    wait = policy.overtaken_wait_s(behind, mu, later)
+    assert math.isfinite(wait) and wait >= behind / mu * (1 - 1e-9)
+    assert right_side(wait, behind, mu, later) == pytest.approx(wait, rel=1e-6, abs=1e-9)
+    # Below it the right side is still above: no earlier wait is consistent.
+    below = wait * (1 - 1e-4)
+    assert right_side(below, behind, mu, later) > below
+
+
+@given(free=st.integers(0, 8), mu=st.floats(0.05, 20.0), max_wait=st.floats(0.5, 600.0),
+       later=st.lists(overtaker, max_size=3), position=st.integers(0, 5_000))
+def test_the_deadline_refuses_exactly_the_positions_whose_wait_exceeds_it(
+    free: int, mu: float, max_wait: float, later: list[Overtaker], position: int
+) -> None:
+    """``latest_useful_position`` with ``passing_jobs`` is the estimate's own answer: a job
+    ``position`` jobs ahead is expected in time exactly when it is no later than that."""
+    wait = policy.overtaken_wait_s(position + 1 - free, mu, later)
+    if abs(wait - max_wait) < 1e-6 * max(1.0, max_wait):
+        return  # on the boundary the float rounding of either side decides
+    last = policy.latest_useful_position(max_wait, free, mu,
+                                         passing=policy.passing_jobs(later, max_wait))
+    assert last is not None and last >= -1
+    assert (wait <= max_wait) == (position <= last)
+
+
+def test_the_counter_keeps_its_window_only() -> None:
+    counter = ArrivalCounter(60.0)
+    for at in range(0, 120, 2):  # one every 2 s for two minutes
+        counter.arrived("premium", float(at))
+    counter.arrived("free", 10.0)
+    assert counter.rates(119.0) == {"premium": rate_of(30, 60.0), "free": 0.0}
+    assert counter.rates(119.0)["premium"] == 0.5
