@@ -28,15 +28,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobs.core import policy
+from jobs.core.arrivals import Work
 from jobs.core.domain import Job, Tenant
+from jobs.core.policy import mean_service_s
 from jobs.core.progress import Report
+from jobs.core.service_times import mix_mean
 from jobs.core.states import Status
-from jobs.fleet.arrivals import read_arrivals
+from jobs.fleet.arrivals import read_work
 from jobs.fleet.pool import PoolFigures, live_pool
 from jobs.index import progress as progress_index
 from jobs.process.outage import REDIS_OUTAGE
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
+from jobs.store import stats as stats_sql
 
 logger = logging.getLogger(__name__)
 
@@ -62,22 +66,41 @@ def tenant_rate(tenant: Tenant, figures: PoolFigures) -> float:
                               figures.mean_service_s)
 
 
-def later_work(runtime: Runtime, *, order_key: float, now: float) -> list[policy.Overtaker]:
-    """The work expected to pass a job of ``order_key`` queued in ``runtime``'s pool."""
+def overtaking(
+    runtime: Runtime, work: Work, *, order_key: float, now: float
+) -> list[policy.Overtaker]:
+    """The work the tiers' arrivals will pass a job of ``order_key`` with, in jobs of the
+    pool's mean service time (the unit of its μ)."""
     pol = runtime.policy
     return policy.overtakers(pol.tiers, pol.ageing_rate_s, order_key=order_key, now=now,
-                             arrivals=read_arrivals(runtime.index))
+                             arrivals=work.later_rates())
+
+
+def own_mean_s(runtime: Runtime, tenant: Tenant, work: Work) -> float | None:
+    """The mean service time of the tenant's own work in the pool (queued and in flight),
+    each kind at its measured mean; None when no kind is measured (the pool's then)."""
+    means = work.kind_means(runtime.policy.service_samples_min)
+    if not means:
+        return None
+    with runtime.sessions() as session:  # a read: on SQLite it must not take the write lock
+        held = stats_sql.tenant_work(session, tenant.id, runtime.scope)
+    fallback = mean_service_s(runtime.policy, None)
+    return mix_mean(held, means, fallback) if held else None
 
 
 def placement(
     figures: PoolFigures, *, position: int, load: policy.TenantLoad,
-    later: Sequence[policy.Overtaker] = (),
+    later: Sequence[policy.Overtaker] = (), work: Work | None = None,
+    tenant_mean_s: float | None = None,
 ) -> Placement:
-    """A job ``position`` jobs ahead in the index, its tenant as ``load`` says, passed by
-    ``later`` work while it waits."""
+    """A job ``position`` jobs ahead in the index, its tenant as ``load`` says (its own work
+    at ``tenant_mean_s``), passed by ``later`` work while it waits; ``work``: what the leader
+    measured of the pool (the running jobs' mean)."""
     estimate = policy.expected_wait_s(
         position, figures.free_slots, figures.service_rate, tenant=load,
         capacity=figures.capacity, mean_service_s=figures.mean_service_s, later=later,
+        tenant_mean_s=tenant_mean_s,
+        running_mean_s=None if work is None else work.running_mean_s,
     )
     return Placement(position=position,
                      estimated_wait_s=estimate if math.isfinite(estimate) else None)
@@ -97,6 +120,8 @@ def placements(
         order = jobs_sql.queued_order(session, tenant.id, runtime.scope)
     cap = tenant_cap(tenant, figures)
     now = runtime.clock()
+    work = read_work(runtime.index)
+    own: list[float | None] = []  # the tenant's own mean, read once if a job needs it
     found: dict[str, Placement] = {}
     for job in queued:
         position = runtime.index.position(job.id)
@@ -104,9 +129,12 @@ def placements(
             continue
         ahead = bisect_left(order, (job.order_key, job.id))
         load = policy.TenantLoad(cap=cap, inflight=inflight, ahead=ahead)
+        if load.excess and not own:
+            own.append(own_mean_s(runtime, tenant, work))
         found[job.id] = placement(
-            figures, position=position, load=load,
-            later=later_work(runtime, order_key=job.order_key, now=now))
+            figures, position=position, load=load, work=work,
+            tenant_mean_s=own[0] if load.excess else None,
+            later=overtaking(runtime, work, order_key=job.order_key, now=now))
     return found
 
 

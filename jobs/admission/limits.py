@@ -32,9 +32,11 @@ from jobs.admission import estimates
 from jobs.admission.estimates import Placement
 from jobs.admission.refusals import Refusal, cause_and_limit, idle_retry_s, rate_refused, refused
 from jobs.core import policy
+from jobs.core.arrivals import Work
 from jobs.core.domain import NewJob, Tenant
 from jobs.core.policy import MeasuredMean
 from jobs.fleet import pool
+from jobs.fleet.arrivals import read_work
 from jobs.fleet.pool import PoolFigures
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
 from jobs.process.runtime import Runtime
@@ -46,8 +48,8 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
     """Take the tenant's token and index the job under the tier's bound, the tenant's quota
     and its own deadline, in one call to the index; its place in the queue (jobs ahead of
     it) and its estimated wait. Raises the typed refusal (``Refused``)."""
-    later = estimates.later_work(runtime, order_key=new.order_key, now=new.enqueued_at)
-    admit_terms = terms(runtime, tenant, new, later)
+    work = read_work(runtime.index)
+    admit_terms = terms(runtime, tenant, new, work)
     admission = runtime.index.admit_new(
         IndexedJob(job_id=new.id, tenant=tenant.id, tier=new.tier, order_key=new.order_key,
                    start_by=new.start_by),
@@ -61,12 +63,14 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
             rate_per_s=rate.rate_per_s, burst=rate.burst, next_token_s=admission.next_token_s,
         )
     figures = pool_figures(runtime, admission)
+    later = estimates.overtaking(runtime, work, order_key=new.order_key, now=new.enqueued_at)
     cap = estimates.tenant_cap(tenant, figures)
     if admission.accepted:
         load = policy.TenantLoad(cap=cap, inflight=admission.tenant_inflight,
                                  ahead=max(0, admission.tenant_queued - 1))
+        own = estimates.own_mean_s(runtime, tenant, work) if load.excess else None
         return estimates.placement(figures, position=admission.position, load=load,
-                                   later=later)
+                                   later=later, work=work, tenant_mean_s=own)
     reason = admission.reason or "capacity"
     _log_refusal(tenant, new.tier, *cause_and_limit(reason))
     raise refused(_refusal(
@@ -78,13 +82,17 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
 
 
 def terms(
-    runtime: Runtime, tenant: Tenant, new: NewJob, later: Sequence[policy.Overtaker] = ()
+    runtime: Runtime, tenant: Tenant, new: NewJob, work: Work | None = None
 ) -> AdmissionTerms:
     """What the index admits ``new`` under: the policy, the tenant's overrides, the job's
-    own deadline and the ``later`` work expected to pass it before then. ``now`` is the
-    job's enqueue time, on the one clock."""
+    own deadline and the work the tiers' arrivals will pass it with before then (in jobs of
+    the pool's mean). ``now`` is the job's enqueue time, on the one clock."""
     pol = runtime.policy
-    passing = 0.0 if new.max_wait_s is None else policy.passing_jobs(later, new.max_wait_s)
+    passing = 0.0
+    if new.max_wait_s is not None and work is not None and work.arrivals:
+        later = policy.overtakers(pol.tiers, pol.ageing_rate_s, order_key=new.order_key,
+                                  now=new.enqueued_at, arrivals=work.later_rates())
+        passing = policy.passing_jobs(later, new.max_wait_s)
     return AdmissionTerms(
         now=new.enqueued_at,
         tier=pol.tier(new.tier),

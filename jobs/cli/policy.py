@@ -36,6 +36,8 @@ class LiveView:
     worker_slots: int
     measured: MeasuredMean | None
     workers: list[LiveWorker] = field(default_factory=list)
+    # Each tier's jobs/s admitted over policy.arrivals_window_s, as the leader published it.
+    arrivals: dict[str, float] = field(default_factory=dict)
 
 
 def read_live(
@@ -61,7 +63,9 @@ def read_live(
         measured = read_measured(client, prefix)
         figures = pool.read_pool(pol, index, now=now, measured=measured)
         view = LiveView(figures=figures, worker_slots=index.pool_capacity(now=now),
-                        measured=measured, workers=index.live_workers(now=now))
+                        measured=measured, workers=index.live_workers(now=now),
+                        arrivals={tier: a.rate_per_s
+                                  for tier, a in index.work().arrivals.items()})
         return view, ""
     except (redis.RedisError, OSError):
         return None, f"Redis at {url} is not reachable: configured figures only."
@@ -129,7 +133,7 @@ def tier_table(pol: policy.Policy, configured: PoolFigures | None,
     table.add_column("tier")
     for column in ("priority", "max wait s", *(f"{figure}\n{side}" for figure in
                    ("bound", "tenant cap", "tenant quota") for side in ("configured", "live")),
-                   "rate /s", f"ties with {best.name} after"):
+                   "rate /s", f"ties with {best.name} after", "admitted /s\nlive"):
         table.add_column(column, justify="right")
     for name, tier in pol.tiers.items():
         cells = []
@@ -139,8 +143,9 @@ def tier_table(pol: policy.Policy, configured: PoolFigures | None,
         limit = policy.rate_limit(tier)
         rate = NONE if limit is None else f"{_num(limit.rate_per_s)} (burst {limit.burst})"
         guarantee = policy.ageing_guarantee_s(tier, pol.tiers, pol.ageing_rate_s)
+        admitted = NONE if live is None else _num(live.arrivals.get(name, 0.0))
         table.add_row(name, f"{tier.base_priority:g}", f"{tier.max_wait_s:g}", *cells, rate,
-                      f"{guarantee:g} s")
+                      f"{guarantee:g} s", admitted)
     return table
 
 

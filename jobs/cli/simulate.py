@@ -20,7 +20,7 @@ DEFAULT_POLICIES = "strict,rescore,tierq"
 def simulate(
     scenario: Annotated[
         str, typer.Option("--scenario", help="A shipped scenario (seed, noisy, diurnal, batch, "
-                          "pools) or the path of a scenario TOML file.")
+                          "mixed, pools) or the path of a scenario TOML file.")
     ] = "seed",
     config: Annotated[
         Path | None,

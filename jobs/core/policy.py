@@ -324,6 +324,8 @@ def expected_wait_s(
     capacity: int,
     mean_service_s: float,
     later: Sequence[Overtaker] = (),
+    tenant_mean_s: float | None = None,
+    running_mean_s: float | None = None,
 ) -> float:
     """Expected wait of a queued job: it starts once the pool has a slot for it AND its tenant
     has one under its cap, so the later of the two.
@@ -336,8 +338,22 @@ def expected_wait_s(
       adds nothing while ``r + q < c``; otherwise ``r + q - c + 1`` of its own jobs must
       finish first, at its rate ``min(c, capacity) / mean_service_s`` (``tenant_wait_s``).
       A running job counts as a whole service time: the model keeps no ages.
+      ``tenant_mean_s``: the mean service time of the tenant's own work (its kinds', each at
+      its own mean, ``jobs.core.service_times``); None: the pool's.
+    - Kinds: ``mean_service_s`` (and so ``mu`` and ``later``'s rates) is that of the queued
+      work; the slot the job needs is freed by a running job, whose mean is
+      ``running_mean_s``. The ``p + 1`` jobs to start (the ``p`` ahead, then its own) are
+      spent at ``(p × queued + running) / (p + 1)`` each: twenty 20 ms jobs queued ahead of
+      one while one-minute jobs fill the slots wait for one of those to end, not twenty.
     """
-    rate = tenant_rate(tenant.cap, capacity, mean_service_s)
+    own = mean_service_s if tenant_mean_s is None else tenant_mean_s
+    rate = tenant_rate(tenant.cap, capacity, own)
+    if running_mean_s is not None and running_mean_s != mean_service_s and mean_service_s > 0:
+        spent = (max(0, position) * mean_service_s + running_mean_s) / (max(0, position) + 1)
+        scale = mean_service_s / spent  # jobs of the queued mean -> jobs of ``spent``
+        mu = mu * scale
+        later = [Overtaker(rate_per_s=o.rate_per_s * scale, window_s=o.window_s)
+                 for o in later]
     pool = overtaken_wait_s(position + 1 - max(0, free_slots), mu, later)
     return max(pool, tenant_wait_s(tenant, rate))
 

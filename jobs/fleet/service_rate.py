@@ -24,10 +24,11 @@ from typing import Any
 
 import redis
 
-from jobs.core.arrivals import rate_of
+from jobs.core.arrivals import Work, arrivals_from
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
 from jobs.core.cadence import SERVICE_STALE_AFTER_S as STALE_AFTER_S
-from jobs.core.policy import WINDOW, MeasuredMean, weighted_mean
+from jobs.core.policy import WINDOW, MeasuredMean, mean_service_s, weighted_mean
+from jobs.core.service_times import KindMean, kind_means, mix_mean, usable
 from jobs.index.keys import IndexKeys
 from jobs.process.runtime import Runtime
 from jobs.store import stats as stats_sql
@@ -47,15 +48,24 @@ def publish(client: redis.Redis, prefix: str, measured: MeasuredMean, *, now: fl
     pipe.execute()
 
 
-def publish_arrivals(
-    client: redis.Redis, prefix: str, rates: dict[str, float], *, now: float
-) -> None:
-    """Replace the published arrival rates (a tier without arrivals is absent)."""
+def publish_work(client: redis.Redis, prefix: str, work: Work, *, now: float) -> None:
+    """Replace the published work (``Work.fields``): the tiers' arrivals, the running mean."""
     key = IndexKeys(prefix).arrivals
     pipe = client.pipeline(transaction=True)
     pipe.delete(key)
-    pipe.hset(key, mapping={"at": repr(now), **{tier: repr(rate) for tier, rate in rates.items()}})
+    pipe.hset(key, mapping=dict(work.fields(now)))  # type: ignore[arg-type]
     pipe.expire(key, STALE_AFTER_S)
+    pipe.execute()
+
+
+def publish_kinds(client: redis.Redis, prefix: str, means: dict[str, KindMean]) -> None:
+    """Replace the published per-kind means (``Work.kind_fields``)."""
+    key = IndexKeys(prefix).kind_means
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(key)
+    if means:
+        pipe.hset(key, mapping=dict(Work.kind_fields(means)))  # type: ignore[arg-type]
+        pipe.expire(key, STALE_AFTER_S)
     pipe.execute()
 
 
@@ -71,9 +81,14 @@ def read_measured(client: redis.Redis, prefix: str) -> MeasuredMean | None:
     return MeasuredMean(mean_s=value, samples=int(samples))
 
 
+# The newest runs read each refresh: each kind's mean is over its newest WINDOW among them.
+RUNS_READ = 10 * WINDOW
+
+
 @dataclass
 class ServiceRateTracker:
-    """Recomputes the measured mean from SQL at most every ``every_s`` and publishes it."""
+    """Recomputes the measured mean from SQL at most every ``every_s`` and publishes it, with
+    the means per kind and the tiers' arrivals."""
 
     every_s: float = REFRESH_S
     window: int = WINDOW
@@ -84,19 +99,35 @@ class ServiceRateTracker:
         """The current figure; recomputed and published when ``every_s`` has passed."""
         if now - self._refreshed_at < self.every_s:
             return self._current
+        pol = runtime.policy
+        window_s = pol.arrivals_window_s
         with runtime.sessions() as session:
-            times = stats_sql.recent_service_times(session, limit=self.window,
-                                                    scope=runtime.scope)
-            window = runtime.policy.arrivals_window_s
-            arrived = stats_sql.arrival_counts(session, since=now - window, scope=runtime.scope)
+            runs = stats_sql.recent_runs(session, limit=RUNS_READ, scope=runtime.scope)
+            queued, inflight = stats_sql.live_by_kind(session, runtime.scope)
+            arrived = stats_sql.arrival_counts(session, since=now - window_s,
+                                               scope=runtime.scope)
         self._refreshed_at = now
-        publish_arrivals(runtime.redis, runtime.prefix,
-                         {tier: rate_of(count, window) for tier, count in arrived.items()},
-                         now=now)
-        if not times:
+        times = [seconds for _, seconds in runs[:self.window]]
+        kinds = kind_means(runs, self.window)
+        means = usable(kinds, pol.service_samples_min)
+        measured, running = None, None
+        if times:
+            # The pool's mean is that of the work it holds queued, each kind at its own mean
+            # (with none queued, or one kind, the mean of the latest runs); the running
+            # jobs' is published beside it (``policy.expected_wait_s``).
+            overall = weighted_mean(times)
+            measured = MeasuredMean(mean_s=round(mix_mean(queued, means, overall), 6),
+                                    samples=len(times))
+            if inflight and len(times) >= pol.service_samples_min:
+                running = round(mix_mean(inflight, means, overall), 6)
+        pool_mean = mean_service_s(pol, measured)
+        publish_kinds(runtime.redis, runtime.prefix, kinds)
+        publish_work(runtime.redis, runtime.prefix,
+                     Work(arrivals=arrivals_from(arrived, means, pool_mean, window_s),
+                          running_mean_s=running), now=now)
+        if measured is None:
             self._current = None
             return None
-        measured = MeasuredMean(mean_s=round(weighted_mean(times), 6), samples=len(times))
         publish(runtime.redis, runtime.prefix, measured, now=now)
         if self._current is None or abs(self._current.mean_s - measured.mean_s) > 1e-6:
             logger.info("service_rate.measured", extra={

@@ -39,6 +39,7 @@ from jobs.index.values import (
     Admission,
     AdmissionTerms,
     Admitted,
+    Arrival,
     Entry,
     Finished,
     IndexedJob,
@@ -49,6 +50,7 @@ from jobs.index.values import (
     TierDepth,
     TierPush,
     TierQueue,
+    Work,
     refusal_minute,
 )
 
@@ -58,6 +60,7 @@ __all__ = [
     "Admission",
     "AdmissionTerms",
     "Admitted",
+    "Arrival",
     "DispatchIndex",
     "Entry",
     "Finished",
@@ -70,6 +73,7 @@ __all__ = [
     "TierDepth",
     "TierPush",
     "TierQueue",
+    "Work",
     "refusal_minute",
 ]
 
@@ -353,10 +357,10 @@ class DispatchIndex(Protocol):
         """Sum of the slots of workers whose registration has not expired at ``now``."""
         ...
 
-    def arrival_rates(self) -> dict[str, float]:
-        """Each tier's arrival rate (jobs/s) as the leader last published it
-        (``jobs.fleet.service_rate``); a tier with none is absent, and so is every tier when
-        nothing was published."""
+    def work(self) -> Work:
+        """What the leader last published of the pool's work (``jobs.fleet.service_rate``):
+        each tier's admissions (a tier with none absent) and the running jobs' mean; empty
+        when nothing was published."""
         ...
 
     def inflight(self) -> int:

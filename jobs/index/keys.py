@@ -38,8 +38,11 @@ Layout (a job is in exactly one of queued, delayed or leased while the index kno
                        lost its data; older than SQL's, Redis came back from a snapshot
 - ``rate:<tenant>``    hash tokens, at: the tenant's request-rate token bucket
 - ``service_mean``     hash mean_s, samples, at: the measured mean service time
-- ``arrivals``         hash tier -> jobs/s admitted over the last minute, at: when measured
-                       (``jobs.fleet.arrivals``)
+- ``arrivals``         hash tier -> "rate mean": jobs/s admitted over the last
+                       ``policy.arrivals_window_s`` and their kinds' mean service time; at:
+                       when measured (``jobs.fleet.arrivals``)
+- ``kind_means``       hash kind -> "mean spread samples": each kind's measured service time
+                       (``jobs.core.service_times``)
 - ``wake``             list: the dispatcher's doorbell (a few tokens at most)
 - ``tier_push``        string: JSON, the broker message envelope and each tier's queue, for
                        a submit that leases and pushes its job itself (``offer``)
@@ -132,6 +135,10 @@ class IndexKeys:
     @property
     def arrivals(self) -> str:
         return self._fixed("arrivals")
+
+    @property
+    def kind_means(self) -> str:
+        return self._fixed("kind_means")
 
     @property
     def tier_push(self) -> str:

@@ -163,7 +163,8 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         decision: _Decision | None = None
         if terms.max_wait_s is not None:
             max_position = policy.latest_useful_position(
-                terms.max_wait_s, max(0, capacity - inflight), mu, passing=terms.passing)
+                terms.max_wait_s, max(0, capacity - inflight), mu,
+                passing=terms.passing)
             if not duplicate:
                 decision = self._late_for_tenant(job, terms.max_wait_s, cap, capacity, mean,
                                                  tenant_inflight)

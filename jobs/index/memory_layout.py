@@ -102,8 +102,9 @@ class MemoryLayout:
         # The twin of the ``service_mean`` hash ``jobs.fleet.service_rate`` publishes in Redis:
         # the measured mean service time and its samples.
         self.service_mean: tuple[float, int] | None = None
-        # The twin of the ``arrivals`` hash: each tier's published arrival rate (jobs/s).
-        self.arrivals: dict[str, float] = {}
+        # The twin of the ``arrivals`` hash, as published (``Work.fields``).
+        self.published_work: dict[str, str] = {}
+        self.published_kinds: dict[str, str] = {}  # the ``kind_means`` hash
         self._tier_push: TierPush | None = None
         # ``admit_new``'s figures per tier: (tier, (capacity, mean, client timeout), figures).
         self._figured: dict[str, tuple[Tier, tuple[int, float, float | None],

@@ -6,7 +6,14 @@ import math
 
 from jobs.core.histograms import StartFigures
 from jobs.index.memory_layout import MemoryLayout, check_scores
-from jobs.index.values import Finished, IndexedJob, Lease, LiveWorker, Renewal, rates_of
+from jobs.index.values import (
+    Finished,
+    IndexedJob,
+    Lease,
+    LiveWorker,
+    Renewal,
+    Work,
+)
 
 
 class MemoryLeases(MemoryLayout):
@@ -149,8 +156,8 @@ class MemoryLeases(MemoryLayout):
                            memory_bytes=self._devices.get(worker, ("cpu", None))[1])
                 for worker, (expires_at, slots) in sorted(self._workers.items())]
 
-    def arrival_rates(self) -> dict[str, float]:
-        return rates_of({tier: repr(rate) for tier, rate in self.arrivals.items()})
+    def work(self) -> Work:
+        return Work.parse(self.published_work, self.published_kinds)
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         now = self._at(now)

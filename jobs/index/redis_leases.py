@@ -26,7 +26,7 @@ from jobs.index.values import (
     MessagePush,
     Renewal,
     TierPush,
-    rates_of,
+    Work,
 )
 
 # How long a process keeps the workers' ``TierPush`` before reading it again.
@@ -236,9 +236,13 @@ class RedisLeases(RedisScripts):
             key=lambda worker: worker.worker_id,
         )
 
-    def arrival_rates(self) -> dict[str, float]:
-        raw: dict[bytes, bytes] = self._client.hgetall(self._keys.arrivals)  # type: ignore[assignment]
-        return rates_of({text_of(tier): text_of(rate) for tier, rate in raw.items()})
+    def work(self) -> Work:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hgetall(self._keys.arrivals)
+        pipe.hgetall(self._keys.kind_means)
+        arrivals, kinds = pipe.execute()
+        return Work.parse({text_of(k): text_of(v) for k, v in arrivals.items()},
+                          {text_of(k): text_of(v) for k, v in kinds.items()})
 
     def pool_capacity(self, *, now: float | None = None) -> int:
         return int(self._pool_capacity(keys=self._keys.worker_keys(), args=[now_arg(now)]))

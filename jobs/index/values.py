@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
+from jobs.core.arrivals import Arrival, Work
 from jobs.core.policy import RateLimit, Tier
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "Admission",
     "AdmissionTerms",
     "Admitted",
+    "Arrival",
     "Entry",
     "Finished",
     "IndexedJob",
@@ -27,6 +29,7 @@ __all__ = [
     "TierDepth",
     "TierPush",
     "TierQueue",
+    "Work",
     "refusal_minute",
 ]
 
@@ -157,8 +160,9 @@ class AdmissionTerms:
     tenant_cap: int | None = None  # the tenant's overrides; None: the tier's
     tenant_quota: int | None = None
     max_wait_s: float | None = None  # the job's own deadline
-    # Jobs expected to arrive within max_wait_s and pass it (``policy.passing_jobs``): its
-    # predicted start counts them, so the latest useful position is that many places earlier.
+    # Jobs (of the pool's mean service time) expected to arrive within max_wait_s and pass it
+    # (``policy.passing_jobs``): its predicted start counts them, so the latest useful
+    # position is that many places earlier.
     passing: float = 0.0
 
 
@@ -226,19 +230,3 @@ class LiveWorker:
 class TierDepth:
     queued: int
     oldest_order_key: float | None
-
-
-def rates_of(published: dict[str, str]) -> dict[str, float]:
-    """The arrival rates of a published ``arrivals`` hash, by tier: its ``at`` and anything
-    not a positive finite number left out."""
-    rates = {}
-    for tier, text in published.items():
-        if tier == "at":
-            continue
-        try:
-            rate = float(text)
-        except ValueError:
-            continue
-        if math.isfinite(rate) and rate > 0:
-            rates[tier] = rate
-    return rates

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 
 from sortedcontainers import SortedList
 
@@ -59,7 +60,9 @@ class _Baseline:
         self._refigure()
         return self._slots
 
-    def measured(self, mean: MeasuredMean, now: float) -> None:
+    def measured(self, mean: MeasuredMean, now: float,
+                 kinds: Mapping[str, float] | None = None,
+                 running_mean_s: float | None = None) -> None:
         self._measured = mean
         self._refigure()
 
@@ -125,6 +128,9 @@ class _Baseline:
     def finish(self, job: int, attempt: int, now: float) -> None:
         self._inflight -= 1
         self._tenant_inflight[self.context.traffic.tenant[job]] -= 1
+
+    def gone(self, job: int) -> None:
+        pass
 
     def renew(self, job: int, attempt: int, now: float) -> None:
         """The baselines' leases do not lapse while their worker lives."""

@@ -7,6 +7,7 @@ admission, the order and the caps, as the index and the dispatcher do in the rea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,8 +50,11 @@ class Contender(Protocol):
         """The live workers (id → slots); returns the pool's capacity."""
         ...
 
-    def measured(self, mean: MeasuredMean, now: float) -> None:
-        """The measured mean service time, as the dispatcher publishes it."""
+    def measured(self, mean: MeasuredMean, now: float,
+                 kinds: Mapping[str, float] | None = None,
+                 running_mean_s: float | None = None) -> None:
+        """The measured mean service time, as the dispatcher publishes it (the mean of the
+        work the pool holds queued), each measured kind's mean, and the running jobs'."""
         ...
 
     def submit(self, job: int, now: float) -> Verdict: ...
@@ -66,6 +70,11 @@ class Contender(Protocol):
 
     def finish(self, job: int, attempt: int, now: float) -> None:
         """The attempt ended (success or failure): its slot frees."""
+        ...
+
+    def gone(self, job: int) -> None:
+        """The job ended for good (succeeded, failed its last attempt, or expired): it is
+        no longer work the pool holds."""
         ...
 
     def renew(self, job: int, attempt: int, now: float) -> None:

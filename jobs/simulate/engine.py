@@ -24,7 +24,8 @@ from collections.abc import Iterator, Sequence
 from jobs.core import policy
 from jobs.core.cadence import FEED_PERIOD_S, ITEMS_PER_ROUND, MAINTENANCE_PERIOD_S
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
-from jobs.core.policy import MeasuredMean, weighted_mean
+from jobs.core.policy import WINDOW, MeasuredMean, weighted_mean
+from jobs.core.service_times import mix_mean
 from jobs.simulate.contender import Contender, Context, Verdict
 from jobs.simulate.lanes import Lane, lane_tenants
 from jobs.simulate.outcome import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run, Sample
@@ -76,6 +77,8 @@ class Engine:
         self._tenant = traffic.tenant
         self._service_s = traffic.service_s
         self._failures = traffic.failures
+        self._kind = traffic.kind
+        self._kinds = traffic.kinds
         self._batch = traffic.batch
         self._enqueued = context.enqueued
         self._events: list[tuple[float, int, int, int, int]] = []
@@ -190,15 +193,42 @@ class Engine:
         if now >= self._next_measure:
             self._next_measure = now + REFRESH_S
             for lane in self.lanes:
-                if lane.completions != lane.measured_at:
+                if lane.completions != lane.measured_at or len(lane.kind_runs) > 1:
                     lane.measured_at = lane.completions
-                    lane.c.measured(MeasuredMean(mean_s=weighted_mean(lane.run_times),
-                                                 samples=len(lane.run_times)), now)
+                    self._measure(lane, now)
         if now >= self._next_upkeep:
             self._next_upkeep = now + MAINTENANCE_PERIOD_S
             for lane in self.lanes:
                 self._expire(lane.c.expire(now))
         self._next_timer = min(self._next_sample, self._next_measure, self._next_upkeep)
+
+    def _measure(self, lane: Lane, now: float) -> None:
+        """As ``jobs.fleet.service_rate``: each kind's mean from its newest runs, the mean of
+        the work the pool holds queued, each kind at its own (the overall mean for a kind
+        with too few runs, and with none queued), and the running jobs' mean."""
+        overall = weighted_mean(lane.run_times)
+        samples = len(lane.run_times)
+        samples_min = self.context.policy.service_samples_min
+        means = {self._kinds[kind]: overall if len(lane.kind_runs) == 1 else weighted_mean(runs)
+                 for kind, runs in lane.kind_runs.items() if len(runs) >= samples_min}
+        running: dict[str, int] = {}
+        for job in lane.running:
+            name = self._kinds[self._kind[job]]
+            running[name] = running.get(name, 0) + 1
+        queued = {self._kinds[kind]: count - running.get(self._kinds[kind], 0)
+                  for kind, count in lane.live.items()}
+        running_mean = (mix_mean(running, means, overall)
+                        if running and samples >= samples_min else None)
+        measure = (MeasuredMean(mean_s=mix_mean(queued, means, overall), samples=samples),
+                   means, running_mean)
+        if measure != lane.measure:
+            lane.measure = measure
+            lane.c.measured(measure[0], now, kinds=means, running_mean_s=running_mean)
+
+    def _gone(self, lane: Lane, job: int) -> None:
+        """A job of the lane's work ended for good."""
+        lane.live[self._kind[job]] -= 1
+        lane.c.gone(job)
 
     def _handle(self, kind: int, job: int, attempt: int, now: float) -> Sequence[Lane]:
         """Play one event other than an arrival; the lanes where a dispatch may start
@@ -235,6 +265,8 @@ class Engine:
             self._refuse(job, verdict)
             return ()
         self.run.told_wait_s[job] = verdict.told_wait_s
+        kind = self._kind[job]
+        lane.live[kind] = lane.live.get(kind, 0) + 1
         lane.tracker.wait(job, self._tenant[job], self._enqueued[job])
         return self._one[lane.index]
 
@@ -265,6 +297,8 @@ class Engine:
                 if not lane.c.feed(job, now):
                     break
                 items.popleft()
+                kind = self._kind[job]
+                lane.live[kind] = lane.live.get(kind, 0) + 1
                 budget -= 1
                 fed.add(lane.index)
                 self.run.status[job] = WAITING
@@ -286,7 +320,9 @@ class Engine:
         for job in jobs:
             self.run.status[job] = EXPIRED
             self._backoff.pop(job, None)
-            self._lane(job).tracker.unwait(job, self._tenant[job], self._enqueued[job])
+            lane = self._lane(job)
+            lane.tracker.unwait(job, self._tenant[job], self._enqueued[job])
+            self._gone(lane, job)
 
     def _start(self, lane: Lane, job: int, attempt: int, now: float) -> None:
         run = self.run
@@ -327,13 +363,20 @@ class Engine:
             return ()  # lost with its worker
         self._stop(lane, job)
         lane.c.finish(job, attempt, now)
-        lane.run_times.appendleft(self._service_s[job])
+        seconds = self._service_s[job]
+        lane.run_times.appendleft(seconds)
+        runs = lane.kind_runs.get(self._kind[job])
+        if runs is None:
+            runs = lane.kind_runs[self._kind[job]] = deque(maxlen=WINDOW)
+        runs.appendleft(seconds)
         lane.completions += 1
         if attempt <= self._failures[job]:
             pol = self.context.policy
             backoff = policy.retry_backoff_s(attempt, pol.retry_backoff_s,
                                              pol.retry_backoff_max_s)
             self._retry(lane, job, attempt, now + backoff, now)
+        else:
+            self._gone(lane, job)
         return self._one[lane.index]
 
     def _retry(self, lane: Lane, job: int, attempt: int, not_before: float | None,
@@ -341,6 +384,7 @@ class Engine:
         """A failed or lost attempt: queue the next one, if starts are left."""
         if attempt >= self.context.policy.max_attempts:
             self.run.status[job] = FAILED
+            self._gone(lane, job)
             return
         lane.c.requeue(job, attempt + 1, not_before, now)
         if not_before is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from jobs.core.policy import WINDOW
+from jobs.core.policy import WINDOW, MeasuredMean
 from jobs.simulate.contender import Contender
 from jobs.simulate.overtaking import Overtaking
 from jobs.simulate.scenario import Pool
@@ -30,6 +30,11 @@ class Lane:
     busy: int = 0
     running: dict[int, tuple[int, float]] = field(default_factory=dict)  # job → (attempt, end)
     run_times: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # newest first
+    # Per kind (``Traffic.kinds``): its newest run times, and its jobs queued or running.
+    kind_runs: dict[int, deque[float]] = field(default_factory=dict)
+    live: dict[int, int] = field(default_factory=dict)
+    # The last measure told its contender: the mean, each kind's, the running jobs'.
+    measure: tuple[MeasuredMean, dict[str, float], float | None] | None = None
     completions: int = 0
     measured_at: int = 0  # completions behind the last measure
     busy_s: float = 0.0  # slot-seconds of work

@@ -22,11 +22,13 @@ dispatch index of its own under its own prefix in the real system.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from jobs.core import policy
-from jobs.core.arrivals import ArrivalCounter
+from jobs.core.arrivals import Arrival, ArrivalCounter, arrivals_from
 from jobs.core.cadence import SERVICE_REFRESH_S
 from jobs.core.policy import MeasuredMean, RateLimit, Tier
+from jobs.core.service_times import mix_mean
 from jobs.fleet import pool as capacity
 from jobs.fleet.pool import PoolFigures
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
@@ -92,11 +94,15 @@ class TierqContender:
         # Admissions per tier, and the rates the dispatcher last published from them (every
         # SERVICE_REFRESH_S, as the mean service time).
         self._arrivals = ArrivalCounter(pol.arrivals_window_s)
-        self._arrival_rates: dict[str, float] = {}
+        self._published: dict[str, Arrival] = {}
         self._rates_next = 0.0
-        # A new job's overtakers depend on its tier alone (its window on each better tier is
-        # the difference of their priorities): per tier, for the rates of the moment.
+        self._measured: MeasuredMean | None = None
+        self._kind_means: dict[str, float] = {}
+        # Per tier: a new job's overtakers in work and in jobs (``_later``).
         self._later_of: dict[int, list[policy.Overtaker]] = {}
+        self._running_mean: float | None = None
+        # Per tenant: its jobs queued or running in the pool, by kind.
+        self._tenant_work: list[dict[str, int]] = [{} for _ in traffic.tenants]
 
     # -- the pool --
 
@@ -119,8 +125,13 @@ class TierqContender:
         self.index.set_caps(figures.caps, own_caps)
         return self._slots
 
-    def measured(self, mean: MeasuredMean, now: float) -> None:
+    def measured(self, mean: MeasuredMean, now: float,
+                 kinds: Mapping[str, float] | None = None,
+                 running_mean_s: float | None = None) -> None:
         self.index.service_mean = (mean.mean_s, mean.samples)
+        self._measured = mean
+        self._kind_means = dict(kinds or {})
+        self._running_mean = running_mean_s
 
     def cap(self, tenant: int) -> int | None:
         return self._tenant_caps[tenant]
@@ -149,36 +160,54 @@ class TierqContender:
             passing=0.0 if max_wait is None else policy.passing_jobs(later, max_wait)))
         if not admission.accepted:
             return _refused(admission)
-        self._arrivals.arrived(tier.name, now)
-        return Verdict(accepted=True, told_wait_s=self._told_wait(admission, tier, own_cap, later))
+        traffic = self.context.traffic
+        self._arrivals.arrived(tier.name, now, traffic.kinds[traffic.kind[job]])
+        self._holds(job)
+        return Verdict(accepted=True,
+                       told_wait_s=self._told_wait(admission, tier, tenant, job, own_cap, later))
 
     def _later(self, tier: int, order_key: float, now: float) -> list[policy.Overtaker]:
-        """``policy.overtakers`` of a job of ``tier`` submitted ``now``, at the rates the
-        dispatcher would have published last."""
+        """The work that will pass a job of ``tier`` submitted ``now`` (``policy.overtakers``)
+        at the arrivals the dispatcher would have published last, in jobs of the pool's mean.
+        A new job's depends on its tier alone: kept per tier until they change."""
+        pol = self.policy
         if now >= self._rates_next:
-            self._arrival_rates = self._arrivals.rates(now)
+            self._published = arrivals_from(
+                self._arrivals.counts(now), self._kind_means,
+                policy.mean_service_s(pol, self._measured), pol.arrivals_window_s)
             self._rates_next = now + SERVICE_REFRESH_S
-            self._later_of = {}
+            self._later_of.clear()
         later = self._later_of.get(tier)
         if later is None:
-            pol = self.policy
             later = self._later_of[tier] = policy.overtakers(
                 pol.tiers, pol.ageing_rate_s, order_key=order_key, now=now,
-                arrivals=self._arrival_rates)
+                arrivals={name: a.jobs_per_s for name, a in self._published.items()})
         return later
 
-    def _told_wait(self, admission: Admission, tier: Tier, own_cap: int | None,
-                   later: list[policy.Overtaker]) -> float | None:
+    def _told_wait(self, admission: Admission, tier: Tier, tenant: int, job: int,
+                   own_cap: int | None, later: list[policy.Overtaker]) -> float | None:
         """The estimate an accepted job is told, as ``jobs.admission.estimates`` tells it."""
         figures = self._figures(admission.capacity, admission.measured)
         load = frozen_value(policy.TenantLoad, cap=own_cap or figures.caps[tier.name],
                             inflight=admission.tenant_inflight,
                             ahead=max(0, admission.tenant_queued - 1))
+        own = None
+        if load.excess and self._kind_means:  # its own jobs ahead: their kinds' mean
+            own = mix_mean(self._ahead_of(tenant, job), self._kind_means,
+                           figures.mean_service_s)
         told = policy.expected_wait_s(
             admission.position, max(0, figures.capacity - admission.inflight),
             figures.service_rate, tenant=load, capacity=figures.capacity,
-            mean_service_s=figures.mean_service_s, later=later)
+            mean_service_s=figures.mean_service_s, later=later, tenant_mean_s=own,
+            running_mean_s=self._running_mean)
         return told if math.isfinite(told) else None
+
+    def _ahead_of(self, tenant: int, job: int) -> dict[str, int]:
+        """The tenant's work in the pool, by kind, but for ``job`` itself."""
+        traffic = self.context.traffic
+        held = dict(self._tenant_work[tenant])
+        held[traffic.kinds[traffic.kind[job]]] -= 1
+        return held
 
     def _figures(self, pool: int, measured: tuple[float, int] | None) -> PoolFigures:
         """``capacity.figures`` of the admission's pool and measure (as ``jobs.admission.limits``
@@ -204,6 +233,8 @@ class TierqContender:
                        tier=tier.name, order_key=self.policy.order_key(tier.name, now)),
             bound=figures.bounds[tier.name],
             tenant_quota=own_quota or figures.quotas[tier.name])
+        if outcome.accepted:
+            self._holds(job)
         return outcome.accepted
 
     # -- dispatch and the leases --
@@ -230,6 +261,21 @@ class TierqContender:
 
     def finish(self, job: int, attempt: int, now: float) -> None:
         self.index.release(self._ids[job], attempt=attempt)
+
+    def gone(self, job: int) -> None:
+        traffic = self.context.traffic
+        held = self._tenant_work[traffic.tenant[job]]
+        kind = traffic.kinds[traffic.kind[job]]
+        held[kind] -= 1
+        if not held[kind]:
+            del held[kind]
+
+    def _holds(self, job: int) -> None:
+        """The job is work its tenant holds in the pool (queued or running), by kind."""
+        traffic = self.context.traffic
+        held = self._tenant_work[traffic.tenant[job]]
+        kind = traffic.kinds[traffic.kind[job]]
+        held[kind] = held.get(kind, 0) + 1
 
     def renew(self, job: int, attempt: int, now: float) -> None:
         self.index.renew(self._ids[job], attempt=attempt, ttl_s=self._ttl, now=now)

@@ -45,10 +45,14 @@ class Traffic:
     overrides: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
     pools: tuple[str, ...] = (DEFAULT_POOL,)  # the scenario's, ``default`` first
     pool: bytearray = field(default_factory=bytearray)  # index in ``pools``; empty: all 0
+    kinds: tuple[str, ...] = ("",)  # the jobs' kinds ("": a stream that names none)
+    kind: list[int] = field(default_factory=list)  # index in ``kinds``; empty: all 0
 
     def __post_init__(self) -> None:
         if not self.pool:
             self.pool.extend(bytes(len(self.arrival)))
+        if not self.kind:
+            self.kind.extend([0] * len(self.arrival))
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -98,7 +102,13 @@ def _times(stream: Stream, rng: random.Random) -> Iterator[float]:
             start += stream.every_s
 
 
-def _stream(stream: Stream, service: ServiceTime, pool: int, seed: int) -> Iterator[Arrival]:
+def _stream(stream: Stream, service: ServiceTime, pool: int, seed: int,
+            kind: int = 0) -> Iterator[tuple[Arrival, int]]:
+    for arrival in _arrivals(stream, service, pool, seed):
+        yield arrival, kind
+
+
+def _arrivals(stream: Stream, service: ServiceTime, pool: int, seed: int) -> Iterator[Arrival]:
     rng = random.Random(seed)
     draws = service_sampler(service, rng)
     if stream.pattern == "trace":
@@ -131,9 +141,12 @@ def _trace(stream: Stream, draws: Iterator[tuple[float, int]], pool: int) -> Ite
 
 def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
     """The first ``jobs`` arrivals of the scenario's streams, merged in time order."""
-    streams = [_stream(s, scenario.service_of(s), scenario.pool_index(s), seed * 1_000_003 + i)
+    kinds = {name: i for i, name in enumerate(dict.fromkeys(
+        ["", *(s.kind or "" for s in scenario.streams)]))}
+    streams = [_stream(s, scenario.service_of(s), scenario.pool_index(s), seed * 1_000_003 + i,
+                       kinds[s.kind or ""])
                for i, s in enumerate(scenario.streams)]
-    merged = heapq.merge(*streams, key=lambda arrival: arrival[0])
+    merged = heapq.merge(*streams, key=lambda item: item[0][0])
     tiers: dict[str, int] = {}
     tenants: dict[str, int] = {}
     tenant_tier: list[int] = []
@@ -143,7 +156,9 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
     failures: list[int] = []
     max_wait_s: list[float | None] = []
     batch, pool = bytearray(), bytearray()
-    for t, name, tier, seconds, fails, max_wait, fed, where in itertools.islice(merged, jobs):
+    kind: list[int] = []
+    for (t, name, tier, seconds, fails, max_wait, fed, where), of in itertools.islice(merged,
+                                                                                      jobs):
         who = tenants.get(name)
         if who is None:
             who = tenants[name] = len(tenants)
@@ -157,6 +172,7 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
         max_wait_s.append(max_wait)
         batch.append(fed)
         pool.append(where)
+        kind.append(of)
     overrides = {
         tenants[f"{s.name}-{i}"]: (s.cap, s.max_queued)
         for s in scenario.streams if s.cap is not None or s.max_queued is not None
@@ -165,7 +181,8 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
     return Traffic(tiers=list(tiers), tenants=list(tenants), tenant_tier=tenant_tier,
                    arrival=arrival, tenant=tenant, service_s=service_s, failures=failures,
                    max_wait_s=max_wait_s, batch=batch, overrides=overrides,
-                   pools=tuple(p.name for p in scenario.pools), pool=pool)
+                   pools=tuple(p.name for p in scenario.pools), pool=pool,
+                   kinds=tuple(kinds), kind=kind)
 
 
 def ordered(traffic: Traffic, rank: dict[str, float]) -> Traffic:

@@ -65,15 +65,63 @@ def recent_service_times(
 
 def arrival_counts(
     session: Session, *, since: float, scope: KindScope = EVERY_KIND
-) -> dict[str, int]:
-    """Jobs of each tier that entered the queue at or after ``since``, among those created
-    since then: a range of the primary key, since ids are time-ordered (``jobs.core.ids``)."""
+) -> dict[tuple[str, str], int]:
+    """Jobs of each tier and kind that entered the queue at or after ``since``, among those
+    created since then: a range of the primary key, since ids are time-ordered
+    (``jobs.core.ids``)."""
     stmt = (
-        scoped(sa.select(JobRow.tier, sa.func.count()), JobRow.kind, scope)
+        scoped(sa.select(JobRow.tier, JobRow.kind, sa.func.count()), JobRow.kind, scope)
         .where(JobRow.id >= first_id_at(since), JobRow.enqueued_at >= dt(since))
-        .group_by(JobRow.tier)
+        .group_by(JobRow.tier, JobRow.kind)
     )
-    return {tier: count for tier, count in session.execute(stmt)}
+    return {(tier, kind): count for tier, kind, count in session.execute(stmt)}
+
+
+def recent_runs(
+    session: Session, *, limit: int, scope: KindScope = EVERY_KIND
+) -> list[tuple[str, float]]:
+    """``(kind, run time)`` of the last ``limit`` finished runs, newest first."""
+    stmt = (
+        scoped(sa.select(JobRow.kind, JobRow.started_at, JobRow.finished_at), JobRow.kind,
+               scope)
+        .where(
+            JobRow.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]),
+            JobRow.started_at.is_not(None),
+            JobRow.finished_at.is_not(None),
+        )
+        .order_by(JobRow.finished_at.desc(), JobRow.id.desc())
+        .limit(limit)
+    )
+    return [
+        (kind, (finished - started).total_seconds())
+        for kind, started, finished in session.execute(stmt)
+        if started is not None and finished is not None
+    ]
+
+
+def tenant_work(session: Session, tenant_id: str,
+                scope: KindScope = EVERY_KIND) -> dict[str, int]:
+    """The tenant's jobs queued or in flight, by kind: its own work in the pool."""
+    live = [Status.QUEUED.value, Status.DISPATCHED.value, Status.RUNNING.value]
+    stmt = (scoped(sa.select(JobRow.kind, sa.func.count()), JobRow.kind, scope)
+            .where(JobRow.tenant_id == tenant_id, JobRow.status.in_(live))
+            .group_by(JobRow.kind))
+    return {kind: count for kind, count in session.execute(stmt)}
+
+
+def live_by_kind(
+    session: Session, scope: KindScope = EVERY_KIND
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The work a pool holds, by kind: jobs queued, and jobs in flight (dispatched, running)."""
+    live = [Status.QUEUED.value, Status.DISPATCHED.value, Status.RUNNING.value]
+    stmt = (scoped(sa.select(JobRow.status, JobRow.kind, sa.func.count()), JobRow.kind, scope)
+            .where(JobRow.status.in_(live)).group_by(JobRow.status, JobRow.kind))
+    queued: dict[str, int] = {}
+    inflight: dict[str, int] = {}
+    for status, kind, count in session.execute(stmt):
+        held = queued if status == Status.QUEUED.value else inflight
+        held[kind] = held.get(kind, 0) + count
+    return queued, inflight
 
 
 def recent_waits(session: Session, *, tier: str, since: float) -> list[float]:

@@ -14,11 +14,17 @@ import redis
 from typer.testing import CliRunner
 
 from jobs.cli.main import build_app
+from jobs.core.arrivals import Arrival, Work
 from jobs.core.domain import NewJob
-from jobs.core.policy import MeasuredMean
+from jobs.core.policy import MeasuredMean, weighted_mean
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
-from jobs.fleet.service_rate import ServiceRateTracker, publish, read_measured
+from jobs.fleet.service_rate import (
+    ServiceRateTracker,
+    publish,
+    publish_work,
+    read_measured,
+)
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
@@ -297,13 +303,13 @@ def test_202_and_get_carry_queue_position_and_estimated_wait(
 
 
 def finished_runs(runtime: Runtime, tenant_id: str, *, count: int, seconds: float,
-                  now: float) -> None:
-    """``count`` jobs that ran ``seconds`` each and finished before ``now``."""
+                  now: float, kind: str = "echo") -> None:
+    """``count`` jobs of ``kind`` that ran ``seconds`` each and finished before ``now``."""
     with runtime.sessions.begin() as session:
         for i in range(count):
             start = now - 100 + i
             job = jobs_sql.insert_job(session, NewJob(
-                tenant_id=tenant_id, tier="free", kind="echo", payload={},
+                tenant_id=tenant_id, tier="free", kind=kind, payload={},
                 order_key=start, enqueued_at=start))
             steps = ((Status.QUEUED, Status.DISPATCHED, start), (Status.DISPATCHED,
                      Status.RUNNING, start), (Status.RUNNING, Status.SUCCEEDED, start + seconds))
@@ -337,6 +343,38 @@ def test_the_measured_service_rate_moves_the_bounds(
         assert 'tierq_pool_mean_service_seconds{pool="default"} 3.0' in served.get("/metrics").text
 
 
+def test_each_kind_is_measured_and_the_pool_is_the_mean_of_the_work_it_holds(
+    urls: tuple[str, str, str], clock: Clock
+) -> None:
+    """One-minute evaluations and 20 ms lookups: each kind's mean is its own; the pool's mean
+    (its μ, bounds and estimates) is that of the queued work, each kind at its mean, and the
+    running jobs' mean is published beside it."""
+    with api(urls, clock, pool_concurrency=24) as served:
+        runtime = rt(served)
+        tenant_id = served.create_tenant("acme")["id"]
+        finished_runs(runtime, tenant_id, count=25, seconds=60.0, now=clock.now, kind="eval")
+        finished_runs(runtime, tenant_id, count=25, seconds=0.02, now=clock.now, kind="echo")
+        key = served.tenant_key("lux", tier="premium")
+        for kind in ("echo", "echo", "echo", "sleep"):  # three lookups and a kind not measured
+            payload = {"seconds": 1} if kind == "sleep" else {}
+            answer = served.submit(key, {"kind": kind, "payload": payload})
+            assert answer.status_code == 202, answer.text
+        measured = ServiceRateTracker().refresh(runtime, clock.now)
+        work = runtime.index.work()
+        assert work.kind_means(samples_min=20) == pytest.approx({"eval": 60.0, "echo": 0.02})
+        assert work.kinds["eval"].samples == 25 and work.kinds["eval"].spread_s == 0.0
+        # The queued work: three echos at 20 ms and a sleep at the overall mean of all runs
+        # (newest first: the evaluations finished last).
+        overall = weighted_mean([60.0] * 25 + [0.02] * 25)
+        assert measured is not None
+        assert measured.mean_s == pytest.approx((3 * 0.02 + overall) / 4, abs=1e-6)
+        assert read_measured(runtime.redis, runtime.prefix) == measured
+        assert work.running_mean_s is None  # nothing runs
+        dispatch_one(served, served.get("/v1/jobs", headers=auth(key)).json()["jobs"][-1]["id"])
+        ServiceRateTracker().refresh(runtime, clock.now)
+        assert runtime.index.work().running_mean_s == pytest.approx(0.02)
+
+
 def test_the_tracker_weights_recent_runs_more(
     urls: tuple[str, str, str], clock: Clock
 ) -> None:
@@ -359,6 +397,8 @@ def test_policy_command_shows_the_live_figures_next_to_the_configured(
         runtime.index.register_worker("w1", slots=8, ttl_s=3600, now=clock.now,
                                       device="cuda:0")
         publish(redis_client, prefix, MeasuredMean(mean_s=3.0, samples=25), now=clock.now)
+        publish_work(redis_client, prefix, Work(arrivals={"premium": Arrival(rate_per_s=2.5)}),
+                     now=clock.now)
         env = {"TIERQ_REDIS_URL": redis_url, "TIERQ_KEY_PREFIX": prefix,
                "COLUMNS": "200"}
         result = CliRunner().invoke(build_app(), ["policy"], env=env)
@@ -371,3 +411,4 @@ def test_policy_command_shows_the_live_figures_next_to_the_configured(
     assert rows["service rate μ"] == ["-", "2.67 jobs/s"]
     # free: bound floor(8/3 × 60) = 160, cap 1, quota floor(160 × 0.04) = 6
     assert rows["free"][2:8] == ["-", "160", "-", "1", "-", "6"]
+    assert (rows["premium"][-1], rows["free"][-1]) == ("2.5", "0")  # admitted /s, live

@@ -4,13 +4,24 @@ and its deadline count the better-ranked work that will pass it (``policy.overta
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import redis
 
-from jobs.fleet.service_rate import ServiceRateTracker, publish_arrivals
-from tests.integration.api_harness import Clock, auth, dispatch_one, make_settings, rt, running_api
+from jobs.core.arrivals import Arrival, Work
+from jobs.fleet.arrivals import CACHE_S
+from jobs.fleet.service_rate import ServiceRateTracker, publish_work
+from tests.integration.api_harness import (
+    ADMIN_KEY,
+    Clock,
+    auth,
+    dispatch_one,
+    make_settings,
+    rt,
+    running_api,
+)
 from tests.services import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -33,10 +44,18 @@ def test_the_leader_publishes_each_tiers_admissions_over_the_window(settings: An
         assert all(served.submit(key).status_code == 202 for key in free)
         runtime = rt(served)
         ServiceRateTracker().refresh(runtime, clock.now)
-        assert runtime.index.arrival_rates() == {"premium": 5 / 60, "free": 3 / 60}
+        # No runs measured yet: each tier's jobs weigh as the pool's mean ones.
+        assert runtime.index.work().arrivals == {
+            "premium": Arrival(rate_per_s=5 / 60, weight=1.0),
+            "free": Arrival(rate_per_s=3 / 60, weight=1.0)}
+        time.sleep(CACHE_S)  # what the API read of them before is that old at most
+        tiers = {t["name"]: t for t in served.get("/v1/queues", headers=auth(ADMIN_KEY))
+                 .json()["tiers"]}
+        assert [tiers[n]["arrival_rate"] for n in ("premium", "standard", "free")] == [
+            round(5 / 60, 6), 0.0, round(3 / 60, 6)]
         # A window later they have all aged out of it.
         ServiceRateTracker().refresh(runtime, clock.now + 61)
-        assert runtime.index.arrival_rates() == {}
+        assert runtime.index.work().arrivals == {}
 
 
 def test_a_free_job_is_told_the_premium_work_that_will_pass_it(
@@ -44,7 +63,8 @@ def test_a_free_job_is_told_the_premium_work_that_will_pass_it(
 ) -> None:
     clock = Clock()
     # Premium admitted at 3 a minute: it passes a free job for the first 120 s of its wait.
-    publish_arrivals(redis_client, key_prefix, {"premium": 0.05}, now=clock.now)
+    publish_work(redis_client, key_prefix,
+                 Work(arrivals={"premium": Arrival(rate_per_s=0.05)}), now=clock.now)
     with running_api(settings, clock) as served:
         running = served.submit(served.tenant_key("std", tier="standard")).json()["id"]
         dispatch_one(served, running)  # the one slot is busy

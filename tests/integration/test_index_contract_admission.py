@@ -8,7 +8,6 @@ both, refusals and their figures included, so the script cannot drift from the p
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Any
 
@@ -18,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.core import policy
+from jobs.core.arrivals import Arrival, Work
+from jobs.core.service_times import KindMean
 from jobs.index import IndexedJob, MemoryIndex, RedisIndex
 from jobs.index.base import Admission, AdmissionTerms, DispatchIndex, refusal_minute
 from jobs.index.keys import IndexKeys
@@ -50,7 +51,7 @@ def scenes(draw: Any) -> dict[str, Any]:
         tenant_cap=draw(st.none() | st.integers(1, 5)),
         tenant_quota=draw(st.none() | st.integers(1, 8)),
         max_wait_s=draw(st.none() | waits),
-        passing=draw(st.sampled_from([0.0, 0.4, 3.0, 17.5, 500.0])),
+        passing=draw(st.sampled_from([0.0, 0.4, 3.0, 17.5, 500.0, 4000.0])),
     )
     return {
         "terms": terms,
@@ -196,11 +197,19 @@ def test_a_tier_at_its_bound_with_a_free_slot_refuses_only_for_a_tenants_own_cap
             ("tier", "std", "capacity"): 1, ("tenant", "e", "capacity"): 1}
 
 
-def test_published_arrival_rates_read_the_same(redis_client: redis.Redis,
-                                               key_prefix: str) -> None:
+def test_the_published_work_reads_the_same(redis_client: redis.Redis, key_prefix: str) -> None:
     real, twin = RedisIndex(redis_client, key_prefix), MemoryIndex()
-    assert real.arrival_rates() == twin.arrival_rates() == {}
-    redis_client.hset(IndexKeys(key_prefix).arrivals, mapping={
-        "at": repr(NOW), "premium": "5.5", "standard": "0.25", "free": "0.0", "odd": "nan"})
-    twin.arrivals = {"premium": 5.5, "standard": 0.25, "free": 0.0, "odd": math.nan}
-    assert real.arrival_rates() == twin.arrival_rates() == {"premium": 5.5, "standard": 0.25}
+    assert real.work() == twin.work() == Work()
+    work = Work(arrivals={"premium": Arrival(rate_per_s=5.5, weight=1.0),
+                          "standard": Arrival(rate_per_s=0.25, weight=0.004)},
+                running_mean_s=42.5,
+                kinds={"eval": KindMean(mean_s=60.0, spread_s=12.5, samples=200)})
+    published = {**work.fields(NOW), "tier:odd": "nan 1.0", "tier:bad": "1", "tier:no": "x y"}
+    kinds = {**Work.kind_fields(work.kinds), "broken": "1 2"}
+    redis_client.hset(IndexKeys(key_prefix).arrivals, mapping=published)
+    redis_client.hset(IndexKeys(key_prefix).kind_means, mapping=kinds)
+    twin.published_work, twin.published_kinds = published, kinds
+    assert real.work() == twin.work() == work
+    assert work.later_rates() == {"premium": 5.5, "standard": 0.25 * 0.004}
+    assert work.kind_means(samples_min=20) == {"eval": 60.0}
+    assert work.kind_means(samples_min=201) == {}

@@ -64,10 +64,11 @@ def test_policy_prints_the_worked_example(app: typer.Typer) -> None:
     result = CliRunner().invoke(app, ["policy"], env=env)
     assert result.exit_code == 0, result.output
     rows = _rows(result.stdout)
-    # tier: priority, max wait, bound, cap, quota (each configured then live), rate, ageing
-    assert rows["premium"] == ["0", "5", "24", "-", "6", "-", "6", "-", "-", "0 s"]
-    assert rows["standard"] == ["10", "20", "80", "-", "2", "-", "8", "-", "-", "60 s"]
-    assert rows["free"] == ["20", "60", "240", "-", "1", "-", "9", "-", "-", "120 s"]
+    # tier: priority, max wait, bound, cap, quota (each configured then live), rate, ageing,
+    # admitted jobs/s (live)
+    assert rows["premium"] == ["0", "5", "24", "-", "6", "-", "6", "-", "-", "0 s", "-"]
+    assert rows["standard"] == ["10", "20", "80", "-", "2", "-", "8", "-", "-", "60 s", "-"]
+    assert rows["free"] == ["20", "60", "240", "-", "1", "-", "9", "-", "-", "120 s", "-"]
     # figure: configured, live
     assert rows["capacity"] == ["24", "-"]
     assert rows["mean service time"] == ["6 s", "-"]
@@ -80,7 +81,7 @@ def test_policy_shows_each_tiers_rate_limit(app: typer.Typer) -> None:
     env = {**NO_REDIS, "TIERQ_TIERS__FREE__RATE_PER_S": "0.5"}
     result = CliRunner().invoke(app, ["policy"], env=env)
     assert result.exit_code == 0, result.output
-    assert _rows(result.stdout)["free"][-2] == "0.5 (burst 1)"
+    assert _rows(result.stdout)["free"][-3] == "0.5 (burst 1)"
 
 
 def test_policy_without_pool_size_or_redis_says_capacity_is_unknown(app: typer.Typer) -> None:

@@ -1,6 +1,7 @@
-"""The estimate that counts later arrivals: who passes a queued job, for how long, and the
-fixed point of its wait (``policy.overtakers``, ``overtaken_wait_s``, ``passing_jobs`` and
-the deadline's ``latest_useful_position``), and the arrival counter the simulator uses."""
+"""The estimate that counts later arrivals and kinds: who passes a queued job, for how long,
+and the fixed point of its wait (``policy.overtakers``, ``overtaken_wait_s``, ``passing_jobs``
+and the deadline's ``latest_useful_position``), the arrival counter the simulator uses, and
+each kind's mean (``jobs.core.service_times``) in the pool's and a tenant's wait."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from jobs.core import policy
 from jobs.core.arrivals import ArrivalCounter, rate_of
 from jobs.core.policy import Overtaker
+from jobs.core.service_times import kind_means, mix_mean, usable
 from jobs.process.settings import load_settings
 
 pytestmark = pytest.mark.unit
@@ -102,8 +104,54 @@ def test_the_deadline_refuses_exactly_the_positions_whose_wait_exceeds_it(
 
 def test_the_counter_keeps_its_window_only() -> None:
     counter = ArrivalCounter(60.0)
-    for at in range(0, 120, 2):  # one every 2 s for two minutes
-        counter.arrived("premium", float(at))
-    counter.arrived("free", 10.0)
-    assert counter.rates(119.0) == {"premium": rate_of(30, 60.0), "free": 0.0}
+    for at in range(0, 120, 2):  # one every 2 s for two minutes, a free one at 10 s
+        counter.arrived("premium", float(at), "eval")
+        if at == 10:
+            counter.arrived("free", 10.0, "lookup")
+    assert counter.rates(119.0) == {"premium": rate_of(30, 60.0)}  # free: out of the window
     assert counter.rates(119.0)["premium"] == 0.5
+    assert counter.counts(150.0) == {("premium", "eval"): 15}
+
+
+def test_each_kind_has_its_own_mean_and_spread_from_its_newest_runs() -> None:
+    runs = [("eval", 60.0), ("echo", 0.02), ("eval", 40.0), ("echo", 0.04), ("eval", 99.0)]
+    means = kind_means(runs, window=2)  # each kind's two newest runs
+    assert means["eval"].samples == means["echo"].samples == 2
+    assert means["eval"].mean_s == pytest.approx(policy.weighted_mean([60.0, 40.0]))
+    assert means["eval"].spread_s == pytest.approx(10.0)
+    assert usable(means, samples_min=2) == {"eval": means["eval"].mean_s,
+                                            "echo": means["echo"].mean_s}
+    assert usable(means, samples_min=3) == {}
+
+
+def test_the_pools_mean_is_that_of_the_work_it_holds() -> None:
+    means = {"eval": 60.0, "echo": 0.02}
+    assert mix_mean({"eval": 1, "echo": 3}, means, 6.0) == pytest.approx(15.015)
+    assert mix_mean({"echo": 4, "sleep": 0}, means, 6.0) == 0.02  # one kind: its own, exactly
+    assert mix_mean({"new": 2, "echo": 2}, means, 6.0) == pytest.approx(3.01)  # unmeasured: 6 s
+    assert mix_mean({}, means, 6.0) == 6.0
+
+
+def test_short_jobs_queued_ahead_of_long_running_ones_wait_for_one_slot() -> None:
+    """Sixteen slots busy with one-minute jobs, twenty 20 ms jobs queued ahead: the job waits
+    for one slot to free (60 s / 16) and the twenty to pass through it, not for twenty-one
+    slots' worth of the queued mean, nor of the running one."""
+    queued, running = 0.02, 60.0
+    load = policy.TenantLoad(cap=16, inflight=0, ahead=0)
+    wait = policy.expected_wait_s(20, 0, 16 / queued, tenant=load, capacity=16,
+                                  mean_service_s=queued, running_mean_s=running)
+    assert wait == pytest.approx((20 * queued + running) / 16)
+    alone = policy.expected_wait_s(20, 0, 16 / queued, tenant=load, capacity=16,
+                                   mean_service_s=queued)
+    assert alone == pytest.approx(21 * queued / 16)  # the queued mean alone: far too little
+    same = policy.expected_wait_s(20, 0, 16 / 6.0, tenant=load, capacity=16,
+                                  mean_service_s=6.0, running_mean_s=6.0)
+    assert same == policy.expected_wait_s(20, 0, 16 / 6.0, tenant=load, capacity=16,
+                                          mean_service_s=6.0)  # one kind: as before
+
+
+def test_a_tenant_at_its_cap_waits_for_its_own_kinds() -> None:
+    load = policy.TenantLoad(cap=1, inflight=1, ahead=0)  # a 20 ms job of its own running
+    wait = policy.expected_wait_s(0, 3, 16 / 55.0, tenant=load, capacity=16,
+                                  mean_service_s=55.0, tenant_mean_s=0.02)
+    assert wait == pytest.approx(0.02)

@@ -27,6 +27,7 @@ from jobs.api.queue_schemas import (
 )
 from jobs.core.domain import Tenant
 from jobs.core.pools import DEFAULT_POOL
+from jobs.fleet.arrivals import read_work
 from jobs.fleet.metrics import (
     AppMetrics,
     TierFigures,
@@ -34,6 +35,7 @@ from jobs.fleet.metrics import (
     read_index_view,
     recent_waits,
 )
+from jobs.index.base import Arrival
 from jobs.process.runtime import Runtime
 
 router = APIRouter(tags=["queues and health"], dependencies=[Depends(refuse_unknown_query)])
@@ -73,9 +75,10 @@ def _pool_queues(
 ) -> PoolQueues:
     view = read_index_view(runtime, now=now)
     waits = recent_waits(runtime, now=now)
+    arrivals = read_work(runtime.index).arrivals
     pool = view.pool
-    tiers = [_tier_queue(tier, waits[tier.name]) for tier in view.tiers
-             if tenant is None or tier.name == tenant.tier]
+    tiers = [_tier_queue(tier, waits[tier.name], arrivals.get(tier.name))
+             for tier in view.tiers if tenant is None or tier.name == tenant.tier]
     spec = runtime.pools.spec(runtime.pool)
     pool_view = PoolView(
         name=runtime.pool, kinds=sorted(spec.kinds) if runtime.pool != DEFAULT_POOL else None,
@@ -94,11 +97,12 @@ def _pool_queues(
     return PoolQueues(pool=pool_view, tiers=tiers, usage=usage)
 
 
-def _tier_queue(tier: TierFigures, waits: list[float]) -> TierQueue:
+def _tier_queue(tier: TierFigures, waits: list[float], arrival: Arrival | None) -> TierQueue:
+    arrival_rate = 0.0 if arrival is None else arrival.rate_per_s
     return TierQueue(
         name=tier.name, queued=tier.queued, bound=tier.bound, oldest_age_s=tier.oldest_age_s,
         tenant_cap=tier.tenant_cap, wait_p50_s=percentile(waits, 0.50),
-        wait_p95_s=percentile(waits, 0.95),
+        wait_p95_s=percentile(waits, 0.95), arrival_rate=round(arrival_rate, 6),
     )
 
 

@@ -11,7 +11,8 @@
 -- ARGV[13] the tier's queued share (quota)  ARGV[14] the tier's tenant share (cap)
 -- ARGV[15] the tenant's cap ('' the tier's)  ARGV[16] the tenant's quota ('' the tier's)
 -- ARGV[17] the job's max_wait_s ('' none)  ARGV[18] seconds to keep KEYS[18]
--- ARGV[19] jobs expected to arrive within max_wait_s and pass it (policy.passing_jobs)
+-- ARGV[19] jobs (of the pool's mean service time) expected to arrive within max_wait_s and
+-- pass it (policy.passing_jobs)
 -- Returns {accepted 0/1, reason or '', tier_queued, tenant_queued, position, duplicate 0/1,
 -- tenant_inflight, capacity, inflight, measured mean ('' none), measured samples ('' none),
 -- seconds until the next token ('0'), bound, quota, max_position ('' none)}.

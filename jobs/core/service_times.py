@@ -1,0 +1,59 @@
+"""Service times per kind, and the mean of the work a pool holds.
+
+One mean over every finished run tells an echo of 20 ms behind a 30 s evaluation that it
+waits the mean of the two. The leader keeps a mean (and spread) per kind instead, from the
+newest runs of each (``policy.weighted_mean``: recent runs weigh most), and from them the mean
+service time of the jobs the pool holds now, queued and running, weighted by their count per
+kind: that is what the next slots to free will be spent on, so it is the pool's ``μ``
+(``capacity / mix_mean``) for every bound, estimate and Retry-After. A kind with fewer than
+``service_samples_min`` runs counts at the pool's overall mean until it has them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jobs.core.policy import WINDOW, weighted_mean
+
+
+@dataclass(frozen=True, kw_only=True)
+class KindMean:
+    mean_s: float  # recency-weighted, as the pool's overall mean
+    spread_s: float  # the plain standard deviation of the same runs
+    samples: int  # runs behind it (at most WINDOW)
+
+
+def kind_means(
+    runs_newest_first: Sequence[tuple[str, float]], window: int = WINDOW
+) -> dict[str, KindMean]:
+    """Each kind's mean over its ``window`` newest runs among ``(kind, seconds)`` runs."""
+    by_kind: dict[str, list[float]] = {}
+    for kind, seconds in runs_newest_first:
+        times = by_kind.setdefault(kind, [])
+        if len(times) < window:
+            times.append(max(0.0, seconds))
+    found = {}
+    for kind, times in by_kind.items():
+        plain = sum(times) / len(times)
+        spread = math.sqrt(sum((t - plain) ** 2 for t in times) / len(times))
+        found[kind] = KindMean(mean_s=weighted_mean(times), spread_s=spread, samples=len(times))
+    return found
+
+
+def usable(means: Mapping[str, KindMean], samples_min: int) -> dict[str, float]:
+    """The kinds measured well enough to stand for themselves (``service_samples_min``)."""
+    return {kind: m.mean_s for kind, m in means.items() if m.samples >= samples_min}
+
+
+def mix_mean(counts: Mapping[str, int], means: Mapping[str, float], fallback_s: float) -> float:
+    """The mean service time of ``counts`` jobs per kind, each kind at its mean (``fallback_s``
+    for a kind not measured); ``fallback_s`` when there are none."""
+    held = [(kind, n) for kind, n in counts.items() if n > 0]
+    if not held:
+        return fallback_s
+    if len(held) == 1:  # one kind: its mean, exactly
+        return means.get(held[0][0], fallback_s)
+    work = sum(n * means.get(kind, fallback_s) for kind, n in held)
+    return work / sum(n for _, n in held)
