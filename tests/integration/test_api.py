@@ -242,8 +242,9 @@ def _queues_scene(client: ApiClient, clock: Clock) -> tuple[str, str]:
 
 
 # pool 4 at 6 s: mu = 2/3; standard bound floor(2/3 * 20) = 13, cap max(1, 0.4) = 1.
+# No leader measured the arrivals here: 0 jobs/s admitted.
 STANDARD = {"name": "standard", "queued": 1, "bound": 13, "oldest_age_s": 5.0, "tenant_cap": 1,
-            "wait_p50_s": 4.0, "wait_p95_s": 4.0}
+            "wait_p50_s": 4.0, "wait_p95_s": 4.0, "arrival_rate": 0.0}
 POOL = {"name": "default", "kinds": None, "live_workers": 0, "capacity": 4, "inflight": 1,
         "utilisation": 0.25, "service_rate": pytest.approx(4 / 6)}
 
