@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -269,6 +270,13 @@ def overtaken_wait_s(behind: float, mu: float, later: Sequence[Overtaker]) -> fl
         return math.inf
     if not later:
         return behind / mu
+    if len(later) == 1:  # one tier passes it: below its window, or past it
+        rate, window = later[0].rate_per_s, later[0].window_s
+        if rate < mu:
+            wait = behind / (mu - rate)
+            if wait <= window:
+                return wait
+        return (behind + rate * window) / mu
     windows = sorted((o.window_s, o.rate_per_s) for o in later)
     slope = sum(rate for _, rate in windows)  # jobs/s passing while W is below every window
     passed = 0.0  # jobs of the tiers whose window W has outlived: rate × window each
@@ -385,6 +393,9 @@ def weighted_mean(run_times_newest_first: Sequence[float], half_life: float = HA
     if not run_times_newest_first:
         raise ValueError("no run times to average")
     weights, weight = _weights(len(run_times_newest_first), half_life)
+    if min(run_times_newest_first) >= 0:  # nothing to clamp: the same sum, added in C
+        added: float = sum(map(operator.mul, weights, run_times_newest_first))
+        return added / weight
     total = sum(w * max(0.0, t) for w, t in zip(weights, run_times_newest_first, strict=True))
     return total / weight
 

@@ -79,6 +79,7 @@ class Engine:
         self._failures = traffic.failures
         self._kind = traffic.kind
         self._kinds = traffic.kinds
+        self._one_kind = len(traffic.kinds) == 1
         self._batch = traffic.batch
         self._enqueued = context.enqueued
         self._events: list[tuple[float, int, int, int, int]] = []
@@ -193,7 +194,8 @@ class Engine:
         if now >= self._next_measure:
             self._next_measure = now + REFRESH_S
             for lane in self.lanes:
-                if lane.completions != lane.measured_at or len(lane.kind_runs) > 1:
+                if lane.run_times and (lane.completions != lane.measured_at
+                                       or not self._one_kind):
                     lane.measured_at = lane.completions
                     self._measure(lane, now)
         if now >= self._next_upkeep:
@@ -209,7 +211,13 @@ class Engine:
         overall = weighted_mean(lane.run_times)
         samples = len(lane.run_times)
         samples_min = self.context.policy.service_samples_min
-        means = {self._kinds[kind]: overall if len(lane.kind_runs) == 1 else weighted_mean(runs)
+        if self._one_kind:  # its mean is the overall one, queued and running alike
+            means = {self._kinds[0]: overall} if samples >= samples_min else {}
+            running_mean = overall if lane.running and samples >= samples_min else None
+            self._tell(lane, MeasuredMean(mean_s=overall, samples=samples), means,
+                       running_mean, now)
+            return
+        means = {self._kinds[kind]: weighted_mean(runs)
                  for kind, runs in lane.kind_runs.items() if len(runs) >= samples_min}
         running: dict[str, int] = {}
         for job in lane.running:
@@ -219,16 +227,23 @@ class Engine:
                   for kind, count in lane.live.items()}
         running_mean = (mix_mean(running, means, overall)
                         if running and samples >= samples_min else None)
-        measure = (MeasuredMean(mean_s=mix_mean(queued, means, overall), samples=samples),
-                   means, running_mean)
+        self._tell(lane, MeasuredMean(mean_s=mix_mean(queued, means, overall), samples=samples),
+                   means, running_mean, now)
+
+    def _tell(self, lane: Lane, mean: MeasuredMean, means: dict[str, float],
+              running_mean: float | None, now: float) -> None:
+        """Tell the lane's contender a measure that differs from the last one told."""
+        measure = (mean, means, running_mean)
         if measure != lane.measure:
             lane.measure = measure
-            lane.c.measured(measure[0], now, kinds=means, running_mean_s=running_mean)
+            lane.c.measured(mean, now, kinds=means, running_mean_s=running_mean)
 
     def _gone(self, lane: Lane, job: int) -> None:
-        """A job of the lane's work ended for good."""
-        lane.live[self._kind[job]] -= 1
-        lane.c.gone(job)
+        """A job of the lane's work ended for good (its kind's count kept with two kinds
+        or more: one kind's mean is the overall one)."""
+        if not self._one_kind:
+            lane.live[self._kind[job]] -= 1
+            lane.c.gone(job)
 
     def _handle(self, kind: int, job: int, attempt: int, now: float) -> Sequence[Lane]:
         """Play one event other than an arrival; the lanes where a dispatch may start
@@ -265,8 +280,9 @@ class Engine:
             self._refuse(job, verdict)
             return ()
         self.run.told_wait_s[job] = verdict.told_wait_s
-        kind = self._kind[job]
-        lane.live[kind] = lane.live.get(kind, 0) + 1
+        if not self._one_kind:
+            kind = self._kind[job]
+            lane.live[kind] = lane.live.get(kind, 0) + 1
         lane.tracker.wait(job, self._tenant[job], self._enqueued[job])
         return self._one[lane.index]
 
@@ -297,8 +313,9 @@ class Engine:
                 if not lane.c.feed(job, now):
                     break
                 items.popleft()
-                kind = self._kind[job]
-                lane.live[kind] = lane.live.get(kind, 0) + 1
+                if not self._one_kind:
+                    kind = self._kind[job]
+                    lane.live[kind] = lane.live.get(kind, 0) + 1
                 budget -= 1
                 fed.add(lane.index)
                 self.run.status[job] = WAITING
@@ -365,10 +382,11 @@ class Engine:
         lane.c.finish(job, attempt, now)
         seconds = self._service_s[job]
         lane.run_times.appendleft(seconds)
-        runs = lane.kind_runs.get(self._kind[job])
-        if runs is None:
-            runs = lane.kind_runs[self._kind[job]] = deque(maxlen=WINDOW)
-        runs.appendleft(seconds)
+        if not self._one_kind:
+            runs = lane.kind_runs.get(self._kind[job])
+            if runs is None:
+                runs = lane.kind_runs[self._kind[job]] = deque(maxlen=WINDOW)
+            runs.appendleft(seconds)
         lane.completions += 1
         if attempt <= self._failures[job]:
             pol = self.context.policy

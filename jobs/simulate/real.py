@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping
 
 from jobs.core import policy
-from jobs.core.arrivals import Arrival, ArrivalCounter, arrivals_from
+from jobs.core.arrivals import ArrivalCounter, arrivals_from
 from jobs.core.cadence import SERVICE_REFRESH_S
 from jobs.core.policy import MeasuredMean, RateLimit, Tier
 from jobs.core.service_times import mix_mean
@@ -94,14 +94,16 @@ class TierqContender:
         # Admissions per tier, and the rates the dispatcher last published from them (every
         # SERVICE_REFRESH_S, as the mean service time).
         self._arrivals = ArrivalCounter(pol.arrivals_window_s)
-        self._published: dict[str, Arrival] = {}
+        self._later_rates: dict[str, float] = {}
         self._rates_next = 0.0
         self._measured: MeasuredMean | None = None
         self._kind_means: dict[str, float] = {}
         # Per tier: a new job's overtakers in work and in jobs (``_later``).
-        self._later_of: dict[int, list[policy.Overtaker]] = {}
+        self._later_of: list[list[policy.Overtaker] | None] = [None] * len(self._tiers)
         self._running_mean: float | None = None
-        # Per tenant: its jobs queued or running in the pool, by kind.
+        # Per tenant: its jobs queued or running in the pool, by kind (with one kind, its
+        # own jobs' mean is the pool's, and nothing is kept).
+        self._kinds_kept = len(traffic.kinds) > 1
         self._tenant_work: list[dict[str, int]] = [{} for _ in traffic.tenants]
 
     # -- the pool --
@@ -151,18 +153,22 @@ class TierqContender:
             IndexedJob, job_id=self._ids[job], tenant=self._tenant_names[tenant], tier=tier.name,
             order_key=order_key, start_by=None if max_wait is None else now + max_wait,
             not_before=None, attempt=1)
-        later = self._later(tier_index, order_key, now)
+        later = self._later(tier_index, order_key, now) if max_wait is not None else None
         admission = self.index.admit_new(entry, frozen_value(
             AdmissionTerms, now=now, tier=tier, mean_service_s=pol.mean_service_s,
             service_samples_min=pol.service_samples_min, client_timeout_s=pol.client_timeout_s,
             pool_concurrency=pol.pool_concurrency, rate=self._rates[tier_index],
             tenant_cap=own_cap, tenant_quota=own_quota, max_wait_s=max_wait,
-            passing=0.0 if max_wait is None else policy.passing_jobs(later, max_wait)))
+            passing=0.0 if later is None or max_wait is None
+            else policy.passing_jobs(later, max_wait)))
         if not admission.accepted:
             return _refused(admission)
+        if later is None:
+            later = self._later(tier_index, order_key, now)
         traffic = self.context.traffic
         self._arrivals.arrived(tier.name, now, traffic.kinds[traffic.kind[job]])
-        self._holds(job)
+        if self._kinds_kept:
+            self._holds(job)
         return Verdict(accepted=True,
                        told_wait_s=self._told_wait(admission, tier, tenant, job, own_cap, later))
 
@@ -170,19 +176,27 @@ class TierqContender:
         """The work that will pass a job of ``tier`` submitted ``now`` (``policy.overtakers``)
         at the arrivals the dispatcher would have published last, in jobs of the pool's mean.
         A new job's depends on its tier alone: kept per tier until they change."""
-        pol = self.policy
         if now >= self._rates_next:
-            self._published = arrivals_from(
-                self._arrivals.counts(now), self._kind_means,
-                policy.mean_service_s(pol, self._measured), pol.arrivals_window_s)
-            self._rates_next = now + SERVICE_REFRESH_S
-            self._later_of.clear()
-        later = self._later_of.get(tier)
+            self._refresh_arrivals(now)
+        later = self._later_of[tier]
         if later is None:
+            pol = self.policy
             later = self._later_of[tier] = policy.overtakers(
                 pol.tiers, pol.ageing_rate_s, order_key=order_key, now=now,
-                arrivals={name: a.jobs_per_s for name, a in self._published.items()})
+                arrivals=self._later_rates)
         return later
+
+    def _refresh_arrivals(self, now: float) -> None:
+        """What the dispatcher publishes every ``SERVICE_REFRESH_S``: the tiers' arrivals."""
+        pol = self.policy
+        published = arrivals_from(self._arrivals.counts(now), self._kind_means,
+                                  policy.mean_service_s(pol, self._measured),
+                                  pol.arrivals_window_s)
+        self._rates_next = now + SERVICE_REFRESH_S
+        rates = {name: a.jobs_per_s for name, a in published.items()}
+        if rates != self._later_rates:
+            self._later_rates = rates
+            self._later_of = [None] * len(self._tiers)
 
     def _told_wait(self, admission: Admission, tier: Tier, tenant: int, job: int,
                    own_cap: int | None, later: list[policy.Overtaker]) -> float | None:
@@ -192,7 +206,7 @@ class TierqContender:
                             inflight=admission.tenant_inflight,
                             ahead=max(0, admission.tenant_queued - 1))
         own = None
-        if load.excess and self._kind_means:  # its own jobs ahead: their kinds' mean
+        if load.excess and self._kinds_kept and self._kind_means:  # its own kinds' mean
             own = mix_mean(self._ahead_of(tenant, job), self._kind_means,
                            figures.mean_service_s)
         told = policy.expected_wait_s(
@@ -233,7 +247,7 @@ class TierqContender:
                        tier=tier.name, order_key=self.policy.order_key(tier.name, now)),
             bound=figures.bounds[tier.name],
             tenant_quota=own_quota or figures.quotas[tier.name])
-        if outcome.accepted:
+        if outcome.accepted and self._kinds_kept:
             self._holds(job)
         return outcome.accepted
 

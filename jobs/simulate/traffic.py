@@ -25,7 +25,8 @@ MAX_FAILURES = 100
 
 # (arrival time, tenant name, tier, service seconds, failing attempts, max_wait_s, batch,
 # pool index)
-Arrival = tuple[float, str, str, float, int, float | None, bool, int]
+# time, tenant, tier, service seconds, failures, max_wait_s, batch, pool, kind
+Arrival = tuple[float, str, str, float, int, float | None, bool, int, int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,16 +104,11 @@ def _times(stream: Stream, rng: random.Random) -> Iterator[float]:
 
 
 def _stream(stream: Stream, service: ServiceTime, pool: int, seed: int,
-            kind: int = 0) -> Iterator[tuple[Arrival, int]]:
-    for arrival in _arrivals(stream, service, pool, seed):
-        yield arrival, kind
-
-
-def _arrivals(stream: Stream, service: ServiceTime, pool: int, seed: int) -> Iterator[Arrival]:
+            kind: int = 0) -> Iterator[Arrival]:
     rng = random.Random(seed)
     draws = service_sampler(service, rng)
     if stream.pattern == "trace":
-        yield from _trace(stream, draws, pool)
+        yield from _trace(stream, draws, pool, kind)
         return
     names = [f"{stream.name}-{i}" for i in range(stream.tenants)]
     for n, t in enumerate(_times(stream, rng)):
@@ -120,10 +116,11 @@ def _arrivals(stream: Stream, service: ServiceTime, pool: int, seed: int) -> Ite
         who = n % stream.tenants if stream.pattern == "burst" else rng.randrange(stream.tenants)
         seconds, failures = next(draws)
         yield (t, names[who], stream.tier, seconds, failures, stream.max_wait_s, stream.batch,
-               pool)
+               pool, kind)
 
 
-def _trace(stream: Stream, draws: Iterator[tuple[float, int]], pool: int) -> Iterator[Arrival]:
+def _trace(stream: Stream, draws: Iterator[tuple[float, int]], pool: int,
+           kind: int) -> Iterator[Arrival]:
     assert stream.trace is not None
     try:
         with stream.trace.open(newline="") as handle:
@@ -136,7 +133,8 @@ def _trace(stream: Stream, draws: Iterator[tuple[float, int]], pool: int) -> Ite
         raise ConfigError(f"trace {stream.trace}: needs columns time,tenant,tier,service_s "
                           f"({exc})") from None
     for t, tenant, tier, seconds in rows:
-        yield t, tenant, tier, seconds, next(draws)[1], stream.max_wait_s, stream.batch, pool
+        yield (t, tenant, tier, seconds, next(draws)[1], stream.max_wait_s, stream.batch, pool,
+               kind)
 
 
 def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
@@ -146,7 +144,7 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
     streams = [_stream(s, scenario.service_of(s), scenario.pool_index(s), seed * 1_000_003 + i,
                        kinds[s.kind or ""])
                for i, s in enumerate(scenario.streams)]
-    merged = heapq.merge(*streams, key=lambda item: item[0][0])
+    merged = heapq.merge(*streams, key=lambda arrival: arrival[0])
     tiers: dict[str, int] = {}
     tenants: dict[str, int] = {}
     tenant_tier: list[int] = []
@@ -157,8 +155,7 @@ def draw(scenario: Scenario, jobs: int, seed: int) -> Traffic:
     max_wait_s: list[float | None] = []
     batch, pool = bytearray(), bytearray()
     kind: list[int] = []
-    for (t, name, tier, seconds, fails, max_wait, fed, where), of in itertools.islice(merged,
-                                                                                      jobs):
+    for t, name, tier, seconds, fails, max_wait, fed, where, of in itertools.islice(merged, jobs):
         who = tenants.get(name)
         if who is None:
             who = tenants[name] = len(tenants)

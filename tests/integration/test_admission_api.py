@@ -355,10 +355,13 @@ def test_each_kind_is_measured_and_the_pool_is_the_mean_of_the_work_it_holds(
         finished_runs(runtime, tenant_id, count=25, seconds=60.0, now=clock.now, kind="eval")
         finished_runs(runtime, tenant_id, count=25, seconds=0.02, now=clock.now, kind="echo")
         key = served.tenant_key("lux", tier="premium")
+        ids = []
         for kind in ("echo", "echo", "echo", "sleep"):  # three lookups and a kind not measured
             payload = {"seconds": 1} if kind == "sleep" else {}
             answer = served.submit(key, {"kind": kind, "payload": payload})
             assert answer.status_code == 202, answer.text
+            ids.append(answer.json()["id"])
+            clock.now += 0.01  # each ranks behind the one before (ids of a millisecond tie)
         measured = ServiceRateTracker().refresh(runtime, clock.now)
         work = runtime.index.work()
         assert work.kind_means(samples_min=20) == pytest.approx({"eval": 60.0, "echo": 0.02})
@@ -370,7 +373,7 @@ def test_each_kind_is_measured_and_the_pool_is_the_mean_of_the_work_it_holds(
         assert measured.mean_s == pytest.approx((3 * 0.02 + overall) / 4, abs=1e-6)
         assert read_measured(runtime.redis, runtime.prefix) == measured
         assert work.running_mean_s is None  # nothing runs
-        dispatch_one(served, served.get("/v1/jobs", headers=auth(key)).json()["jobs"][-1]["id"])
+        dispatch_one(served, ids[0])  # an echo runs
         ServiceRateTracker().refresh(runtime, clock.now)
         assert runtime.index.work().running_mean_s == pytest.approx(0.02)
 
