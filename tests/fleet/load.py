@@ -66,7 +66,8 @@ class DepthSampler:
 
 def refusals_within_limits(answers: list[Answer]) -> list[Answer]:
     """The answers that break the contract: anything but a 202, or a 429 refused at its
-    limit (``capacity`` with the tier at its bound, ``tenant_limit`` at the quota)."""
+    limit (``capacity`` with the tier at its bound, ``tenant_limit`` at the quota, or at the
+    tenant's cap while its tier is at its bound and the pool has a free slot)."""
     bad = []
     for answer in answers:
         if answer.status == 202:
@@ -76,6 +77,9 @@ def refusals_within_limits(answers: list[Answer]) -> list[Answer]:
                     and error["tier_queued"] >= error["bound"])
         at_quota = (error.get("type") == "tenant_limit" and error.get("limit") == "quota"
                     and error["tenant_queued"] >= error["quota"])
-        if not (at_bound or at_quota):
+        at_cap = (error.get("type") == "tenant_limit" and error.get("limit") == "cap"
+                  and error["tier_queued"] >= error["bound"]
+                  and error["tenant_inflight"] >= error["tenant_cap"])
+        if not (at_bound or at_quota or at_cap):
             bad.append(answer)
     return bad
