@@ -149,10 +149,3 @@ class ArrivalCounter:
             if not counts[key]:
                 del counts[key]
         return dict(counts)
-
-    def rates(self, now: float) -> dict[str, float]:
-        """Each tier's rate over the window that ends ``now`` (jobs/s)."""
-        rates: dict[str, float] = {}
-        for (tier, _), count in self.counts(now).items():
-            rates[tier] = rates.get(tier, 0.0) + rate_of(count, self.window_s)
-        return rates

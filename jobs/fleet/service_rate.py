@@ -6,9 +6,10 @@ sample count, so every API replica reads the same figure in one round trip
 (``read_measured``). Readers use it only once ``policy.service_samples_min`` runs back it
 (``mean_service_s``); before that the configured ``mean_service_s`` stands.
 
-With it the leader publishes each tier's arrival rate (``jobs.core.arrivals``): the jobs it
-admitted over the last ``policy.arrivals_window_s``, which estimates count as the better-ranked work
-that passes a queued job (``jobs.fleet.arrivals`` reads them).
+With it the leader publishes the pool's work (``jobs.core.arrivals.Work``): each kind's mean,
+the running jobs' mean, and each tier's admissions over the last
+``policy.arrivals_window_s``, which estimates count as the better-ranked work that passes a
+queued job (``jobs.fleet.arrivals`` reads them).
 
 The mean is exponentially weighted by recency over the last ``WINDOW`` runs (the weight halves
 every ``HALF_LIFE`` runs), so a change of workload moves μ within tens of jobs while one odd
@@ -48,25 +49,24 @@ def publish(client: redis.Redis, prefix: str, measured: MeasuredMean, *, now: fl
     pipe.execute()
 
 
-def publish_work(client: redis.Redis, prefix: str, work: Work, *, now: float) -> None:
-    """Replace the published work (``Work.fields``): the tiers' arrivals, the running mean."""
-    key = IndexKeys(prefix).arrivals
+def _replace(client: redis.Redis, key: str, fields: dict[str, str]) -> None:
+    """Replace the hash ``key`` whole (gone when ``fields`` is empty), expiring unrefreshed."""
     pipe = client.pipeline(transaction=True)
     pipe.delete(key)
-    pipe.hset(key, mapping=dict(work.fields(now)))  # type: ignore[arg-type]
-    pipe.expire(key, STALE_AFTER_S)
+    if fields:
+        pipe.hset(key, mapping=dict(fields))  # type: ignore[arg-type]
+        pipe.expire(key, STALE_AFTER_S)
     pipe.execute()
+
+
+def publish_work(client: redis.Redis, prefix: str, work: Work, *, now: float) -> None:
+    """Replace the published work (``Work.fields``): the tiers' arrivals, the running mean."""
+    _replace(client, IndexKeys(prefix).arrivals, work.fields(now))
 
 
 def publish_kinds(client: redis.Redis, prefix: str, means: dict[str, KindMean]) -> None:
     """Replace the published per-kind means (``Work.kind_fields``)."""
-    key = IndexKeys(prefix).kind_means
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(key)
-    if means:
-        pipe.hset(key, mapping=dict(Work.kind_fields(means)))  # type: ignore[arg-type]
-        pipe.expire(key, STALE_AFTER_S)
-    pipe.execute()
+    _replace(client, IndexKeys(prefix).kind_means, Work.kind_fields(means))
 
 
 def read_measured(client: redis.Redis, prefix: str) -> MeasuredMean | None:

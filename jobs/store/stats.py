@@ -46,21 +46,7 @@ def recent_service_times(
     session: Session, *, limit: int, scope: KindScope = EVERY_KIND
 ) -> list[float]:
     """Run time (finished - started) of the last ``limit`` finished runs, newest first."""
-    stmt = (
-        scoped(sa.select(JobRow.started_at, JobRow.finished_at), JobRow.kind, scope)
-        .where(
-            JobRow.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]),
-            JobRow.started_at.is_not(None),
-            JobRow.finished_at.is_not(None),
-        )
-        .order_by(JobRow.finished_at.desc(), JobRow.id.desc())
-        .limit(limit)
-    )
-    return [
-        (finished - started).total_seconds()
-        for started, finished in session.execute(stmt)
-        if started is not None and finished is not None
-    ]
+    return [seconds for _, seconds in recent_runs(session, limit=limit, scope=scope)]
 
 
 def arrival_counts(
