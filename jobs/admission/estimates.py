@@ -7,7 +7,9 @@ the pool has idle slots it may not use. The same numbers answer the 202 of a sub
 
 ``queue_position`` stays the index's: every queued job ahead in dispatch order, all tenants.
 It is a plain fact a client can watch shrink; which of those jobs start first (others' at
-their cap do not, its own beyond its cap hold it back) is what the estimate accounts for.
+their cap do not, its own beyond its cap hold it back) is what the estimate accounts for:
+while tenants below their caps leave a job a free slot, it starts at once, however many jobs
+wait on their tenants' caps ahead of it (``starts_ahead``).
 
 The pool's side counts the better-ranked work expected to arrive while the job waits, at the
 tiers' measured arrival rates (``policy.overtakers``, ``jobs.fleet.arrivals``): a free job
@@ -88,16 +90,27 @@ def own_mean_s(runtime: Runtime, tenant: Tenant, work: Work) -> float | None:
     return mix_mean(held, means, fallback) if held else None
 
 
+def starts_ahead(runtime: Runtime, job: Job, position: int, free_slots: int) -> int:
+    """The jobs ahead of a queued ``job`` that start before it: those tenants below their
+    caps can start on the free slots when they leave it one, else every one (``position``)."""
+    if free_slots <= 0:
+        return position
+    runnable = runtime.index.runnable_ahead(job.id, job.order_key, limit=free_slots)
+    return runnable if runnable < free_slots else position
+
+
 def placement(
     figures: PoolFigures, *, position: int, load: policy.TenantLoad,
     later: Sequence[policy.Overtaker] = (), work: Work | None = None,
-    tenant_mean_s: float | None = None,
+    tenant_mean_s: float | None = None, ahead: int | None = None,
 ) -> Placement:
-    """A job ``position`` jobs ahead in the index, its tenant as ``load`` says (its own work
-    at ``tenant_mean_s``), passed by ``later`` work while it waits; ``work``: what the leader
-    measured of the pool (the running jobs' mean)."""
+    """A job ``position`` jobs ahead in the index, ``ahead`` of them starting before it
+    (None: all), its tenant as ``load`` says (its own work at ``tenant_mean_s``), passed by
+    ``later`` work while it waits; ``work``: what the leader measured of the pool (the
+    running jobs' mean)."""
     estimate = policy.expected_wait_s(
-        position, figures.free_slots, figures.service_rate, tenant=load,
+        position if ahead is None else ahead, figures.free_slots, figures.service_rate,
+        tenant=load,
         capacity=figures.capacity, mean_service_s=figures.mean_service_s, later=later,
         tenant_mean_s=tenant_mean_s,
         running_mean_s=None if work is None else work.running_mean_s,
@@ -133,6 +146,7 @@ def placements(
             own.append(own_mean_s(runtime, tenant, work))
         found[job.id] = placement(
             figures, position=position, load=load, work=work,
+            ahead=starts_ahead(runtime, job, position, figures.free_slots),
             tenant_mean_s=own[0] if load.excess else None,
             later=overtaking(runtime, work, order_key=job.order_key, now=now))
     return found

@@ -70,7 +70,8 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
                                  ahead=max(0, admission.tenant_queued - 1))
         own = estimates.own_mean_s(runtime, tenant, work) if load.excess else None
         return estimates.placement(figures, position=admission.position, load=load,
-                                   later=later, work=work, tenant_mean_s=own)
+                                   later=later, work=work, tenant_mean_s=own,
+                                   ahead=admission.starts_ahead)
     reason = admission.reason or "capacity"
     _log_refusal(tenant, new.tier, *cause_and_limit(reason))
     raise refused(_refusal(

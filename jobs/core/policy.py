@@ -338,10 +338,12 @@ def expected_wait_s(
     """Expected wait of a queued job: it starts once the pool has a slot for it AND its tenant
     has one under its cap, so the later of the two.
 
-    - The pool: ``position`` jobs ahead, ``free_slots`` free, draining at ``mu`` jobs/s
-      (``estimated_wait_s``), and the ``later`` work that arrives while it waits and ranks
-      ahead of it (``overtaken_wait_s``). It counts every job ahead, even those of tenants at
-      their cap that will not start first: an overestimate there, never an underestimate.
+    - The pool: ``position`` jobs ahead that start first, ``free_slots`` free, draining at
+      ``mu`` jobs/s (``estimated_wait_s``), and the ``later`` work that arrives while it waits
+      and ranks ahead of it (``overtaken_wait_s``). Jobs of tenants at their cap take no free
+      slot: while the runnable ones ahead leave it one, the index counts only those
+      (``Admission.starts_ahead``, ``DispatchIndex.runnable_ahead``); once the pool is full
+      it counts every job ahead, an overestimate where capped tenants hold the slots.
     - The tenant: with ``r`` jobs in flight, ``q`` of its own queued ahead and cap ``c``, it
       adds nothing while ``r + q < c``; otherwise ``r + q - c + 1`` of its own jobs must
       finish first, at its rate ``min(c, capacity) / mean_service_s`` (``tenant_wait_s``).

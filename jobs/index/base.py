@@ -334,6 +334,13 @@ class DispatchIndex(Protocol):
         ahead: a new job's id sorts after the ids already there)."""
         ...
 
+    def runnable_ahead(self, job_id: str, order_key: float, *, limit: int) -> int:
+        """Queued jobs at or below ``order_key`` that tenants below their caps can start on
+        free slots (each runnable tenant's, up to what its cap leaves), ``job_id`` itself left
+        out, counted to at most ``limit`` (the free slots). Fewer than the free slots: a job
+        there starts at once, whatever waits on its tenant's cap ahead of it."""
+        ...
+
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
         """Each tier's queued count and oldest order key."""
         ...

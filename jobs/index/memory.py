@@ -137,12 +137,12 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
             bucket = self._fleet.buckets.take(job.tenant, rate_per_s=terms.rate.rate_per_s,
                                               burst=terms.rate.burst, now=terms.now)
             if not bucket.allowed:
+                ahead = self._ahead_of_new(job.order_key)
                 return Admission(
-                    accepted=False, reason="rate", duplicate=False,
-                    position=self._ahead_of_new(job.order_key),
+                    accepted=False, reason="rate", duplicate=False, position=ahead,
                     tier_queued=0, tenant_queued=0, tenant_inflight=0, capacity=0,
                     inflight=0, measured=None, next_token_s=bucket.retry_after_s,
-                    bound=0, quota=0, max_position=None)
+                    bound=0, quota=0, max_position=None, starts_ahead=ahead)
         measured = self.service_mean
         if measured is not None and not (math.isfinite(measured[0]) and measured[0] >= 0):
             measured = None
@@ -172,17 +172,24 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
         if decision is None and not duplicate:
             decision, admit_bound = self._room(job, bound, cap, capacity - inflight,
                                                tenant_inflight)
+        runnable: int | None = None  # as admit_new.lua: a new job that finds a free slot
         if decision is None:
+            if not duplicate:
+                free = max(0, capacity - inflight)
+                ahead = self._runnable_ahead(job.order_key, free, None)
+                if ahead < free:
+                    runnable = ahead
             if job.not_before is not None:
                 job = dataclasses.replace(job, not_before=None)
-            decision = self._admit(job, admit_bound, quota, max_position)
+            decision = self._admit(job, admit_bound, quota,
+                                   max_position if runnable is None else None)
         accepted, reason, tier_queued, tenant_queued, position, duplicate = decision
         return frozen_value(
             Admission, accepted=accepted, reason=reason, duplicate=duplicate, position=position,
             tier_queued=tier_queued, tenant_queued=tenant_queued,
             tenant_inflight=tenant_inflight, capacity=capacity, inflight=inflight,
             measured=measured, next_token_s=0.0, bound=bound, quota=quota,
-            max_position=max_position)
+            max_position=max_position, starts_ahead=position if runnable is None else runnable)
 
     def _tier_figures(self, tier: Tier, capacity: int, mean: float,
                       client_timeout_s: float | None) -> tuple[float, int, int, int]:
@@ -224,6 +231,27 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
             return None
         return (False, "deadline", len(self._tiers.get(job.tier, ())), queued,
                 self._ahead_of_new(job.order_key), False)
+
+    def _runnable_ahead(self, order_key: float, limit: int, exclude: str | None) -> int:
+        """common.lua's ``runnable_ahead``: the jobs at or below ``order_key`` that tenants
+        below their caps can start on free slots, ``exclude`` left out, at most ``limit``."""
+        if limit <= 0:
+            return 0
+        count = 0
+        for head, _ in self._runnable.upto(order_key, limit):
+            tenant = self._meta[head].tenant
+            queue = self._queues[tenant]
+            ahead = queue.rank_at(order_key, "\U0010ffff")
+            if exclude is not None and queue.score(exclude) is not None:
+                ahead -= 1
+            room = self._cap_of(tenant) - len(self._tenant_leases.get(tenant, ()))
+            count += max(0, min(ahead, room))
+            if count >= limit:
+                return limit
+        return count
+
+    def runnable_ahead(self, job_id: str, order_key: float, *, limit: int) -> int:
+        return self._runnable_ahead(order_key, limit, job_id)
 
     def _ahead_of_new(self, order_key: float) -> int:
         """Queued jobs at or below ``order_key`` (ZCOUNT -inf order_key)."""

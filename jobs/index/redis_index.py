@@ -122,6 +122,7 @@ class RedisIndex(RedisLeases, RedisUpkeep):
             bound=int(raw[12]),
             quota=int(raw[13]),
             max_position=None if text_of(raw[14]) == "" else int(raw[14]),
+            starts_ahead=int(raw[15]),
         )
 
     def refusal_counts(self, minutes: Sequence[int]) -> dict[tuple[str, str, str], int]:
@@ -198,6 +199,11 @@ class RedisIndex(RedisLeases, RedisUpkeep):
 
     def position_at(self, order_key: float) -> int:
         return int(self._client.zcount(self._keys.queued, "-inf", score_arg(order_key)))
+
+    def runnable_ahead(self, job_id: str, order_key: float, *, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        return int(self._run("runnable_ahead", [score_arg(order_key), str(int(limit)), job_id]))
 
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
         pipe = self._client.pipeline(transaction=True)

@@ -187,6 +187,9 @@ class Admission:
     bound: int
     quota: int
     max_position: int | None
+    # The jobs ahead that start before it: when tenants below their caps leave it a free slot,
+    # their jobs ahead (it starts at once); otherwise every job ahead (``position``).
+    starts_ahead: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -210,7 +210,7 @@ class TierqContender:
             own = mix_mean(self._ahead_of(tenant, job), self._kind_means,
                            figures.mean_service_s)
         told = policy.expected_wait_s(
-            admission.position, max(0, figures.capacity - admission.inflight),
+            admission.starts_ahead, max(0, figures.capacity - admission.inflight),
             figures.service_rate, tenant=load, capacity=figures.capacity,
             mean_service_s=figures.mean_service_s, later=later, tenant_mean_s=own,
             running_mean_s=self._running_mean)

@@ -105,12 +105,16 @@ def test_a_tenant_at_its_cap_is_told_the_wait_for_its_own_slot(
     fits = served.submit(key, {**HURRIED, "max_wait_s": 30})
     assert (fits.status_code, fits.json()["estimated_wait_s"]) == (202, 30.0)
 
-    # Another tenant is not held back by acme's cap: 3 ahead, 3 free slots, 2.5 s each.
+    # Another tenant is not held back by acme's cap: 3 ahead, but they wait on acme's cap and
+    # take none of the 3 free slots, so it starts at once (it was told 2.5 s when every job
+    # ahead counted), in its 202 and its GET alike.
     other = served.tenant_key("other", "standard")
     clock.now += 0.01
-    assert served.submit(other).json()["estimated_wait_s"] == 2.5
+    free = served.submit(other).json()
+    assert (free["queue_position"], free["estimated_wait_s"]) == (3, 0.0)
+    assert seen(served, other, free["id"]) == (3, 0.0)
     clock.now += 0.01
-    # Its own queued job comes first for its one slot: 10 s, later than the pool's 5 s.
+    # Its own queued job comes first for its one slot: 10 s, later than the pool's 0 s.
     error = deadline_refusal(served.submit(other, HURRIED))
     assert (error["estimated_wait_s"], error["retry_after_seconds"]) == (10.0, 10)
 

@@ -9,6 +9,7 @@ both, refusals and their figures included, so the script cannot drift from the p
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -195,6 +196,41 @@ def test_a_tier_at_its_bound_with_a_free_slot_refuses_only_for_a_tenants_own_cap
         assert index.refusal_counts([refusal_minute(NOW)]) == {
             ("tier", "std", "cap"): 1, ("tenant", "a", "cap"): 1,
             ("tier", "std", "capacity"): 1, ("tenant", "e", "capacity"): 1}
+
+
+def test_jobs_waiting_on_their_tenants_caps_do_not_start_ahead(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Four slots, a's cap of 1 holds one and keeps four of its jobs queued: three slots stay
+    free. A job of another tenant is four jobs back in the queue but starts at once: none of
+    a's jobs ahead of it can take a free slot (``starts_ahead`` 0), so its max_wait_s of
+    an eighth of a service time does not refuse it. The next tenant's job has b's ahead of it, which
+    can; once the jobs that can start fill the free slots, every job ahead counts again."""
+    tier = policy.Tier(name="std", base_priority=0, max_wait_s=60, tenant_share=0.25)
+    for index in (RedisIndex(redis_client, key_prefix), MemoryIndex()):
+        index.clear()
+        terms = AdmissionTerms(now=NOW, tier=tier, mean_service_s=4.0, service_samples_min=20,
+                               pool_concurrency=4, tenant_quota=10)
+        assert _submit(index, "a1", "a", terms).accepted
+        assert [lease.job_id for lease in index.dispatch(4, lease_ttl_s=600, now=NOW)] == ["a1"]
+        for n in range(4):
+            assert _submit(index, f"a{n + 2}", "a", replace(terms, now=NOW + 1 + n)).accepted
+        terms = replace(terms, max_wait_s=0.5)
+        b1 = _submit(index, "b1", "b", replace(terms, now=NOW + 10))
+        assert (b1.accepted, b1.position, b1.starts_ahead, b1.max_position) == (True, 4, 0, 2)
+        c1 = _submit(index, "c1", "c", replace(terms, now=NOW + 11))
+        assert (c1.accepted, c1.position, c1.starts_ahead) == (True, 5, 1)
+        assert index.runnable_ahead("b1", NOW + 10, limit=3) == 0
+        assert index.runnable_ahead("c1", NOW + 11, limit=3) == 1
+        assert index.runnable_ahead("c1", NOW + 11, limit=1) == 1
+        assert index.runnable_ahead("c1", NOW + 11, limit=0) == 0
+        d1 = _submit(index, "d1", "d", replace(terms, now=NOW + 12))
+        assert (d1.accepted, d1.starts_ahead) == (True, 2)
+        late = _submit(index, "e1", "e", replace(terms, now=NOW + 13))  # b, c, d fill 3 slots
+        assert (late.accepted, late.reason, late.position, late.starts_ahead) == (
+            False, "deadline", 7, 7)
+        started = [lease.job_id for lease in index.dispatch(4, lease_ttl_s=600, now=NOW + 14)]
+        assert started == ["b1", "c1", "d1"]
 
 
 def test_the_published_work_reads_the_same(redis_client: redis.Redis, key_prefix: str) -> None:

@@ -153,18 +153,21 @@ def test_told_wait_matches_the_simulated_wait(seed: Comparison, noisy: Compariso
         assert error is not None and error.p95 <= tolerance, tier
 
 
-@pytest.mark.parametrize("name", ["seed", "noisy", "diurnal", "batch"])
+@pytest.mark.parametrize("name", ["seed", "noisy", "diurnal", "batch", "mixed"])
 def test_the_wait_told_is_the_wait_got_for_every_tier(name: str, pol: Policy) -> None:
     """What the served jobs of each tier were told against what they waited, as two
     distributions: the medians within 10 % of each other and the p95s within 25 %, or within
-    one mean service time where that is more (a slot frees once per service time: no
-    estimate is finer). The told wait counts the better-ranked work expected to arrive while
-    a job waits, so a standard or free job behind a premium stream that alone fills the pool
-    is told the ageing it needs (seed: about 66 s and 126 s), not the drain of the queue
-    ahead of it now (20 s and 26 s before later arrivals were counted)."""
+    the shortest kind's mean service time where that is more (a slot frees once per service
+    time: no estimate is finer). The told wait counts the better-ranked work expected to
+    arrive while a job waits, so a standard or free job behind a premium stream that alone
+    fills the pool is told the ageing it needs (seed: about 66 s and 126 s), not the drain
+    of the queue ahead of it now (20 s and 26 s before later arrivals were counted). On
+    ``mixed`` (20 ms lookups beside one-minute evaluations, the slots held up to the
+    tenants' caps) a job that finds a slot its tenant may use is told it starts at once,
+    whatever waits ahead of it on other tenants' caps (18 s and 36 s at p95 before)."""
     chosen = scenario.load(name)
     comparison = compare(pol, chosen, jobs=JOBS, seed=1, policies=["tierq"])
-    floor = chosen.service.mean_s
+    floor = min(chosen.service_of(stream).mean_s for stream in chosen.streams)
     for tier in comparison.reports[0].tiers:
         if tier.tier.endswith(" batch"):
             continue  # batch items are told their batch's estimate, not one each

@@ -15,7 +15,10 @@
 -- pass it (policy.passing_jobs)
 -- Returns {accepted 0/1, reason or '', tier_queued, tenant_queued, position, duplicate 0/1,
 -- tenant_inflight, capacity, inflight, measured mean ('' none), measured samples ('' none),
--- seconds until the next token ('0'), bound, quota, max_position ('' none)}.
+-- seconds until the next token ('0'), bound, quota, max_position ('' none), starts_ahead}.
+-- starts_ahead: the jobs ahead that start before it. When tenants below their caps leave it a
+-- free slot (runnable_ahead), those; the job starts at once, and no max_wait_s refuses it.
+-- Otherwise every job ahead (position).
 --
 -- The arithmetic is jobs/policy.py's (queue_bound, tenant_quota, tenant_cap, tenant_rate,
 -- latest_useful_position, latest_useful_excess, service_rate.mean_service_s), step for step
@@ -58,8 +61,9 @@ if rate and not duplicate then
   local allowed, wait = take_token(KEYS[17], rate, tonumber(ARGV[8]), now)
   if allowed == 0 then
     count(0, 'rate', 0)
-    return {0, 'rate', 0, 0, ahead_at(order_key), 0, 0, 0, 0, '', '',
-            string.format('%.17g', wait), 0, 0, ''}
+    local ahead = ahead_at(order_key)
+    return {0, 'rate', 0, 0, ahead, 0, 0, 0, 0, '', '',
+            string.format('%.17g', wait), 0, 0, '', ahead}
   end
 end
 
@@ -86,11 +90,13 @@ if max_wait and mu > 0 then
                  + math.max(0, math.floor(mu * max_wait - tonumber(ARGV[19]) + 1e-9))
 end
 
+local runnable = nil  -- runnable_ahead of a new job that finds a free slot, else nil
 local function verdict(r)
   count(r[1], r[5], r[6])
   local measured_out = measured_mean and string.format('%.17g', measured_mean) or ''
   return {r[1], r[5], r[2], r[3], r[4], r[6], tenant_inflight, capacity, inflight,
-          measured_out, samples or '', '0', bound, quota, max_position or ''}
+          measured_out, samples or '', '0', bound, quota, max_position or '',
+          runnable or r[4]}
 end
 
 if max_wait and not duplicate and capacity > 0 then
@@ -121,5 +127,10 @@ if not duplicate then
   end
 end
 
+if not duplicate then
+  local free = math.max(0, capacity - inflight)
+  local ahead = runnable_ahead(order_key, free, nil)
+  if ahead < free then runnable = ahead end
+end
 return verdict(admit_job(job, tenant, tier, order_key, ARGV[5], '', admit_bound, quota,
-                         max_position))
+                         runnable == nil and max_position or nil))

@@ -106,6 +106,28 @@ local function refile(tenant, old)
   return was_blocked and not to_blocked
 end
 
+-- Queued jobs at or below order_key that tenants below their caps can start on free slots
+-- (each runnable tenant's jobs there, up to what its cap leaves), but for job exclude ('' or
+-- nil: none); counted to at most limit, walking at most limit tenants. Jobs of tenants at
+-- their cap take no free slot: they start only as their own tenants' slots free.
+local function runnable_ahead(order_key, limit, exclude)
+  if limit <= 0 then return 0 end
+  local count = 0
+  local heads = redis.call('ZRANGEBYSCORE', RUNNABLE, '-inf', order_key, 'LIMIT', 0, limit)
+  for _, head in ipairs(heads) do
+    local tenant = meta_of(head)[1]
+    local queue = qkey(tenant)
+    local ahead = redis.call('ZCOUNT', queue, '-inf', order_key)
+    if exclude and exclude ~= '' and redis.call('ZSCORE', queue, exclude) then
+      ahead = ahead - 1
+    end
+    local room = cap_of(tenant) - redis.call('ZCARD', lkey(tenant))
+    count = count + math.max(0, math.min(ahead, room))
+    if count >= limit then return limit end
+  end
+  return count
+end
+
 -- Add a job to its tenant's queue; re-file the tenant when its head changed, or when its
 -- cap may have changed (recheck).
 local function enqueue(job, tenant, order_key, recheck)
