@@ -152,6 +152,25 @@ def placements(
     return found
 
 
+def batch_finish_s(runtime: Runtime, kind: str, tier: str, remaining: int) -> float | None:
+    """When a batch none of whose items has finished yet should be done: its ``remaining``
+    items at their kind's measured mean (the pool's until measured), as many at once as its
+    tier's cap lets one tenant run (never more than the pool's slots). The wait for its first
+    slot is not in it; once items finish, the batch's own rate replaces this. None while
+    nothing is served or the index is unreachable."""
+    pool = runtime.for_kind(kind)
+    try:
+        figures = live_pool(pool, now=runtime.clock())
+        work = read_work(pool.index)
+    except REDIS_OUTAGE:
+        return None
+    slots = min(max(1, figures.caps.get(tier, 1)), figures.capacity)
+    if slots <= 0:
+        return None
+    means = work.kind_means(pool.policy.service_samples_min)
+    return round(remaining * means.get(kind, figures.mean_service_s) / slots, 3)
+
+
 # -- what a lookup answers -------------------------------------------------------------------
 
 

@@ -88,7 +88,8 @@ class BatchResponse(BaseModel):
     finished_at: str | None = Field(description="when its last item finished (null: not yet)")
     estimated_finish_s: float | None = Field(
         description="seconds until every item is finished, at the rate the batch has been "
-                    "served so far (null: no item finished yet)")
+                    "served so far; before an item finished, at its kind's mean service time "
+                    "over the slots its tier's cap allows (null: nothing is served)")
     links: BatchLinks = Field(description="where its state and results are")
 
     @classmethod

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.admission import estimates
 from jobs.admission import submit as submission
 from jobs.admission.submit import PayloadValidator
 from jobs.admission.webhooks import checked_webhook
@@ -238,10 +239,13 @@ def progress(runtime: Runtime, batch: Batch) -> BatchProgress:
         status = "cancelled"
     else:
         status = "running" if first_start is not None or done else "accepted"
+    estimate = _estimate(runtime.clock(), first_start, done, remaining)
+    if estimate is None and not batch.cancelled:
+        estimate = estimates.batch_finish_s(runtime, batch.kind, batch.tier, remaining)
     return BatchProgress(
         batch=batch, status=status, counts=counts,
         finished_at=last_finish if remaining == 0 else None,
-        estimated_finish_s=_estimate(runtime.clock(), first_start, done, remaining),
+        estimated_finish_s=estimate,
     )
 
 

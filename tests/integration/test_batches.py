@@ -15,12 +15,15 @@ from typing import Any
 
 import pytest
 
+from jobs.core.arrivals import Work
+from jobs.core.service_times import KindMean
 from jobs.core.states import Status
 from jobs.dispatch.dispatcher import Dispatcher
 from jobs.execution.attempt import SUCCEEDED, execute
 from jobs.execution.handlers import JobContext
 from jobs.execution.registry import HandlerRegistry
 from jobs.fleet import pool
+from jobs.index.keys import IndexKeys
 from jobs.store import blobs as blobs_sql
 from jobs.store import jobs as jobs_sql
 from jobs.store import stats as stats_sql
@@ -100,9 +103,26 @@ def test_json_batch_is_stored_waiting_and_answered_at_once(client: ApiClient) ->
     state = client.get(f"/v1/batches/{body['id']}", headers=auth(key)).json()
     assert state["status"] == "accepted"
     assert state["counts"]["waiting"] == 30
-    assert state["estimated_finish_s"] is None and state["finished_at"] is None
+    # No item finished yet: 30 items at the configured 6 s (sleep is not measured), one at a
+    # time (a free tenant's cap on 4 slots is 1).
+    assert state["estimated_finish_s"] == 180.0 and state["finished_at"] is None
     listed = client.get("/v1/batches", headers=auth(key)).json()["batches"]
     assert [b["id"] for b in listed] == [body["id"]]
+
+
+def test_a_batch_not_yet_started_is_estimated_at_its_kinds_measured_mean(
+    client: ApiClient, redis_client: Any
+) -> None:
+    """The leader measured sleep at 2 s (and another kind at a minute, which says nothing of
+    this batch): 30 items, one at a time under a free tenant's cap, finish in about 60 s."""
+    keys = IndexKeys(rt(client).prefix)
+    redis_client.hset(keys.kind_means, mapping=Work.kind_fields({
+        "sleep": KindMean(mean_s=2.0, spread_s=0.5, samples=200),
+        "eval": KindMean(mean_s=60.0, spread_s=5.0, samples=200)}))
+    key = client.tenant_key("measured")
+    body = submit(client, key, {"kind": "sleep", "items": items(30)}).json()
+    state = client.get(f"/v1/batches/{body['id']}", headers=auth(key)).json()
+    assert state["status"] == "accepted" and state["estimated_finish_s"] == 60.0
 
 
 def test_a_bad_item_is_named_and_nothing_is_stored(client: ApiClient) -> None:

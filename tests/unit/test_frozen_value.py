@@ -19,7 +19,8 @@ VALUES = [
                    tenant_cap=3, max_wait_s=7.0),
     Admission(accepted=False, reason="capacity", duplicate=False, position=4, tier_queued=5,
               tenant_queued=2, tenant_inflight=1, capacity=24, inflight=24,
-              measured=(6.1, 200), next_token_s=0.0, bound=5, quota=1, max_position=None, starts_ahead=4),
+              measured=(6.1, 200), next_token_s=0.0, bound=5, quota=1, max_position=None,
+              starts_ahead=4),
     Lease(job_id="0000000002", tenant="acme", tier="gold", order_key=3.0, expires_at=33.0),
     TenantLoad(cap=2, inflight=1, ahead=0),
 ]
