@@ -165,6 +165,19 @@ def test_refusals_are_counted_by_tier_tenant_reason_and_minute(
         assert index.refusal_counts([]) == {}
 
 
+def _hold_a_at_its_cap(index: DispatchIndex, tier: policy.Tier) -> AdmissionTerms:
+    """Four slots at 4 s; tenant a runs one job at its cap of 1 (share 0.25) and queues four
+    more one second apart (a quota of 10), so three slots stay free. The terms it used."""
+    index.clear()
+    terms = AdmissionTerms(now=NOW, tier=tier, mean_service_s=4.0, service_samples_min=20,
+                           pool_concurrency=4, tenant_quota=10)
+    assert _submit(index, "a1", "a", terms).accepted
+    assert [lease.job_id for lease in index.dispatch(4, lease_ttl_s=600, now=NOW)] == ["a1"]
+    for n in range(4):
+        assert _submit(index, f"a{n + 2}", "a", replace(terms, now=NOW + 1 + n)).accepted
+    return terms
+
+
 def test_a_tier_at_its_bound_with_a_free_slot_refuses_only_for_a_tenants_own_cap(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
@@ -175,13 +188,7 @@ def test_a_tier_at_its_bound_with_a_free_slot_refuses_only_for_a_tenants_own_cap
     runnable job, the bound holds again."""
     tier = policy.Tier(name="std", base_priority=0, max_wait_s=2, tenant_share=0.25)
     for index in (RedisIndex(redis_client, key_prefix), MemoryIndex()):
-        index.clear()
-        terms = AdmissionTerms(now=NOW, tier=tier, mean_service_s=4.0, service_samples_min=20,
-                               pool_concurrency=4, tenant_quota=10)
-        assert _submit(index, "a1", "a", terms).accepted
-        assert [lease.job_id for lease in index.dispatch(4, lease_ttl_s=600, now=NOW)] == ["a1"]
-        for n in range(4):  # held back by a's cap of 1: the pool keeps three slots free
-            assert _submit(index, f"a{n + 2}", "a", terms).accepted
+        terms = _hold_a_at_its_cap(index, tier)
         assert index.dispatch(4, lease_ttl_s=600, now=NOW) == []
 
         capped = _submit(index, "a9", "a", terms)
@@ -203,19 +210,13 @@ def test_jobs_waiting_on_their_tenants_caps_do_not_start_ahead(
 ) -> None:
     """Four slots, a's cap of 1 holds one and keeps four of its jobs queued: three slots stay
     free. A job of another tenant is four jobs back in the queue but starts at once: none of
-    a's jobs ahead of it can take a free slot (``starts_ahead`` 0), so its max_wait_s of
-    an eighth of a service time does not refuse it. The next tenant's job has b's ahead of it, which
-    can; once the jobs that can start fill the free slots, every job ahead counts again."""
+    a's jobs ahead of it can take a free slot (``starts_ahead`` 0), so its max_wait_s of an
+    eighth of a service time does not refuse it. The next tenant's job has b's ahead of it,
+    which can; once the jobs that can start fill the free slots, every job ahead counts
+    again."""
     tier = policy.Tier(name="std", base_priority=0, max_wait_s=60, tenant_share=0.25)
     for index in (RedisIndex(redis_client, key_prefix), MemoryIndex()):
-        index.clear()
-        terms = AdmissionTerms(now=NOW, tier=tier, mean_service_s=4.0, service_samples_min=20,
-                               pool_concurrency=4, tenant_quota=10)
-        assert _submit(index, "a1", "a", terms).accepted
-        assert [lease.job_id for lease in index.dispatch(4, lease_ttl_s=600, now=NOW)] == ["a1"]
-        for n in range(4):
-            assert _submit(index, f"a{n + 2}", "a", replace(terms, now=NOW + 1 + n)).accepted
-        terms = replace(terms, max_wait_s=0.5)
+        terms = replace(_hold_a_at_its_cap(index, tier), max_wait_s=0.5)
         b1 = _submit(index, "b1", "b", replace(terms, now=NOW + 10))
         assert (b1.accepted, b1.position, b1.starts_ahead, b1.max_position) == (True, 4, 0, 2)
         c1 = _submit(index, "c1", "c", replace(terms, now=NOW + 11))
