@@ -90,12 +90,14 @@ def test_a_batch_completes_beside_single_jobs_that_do_not_wait_behind_it(
 
     # The batch was still being fed when each single job had finished: the scenario holds.
     assert all(waiting > 0 for waiting in waiting_after), waiting_after
-    # Each single job was overtaken by a handful of batch items (those that started between
-    # its enqueue and its start on the batch's own slots), not by the batch's backlog.
+    # Each single job was overtaken only by the batch items that started on the batch's own
+    # two slots while it waited for its start (a few, or a few dozen of these ~10 ms items on
+    # a loaded machine), not by the batch's backlog: behind that it would have waited for
+    # every item still waiting when it ended, thousands.
     starts = sorted(ts(job["started_at"]) for job in items)
-    for job in singles:
+    for job, waiting in zip(singles, waiting_after, strict=True):
         overtaken_by = sum(ts(job["enqueued_at"]) < s < ts(job["started_at"]) for s in starts)
-        assert overtaken_by < 40, (overtaken_by, job)
+        assert overtaken_by < min(200, waiting), (overtaken_by, waiting, job)
     assert final["counts"]["succeeded"] == ITEMS, final
     assert final["finished_at"] is not None and final["estimated_finish_s"] == 0.0
     assert [line["index"] for line in lines] == list(range(ITEMS))
