@@ -29,7 +29,7 @@ from jobs.core.arrivals import Work, arrivals_from
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
 from jobs.core.cadence import SERVICE_STALE_AFTER_S as STALE_AFTER_S
 from jobs.core.policy import WINDOW, MeasuredMean, mean_service_s, weighted_mean
-from jobs.core.service_times import KindMean, kind_means, mix_mean, usable
+from jobs.core.service_times import KindMean, ending_mean, kind_means, mix_mean, usable
 from jobs.index.keys import IndexKeys
 from jobs.process.runtime import Runtime
 from jobs.store import stats as stats_sql
@@ -119,7 +119,7 @@ class ServiceRateTracker:
             measured = MeasuredMean(mean_s=round(mix_mean(queued, means, overall), 6),
                                     samples=len(times))
             if inflight and len(times) >= pol.service_samples_min:
-                running = round(mix_mean(inflight, means, overall), 6)
+                running = round(ending_mean(inflight, means, overall), 6)
         pool_mean = mean_service_s(pol, measured)
         publish_kinds(runtime.redis, runtime.prefix, kinds)
         publish_work(runtime.redis, runtime.prefix,

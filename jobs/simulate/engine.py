@@ -25,7 +25,7 @@ from jobs.core import policy
 from jobs.core.cadence import FEED_PERIOD_S, ITEMS_PER_ROUND, MAINTENANCE_PERIOD_S
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
 from jobs.core.policy import WINDOW, MeasuredMean, weighted_mean
-from jobs.core.service_times import mix_mean
+from jobs.core.service_times import ending_mean, mix_mean
 from jobs.simulate.contender import Contender, Context, Verdict
 from jobs.simulate.lanes import Lane, lane_tenants
 from jobs.simulate.outcome import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run, Sample
@@ -225,7 +225,7 @@ class Engine:
             running[name] = running.get(name, 0) + 1
         queued = {self._kinds[kind]: count - running.get(self._kinds[kind], 0)
                   for kind, count in lane.live.items()}
-        running_mean = (mix_mean(running, means, overall)
+        running_mean = (ending_mean(running, means, overall)
                         if running and samples >= samples_min else None)
         self._tell(lane, MeasuredMean(mean_s=mix_mean(queued, means, overall), samples=samples),
                    means, running_mean, now)

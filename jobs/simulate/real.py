@@ -206,9 +206,10 @@ class TierqContender:
                             inflight=admission.tenant_inflight,
                             ahead=max(0, admission.tenant_queued - 1))
         own = None
-        if load.excess and self._kinds_kept and self._kind_means:  # its own kinds' mean
+        if load.excess and self._kinds_kept and self._kind_means:  # its own kinds' mean,
+            # a kind not measured yet at the configured mean (``estimates.own_mean_s``)
             own = mix_mean(self._ahead_of(tenant, job), self._kind_means,
-                           figures.mean_service_s)
+                           self.policy.mean_service_s)
         told = policy.expected_wait_s(
             admission.starts_ahead, max(0, figures.capacity - admission.inflight),
             figures.service_rate, tenant=load, capacity=figures.capacity,

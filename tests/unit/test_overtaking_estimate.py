@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from jobs.core import policy
 from jobs.core.arrivals import ArrivalCounter, rate_of
 from jobs.core.policy import Overtaker
-from jobs.core.service_times import kind_means, mix_mean, usable
+from jobs.core.service_times import ending_mean, kind_means, mix_mean, usable
 from jobs.process.settings import load_settings
 
 pytestmark = pytest.mark.unit
@@ -131,6 +131,31 @@ def test_the_pools_mean_is_that_of_the_work_it_holds() -> None:
     assert mix_mean({"echo": 4, "sleep": 0}, means, 6.0) == 0.02  # one kind: its own, exactly
     assert mix_mean({"new": 2, "echo": 2}, means, 6.0) == pytest.approx(3.01)  # unmeasured: 6 s
     assert mix_mean({}, means, 6.0) == 6.0
+
+
+def test_running_jobs_free_a_slot_at_the_sum_of_their_rates() -> None:
+    """Fifteen one-minute jobs and one of 20 ms running: the next slot frees in about 20 ms,
+    so the sixteen free slots at a mean of 0.32 s each, not at their plain mean of 56 s."""
+    means = {"eval": 60.0, "echo": 0.02}
+    assert ending_mean({"eval": 15, "echo": 1}, means, 6.0) == pytest.approx(16 / 50.25)
+    assert mix_mean({"eval": 15, "echo": 1}, means, 6.0) == pytest.approx(56.25125)
+    assert ending_mean({"eval": 3, "sleep": 0}, means, 6.0) == 60.0  # one kind: its own
+    assert ending_mean({"new": 1, "eval": 1}, means, 6.0) == pytest.approx(2 / (1 / 6 + 1 / 60))
+    assert ending_mean({}, means, 6.0) == 6.0
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 50), max_size=4),
+       st.dictionaries(st.sampled_from(["a", "b", "c"]),
+                       st.floats(0.001, 3600, allow_nan=False), max_size=3))
+def test_slots_free_no_later_than_the_plain_mean_says(
+    counts: dict[str, int], means: dict[str, float]
+) -> None:
+    """The harmonic mean of the running jobs' means is at most their plain mean, equal when
+    they are of one mean."""
+    ending, plain = ending_mean(counts, means, 6.0), mix_mean(counts, means, 6.0)
+    assert ending <= plain * (1 + 1e-9)
+    if len({means.get(kind, 6.0) for kind, n in counts.items() if n > 0}) <= 1:
+        assert ending == pytest.approx(plain)
 
 
 def test_short_jobs_queued_ahead_of_long_running_ones_wait_for_one_slot() -> None:
