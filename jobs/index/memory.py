@@ -239,7 +239,10 @@ class MemoryIndex(MemoryLeases, MemoryUpkeep):
             return 0
         count = 0
         for head, _ in self._runnable.upto(order_key, limit):
-            tenant = self._meta[head].tenant
+            meta = self._meta.get(head)
+            if meta is None:  # as the script: a head without its meta counts nothing
+                continue
+            tenant = meta.tenant
             queue = self._queues[tenant]
             ahead = queue.rank_at(order_key, "\U0010ffff")
             if exclude is not None and queue.score(exclude) is not None:

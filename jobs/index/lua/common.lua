@@ -115,15 +115,18 @@ local function runnable_ahead(order_key, limit, exclude)
   local count = 0
   local heads = redis.call('ZRANGEBYSCORE', RUNNABLE, '-inf', order_key, 'LIMIT', 0, limit)
   for _, head in ipairs(heads) do
-    local tenant = meta_of(head)[1]
-    local queue = qkey(tenant)
-    local ahead = redis.call('ZCOUNT', queue, '-inf', order_key)
-    if exclude and exclude ~= '' and redis.call('ZSCORE', queue, exclude) then
-      ahead = ahead - 1
+    local m = meta_of(head)
+    if m then
+      local tenant = m[1]
+      local queue = qkey(tenant)
+      local ahead = redis.call('ZCOUNT', queue, '-inf', order_key)
+      if exclude and exclude ~= '' and redis.call('ZSCORE', queue, exclude) then
+        ahead = ahead - 1
+      end
+      local room = cap_of(tenant) - redis.call('ZCARD', lkey(tenant))
+      count = count + math.max(0, math.min(ahead, room))
+      if count >= limit then return limit end
     end
-    local room = cap_of(tenant) - redis.call('ZCARD', lkey(tenant))
-    count = count + math.max(0, math.min(ahead, room))
-    if count >= limit then return limit end
   end
   return count
 end
