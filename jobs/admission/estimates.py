@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
+import weakref
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from jobs.core.states import Status
 from jobs.fleet.arrivals import read_work
 from jobs.fleet.pool import PoolFigures, live_pool
 from jobs.index import progress as progress_index
+from jobs.index.base import DispatchIndex
 from jobs.process.outage import REDIS_OUTAGE
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
@@ -78,14 +82,42 @@ def overtaking(
                              arrivals=work.later_rates())
 
 
+# A tenant's own work by kind, as last read from SQL, per pool (its index) and tenant: a
+# tenant at its cap submits many jobs a second, and the mix of its kinds moves far slower
+# than that (the count query also grows with its queue).
+OWN_WORK_CACHE_S = 1.0
+_OWN_KEPT = 4096  # tenants kept per pool before the stale ones are dropped
+_OWN_LOCK = threading.Lock()
+_OWN: weakref.WeakKeyDictionary[DispatchIndex, dict[str, tuple[float, dict[str, int]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _tenant_work(runtime: Runtime, tenant_id: str) -> dict[str, int]:
+    """``stats.tenant_work``, at most ``OWN_WORK_CACHE_S`` old."""
+    now = time.monotonic()
+    with _OWN_LOCK:
+        kept = _OWN.setdefault(runtime.index, {})
+        held = kept.get(tenant_id)
+    if held is not None and now - held[0] < OWN_WORK_CACHE_S:
+        return held[1]
+    with runtime.sessions() as session:  # a read: on SQLite it must not take the write lock
+        work = stats_sql.tenant_work(session, tenant_id, runtime.scope)
+    with _OWN_LOCK:
+        if len(kept) >= _OWN_KEPT:
+            for stale in [t for t, (at, _) in kept.items() if now - at >= OWN_WORK_CACHE_S]:
+                del kept[stale]
+        kept[tenant_id] = (now, work)
+    return work
+
+
 def own_mean_s(runtime: Runtime, tenant: Tenant, work: Work) -> float | None:
     """The mean service time of the tenant's own work in the pool (queued and in flight),
-    each kind at its measured mean; None when no kind is measured (the pool's then)."""
+    each kind at its measured mean; None when no kind is measured (the pool's then). The
+    work is read at most once per ``OWN_WORK_CACHE_S`` per tenant and process."""
     means = work.kind_means(runtime.policy.service_samples_min)
     if not means:
         return None
-    with runtime.sessions() as session:  # a read: on SQLite it must not take the write lock
-        held = stats_sql.tenant_work(session, tenant.id, runtime.scope)
+    held = _tenant_work(runtime, tenant.id)
     fallback = mean_service_s(runtime.policy, None)
     return mix_mean(held, means, fallback) if held else None
 

@@ -11,6 +11,10 @@ import httpx
 import pytest
 import redis
 
+from jobs.core.arrivals import Work
+from jobs.core.service_times import KindMean
+from jobs.index.keys import IndexKeys
+from jobs.store import stats as stats_sql
 from tests.integration.api_harness import (
     ADMIN_KEY,
     ApiClient,
@@ -132,3 +136,36 @@ def test_a_tenant_under_its_cap_is_told_the_pools_estimate(
     clock.now += 0.01
     accepted = served.submit(key, HURRIED)
     assert (accepted.status_code, accepted.json()["estimated_wait_s"]) == (202, 0.0)
+
+
+def test_a_tenant_at_its_cap_waits_for_its_own_kinds_read_once_a_second(
+    served: ApiClient, clock: Clock, redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool is configured at 10 s a job, but the leader measured sleep at 0.5 s: a tenant
+    at its cap of 1 with a sleep running waits for that one, 0.5 s, not 10 s. What it holds
+    is read from SQL once a second per tenant: the next submits within that second reuse it."""
+    redis_client.hset(IndexKeys(rt(served).prefix).kind_means, mapping=Work.kind_fields({
+        "sleep": KindMean(mean_s=0.5, spread_s=0.1, samples=200)}))
+    acme = served.create_tenant("acme", "standard")
+    key = acme["api_key"]
+    quota = served.patch(f"/v1/admin/tenants/{acme['id']}", json={"max_queued": 10},
+                         headers=auth(ADMIN_KEY))
+    assert quota.status_code == 200
+    first = served.submit(key).json()
+    dispatch_one(served, first["id"])
+    clock.now += 0.01
+    reads = []
+    original = stats_sql.tenant_work
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, int]:
+        reads.append(args[1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(stats_sql, "tenant_work", counted)  # counts the real reads
+    second = served.submit(key).json()
+    clock.now += 0.01
+    third = served.submit(key).json()
+    assert (second["queue_position"], second["estimated_wait_s"]) == (0, 0.5)
+    assert (third["queue_position"], third["estimated_wait_s"]) == (1, 1.0)
+    assert reads == [acme["id"]]
