@@ -115,6 +115,7 @@ end
 -- ('cap', tenant_limit): the pool is not to blame. Any other job may take the free slot at
 -- once, as long as more slots are free than tenants have a job runnable: it is let past the
 -- bound (the bound counts jobs that wait, and this one will not).
+-- Then whether the runnable jobs ahead leave it a free slot (runnable, above).
 local admit_bound = bound
 if not duplicate then
   local tier_queued = redis.call('ZCARD', tkey(tier))
@@ -125,10 +126,6 @@ if not duplicate then
     end
     if free > redis.call('ZCARD', RUNNABLE) then admit_bound = tier_queued + 1 end
   end
-end
-
-if not duplicate then
-  local free = math.max(0, capacity - inflight)
   local ahead = runnable_ahead(order_key, free, nil)
   if ahead < free then runnable = ahead end
 end
