@@ -418,6 +418,9 @@ class DispatchIndex(Protocol):
         """Set the sentinel unless it is set; True when this call set it."""
         ...
 
-    def set_generation(self, value: str, *, fence: str | None = None) -> None:
-        """Set the sentinel (the reconciler's epoch); fenced as ``dispatch``."""
+    def set_generation(self, value: str | None, *, fence: str | None = None) -> None:
+        """Set the sentinel (the reconciler's epoch), or clear it (None: a rebuild of an index
+        from an older snapshot begins); fenced as ``dispatch``. Without it the index is not
+        whole: ``offer`` and ``hand_over`` lease nothing, since the leases of running jobs
+        may be missing until a leader's rebuild puts them back."""
         ...

@@ -170,7 +170,7 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
 
     def _next(self, *, take_next: bool, lease_ttl_s: float, capacity: int | None,
               now: float | None) -> Lease | None:
-        if not take_next:
+        if not take_next or self._generation is None:  # not whole: see ``set_generation``
             return None
         at = self._at(now)
         free = (self.pool_capacity(now=at) if capacity is None else capacity) - self._held_slots()

@@ -68,6 +68,6 @@ class MemoryUpkeep(MemoryLayout):
         self._generation = value
         return True
 
-    def set_generation(self, value: str, *, fence: str | None = None) -> None:
+    def set_generation(self, value: str | None, *, fence: str | None = None) -> None:
         self._check_fence(fence, None, "set_generation")
         self._generation = value

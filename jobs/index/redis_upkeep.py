@@ -112,7 +112,7 @@ class RedisUpkeep(RedisScripts):
     def mark_generation(self, value: str) -> bool:
         return bool(self._client.set(self._keys.generation, value, nx=True))
 
-    def set_generation(self, value: str, *, fence: str | None = None) -> None:
+    def set_generation(self, value: str | None, *, fence: str | None = None) -> None:
         keys = [self._keys.generation, self._keys.leader]
-        if not self._set_generation(keys=keys, args=[value, fence or ""]):
+        if not self._set_generation(keys=keys, args=[value or "", fence or ""]):
             raise NotLeader("set_generation refused: the fencing token is not the leader's")

@@ -343,6 +343,26 @@ def test_an_index_restored_from_an_older_snapshot_is_rebuilt(
     assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
 
 
+def test_a_rebuild_of_an_index_from_an_older_snapshot_stops_the_fast_paths_while_it_runs(
+    runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
+) -> None:
+    """Until the pass has put back the leases the snapshot lacks, a worker's hand-over or a
+    submit's offer would lease on an index where a running job's tenant looks under its
+    cap: the sentinel is cleared first, and set again at the end."""
+    now = time.time()
+    dispatcher.rebuild(now)
+    old_epoch = runtime.index.generation()
+    dispatcher.reconciler.run_once(now)  # the epoch moves on: old_epoch is a past one
+    runtime.index.set_generation(str(old_epoch))
+    seen: list[str | None] = []
+
+    dispatcher.reconciler.full_pass(
+        now + 1, keep_lead=lambda: seen.append(runtime.index.generation()))
+
+    assert seen and set(seen) == {None}
+    assert runtime.index.generation() not in (None, old_epoch)
+
+
 def test_the_leader_rebuilds_before_dispatching_on_an_index_from_an_older_snapshot(
     runtime: Runtime, dispatcher: Dispatcher, tenant_id: str
 ) -> None:

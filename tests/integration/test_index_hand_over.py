@@ -24,6 +24,14 @@ from tests.services import RedisServer
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(autouse=True)
+def whole(request: pytest.FixtureRequest) -> None:
+    """The index a leader has rebuilt: its generation sentinel is set (``set_generation``)."""
+    for name in ("index", "redis_index"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).set_generation("1")
+
+
 def lease(job_id: str, tenant: str, key: float, expires_at: float, *, attempt: int = 1,
           start_by: float | None = None) -> Lease:
     return Lease(job_id=job_id, tenant=tenant, tier="free", order_key=key,
@@ -47,6 +55,23 @@ def test_hand_over_releases_only_the_named_attempt(index: DispatchIndex) -> None
     assert handed == lease("b", "t2", 2.0, 1.0 + TTL)
     assert index.entries_of(["a", "b"]) == {"b": Entry(job_id="b", attempt=1, leased=True)}
     assert index.inflight() == 1 and index.tenant_inflight("t1") == 0
+
+
+def test_an_index_that_lost_its_data_hands_over_nothing_until_it_is_rebuilt(
+    index: DispatchIndex,
+) -> None:
+    """Without its sentinel, the leases of running jobs may be gone with the rest: a tenant
+    whose running jobs lost their leases would look under its cap. The slot is released, and
+    no job is leased until a leader has put the leases back (``set_generation``)."""
+    fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0), job("c", "t3", key=3.0))
+    assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+    index.set_generation(None)
+    assert index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=1.0) is None
+    assert index.inflight() == 0 and index.position("b") == 0
+    index.set_generation("2")  # rebuilt
+    assert ids(index.dispatch(1, now=1.0, lease_ttl_s=TTL)) == ["b"]
+    handed = index.hand_over("b", attempt=1, lease_ttl_s=TTL, capacity=1, now=2.0)
+    assert handed == lease("c", "t3", 3.0, 2.0 + TTL)
 
 
 def test_hand_over_leases_in_dispatch_order_ties_by_job_id(index: DispatchIndex) -> None:
@@ -266,6 +291,7 @@ def test_a_hand_over_that_leases_nothing_rings_the_doorbell(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
     index = RedisIndex(redis_client, key_prefix)
+    index.set_generation("1")
     bell = f"{key_prefix}wake"
     fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0), job("c", "t3", key=3.0))
     index.dispatch(1, now=0.0, lease_ttl_s=TTL)

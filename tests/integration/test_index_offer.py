@@ -18,6 +18,14 @@ from tests.integration.test_index_contract import BIG, TTL, fill, ids, job
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(autouse=True)
+def whole(request: pytest.FixtureRequest) -> None:
+    """The index a leader has rebuilt: its generation sentinel is set (``set_generation``)."""
+    for name in ("index", "redis_index"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).set_generation("1")
+
 ENVELOPE = json.dumps({
     "body": {"callbacks": None}, "content-type": "application/json",
     "headers": {"task": "tierq.run_job", "id": "", "root_id": "", "argsrepr": ""},
@@ -98,6 +106,22 @@ def test_a_free_slot_and_nothing_runnable_rings_the_dispatcher(
                              now=0.0) is None
     assert redis_index.position("a2") == 0
     assert doorbell(redis_client, key_prefix) == [b"1"]
+
+
+def test_an_index_that_lost_its_data_offers_nothing_and_rings_the_dispatcher(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    """The leases of running jobs may be gone with the rest: only the leader, once its
+    rebuild has put them back, leases again."""
+    fill(redis_index, job("a", key=1.0))
+    redis_index.set_generation(None)
+    assert redis_index.offer(lease_ttl_s=TTL, push=pushes(key_prefix), capacity=BIG,
+                             now=0.0) is None
+    assert redis_index.position("a") == 0
+    assert doorbell(redis_client, key_prefix) == [b"1"]
+    redis_index.set_generation("2")
+    offered = redis_index.offer(lease_ttl_s=TTL, push=pushes(key_prefix), capacity=BIG, now=0.0)
+    assert offered is not None and offered.job_id == "a"
 
 
 def test_without_a_push_a_free_slot_rings_the_dispatcher(

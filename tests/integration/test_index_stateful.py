@@ -86,6 +86,13 @@ class IndexPair(RuleBasedStateMachine):
     def rebuild(self, batch: list[IndexedJob]) -> None:
         for job in batch:
             self.both(lambda index, job=job: index.requeue(job))
+        self.both(lambda index: index.set_generation("1"))  # rebuilt: the index is whole
+
+    @rule(whole=st.sampled_from([True, True, False]))
+    def lose_or_rebuild(self, whole: bool) -> None:
+        """The sentinel comes and goes as the index loses its data and is rebuilt: while it
+        is gone, the fast paths lease nothing."""
+        self.both(lambda index: index.set_generation("1" if whole else None))
 
     @rule(
         batch=st.lists(jobs, min_size=1, max_size=3),

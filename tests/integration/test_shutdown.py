@@ -69,7 +69,9 @@ def runtime(env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runtime]
 @pytest.fixture
 def dispatcher(runtime: Runtime) -> Iterator[Dispatcher]:
     publisher = CeleryPublisher(runtime.settings)
-    yield Dispatcher(runtime, publisher)
+    dispatcher = Dispatcher(runtime, publisher)
+    dispatcher.rebuild(time.time())  # as at leadership: the index is whole, offers lease
+    yield dispatcher
     publisher.close()
 
 

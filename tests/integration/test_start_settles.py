@@ -44,6 +44,7 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
     engine = make_engine(db_url)
     index = RedisIndex(redis_client, key_prefix)
     index.set_caps({name: 10 for name in settings.tiers})
+    index.set_generation("1")  # whole, as a leader's rebuild leaves it: hand-overs lease
     rt = Runtime(settings=settings, policy=settings.build_policy(), engine=engine,
                  sessions=make_sessionmaker(engine), redis=redis_client, index=index,
                  direct=direct_pool(engine, size=4))

@@ -15,6 +15,12 @@ local TIER_CAPS, TENANT_CAPS, TENANT_TIER, TENANT_DELAYED = KEYS[9], KEYS[10], K
 -- them (a set of job ids, each also in LEASES).
 local ENDING = PREFIX .. 'ending'
 
+-- The index is whole while its generation sentinel is there (set by a leader's rebuild): one
+-- that lost its data (a flush, a restart without it) has lost the leases of running jobs
+-- too, so only the leader, once it has put them back, may lease again. The unfenced fast
+-- paths (offer.lua, hand_over.lua) lease nothing until then; they ring the dispatcher.
+local function whole() return redis.call('EXISTS', PREFIX .. 'generation') == 1 end
+
 local function qkey(tenant) return PREFIX .. 'q:' .. tenant end
 local function lkey(tenant) return PREFIX .. 'lease:' .. tenant end
 local function tkey(tier) return PREFIX .. 'tier:' .. tier end

@@ -3,7 +3,8 @@
 -- necessarily the one just submitted) and push its message to its tier's broker queue, so
 -- no dispatcher round sits between a submit and its start while a slot is idle. With a slot
 -- free and nothing leased (nothing runnable under the caps: a batch to feed, say), or no
--- message to push, the doorbell rings instead; with no slot free, nothing happens: the next
+-- message to push, or an index not rebuilt since it lost its data (common.lua's whole), the
+-- doorbell rings instead; with no slot free, nothing happens: the next
 -- slot to free takes the best job itself (hand_over.lua).
 -- KEYS: the layout of common.lua (prepended, then workers.lua and push.lua), then KEYS[14]
 -- workers  KEYS[15] worker_slots  KEYS[16..] the tier queues' lists, one per tier of ARGV[7..]
@@ -17,7 +18,7 @@ local now = now_or_server(ARGV[2])
 local capacity = tonumber(ARGV[3])
 if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now) end
 if held_slots() >= capacity then return {} end
-if ARGV[5] == nil or ARGV[5] == '' then
+if ARGV[5] == nil or ARGV[5] == '' or not whole() then
   ring()
   return {}
 end
