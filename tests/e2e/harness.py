@@ -153,6 +153,11 @@ class System:
     def wait_for_capacity(self, client: httpx.Client, slots: int) -> None:
         wait_until(lambda: client.get("/v1/queues").json()["pool"]["capacity"] >= slots)
 
+    def wait_for_rebuild(self, dispatcher: Process) -> None:
+        """Until ``dispatcher`` leads and has built the index: the submits' and the slots'
+        own leases (``offer``, ``hand_over``) wait for that."""
+        wait_until(lambda: '"index.rebuilt"' in dispatcher.log.read_text(errors="replace"))
+
 
 @dataclass
 class Broker:

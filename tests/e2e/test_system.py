@@ -467,13 +467,15 @@ def test_a_submit_to_an_idle_worker_starts_without_the_dispatcher(
     """A free slot takes a submitted job at once: the submit's own last step leases it and
     pushes its message to its tier's queue (``offer``), where the broker is the index's
     Redis, so no dispatcher round sits between a submit and its start on an idle pool. The
-    dispatcher is stopped throughout, and each job still runs, one after the other."""
+    dispatcher, once it has built the index, is stopped throughout, and each job still runs,
+    one after the other."""
     with running(deployment(HAND_OVER_CONFIG)) as system:
         system.start_api()
         dispatcher = system.start("dispatcher", "dispatcher")
         system.start("worker", "worker", "--concurrency", "1")
         client = system.tenant("acme", "premium")
         system.wait_for_capacity(client, 1)
+        system.wait_for_rebuild(dispatcher)
         with stopped(dispatcher):
             ended = []
             for n in range(3):
