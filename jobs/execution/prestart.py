@@ -9,8 +9,11 @@ following it.
 
 Process-local, keyed by token (one per message). The first handling to ``take`` a token owns
 it: it gets the start made for it, or is told to make the start itself (the start ahead
-failed or is late), and may then recognise a start under its token as its own. A copy of the
-message (a duplicated delivery) finds the token taken and goes the ordinary way, where the
+failed or is late), and may then recognise a start under its token as its own. The token is
+gone from the registry once taken, so it holds only the messages on their way (under load,
+starts not made ahead, such as a next job whose submit had not committed yet, left their
+tokens behind for ``KEEP_S``, and every ``expect`` walked them all). A copy of the message (a
+duplicated delivery) finds the token taken or gone and goes the ordinary way, where the
 compare-and-set on the attempt makes it stale: one handler runs, never two.
 """
 
@@ -34,8 +37,8 @@ class Claim(Enum):
 
     STARTED = "started"  # the start was made ahead: run the job
     OWN = "own"  # this handling owns the token, no start was made ahead: start it
-    COPY = "copy"  # another handling took the token: a copy of the message
-    UNKNOWN = "unknown"  # nothing was started ahead for it in this process
+    COPY = "copy"  # another handling is taking the token: a copy of the message
+    UNKNOWN = "unknown"  # nothing is expected for it in this process (any more)
 
 
 @dataclass
@@ -74,6 +77,17 @@ class PreStarts:
                                  if now - e.made_at < KEEP_S}
             self._entries[token] = _Entry(made_at=now)
 
+    def waiting(self) -> int:
+        """How many tokens are held: messages on their way, or taken and being waited for."""
+        with self._lock:
+            return len(self._entries)
+
+    def taken(self, token: str) -> bool:
+        """Whether a handling is taking ``token`` now (waiting for its start)."""
+        with self._lock:
+            entry = self._entries.get(token)
+            return entry is not None and entry.taken
+
     def forget(self, token: str) -> None:
         """No message carries ``token`` after all (nothing was handed over)."""
         with self._lock:
@@ -101,9 +115,9 @@ class PreStarts:
             entry.taken = True
         entry.done.wait(wait_s)
         age = time.monotonic() - entry.made_at
+        with self._lock:  # taken once: a later take is no owner's (UNKNOWN, as a copy's)
+            self._entries.pop(token, None)
         if entry.done.is_set() and entry.job is not None:
-            with self._lock:
-                self._entries.pop(token, None)
             return Taken(Claim.STARTED, entry.job, age, entry.release)
         return Taken(Claim.OWN, None, age)
 

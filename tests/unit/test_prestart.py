@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -34,13 +35,38 @@ def test_the_first_taker_gets_the_start_and_a_copy_finds_it_taken() -> None:
     assert starts.take("t1", wait_s=0)[0] is Claim.UNKNOWN  # its copy: no start to adopt
 
 
-def test_a_start_not_made_leaves_the_taker_owning_its_token_and_a_copy_a_copy() -> None:
+def test_a_start_not_made_leaves_the_taker_owning_its_token_and_a_copy_owning_nothing() -> None:
     starts = PreStarts()
     starts.expect("t1")
     starts.settle("t1", None)
 
     assert starts.take("t1", wait_s=0)[:2] == (Claim.OWN, None)
+    assert starts.take("t1", wait_s=0)[0] is Claim.UNKNOWN
+
+
+def test_a_copy_taken_while_the_first_taker_waits_is_a_copy() -> None:
+    starts, row = PreStarts(), job()
+    starts.expect("t1")
+    first: list[Claim] = []
+    waiting = threading.Thread(target=lambda: first.append(starts.take("t1", wait_s=5)[0]))
+    waiting.start()
+    while not starts.taken("t1"):
+        time.sleep(0.001)
     assert starts.take("t1", wait_s=0)[0] is Claim.COPY
+    starts.settle("t1", row)
+    waiting.join()
+    assert first == [Claim.STARTED]
+
+
+def test_tokens_taken_leave_the_registry_however_their_start_went() -> None:
+    """Else every start not made ahead would stay for ``KEEP_S``, and each ``expect`` would
+    walk them all."""
+    starts, row = PreStarts(), job()
+    for n in range(500):
+        starts.expect(f"t{n}")
+        starts.settle(f"t{n}", row if n % 2 else None)
+        starts.take(f"t{n}", wait_s=0)
+    assert starts.waiting() == 0
 
 
 def test_a_late_start_is_waited_for_and_one_too_late_is_the_takers_to_make() -> None:
