@@ -9,12 +9,11 @@ following it.
 
 Process-local, keyed by token (one per message). The first handling to ``take`` a token owns
 it: it gets the start made for it, or is told to make the start itself (the start ahead
-failed or is late), and may then recognise a start under its token as its own. The token is
-gone from the registry once taken, so it holds only the messages on their way (under load,
-starts not made ahead, such as a next job whose submit had not committed yet, left their
-tokens behind for ``KEEP_S``, and every ``expect`` walked them all). A copy of the message (a
-duplicated delivery) finds the token taken or gone and goes the ordinary way, where the
-compare-and-set on the attempt makes it stale: one handler runs, never two.
+failed or is late), and may then recognise a start under its token as its own. A token
+leaves the registry once taken, however its start went, so the registry holds only messages
+on their way and the sweep of those never taken (``KEEP_S``) stays cheap. A copy of the
+message (a duplicated delivery) finds the token taken or gone and goes the ordinary way,
+where the compare-and-set on the attempt makes it stale: one handler runs, never two.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 -- has a free slot, lease the best runnable job (dispatch.lua's order, caps and count: not
 -- necessarily the one just submitted) and push its message to its tier's broker queue, so
 -- no dispatcher round sits between a submit and its start while a slot is idle. With a slot
--- free and nothing leased (nothing runnable under the caps: a batch to feed, say), or no
+-- free and nothing leased (nothing runnable under the caps: a batch to feed, say), no
 -- message to push, or an index not rebuilt since it lost its data (common.lua's whole), the
--- doorbell rings instead; with no slot free, nothing happens: the next
--- slot to free takes the best job itself (hand_over.lua).
+-- doorbell rings instead; with no slot free, nothing happens: the next slot to free takes
+-- the best job itself (hand_over.lua).
 -- KEYS: the layout of common.lua (prepended, then workers.lua and push.lua), then KEYS[14]
 -- workers  KEYS[15] worker_slots  KEYS[16..] the tier queues' lists, one per tier of ARGV[7..]
 -- ARGV[1] lease ttl in seconds  ARGV[2] now ('' Redis's clock)
