@@ -122,13 +122,11 @@ def own_mean_s(runtime: Runtime, tenant: Tenant, work: Work) -> float | None:
     return mix_mean(held, means, fallback) if held else None
 
 
-def starts_ahead(runtime: Runtime, job: Job, position: int, free_slots: int) -> int:
-    """The jobs ahead of a queued ``job`` that start before it: those tenants below their
-    caps can start on the free slots when they leave it one, else every one (``position``)."""
-    if free_slots <= 0:
-        return position
-    runnable = runtime.index.runnable_ahead(job.id, job.order_key, limit=free_slots)
-    return runnable if runnable < free_slots else position
+def starts_ahead(position: int, runnable: int, free_slots: int) -> int:
+    """The jobs ahead of a queued job that start before it: the ``runnable`` ones (those
+    tenants below their caps can start on the free slots) when they leave it a slot, else
+    every one (``position``)."""
+    return runnable if 0 < free_slots and runnable < free_slots else position
 
 
 def placement(
@@ -168,17 +166,20 @@ def placements(
     work = read_work(runtime.index)
     own: list[float | None] = []  # the tenant's own mean, read once if a job needs it
     found: dict[str, Placement] = {}
+    places = runtime.index.places([(job.id, job.order_key) for job in queued],
+                                  free_slots=figures.free_slots)
     for job in queued:
-        position = runtime.index.position(job.id)
-        if position is None:  # waiting out a retry backoff, or not indexed (yet)
+        place = places.get(job.id)
+        if place is None:  # waiting out a retry backoff, or not indexed (yet)
             continue
+        position, runnable = place
         ahead = bisect_left(order, (job.order_key, job.id))
         load = policy.TenantLoad(cap=cap, inflight=inflight, ahead=ahead)
         if load.excess and not own:
             own.append(own_mean_s(runtime, tenant, work))
         found[job.id] = placement(
             figures, position=position, load=load, work=work,
-            ahead=starts_ahead(runtime, job, position, figures.free_slots),
+            ahead=starts_ahead(position, runnable, figures.free_slots),
             tenant_mean_s=own[0] if load.excess else None,
             later=overtaking(runtime, work, order_key=job.order_key, now=now))
     return found

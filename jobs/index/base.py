@@ -341,6 +341,14 @@ class DispatchIndex(Protocol):
         there starts at once, whatever waits on its tenant's cap ahead of it."""
         ...
 
+    def places(
+        self, jobs: Sequence[tuple[str, float]], *, free_slots: int
+    ) -> dict[str, tuple[int, int]]:
+        """``position`` and ``runnable_ahead`` (to at most ``free_slots``) of each queued
+        ``(job_id, order_key)`` by id, for a page of jobs at once (one round trip on Redis);
+        jobs not queued are left out."""
+        ...
+
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
         """Each tier's queued count and oldest order key."""
         ...

@@ -205,6 +205,27 @@ class RedisIndex(RedisLeases, RedisUpkeep):
             return 0
         return int(self._run("runnable_ahead", [score_arg(order_key), str(int(limit)), job_id]))
 
+    def places(
+        self, jobs: Sequence[tuple[str, float]], *, free_slots: int
+    ) -> dict[str, tuple[int, int]]:
+        if not jobs:
+            return {}
+        pipe = self._client.pipeline(transaction=False)
+        for job_id, order_key in jobs:
+            pipe.zrank(self._keys.queued, job_id)
+            if free_slots > 0:
+                self._scripts["runnable_ahead"](
+                    keys=self._fenced, client=pipe,
+                    args=[score_arg(order_key), str(int(free_slots)), job_id])
+        replies = pipe.execute()
+        step = 2 if free_slots > 0 else 1
+        found: dict[str, tuple[int, int]] = {}
+        for i, (job_id, _) in enumerate(jobs):
+            rank = replies[step * i]
+            if rank is not None:
+                found[job_id] = (int(rank), int(replies[step * i + 1]) if step == 2 else 0)
+        return found
+
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
         pipe = self._client.pipeline(transaction=True)
         for tier in tiers:

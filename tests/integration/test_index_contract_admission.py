@@ -205,6 +205,29 @@ def test_a_tier_at_its_bound_with_a_free_slot_refuses_only_for_a_tenants_own_cap
             ("tier", "std", "capacity"): 1, ("tenant", "e", "capacity"): 1}
 
 
+def test_a_page_of_places_is_each_jobs_position_and_runnable_ahead(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """``places`` answers for a page of jobs what ``position`` and ``runnable_ahead`` answer
+    for one: a's jobs wait on its cap and start ahead of nobody, b's one starts ahead of c's.
+    A leased job and an unknown one are left out; with no free slot nothing is runnable."""
+    tier = policy.Tier(name="std", base_priority=0, max_wait_s=60, tenant_share=0.25)
+    for index in (RedisIndex(redis_client, key_prefix), MemoryIndex()):
+        terms = _hold_a_at_its_cap(index, tier)
+        assert _submit(index, "b1", "b", replace(terms, now=NOW + 10)).accepted
+        assert _submit(index, "c1", "c", replace(terms, now=NOW + 11)).accepted
+        page = [("a1", NOW), ("a2", NOW + 1), ("b1", NOW + 10), ("c1", NOW + 11),
+                ("nobody", NOW)]
+        assert index.places(page, free_slots=3) == {
+            "a2": (0, 0), "b1": (4, 0), "c1": (5, 1)}
+        for job_id, key in page[1:4]:
+            assert index.places([(job_id, key)], free_slots=3)[job_id] == (
+                index.position(job_id), index.runnable_ahead(job_id, key, limit=3))
+        assert index.places(page, free_slots=0) == {
+            "a2": (0, 0), "b1": (4, 0), "c1": (5, 0)}
+        assert index.places([], free_slots=3) == {}
+
+
 def test_jobs_waiting_on_their_tenants_caps_do_not_start_ahead(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:

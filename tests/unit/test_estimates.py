@@ -93,3 +93,15 @@ def test_with_no_workers_the_tenant_side_refuses_nothing(runtime: Runtime) -> No
                                                                    pool_concurrency=None))
     placed = limits.admit(idle, acme, job(runtime, acme, NOW + 1, max_wait_s=2))
     assert placed.estimated_wait_s is None  # no estimate, so no refusal on one
+
+
+@pytest.mark.parametrize(("position", "runnable", "free_slots", "starts"), [
+    (7, 2, 3, 2),  # the runnable jobs ahead leave it a free slot: only they start first
+    (7, 3, 3, 7),  # they fill the free slots: every job ahead starts first
+    (7, 0, 0, 7),  # no free slot: every job ahead
+    (0, 0, 1, 0),
+])
+def test_the_jobs_that_start_first_are_the_runnable_ones_only_while_a_slot_is_left(
+    position: int, runnable: int, free_slots: int, starts: int,
+) -> None:
+    assert estimates.starts_ahead(position, runnable, free_slots) == starts
