@@ -350,7 +350,7 @@ class DispatchIndex(Protocol):
         ...
 
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
-        """Each tier's queued count and oldest order key."""
+        """Each tier's waiting jobs and its oldest queued one's order key (``TierDepth``)."""
         ...
 
     def register_worker(

@@ -11,15 +11,18 @@ pool's is the root prefix itself, ``{tierq}:pool:<name>:`` for another), except 
 lock and its epoch, the ``rate:<tenant>`` buckets and the ``tenants`` channel, which are the
 fleet's and stay under the root prefix whatever the pool.
 
-Layout (a job is in exactly one of queued, delayed or leased while the index knows it):
+Layout (a job is in exactly one of queued, delayed or leased while the index knows it; a
+queued job's id is in its tenant's queue and its tier's, and nowhere else but ``meta``):
 
 - ``q:<tenant>``       zset job -> order_key: the tenant's runnable queue
 - ``lease:<tenant>``   zset job -> expires_at: the tenant's in-flight leases
-- ``tier:<tier>``      zset job -> order_key: queued and delayed jobs of a tier
+- ``tier:<tier>``      zset job -> order_key: the tier's queued jobs; a position is the sum
+                       over the tiers of the jobs ahead (ties by job id)
+- ``tier_delayed``     hash tier -> count of its delayed jobs; its fields name every tier
+                       that held a job (the tiers a position sums over)
 - ``runnable``         zset head job -> order_key: tenants with queued work under their cap,
-                       each filed under its head job (so ties go by job id, as in ``queued``)
+                       each filed under its head job (so ties go by job id, as positions do)
 - ``blocked``          zset head job -> order_key: tenants at their cap with queued work
-- ``queued``           zset job -> order_key: every queued job (positions)
 - ``delayed``          zset job -> not_before: jobs waiting out a retry backoff
 - ``deadlines``        zset job -> start_by: queued and delayed jobs that can expire
 - ``leases``           zset job -> expires_at: every lease (the reaper's view)
@@ -109,8 +112,8 @@ class IndexKeys:
         return f"{self.prefix}{name}"
 
     @property
-    def queued(self) -> str:
-        return self._fixed("queued")
+    def tier_delayed(self) -> str:
+        return self._fixed("tier_delayed")
 
     @property
     def meta(self) -> str:
@@ -223,7 +226,7 @@ class IndexKeys:
     def fixed(self) -> list[str]:
         """``KEYS[]`` of the index scripts, in the order ``lua/common.lua`` reads them."""
         names = (
-            "runnable", "blocked", "queued", "delayed", "deadlines", "leases",
+            "runnable", "blocked", "tier_delayed", "delayed", "deadlines", "leases",
             "meta", "tier_caps", "tenant_caps", "tenant_tier", "tenant_delayed",
         )
         return [self.prefix, *(self._fixed(name) for name in names)]

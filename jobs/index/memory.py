@@ -242,9 +242,9 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
         depths: dict[str, TierDepth] = {}
         for tier in tiers:
-            queued = self._tiers.get(tier)
-            depths[tier] = TierDepth(
-                queued=0 if queued is None else len(queued),
-                oldest_order_key=None if not queued else min(queued.values()),
-            )
+            waiting = self._tiers.get(tier, {})
+            keys = [key for job_id, key in waiting.items()
+                    if self._delayed.score(job_id) is None]
+            depths[tier] = TierDepth(queued=len(waiting),
+                                     oldest_order_key=min(keys) if keys else None)
         return depths

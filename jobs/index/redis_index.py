@@ -194,11 +194,11 @@ class RedisIndex(RedisLeases, RedisUpkeep):
         return int(seconds) + int(micros) / 1_000_000
 
     def position(self, job_id: str) -> int | None:
-        rank: Any = self._client.zrank(self._keys.queued, job_id)
+        rank: Any = self._run("position", [job_id])
         return None if rank is None else int(rank)
 
     def position_at(self, order_key: float) -> int:
-        return int(self._client.zcount(self._keys.queued, "-inf", score_arg(order_key)))
+        return int(self._run("position_at", [score_arg(order_key)]))
 
     def runnable_ahead(self, job_id: str, order_key: float, *, limit: int) -> int:
         if limit <= 0:
@@ -212,7 +212,7 @@ class RedisIndex(RedisLeases, RedisUpkeep):
             return {}
         pipe = self._client.pipeline(transaction=False)
         for job_id, order_key in jobs:
-            pipe.zrank(self._keys.queued, job_id)
+            self._scripts["position"](keys=self._fenced, args=[job_id], client=pipe)
             if free_slots > 0:
                 self._scripts["runnable_ahead"](
                     keys=self._fenced, client=pipe,
@@ -231,12 +231,14 @@ class RedisIndex(RedisLeases, RedisUpkeep):
         for tier in tiers:
             pipe.zcard(self._keys.tier(tier))
             pipe.zrange(self._keys.tier(tier), 0, 0, withscores=True)
+            pipe.hget(self._keys.tier_delayed, tier)
         replies = pipe.execute()
         depths: dict[str, TierDepth] = {}
         for i, tier in enumerate(tiers):
-            count, head = replies[2 * i], replies[2 * i + 1]
+            count, head, delayed = replies[3 * i: 3 * i + 3]
             oldest = float(head[0][1]) if head else None
-            depths[tier] = TierDepth(queued=int(count), oldest_order_key=oldest)
+            depths[tier] = TierDepth(queued=int(count) + int(delayed or 0),
+                                     oldest_order_key=oldest)
         return depths
 
     def tenant_queued(self, tenant: str) -> int:

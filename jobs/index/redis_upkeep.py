@@ -36,7 +36,8 @@ class RedisUpkeep(RedisScripts):
 
     def job_ids(self) -> Iterator[str]:
         keys = self._keys
-        for zset in (keys.queued, keys.delayed, keys.leases):
+        tiers = [text_of(tier) for tier in self._client.hkeys(keys.tier_delayed)]
+        for zset in (*(keys.tier(tier) for tier in tiers), keys.delayed, keys.leases):
             for member, _ in self._client.zscan_iter(zset, count=1000):
                 yield text_of(member)
 

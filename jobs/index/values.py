@@ -231,5 +231,9 @@ class LiveWorker:
 
 @dataclass(frozen=True, kw_only=True)
 class TierDepth:
+    """A tier's waiting jobs (queued and delayed), and the order key of its oldest queued one:
+    a delayed job (a retry's backoff, a start asked for later) waits for its time, not for a
+    slot, and does not make the queue look old."""
+
     queued: int
     oldest_order_key: float | None

@@ -237,11 +237,11 @@ def _text(value: object) -> str:
 
 
 def indexed_ids(client: redis.Redis, key_prefix: str) -> tuple[set[str], set[str]]:
-    """The job ids in the tier's index and in the global queued order."""
+    """The job ids in the tier's queue and those with an index entry."""
     keys = IndexKeys(key_prefix)
     tier = {_text(m) for m in client.zrange(keys.tier(TIER), 0, -1)}
-    queued = {_text(m) for m in client.zrange(keys.queued, 0, -1)}
-    return tier, queued
+    entries = {_text(m) for m in client.hkeys(keys.meta)}
+    return tier, entries
 
 
 def check_nothing_left_behind(

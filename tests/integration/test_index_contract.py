@@ -407,7 +407,8 @@ def test_delayed_jobs_wait_for_not_before(index: DispatchIndex) -> None:
     result = index.admit(job("late", "t1", key=0.0, not_before=50.0), bound=BIG)
     assert result.accepted
     fill(index, job("now", "t2", key=1.0))
-    assert index.tier_depths(["free"])["free"] == TierDepth(queued=2, oldest_order_key=0.0)
+    # Both wait; the delayed one waits for its time, not a slot: the oldest queued is "now".
+    assert index.tier_depths(["free"])["free"] == TierDepth(queued=2, oldest_order_key=1.0)
     assert index.tenant_queued("t1") == 1
     assert index.position("late") is None
     assert ids(index.dispatch(10, now=49.0, lease_ttl_s=TTL)) == ["now"]
@@ -466,7 +467,7 @@ def test_tier_depths(index: DispatchIndex) -> None:
     )
     assert index.tier_depths(["free", "paid", "none"]) == {
         "free": TierDepth(queued=2, oldest_order_key=3.0),
-        "paid": TierDepth(queued=2, oldest_order_key=1.0),
+        "paid": TierDepth(queued=2, oldest_order_key=2.0),  # d, delayed, is not the oldest
         "none": TierDepth(queued=0, oldest_order_key=None),
     }
 

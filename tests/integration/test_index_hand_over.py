@@ -218,7 +218,7 @@ def test_put_back_delays_the_entry_until_not_before_keeping_key_and_deadline(
     assert index.inflight() == 0 and index.tenant_inflight("t1") == 0
     assert index.tenant_queued("t1") == 1
     depth = index.tier_depths(["free"])["free"]
-    assert (depth.queued, depth.oldest_order_key) == (2, 1.0)
+    assert (depth.queued, depth.oldest_order_key) == (2, 2.0)  # a waits, but not in line
     assert index.position("a") is None and index.position("b") == 0  # delayed: not in line
     assert ids(index.dispatch(10, now=9.9, lease_ttl_s=TTL)) == ["b"]
     assert index.dispatch(10, now=9.9, lease_ttl_s=TTL) == []

@@ -1,13 +1,5 @@
 -- admit_job.lua: the admit step (prepended, after common.lua, to admit.lua and admit_new.lua).
 
--- Queued jobs ahead of (score, job) when the job is not in queued: O(log n), ties included.
-local function rank_at(job, score)
-  redis.call('ZADD', QUEUED, score, job)
-  local rank = redis.call('ZRANK', QUEUED, job)
-  redis.call('ZREM', QUEUED, job)
-  return rank
-end
-
 -- Index a new job (attempt 1) if its tier holds fewer than bound queued jobs, its tenant
 -- fewer than quota (nil: none) and at most max_position (nil: any) jobs would be ahead of it.
 -- Returns {accepted 0/1, tier_queued, tenant_queued, position, reason or '', duplicate 0/1}:
@@ -16,28 +8,26 @@ end
 -- 0 when leased.
 local function admit_job(job, tenant, tier, order_key, start_by, not_before, bound, quota,
                          max_position)
-  local tier_queued = redis.call('ZCARD', tkey(tier))
+  local tier_queued = tier_waiting(tier)
   local queued = tenant_queued(tenant)
   local m = meta_of(job)
   if m then
-    local position = redis.call('ZRANK', QUEUED, job)
-    if not position then
-      if redis.call('ZSCORE', DELAYED, job) then position = rank_at(job, m[3]) else position = 0 end
+    local position = 0  -- leased
+    if redis.call('ZSCORE', qkey(m[1]), job) or redis.call('ZSCORE', DELAYED, job) then
+      position = rank_of(m[3], job)
     end
     return {1, tier_queued, queued, position, '', 1}
   end
   if tier_queued >= bound then
-    return {0, tier_queued, queued, rank_at(job, order_key), 'capacity', 0}
+    return {0, tier_queued, queued, rank_of(order_key, job), 'capacity', 0}
   end
   if quota and queued >= quota then
-    return {0, tier_queued, queued, rank_at(job, order_key), 'tenant_limit', 0}
+    return {0, tier_queued, queued, rank_of(order_key, job), 'tenant_limit', 0}
   end
   if max_position then
-    local ahead = rank_at(job, order_key)
+    local ahead = rank_of(order_key, job)
     if ahead > max_position then return {0, tier_queued, queued, ahead, 'deadline', 0} end
   end
   index_job(job, tenant, tier, order_key, start_by, not_before, 1)
-  local position = redis.call('ZRANK', QUEUED, job)
-  if not position then position = rank_at(job, order_key) end
-  return {1, tier_queued + 1, queued + 1, position, '', 0}
+  return {1, tier_queued + 1, queued + 1, rank_of(order_key, job), '', 0}
 end

@@ -35,7 +35,7 @@ local now = now_or_server(ARGV[6])
 local max_wait = tonumber(ARGV[17])
 local duplicate = meta_of(job) ~= nil
 
-local function ahead_at(score) return redis.call('ZCOUNT', QUEUED, '-inf', score) end
+local function ahead_at(score) return count_upto(score) end
 
 local function count_refusal(reason)
   redis.pcall('HINCRBY', KEYS[18], cjson.encode({'tier', tier, reason}), 1)
@@ -105,7 +105,7 @@ if max_wait and not duplicate and capacity > 0 then
   local ahead = tenant_queued(tenant)
   local excess = math.max(0, tenant_inflight + ahead - math.max(1, cap) + 1)
   if excess > max_excess then
-    local tier_queued = redis.call('ZCARD', tkey(tier))
+    local tier_queued = tier_waiting(tier)
     return verdict({0, tier_queued, ahead, ahead_at(order_key), 'deadline', 0})
   end
 end
@@ -118,7 +118,7 @@ end
 -- Then whether the runnable jobs ahead leave it a free slot (runnable, above).
 local admit_bound = bound
 if not duplicate then
-  local tier_queued = redis.call('ZCARD', tkey(tier))
+  local tier_queued = tier_waiting(tier)
   local free = math.max(0, capacity - inflight)
   if tier_queued >= bound and free > 0 then
     if tenant_inflight >= cap then

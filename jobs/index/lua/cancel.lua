@@ -5,8 +5,9 @@
 -- NOTLEADER, changing nothing, when the token is not the leader's.
 if fenced_out(ARGV[2]) then return redis.error_reply(NOT_LEADER) end
 local job = ARGV[1]
-if not (redis.call('ZSCORE', QUEUED, job) or redis.call('ZSCORE', DELAYED, job)) then
+local m = meta_of(job)
+if not (m and (redis.call('ZSCORE', qkey(m[1]), job) or redis.call('ZSCORE', DELAYED, job))) then
   return 0
 end
-unindex(job, meta_of(job))
+unindex(job, m)
 return 1

@@ -1,12 +1,12 @@
 -- common.lua: the prelude of every index script (prepended to each when it is loaded).
 -- KEYS[1] prefix (one hash tag; a tenant's and a tier's keys are derived from it)
--- KEYS[2] runnable  KEYS[3] blocked  KEYS[4] queued  KEYS[5] delayed  KEYS[6] deadlines
+-- KEYS[2] runnable  KEYS[3] blocked  KEYS[4] tier_delayed  KEYS[5] delayed  KEYS[6] deadlines
 -- KEYS[7] leases  KEYS[8] meta  KEYS[9] tier_caps  KEYS[10] tenant_caps
 -- KEYS[11] tenant_tier  KEYS[12] tenant_delayed  KEYS[13] leader (the fence of leader writes)
 -- Scores travel as strings (Python's repr of a float) so they round-trip exactly.
 -- Time: every script that needs "now" reads Redis's own clock (TIME) unless the caller passes
 -- one explicitly (tests and the simulator drive a virtual clock); hosts' clocks never decide.
-local PREFIX, RUNNABLE, BLOCKED, QUEUED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local PREFIX, RUNNABLE, BLOCKED, TIER_DELAYED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local DELAYED, DEADLINES, LEASES, META = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local TIER_CAPS, TENANT_CAPS, TENANT_TIER, TENANT_DELAYED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 
@@ -24,6 +24,49 @@ local function whole() return redis.call('EXISTS', PREFIX .. 'generation') == 1 
 local function qkey(tenant) return PREFIX .. 'q:' .. tenant end
 local function lkey(tenant) return PREFIX .. 'lease:' .. tenant end
 local function tkey(tier) return PREFIX .. 'tier:' .. tier end
+
+-- A job's id is stored once per structure it is in, and a queued job is in its tenant's
+-- queue and its tier's (tkey: the tier's queued jobs, by order key); there is no queue of
+-- every tier. TIER_DELAYED counts each tier's delayed jobs, and its fields name every tier
+-- that ever held a job: a position is the sum over them.
+
+-- a < b as a sorted set orders members of equal score (byte by byte, as memcmp): Lua's own
+-- string order follows the server's locale.
+local function member_before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- Queued jobs ahead of (score, job) in order-key order, ties by id: the position a queued
+-- job has, or would have if queued (score: its order key as a string, exactly).
+local function rank_of(score, job)
+  local n = 0
+  for _, tier in ipairs(redis.call('HKEYS', TIER_DELAYED)) do
+    local queue = tkey(tier)
+    n = n + redis.call('ZCOUNT', queue, '-inf', '(' .. score)
+    for _, other in ipairs(redis.call('ZRANGEBYSCORE', queue, score, score)) do
+      if member_before(other, job) then n = n + 1 end
+    end
+  end
+  return n
+end
+
+-- Queued jobs with an order key at or below score (ZCOUNT -inf score over every tier).
+local function count_upto(score)
+  local n = 0
+  for _, tier in ipairs(redis.call('HKEYS', TIER_DELAYED)) do
+    n = n + redis.call('ZCOUNT', tkey(tier), '-inf', score)
+  end
+  return n
+end
+
+-- A tier's waiting jobs: queued and delayed.
+local function tier_waiting(tier)
+  return redis.call('ZCARD', tkey(tier)) + (tonumber(redis.call('HGET', TIER_DELAYED, tier)) or 0)
+end
 
 -- The dispatcher's doorbell (jobs.wake): one pending token is as good as many.
 local function ring()
@@ -139,18 +182,19 @@ end
 
 -- Add a job to its tenant's queue; re-file the tenant when its head changed, or when its
 -- cap may have changed (recheck).
-local function enqueue(job, tenant, order_key, recheck)
+local function enqueue(job, tenant, tier, order_key, recheck)
   local old = head_of(tenant)
   redis.call('ZADD', qkey(tenant), order_key, job)
-  redis.call('ZADD', QUEUED, order_key, job)
+  redis.call('ZADD', tkey(tier), order_key, job)
   if recheck or head_of(tenant) ~= old then refile(tenant, old) end
 end
 
-local function undelay(job, tenant)
+local function undelay(job, tenant, tier)
   if redis.call('ZREM', DELAYED, job) == 0 then return false end
   if redis.call('HINCRBY', TENANT_DELAYED, tenant, -1) <= 0 then
     redis.call('HDEL', TENANT_DELAYED, tenant)
   end
+  redis.call('HINCRBY', TIER_DELAYED, tier, -1)
   return true
 end
 
@@ -168,14 +212,15 @@ local function index_job(job, tenant, tier, order_key, start_by, not_before, att
     redis.call('HSET', TENANT_TIER, tenant, tier)
     CAPS[tenant] = nil
   end
-  redis.call('ZADD', tkey(tier), order_key, job)
   if start_by ~= '' then redis.call('ZADD', DEADLINES, start_by, job) end
   if not_before == '' then
-    enqueue(job, tenant, order_key, retiered)
+    redis.call('HSETNX', TIER_DELAYED, tier, 0)  -- the tier is named among those to count
+    enqueue(job, tenant, tier, order_key, retiered)
     return
   end
   redis.call('ZADD', DELAYED, not_before, job)
   redis.call('HINCRBY', TENANT_DELAYED, tenant, 1)
+  redis.call('HINCRBY', TIER_DELAYED, tier, 1)
   local head = head_of(tenant)
   if retiered and head then refile(tenant, head) end
 end
@@ -184,18 +229,17 @@ end
 -- Returns what it was: 'queued', 'delayed', 'leased' (or 'none' for a stray meta entry).
 local function unindex(job, m)
   local tenant, state, old = m[1], 'none', nil
-  if undelay(job, tenant) then
+  if undelay(job, tenant, m[2]) then
     state = 'delayed'
-  elseif redis.call('ZSCORE', QUEUED, job) then
+  elseif redis.call('ZSCORE', qkey(tenant), job) then
     state, old = 'queued', head_of(tenant)
     redis.call('ZREM', qkey(tenant), job)
-    redis.call('ZREM', QUEUED, job)
+    redis.call('ZREM', tkey(m[2]), job)
   elseif redis.call('ZREM', LEASES, job) == 1 then
     state = 'leased'
     redis.call('ZREM', lkey(tenant), job)
     redis.call('SREM', ENDING, job)
   end
-  redis.call('ZREM', tkey(m[2]), job)
   redis.call('ZREM', DEADLINES, job)
   redis.call('HDEL', META, job)
   if state == 'queued' then
@@ -222,8 +266,8 @@ local function promote_due(now, limit)
   local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, limit)
   for _, job in ipairs(due) do
     local m = meta_of(job)
-    undelay(job, m[1])
-    enqueue(job, m[1], m[3], false)
+    undelay(job, m[1], m[2])
+    enqueue(job, m[1], m[2], m[3], false)
   end
 end
 
@@ -247,7 +291,6 @@ local function lease_next(n, expires_at)
     else
       local queue = qkey(tenant)
       redis.call('ZREM', queue, job)
-      redis.call('ZREM', QUEUED, job)
       redis.call('ZREM', tkey(m[2]), job)
       if m[4] ~= '' then redis.call('ZREM', DEADLINES, job) end
       redis.call('ZADD', leases, expires_at, job)

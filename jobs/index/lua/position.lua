@@ -1,0 +1,10 @@
+-- position.lua: a queued job's position (queued jobs ahead of it, every tier, ties by id).
+-- KEYS: the layout of common.lua, which is prepended.
+-- ARGV[1] job
+-- Returns the position, or nil when the job is not queued (delayed, leased or unknown).
+local job = ARGV[1]
+local m = meta_of(job)
+if not m then return nil end
+local score = redis.call('ZSCORE', tkey(m[2]), job)
+if not score then return nil end
+return rank_of(score, job)
