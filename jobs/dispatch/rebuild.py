@@ -6,6 +6,7 @@ restore from an older snapshot) loses none: ``rebuild`` puts the index back. It 
 instead of clearing, so there is no window in which a job that an API admits meanwhile
 disappears, and it walks SQL in bounded batches, checking the caller's lead between them:
 
+0. an index an earlier version wrote is brought to this layout (``upgrade_layout``);
 1. leases first, so tenant caps hold before anything more is dispatched: every running
    attempt (or dispatched one, of an earlier version) holds its lease until at least
    ``now + lease_ttl_s`` (a live worker keeps renewing it; a dead one's lapses and the
@@ -81,6 +82,8 @@ def rebuild(
 ) -> RebuildStats:
     """Reconcile the index with SQL (see the module docstring); safe while the system runs."""
     index, ttl = runtime.index, runtime.policy.lease_ttl_s
+    if index.upgrade_layout(fence=fence):
+        logger.warning("index.layout_upgraded", extra={"event": "index.layout_upgraded"})
     live: set[str] = set()
     leased = released = 0
     for batch in _walk(runtime, IN_FLIGHT):

@@ -426,6 +426,11 @@ class DispatchIndex(Protocol):
         """Set the sentinel unless it is set; True when this call set it."""
         ...
 
+    def upgrade_layout(self, *, fence: str | None = None) -> bool:
+        """Bring an index an earlier version wrote to this layout (a leader's full pass does,
+        first); True when there was anything to do. Fenced as ``dispatch``."""
+        ...
+
     def set_generation(self, value: str | None, *, fence: str | None = None) -> None:
         """Set the sentinel (the reconciler's epoch), or clear it (None: a rebuild of an index
         from an older snapshot begins); fenced as ``dispatch``. Without it the index is not

@@ -62,6 +62,10 @@ class MemoryUpkeep(MemoryLayout):
     def generation(self) -> str | None:
         return self._generation
 
+    def upgrade_layout(self, *, fence: str | None = None) -> bool:
+        self._check_fence(fence, None, "upgrade_layout")
+        return False  # the twin's layout is this version's
+
     def mark_generation(self, value: str) -> bool:
         if self._generation is not None:
             return False

@@ -110,6 +110,9 @@ class RedisUpkeep(RedisScripts):
         value = self._client.get(self._keys.generation)
         return None if value is None else text_of(value)
 
+    def upgrade_layout(self, *, fence: str | None = None) -> bool:
+        return bool(self._run("upgrade_layout", [fence or ""]))
+
     def mark_generation(self, value: str) -> bool:
         return bool(self._client.set(self._keys.generation, value, nx=True))
 

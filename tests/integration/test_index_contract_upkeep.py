@@ -8,12 +8,16 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import redis
 
 from jobs.index import (
     DispatchIndex,
     Lease,
     NotLeader,
+    RedisIndex,
 )
+from jobs.index.keys import IndexKeys
+from jobs.index.values import TierDepth
 from tests.integration.test_index_contract import TTL, fill, ids, job
 
 pytestmark = pytest.mark.integration
@@ -203,3 +207,33 @@ def test_generation_is_set_once_and_cleared_with_the_index(index: DispatchIndex)
     assert index.leader(now=time.time()) is None
     assert token is not None
     assert index.renew_leadership(token, ttl_s=60, now=time.time()) is False
+
+
+def test_an_index_an_earlier_version_wrote_is_brought_to_this_layout(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """That layout also kept every queued job in one zset of all tiers, and a tier's delayed
+    jobs in the tier's zset. After the upgrade the first is gone, counts and positions are
+    as if this version had written it all, and a second call finds nothing to do."""
+    index = RedisIndex(redis_client, key_prefix)
+    keys = IndexKeys(key_prefix)
+    index.set_caps({"free": 2, "paid": 2})
+    fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0, tier="paid"),
+         job("d", "t3", key=0.5, tier="paid", not_before=99.0))
+    # What the earlier version wrote besides: the queue of every tier, the delayed job in its
+    # tier's zset, and no delayed counts.
+    redis_client.zadd(f"{key_prefix}queued", {"a": 1.0, "b": 2.0})
+    redis_client.zadd(keys.tier("paid"), {"d": 0.5})
+    redis_client.delete(keys.tier_delayed)
+    assert index.position("b") == 0  # wrong until upgraded: the tiers are not named
+
+    assert index.upgrade_layout() is True
+
+    assert not redis_client.exists(f"{key_prefix}queued")
+    assert index.tier_depths(["free", "paid"]) == {
+        "free": TierDepth(queued=1, oldest_order_key=1.0),
+        "paid": TierDepth(queued=2, oldest_order_key=2.0),
+    }
+    assert (index.position("a"), index.position("b"), index.position("d")) == (0, 1, None)
+    assert index.position_at(1.5) == 1
+    assert index.upgrade_layout() is False
