@@ -176,7 +176,8 @@ def test_a_lease_whose_row_is_not_committed_yet_is_put_back_then_runs(
     assert runtime.index.inflight() == 0 and runtime.index.position(new.id) is None
     assert runtime.index.tenant_queued(tenant.id) == 1
     depth = runtime.index.tier_depths([tenant.tier])[tenant.tier]
-    assert (depth.queued, depth.oldest_order_key) == (1, new.order_key)
+    # It waits, held back: counted in its tier, not its oldest queued job (``TierDepth``).
+    assert (depth.queued, depth.oldest_order_key) == (1, None)
     early = now + UNCOMMITTED_RETRY_S - 0.01
     assert runtime.index.dispatch(1, now=early, lease_ttl_s=LEASE_TTL_S) == []
 
