@@ -235,6 +235,17 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
     def position(self, job_id: str) -> int | None:
         return self._queued.rank(job_id)
 
+    def places(
+        self, jobs: Sequence[tuple[str, float]], *, free_slots: int
+    ) -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        for job_id, order_key in jobs:
+            position = self.position(job_id)
+            if position is not None:
+                found[job_id] = (position, self.runnable_ahead(job_id, order_key,
+                                                               limit=free_slots))
+        return found
+
     def position_at(self, order_key: float) -> int:
         # Members with a score at or below order_key (ZCOUNT -inf order_key).
         return self._queued.rank_at(order_key, "\U0010ffff")

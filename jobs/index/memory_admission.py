@@ -224,17 +224,6 @@ class MemoryAdmission(MemoryLeases):
     def runnable_ahead(self, job_id: str, order_key: float, *, limit: int) -> int:
         return self._runnable_ahead(order_key, limit, job_id)
 
-    def places(
-        self, jobs: Sequence[tuple[str, float]], *, free_slots: int
-    ) -> dict[str, tuple[int, int]]:
-        found: dict[str, tuple[int, int]] = {}
-        for job_id, order_key in jobs:
-            position = self._queued.rank(job_id)
-            if position is not None:
-                found[job_id] = (position, self.runnable_ahead(job_id, order_key,
-                                                               limit=free_slots))
-        return found
-
     def _ahead_of_new(self, order_key: float) -> int:
         """Queued jobs at or below ``order_key`` (ZCOUNT -inf order_key)."""
         return self._queued.rank_at(order_key, "\U0010ffff")
