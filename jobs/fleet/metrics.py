@@ -83,9 +83,10 @@ def enqueued_at(policy: Policy, tier: str, order_key: float) -> float:
 
 
 def read_index_view(runtime: Runtime, *, now: float) -> IndexView:
-    pool = live_pool(runtime, now=now)
     names = tier_names(runtime.policy)
-    depths = runtime.index.tier_depths(names)
+    # Read together: a job leased between two reads would be in neither queued nor inflight.
+    depths, inflight = runtime.index.depths_and_inflight(names)
+    pool = live_pool(runtime, now=now, inflight=inflight)
     tiers = []
     for name in names:
         depth = depths[name]

@@ -68,15 +68,19 @@ def read_pool(
     *,
     now: float,
     measured: MeasuredMean | None = None,
+    inflight: int | None = None,
 ) -> PoolFigures:
     """The figures for the pool as it is now (configured capacity, or live workers), with
     ``measured`` the published mean service time (``jobs.fleet.service_rate``); None: the
-    configured mean (enough for caps, which do not depend on it; see ``live_pool``)."""
+    configured mean (enough for caps, which do not depend on it; see ``live_pool``).
+    ``inflight``: the leases as read already (None: read them now)."""
     capacity = pol.pool_concurrency or index.pool_capacity(now=now)
-    return figures(pol, capacity=capacity, inflight=index.inflight(), measured=measured)
+    held = index.inflight() if inflight is None else inflight
+    return figures(pol, capacity=capacity, inflight=held, measured=measured)
 
 
-def live_pool(runtime: Runtime, *, now: float) -> PoolFigures:
+def live_pool(runtime: Runtime, *, now: float, inflight: int | None = None) -> PoolFigures:
     """``read_pool`` with the measured mean as published: one Redis read more."""
     measured = read_measured(runtime.redis, runtime.prefix)
-    return read_pool(runtime.policy, runtime.index, now=now, measured=measured)
+    return read_pool(runtime.policy, runtime.index, now=now, measured=measured,
+                     inflight=inflight)

@@ -353,6 +353,13 @@ class DispatchIndex(Protocol):
         """Each tier's waiting jobs and its oldest queued one's order key (``TierDepth``)."""
         ...
 
+    def depths_and_inflight(
+        self, tiers: Sequence[str]
+    ) -> tuple[dict[str, TierDepth], int]:
+        """``tier_depths`` and ``inflight`` read at one instant: a job leased between two
+        reads would be counted in neither (its queue read before, the leases after)."""
+        ...
+
     def register_worker(
         self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
         device: str = "cpu", memory_bytes: int | None = None,

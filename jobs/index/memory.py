@@ -259,3 +259,8 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
             depths[tier] = TierDepth(queued=len(waiting),
                                      oldest_order_key=min(keys) if keys else None)
         return depths
+
+    def depths_and_inflight(
+        self, tiers: Sequence[str]
+    ) -> tuple[dict[str, TierDepth], int]:
+        return self.tier_depths(tiers), self.inflight()

@@ -227,19 +227,25 @@ class RedisIndex(RedisLeases, RedisUpkeep):
         return found
 
     def tier_depths(self, tiers: Sequence[str]) -> dict[str, TierDepth]:
-        pipe = self._client.pipeline(transaction=True)
+        return self.depths_and_inflight(tiers)[0]
+
+    def depths_and_inflight(
+        self, tiers: Sequence[str]
+    ) -> tuple[dict[str, TierDepth], int]:
+        pipe = self._client.pipeline(transaction=True)  # MULTI: one instant
         for tier in tiers:
             pipe.zcard(self._keys.tier(tier))
             pipe.zrange(self._keys.tier(tier), 0, 0, withscores=True)
             pipe.hget(self._keys.tier_delayed, tier)
-        replies = pipe.execute()
+        pipe.zcard(self._keys.leases)
+        *replies, inflight = pipe.execute()
         depths: dict[str, TierDepth] = {}
         for i, tier in enumerate(tiers):
             count, head, delayed = replies[3 * i: 3 * i + 3]
             oldest = float(head[0][1]) if head else None
             depths[tier] = TierDepth(queued=int(count) + int(delayed or 0),
                                      oldest_order_key=oldest)
-        return depths
+        return depths, int(inflight)
 
     def tenant_queued(self, tenant: str) -> int:
         pipe = self._client.pipeline(transaction=True)

@@ -472,6 +472,44 @@ def test_tier_depths(index: DispatchIndex) -> None:
     }
 
 
+def test_depths_and_inflight_are_the_depths_and_the_leases(index: DispatchIndex) -> None:
+    fill(index, job("a", key=1.0), job("b", "t2", key=2.0), job("c", "t3", key=3.0))
+    index.dispatch(2, now=0.0, lease_ttl_s=TTL)
+    depths, inflight = index.depths_and_inflight(["free", "none"])
+    assert depths == index.tier_depths(["free", "none"])
+    assert depths["free"] == TierDepth(queued=1, oldest_order_key=3.0)
+    assert inflight == index.inflight() == 2
+
+
+def test_a_job_moving_between_queued_and_leased_is_counted_once_in_every_read(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """/v1/queues reads both: a lease taken between a read of the queues and one of the
+    leases would leave the job in neither (or both, the other way round)."""
+    index = RedisIndex(redis_client, key_prefix)
+    fill(index, job("a"))
+    stop = threading.Event()
+
+    def lease_and_requeue() -> None:
+        attempt = 1
+        while not stop.is_set():
+            assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+            attempt += 1
+            index.requeue(replace(job("a"), attempt=attempt))
+
+    mover = threading.Thread(target=lease_and_requeue)
+    mover.start()
+    try:
+        counts = set()
+        for _ in range(2000):
+            depths, inflight = index.depths_and_inflight(["free"])
+            counts.add(depths["free"].queued + inflight)
+    finally:
+        stop.set()
+        mover.join()
+    assert counts == {1}
+
+
 def test_pool_capacity_with_expiry(index: DispatchIndex) -> None:
     assert index.pool_capacity(now=0.0) == 0
     index.register_worker("w1", slots=2, ttl_s=10.0, now=0.0)
