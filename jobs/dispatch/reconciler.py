@@ -217,21 +217,26 @@ class Reconciler:
         if not entries:
             return
         with self.runtime.sessions() as session:
-            rows = jobs_sql.get_jobs(session, (entry.job_id for entry in entries))
+            states = jobs_sql.states_of(session, (entry.job_id for entry in entries))
         index, stale = self.runtime.index, []
         for entry in entries:
-            job = rows.get(entry.job_id)
-            if job is not None and job.status is Status.QUEUED and entry.attempt < job.attempt:
-                stale.append(indexed(job))  # an earlier attempt's entry: the row's replaces it
-            elif (job is None and not may_be_uncommitted(entry.job_id, now)) or (
-                job is not None and job.terminal
+            status, attempt = states.get(entry.job_id, (None, 0))
+            if status is Status.QUEUED and entry.attempt < attempt:
+                stale.append(entry.job_id)  # an earlier attempt's entry: the row's replaces it
+            elif (status is None and not may_be_uncommitted(entry.job_id, now)) or (
+                status is not None and status.terminal
             ):
                 if entry.leased:
                     index.release(entry.job_id, attempt=entry.attempt, fence=fence)
                 else:
                     index.cancel(entry.job_id, fence=fence)
                 stats.removed += 1
-        stats.reindexed += index.requeue_many(stale, fence=fence)
+        if stale:  # rare: only these rows are read whole
+            with self.runtime.sessions() as session:
+                rows = jobs_sql.get_jobs(session, stale)
+            stats.reindexed += index.requeue_many(
+                (indexed(job) for job in rows.values() if job.status is Status.QUEUED),
+                fence=fence)
 
 
 def _holds_lease(entry: Entry | None, job: Job) -> bool:

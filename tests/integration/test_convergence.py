@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 from jobs.core.cadence import QUEUED_GRACE_S
 from jobs.core.domain import Job, NewJob
@@ -34,6 +35,7 @@ from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
 from jobs.store.direct import direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
+from jobs.store.rows import JOBS
 from workers.handlers import JobContext, RetryableError, default_registry
 
 pytestmark = pytest.mark.integration
@@ -301,6 +303,23 @@ def test_an_entry_of_a_finished_or_unknown_job_is_removed(
 
     assert stats.removed == 2
     assert list(runtime.index.job_ids()) == []
+
+
+def test_an_entry_of_an_earlier_attempt_of_a_queued_row_is_replaced_by_the_rows(
+    runtime: Runtime, tenant_id: str
+) -> None:
+    """A retry's row committed (attempt 2, queued), its requeue did not land: the index
+    still holds attempt 1. The entry walk finds it before the walk of queued rows would."""
+    now = time.time()
+    reconciler = converge(runtime, now)
+    job = queue_job(runtime, tenant_id, at=now)
+    with runtime.sessions.begin() as session:
+        session.execute(sa.update(JOBS).where(JOBS.c.id == job.id).values(attempt=2))
+
+    stats = reconciler.run_once(now + 1)  # within the queued walk's grace
+
+    assert stats.reindexed == 1
+    assert runtime.index.entries_of([job.id])[job.id].attempt == 2
 
 
 def test_an_index_restored_from_an_older_snapshot_is_rebuilt(
