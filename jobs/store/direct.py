@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from psycopg import pq
 from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 from sqlalchemy.engine import URL, Engine
@@ -89,7 +90,11 @@ class DirectConnection:
         try:
             self.sent = True
             cursor = self._raw.execute(compiled.sql, params)
-            rows = cursor.fetchall() if cursor.description is not None else []
+            # Whether it returned rows, read off the result's status: ``description`` would
+            # build a column list each time.
+            result = cursor.pgresult
+            returned = result is not None and result.status == pq.ExecStatus.TUPLES_OK
+            rows = cursor.fetchall() if returned else []
         except psycopg.Error as exc:
             broken = self._raw.broken or self._raw.closed
             raise sa.exc.DBAPIError.instance(
