@@ -485,3 +485,29 @@ def test_the_first_renewal_releases_the_lease_that_handed_the_job_over(
         is Renewal.HELD
     assert index.entries_of(["a", "b"]) == {"b": Entry(job_id="b", attempt=1, leased=True)}
     assert ids(index.dispatch(5, now=2.0, lease_ttl_s=TTL, capacity=2)) == ["c"]
+
+
+def test_the_first_renewal_announces_the_ended_job_and_the_started_one_in_one_message(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    index = RedisIndex(redis_client, key_prefix)
+    index.set_generation("1")
+    fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0))
+    assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+    assert index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=1.0, keep=True)
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(f"{key_prefix}changed")
+    try:
+        done = Finished(job_id="a", attempt=1, outcome="succeeded")
+        assert index.renew_checked("b", attempt=1, ttl_s=TTL, now=2.0, announce=True,
+                                   release=done) is Renewal.HELD
+        messages = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not messages:
+            message = pubsub.get_message(timeout=0.1)
+            if message is not None:
+                messages.append(message["data"])
+        assert messages == [b"a b"]
+        assert pubsub.get_message(timeout=0.2) is None  # and no other
+    finally:
+        pubsub.close()

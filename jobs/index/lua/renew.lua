@@ -19,8 +19,10 @@
 -- Returns 0 when the lease is gone or belongs to another attempt (the caller has lost it
 -- and must stop), 1 when renewed, 2 when renewed and a cancel was requested for the job
 -- (flag_cancel.lua): the renewal is how a running job learns of it, with no SQL read.
+-- The ids to announce go out in one message (jobs.notify splits a message's ids on spaces).
+local moved = {}
 if ARGV[12] ~= nil and ARGV[12] ~= '' then
-  redis.call('PUBLISH', PREFIX .. 'changed', ARGV[12])
+  moved[1] = ARGV[12]
   redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', ARGV[14], 1)
   if drop_lease(ARGV[12], ARGV[13]) and redis.call('ZCARD', RUNNABLE) > 0 then
     local capacity = tonumber(ARGV[15])
@@ -29,7 +31,8 @@ if ARGV[12] ~= nil and ARGV[12] ~= '' then
   end
 end
 local job, attempt = ARGV[1], tonumber(ARGV[2])
-if ARGV[5] == '1' then redis.call('PUBLISH', PREFIX .. 'changed', job) end
+if ARGV[5] == '1' then moved[#moved + 1] = job end
+if #moved > 0 then redis.call('PUBLISH', PREFIX .. 'changed', table.concat(moved, ' ')) end
 local current = redis.call('ZSCORE', LEASES, job)
 if not current then return 0 end
 local m = meta_of(job)
