@@ -11,10 +11,10 @@ from importlib import resources
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
 from jobs.index.base import NotLeader
 from jobs.index.keys import IndexKeys
+from jobs.index.lean_script import LeanScript
 from jobs.index.values import IndexedJob, Lease
 
 _SCRIPTS = (
@@ -111,8 +111,9 @@ class RedisScripts:
         self._client = client
         self._keys = IndexKeys(prefix, root)
         self._fenced = self._keys.fenced()
-        self._scripts: dict[str, Script] = {
-            name: client.register_script(_lua(name, "common", *_PRELUDES.get(name, ())))
+        self._scripts: dict[str, LeanScript] = {
+            name: LeanScript(client, _lua(name, "common", *_PRELUDES.get(name, ())),
+                             self._fenced)
             for name in _SCRIPTS
         }
         self._pool_capacity = client.register_script(_lua("pool_capacity", "workers"))

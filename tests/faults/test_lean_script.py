@@ -1,0 +1,78 @@
+"""LeanScript answers as redis-py's Script does, and survives what Script survives: a server
+that forgot its scripts, a connection cut between calls. On a Redis of the test's own (a
+SCRIPT FLUSH would reach every other test's scripts on a shared one)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from jobs.index.lean_script import LeanScript
+from tests.faults.servers import ThrowawayRedis
+
+pytestmark = pytest.mark.integration
+
+ECHO = "return {KEYS, ARGV}"
+KEYS = ["{t}:a", "{t}:b"]
+
+
+def test_a_call_sends_what_redis_pys_script_sends(fault_redis: ThrowawayRedis) -> None:
+    client = fault_redis.client()
+    lean = LeanScript(client, ECHO, KEYS)
+    args = ["text", "ünïcode", 7, 0.1, -2.5e-300, b"\x00raw", ""]
+    assert lean(keys=KEYS, args=args) == lean.script(keys=KEYS, args=args)
+    assert lean(keys=KEYS, args=args) == [[b"{t}:a", b"{t}:b"], [
+        b"text", "ünïcode".encode(), b"7", b"0.1", b"-2.5e-300", b"\x00raw", b""]]
+    # Keys after the fixed ones are passed on; other keys go through redis-py's path.
+    assert lean(keys=[*KEYS, "{t}:c"], args=["x"]) == [[b"{t}:a", b"{t}:b", b"{t}:c"], [b"x"]]
+    assert lean(keys=["{t}:z"], args=[]) == [[b"{t}:z"], []]
+    with pytest.raises(redis.DataError):
+        lean(keys=KEYS, args=[None])  # type: ignore[list-item]
+
+
+def test_a_pipelines_call_is_queued_in_the_pipeline(fault_redis: ThrowawayRedis) -> None:
+    client = fault_redis.client()
+    lean = LeanScript(client, ECHO, KEYS)
+    lean(keys=KEYS, args=["loaded"])
+    pipe = client.pipeline(transaction=False)
+    lean(keys=KEYS, args=["1"], client=pipe)
+    lean(keys=KEYS, args=["2"], client=pipe)
+    assert [reply[1] for reply in pipe.execute()] == [[b"1"], [b"2"]]
+
+
+def test_a_script_error_is_raised_as_redis_raises_it(fault_redis: ThrowawayRedis) -> None:
+    lean = LeanScript(fault_redis.client(), "return redis.error_reply('NOPE no')", KEYS)
+    with pytest.raises(redis.ResponseError, match="NOPE no"):
+        lean(keys=KEYS, args=[])
+
+
+def test_a_server_that_forgot_its_scripts_is_given_them_again(
+    fault_redis: ThrowawayRedis,
+) -> None:
+    client = fault_redis.client()
+    lean = LeanScript(client, ECHO, KEYS)
+    assert lean(keys=KEYS, args=["before"])[1] == [b"before"]
+    client.script_flush()
+    assert lean(keys=KEYS, args=["after"])[1] == [b"after"]
+    assert client.script_exists(lean.script.sha) == [True]
+
+
+def test_a_connection_cut_between_calls_is_replaced(fault_redis: ThrowawayRedis) -> None:
+    client = fault_redis.client()
+    lean = LeanScript(client, ECHO, KEYS)
+    assert lean(keys=KEYS, args=["before"])[1] == [b"before"]
+    other = fault_redis.client()
+    try:
+        assert other.client_kill_filter(_type="normal", skipme=True) == 1  # the pool's one
+        assert lean(keys=KEYS, args=["after"])[1] == [b"after"]
+    finally:
+        other.close()
+
+
+def test_a_server_that_is_gone_is_an_error_not_a_hang(fault_redis: ThrowawayRedis) -> None:
+    client = fault_redis.client()
+    lean = LeanScript(client, ECHO, KEYS)
+    lean(keys=KEYS, args=[])
+    fault_redis.stop()
+    with pytest.raises(redis.ConnectionError):
+        lean(keys=KEYS, args=[])
