@@ -198,9 +198,12 @@ class Reconciler:
         if len(jobs) < QUEUED_BATCH and now - self._sweep_started >= FULL_SWEEP_S:
             self._queued_cursor, self._sweep_started = None, now  # start over from the oldest
         held = self.runtime.index.entries_of([job.id for job in jobs])
-        missing = [job for job in jobs if not _holds_entry(held.get(job.id), job)]
-        if not missing:
+        unheld = [job.id for job in jobs if not _holds_entry(held.get(job.id), job.attempt)]
+        if not unheld:
             return
+        with self.runtime.sessions() as session:  # the rows to index, read whole, still queued
+            rows = jobs_sql.get_jobs(session, unheld)
+        missing = [job for job in rows.values() if job.status is Status.QUEUED]
         stats.reindexed += self.runtime.index.requeue_many(
             (indexed(job) for job in missing), fence=fence
         )
@@ -254,7 +257,7 @@ def _just_started(job: Job, since: float) -> bool:
     return job.status is Status.RUNNING and job.started_at is not None and job.started_at > since
 
 
-def _holds_entry(entry: Entry | None, job: Job) -> bool:
+def _holds_entry(entry: Entry | None, attempt: int) -> bool:
     """The index holds this queued attempt (queued, delayed or already leased) or a later one."""
-    return entry is not None and entry.attempt >= job.attempt
+    return entry is not None and entry.attempt >= attempt
 

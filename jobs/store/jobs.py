@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -226,22 +227,33 @@ def jobs_in_status(session: Session, statuses: Iterable[Status]) -> list[Job]:
     return [job_from_row(row) for row in session.scalars(stmt, execution_options=FRESH)]
 
 
+@dataclass(frozen=True)
+class Settled:
+    """A queued row as the reconciler's walk reads it: what its index entry is checked
+    against, and the walk's cursor; the rest of the row is read only if it must be indexed."""
+
+    id: str
+    attempt: int
+    updated_at: float
+
+
 def settled_queued(
     session: Session, *, after: tuple[float, str] | None, until: float, limit: int,
     scope: KindScope = EVERY_KIND,
-) -> list[Job]:
+) -> list[Settled]:
     """Queued jobs whose last change is at or before ``until``, in ``(updated_at, id)`` order
     after the cursor ``after`` (None: from the start): one bounded step of a walk."""
-    stmt = scoped(sa.select(JobRow).where(
-        JobRow.status == Status.QUEUED.value, JobRow.updated_at <= dt(until)
-    ), JobRow.kind, scope)
+    stmt = scoped(sa.select(JOBS.c.id, JOBS.c.attempt, JOBS.c.updated_at).where(
+        JOBS.c.status == Status.QUEUED.value, JOBS.c.updated_at <= dt(until)
+    ), JOBS.c.kind, scope)
     if after is not None:
         at, job_id = dt(after[0]), after[1]
         stmt = stmt.where(
-            sa.or_(JobRow.updated_at > at, sa.and_(JobRow.updated_at == at, JobRow.id > job_id))
+            sa.or_(JOBS.c.updated_at > at, sa.and_(JOBS.c.updated_at == at, JOBS.c.id > job_id))
         )
-    stmt = stmt.order_by(JobRow.updated_at, JobRow.id).limit(limit)
-    return [job_from_row(row) for row in session.scalars(stmt, execution_options=FRESH)]
+    stmt = stmt.order_by(JOBS.c.updated_at, JOBS.c.id).limit(limit)
+    return [Settled(id=row.id, attempt=int(row.attempt), updated_at=row.updated_at.timestamp())
+            for row in session.execute(stmt)]
 
 
 def jobs_after(
@@ -270,9 +282,8 @@ def mark_result_fetched(session: Session, job_id: str, *, now: float) -> bool:
 
 
 __all__ = [
-    "TIME_FIELDS", "TRANSITION_FIELDS", "Claimed", "claim", "end_and_start", "get_job",
-    "get_jobs", "insert_job",
-    "jobs_after", "jobs_in_status", "landed", "latest_jobs", "list_jobs", "mark_result_fetched",
-    "queued_order", "request_cancel", "settled_queued", "start", "started_by", "transition",
-    "unstart_fields",
+    "TIME_FIELDS", "TRANSITION_FIELDS", "Claimed", "Settled", "claim", "end_and_start",
+    "get_job", "get_jobs", "insert_job", "jobs_after", "jobs_in_status", "landed",
+    "latest_jobs", "list_jobs", "mark_result_fetched", "queued_order", "request_cancel",
+    "settled_queued", "start", "started_by", "transition", "unstart_fields",
 ]
