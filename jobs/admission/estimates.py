@@ -57,6 +57,9 @@ class Placement:
 
     position: int
     estimated_wait_s: float | None  # None: nothing is being served, so no estimate
+    # A slot of the pool was free when it was admitted (else its submit offers it none: the
+    # next slot to free takes the best job, or the dispatcher does).
+    slot_free: bool = True
 
 
 def tenant_cap(tenant: Tenant, figures: PoolFigures) -> int:

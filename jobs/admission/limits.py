@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from jobs.admission import estimates
 from jobs.admission.estimates import Placement
@@ -69,9 +70,10 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
         load = policy.TenantLoad(cap=cap, inflight=admission.tenant_inflight,
                                  ahead=max(0, admission.tenant_queued - 1))
         own = estimates.own_mean_s(runtime, tenant, work) if load.excess else None
-        return estimates.placement(figures, position=admission.position, load=load,
-                                   later=later, work=work, tenant_mean_s=own,
-                                   ahead=admission.starts_ahead)
+        placed = estimates.placement(figures, position=admission.position, load=load,
+                                     later=later, work=work, tenant_mean_s=own,
+                                     ahead=admission.starts_ahead)
+        return replace(placed, slot_free=admission.inflight < admission.capacity)
     reason = admission.reason or "capacity"
     _log_refusal(tenant, new.tier, *cause_and_limit(reason))
     raise refused(_refusal(

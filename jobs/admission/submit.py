@@ -133,7 +133,8 @@ def submit(
     job = _persist(runtime, new)
     if job.id != new.id:
         return _resubmitted(runtime, tenant, job, new.kind, new.payload)
-    offer(runtime)
+    if place.slot_free:
+        offer(runtime)
     logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
                                         "tenant": tenant.id, "tier": tier, "attempt": 1})
     return Submitted(

@@ -2,8 +2,8 @@
 
 A submit's admission is one Redis round trip, whatever it checks (rate, live workers,
 measured mean, the job's own deadline) and whether it is accepted or refused; an accepted
-submit adds one more after the commit: the offer of the best runnable job to a free slot, or
-the dispatcher's doorbell (``DispatchIndex.offer``). Its row is one
+submit that found a slot free adds one more after the commit: the offer of the best runnable
+job to a free slot, or the dispatcher's doorbell (``DispatchIndex.offer``). Its row is one
 INSERT in one transaction (a keyed one reads its key first); on PostgreSQL that INSERT is sent
 alone, a transaction of its own (``jobs.store.direct``). An idempotent resubmit, or one
 that loses the race for its key, gets the first job and makes no second row.
@@ -26,6 +26,7 @@ from jobs.admission import submit as submission
 from jobs.admission.submit import Submission
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.errors import CapacityExceeded, IdempotencyConflict, TenantLimitExceeded
+from jobs.index.base import IndexedJob
 from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
@@ -140,6 +141,27 @@ def test_an_admission_is_one_round_trip_and_a_submit_two(
     assert submitted.created
     # The admission; after the COMMIT, the offer to a free slot (or the doorbell), one script.
     assert round_trips == [b"EVALSHA", b"EVALSHA"]
+
+
+def test_a_submit_that_finds_every_slot_held_offers_nothing(
+    runtime: Runtime, tenant: Tenant, round_trips: list[bytes]
+) -> None:
+    """With no slot free at its admission, the job waits for the next slot to free (which
+    takes the best job) or the dispatcher: an offer would find nothing to do."""
+    _warm(runtime, tenant)
+    runtime.index.dispatch(4, now=T0, lease_ttl_s=600)  # the warm-up's job
+    for n in range(3):
+        runtime.index.requeue(IndexedJob(job_id=f"other-{n}", tenant=f"other-{n}", tier="std",
+                                         order_key=0.0))
+    assert len(runtime.index.dispatch(4, now=T0, lease_ttl_s=600)) == 3
+    round_trips.clear()
+    assert submit(runtime, tenant).created
+    assert round_trips == [b"EVALSHA"]  # the admission alone
+
+    runtime.index.release("other-0")
+    round_trips.clear()
+    assert submit(runtime, tenant).created
+    assert round_trips == [b"EVALSHA", b"EVALSHA"]  # and the offer to the free slot
 
 
 def test_a_refusal_is_one_round_trip(
