@@ -78,8 +78,8 @@ def of_tenant(runtime: Runtime, tenant: Tenant) -> figures.TenantView:
     uses = []
     for one in pools:
         pool: PoolFigures = view.pool if one is home else live_pool(one, now=now)
-        uses.append(figures.tenant_use(tenant, pool, pool=one.pool,
-                                       inflight=one.index.tenant_inflight(tenant.id),
-                                       queued=one.index.tenant_queued(tenant.id)))
+        queued, inflight = one.index.tenant_counts(tenant.id)
+        uses.append(figures.tenant_use(tenant, pool, pool=one.pool, inflight=inflight,
+                                       queued=queued))
     return figures.tenant_view(at=now, window_s=WAIT_WINDOW_S, tier=card, use=uses[0],
                                pools=uses, jobs=jobs)

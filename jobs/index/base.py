@@ -400,6 +400,11 @@ class DispatchIndex(Protocol):
     def tenant_queued(self, tenant: str) -> int:
         ...
 
+    def tenant_counts(self, tenant: str) -> tuple[int, int]:
+        """``tenant_queued`` and ``tenant_inflight`` read at one instant: a job of the
+        tenant leased between two reads would be counted in neither."""
+        ...
+
     def clear(self) -> None:
         """Delete everything this index holds (tests, a fresh start). A rebuild from SQL
         does not clear (``jobs.dispatch.rebuild`` reconciles, so no concurrent submit is lost)."""

@@ -274,6 +274,9 @@ class MemoryLayout:
     def tenant_queued(self, tenant: str) -> int:
         return len(self._queues.get(tenant, ())) + self._tenant_delayed.get(tenant, 0)
 
+    def tenant_counts(self, tenant: str) -> tuple[int, int]:
+        return self.tenant_queued(tenant), self.tenant_inflight(tenant)
+
     # -- the leader lock (the fence reads it) --
 
     def acquire_leadership(self, owner: str, *, ttl_s: float, now: float) -> str | None:

@@ -248,8 +248,12 @@ class RedisIndex(RedisLeases, RedisUpkeep):
         return depths, int(inflight)
 
     def tenant_queued(self, tenant: str) -> int:
-        pipe = self._client.pipeline(transaction=True)
+        return self.tenant_counts(tenant)[0]
+
+    def tenant_counts(self, tenant: str) -> tuple[int, int]:
+        pipe = self._client.pipeline(transaction=True)  # MULTI: one instant
         pipe.zcard(self._keys.tenant_queue(tenant))
         pipe.hget(self._keys.tenant_delayed, tenant)
-        queued, delayed = pipe.execute()
-        return int(queued) + int(delayed or 0)
+        pipe.zcard(self._keys.tenant_leases(tenant))
+        queued, delayed, inflight = pipe.execute()
+        return int(queued) + int(delayed or 0), int(inflight)

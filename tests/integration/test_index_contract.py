@@ -510,6 +510,40 @@ def test_a_job_moving_between_queued_and_leased_is_counted_once_in_every_read(
     assert counts == {1}
 
 
+def test_tenant_counts_are_its_queued_and_its_inflight(index: DispatchIndex) -> None:
+    fill(index, job("a", key=1.0), job("b", key=2.0), job("c", "t2", key=0.5))
+    index.requeue(job("d", key=3.0, not_before=50.0))
+    index.set_caps({"free": 1})
+    assert ids(index.dispatch(2, now=0.0, lease_ttl_s=TTL)) == ["c", "a"]
+    assert index.tenant_counts("t1") == (index.tenant_queued("t1"),
+                                         index.tenant_inflight("t1")) == (2, 1)
+    assert index.tenant_counts("nobody") == (0, 0)
+
+
+def test_a_tenants_job_moving_between_queued_and_leased_is_counted_once_in_every_read(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    index = RedisIndex(redis_client, key_prefix)
+    fill(index, job("a"))
+    stop = threading.Event()
+
+    def lease_and_requeue() -> None:
+        attempt = 1
+        while not stop.is_set():
+            assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+            attempt += 1
+            index.requeue(replace(job("a"), attempt=attempt))
+
+    mover = threading.Thread(target=lease_and_requeue)
+    mover.start()
+    try:
+        counts = {sum(index.tenant_counts("t1")) for _ in range(2000)}
+    finally:
+        stop.set()
+        mover.join()
+    assert counts == {1}
+
+
 def test_pool_capacity_with_expiry(index: DispatchIndex) -> None:
     assert index.pool_capacity(now=0.0) == 0
     index.register_worker("w1", slots=2, ttl_s=10.0, now=0.0)

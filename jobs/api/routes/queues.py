@@ -86,10 +86,9 @@ def _pool_queues(
         utilisation=pool.utilisation, service_rate=pool.service_rate)
     if tenant is None:
         return PoolQueues(pool=pool_view, tiers=tiers)
+    queued, inflight = runtime.index.tenant_counts(tenant.id)
     usage = TenantUsage(
-        tenant=tenant.id, tier=tenant.tier,
-        queued=runtime.index.tenant_queued(tenant.id),
-        inflight=runtime.index.tenant_inflight(tenant.id),
+        tenant=tenant.id, tier=tenant.tier, queued=queued, inflight=inflight,
         cap=estimates.tenant_cap(tenant, pool),
         quota=tenant.max_queued if tenant.max_queued is not None
         else pool.quotas.get(tenant.tier, 1),
