@@ -69,7 +69,7 @@ class InProcess:
             self._template = (built.headers, built.properties, built.body[2])
         headers, properties, embed = self._template
         task_id = str(uuid.uuid4())
-        return HandedOver(  # type: ignore[no-untyped-call]
+        message = HandedOver(  # type: ignore[no-untyped-call]
             body=json.dumps([args, {}, embed]).encode(), delivery_tag=task_id,
             content_type="application/json", content_encoding="utf-8",
             headers={**headers, "id": task_id, "root_id": task_id, "argsrepr": repr(args)},
@@ -77,6 +77,11 @@ class InProcess:
             delivery_info={"exchange": "", "routing_key": self._queue},
             accept={"application/json"},
         )
+        # What decoding the body would give (kombu memoizes it here): the consumer reads the
+        # payload without parsing back what was encoded a moment ago. The embed's values are
+        # None for this task (no callbacks, chain or chord), so a shallow copy is a fresh one.
+        message._decoded_cache = [list(args), {}, dict(embed)]
+        return message
 
 
 def lease_args(lease: Lease, token: str, lease_ttl_s: float) -> list[Any]:
