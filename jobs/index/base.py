@@ -23,7 +23,9 @@ step, refuse with ``NotLeader`` unless it is the lock's value: a deposed leader 
 noticed yet changes nothing. The lock's TTL runs on Redis's clock in
 ``RedisIndex`` and on the ``now`` passed in by the twin.
 
-The values it takes and returns live in ``values.py`` and are re-exported here.
+The values it takes and returns live in ``values.py`` and are re-exported here; the worker
+registrations and the leader lock are Protocols of their own (``worker_registry.py``,
+``leader_lock.py``) that ``DispatchIndex`` extends.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
-from jobs.core.errors import TierqError
 from jobs.core.histograms import StartFigures
+from jobs.index.leader_lock import LeaderLock, NotLeader
 from jobs.index.values import (
     REFUSAL_BUCKET_S,
     REFUSALS_KEEP_S,
@@ -53,6 +55,7 @@ from jobs.index.values import (
     Work,
     refusal_minute,
 )
+from jobs.index.worker_registry import WorkerRegistry
 
 __all__ = [
     "REFUSALS_KEEP_S",
@@ -78,12 +81,9 @@ __all__ = [
 ]
 
 
-class NotLeader(TierqError):
-    """A fenced call whose token is not the leader lock's: the caller must stop leading."""
-
-
-class DispatchIndex(Protocol):
-    """Queued jobs by order key, tenant caps, and in-flight leases."""
+class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
+    """Queued jobs by order key, tenant caps, and in-flight leases; the live workers
+    (``WorkerRegistry``) and the leader lock (``LeaderLock``) beside them."""
 
     def admit(
         self,
@@ -360,25 +360,6 @@ class DispatchIndex(Protocol):
         reads would be counted in neither (its queue read before, the leases after)."""
         ...
 
-    def register_worker(
-        self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
-        device: str = "cpu", memory_bytes: int | None = None,
-    ) -> None:
-        """Record a live worker's slots, device and (on a GPU) its memory until ``now +
-        ttl_s`` (its heartbeat renews it)."""
-        ...
-
-    def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
-        """The workers whose registration has not expired at ``now``, by id."""
-        ...
-
-    def unregister_worker(self, worker_id: str) -> None:
-        ...
-
-    def pool_capacity(self, *, now: float | None = None) -> int:
-        """Sum of the slots of workers whose registration has not expired at ``now``."""
-        ...
-
     def work(self) -> Work:
         """What the leader last published of the pool's work (``jobs.fleet.service_rate``):
         each tier's admissions (a tier with none absent) and the running jobs' mean; empty
@@ -408,44 +389,4 @@ class DispatchIndex(Protocol):
     def clear(self) -> None:
         """Delete everything this index holds (tests, a fresh start). A rebuild from SQL
         does not clear (``jobs.dispatch.rebuild`` reconciles, so no concurrent submit is lost)."""
-        ...
-
-    # -- leadership and the rebuild sentinel --
-
-    def acquire_leadership(self, owner: str, *, ttl_s: float, now: float) -> str | None:
-        """Take the leader lock for ``ttl_s`` if nobody holds it: the new fencing token
-        (unique, and naming ``owner``), or None when it is held."""
-        ...
-
-    def renew_leadership(self, token: str, *, ttl_s: float, now: float) -> bool:
-        """Extend the lock for ``ttl_s`` while it still holds ``token``; False: deposed."""
-        ...
-
-    def resign_leadership(self, token: str, *, now: float) -> bool:
-        """Release the lock if it holds ``token`` (a standby may take it at once)."""
-        ...
-
-    def leader(self, *, now: float) -> str | None:
-        """The token of the lock's holder, or None."""
-        ...
-
-    def generation(self) -> str | None:
-        """The epoch (a sentinel the reconciler writes to SQL and here); None means the index
-        lost its data since; an older value than SQL's, that it was restored from a snapshot."""
-        ...
-
-    def mark_generation(self, value: str) -> bool:
-        """Set the sentinel unless it is set; True when this call set it."""
-        ...
-
-    def upgrade_layout(self, *, fence: str | None = None) -> bool:
-        """Bring an index an earlier version wrote to this layout (a leader's full pass does,
-        first); True when there was anything to do. Fenced as ``dispatch``."""
-        ...
-
-    def set_generation(self, value: str | None, *, fence: str | None = None) -> None:
-        """Set the sentinel (the reconciler's epoch), or clear it (None: a rebuild of an index
-        from an older snapshot begins); fenced as ``dispatch``. Without it the index is not
-        whole: ``offer`` and ``hand_over`` lease nothing, since the leases of running jobs
-        may be missing until a leader's rebuild puts them back."""
         ...
