@@ -35,8 +35,6 @@ local now = now_or_server(ARGV[6])
 local max_wait = tonumber(ARGV[17])
 local duplicate = meta_of(job) ~= nil
 
-local function ahead_at(score) return count_upto(score) end
-
 local function count_refusal(reason)
   redis.pcall('HINCRBY', KEYS[18], cjson.encode({'tier', tier, reason}), 1)
   redis.pcall('HINCRBY', KEYS[18], cjson.encode({'tenant', tenant, reason}), 1)
@@ -61,7 +59,7 @@ if rate and not duplicate then
   local allowed, wait = take_token(KEYS[17], rate, tonumber(ARGV[8]), now)
   if allowed == 0 then
     count(0, 'rate', 0)
-    local ahead = ahead_at(order_key)
+    local ahead = count_upto(order_key)
     return {0, 'rate', 0, 0, ahead, 0, 0, 0, 0, '', '',
             string.format('%.17g', wait), 0, 0, '', ahead}
   end
@@ -106,7 +104,7 @@ if max_wait and not duplicate and capacity > 0 then
   local excess = math.max(0, tenant_inflight + ahead - math.max(1, cap) + 1)
   if excess > max_excess then
     local tier_queued = tier_waiting(tier)
-    return verdict({0, tier_queued, ahead, ahead_at(order_key), 'deadline', 0})
+    return verdict({0, tier_queued, ahead, count_upto(order_key), 'deadline', 0})
   end
 end
 
@@ -122,7 +120,7 @@ if not duplicate then
   local free = math.max(0, capacity - inflight)
   if tier_queued >= bound and free > 0 then
     if tenant_inflight >= cap then
-      return verdict({0, tier_queued, tenant_queued(tenant), ahead_at(order_key), 'cap', 0})
+      return verdict({0, tier_queued, tenant_queued(tenant), count_upto(order_key), 'cap', 0})
     end
     if free > redis.call('ZCARD', RUNNABLE) then admit_bound = tier_queued + 1 end
   end
