@@ -89,5 +89,12 @@ class LeanScript:
 
         try:
             return connection.retry.call_with_retry(call, failed)
+        except redis.ResponseError:
+            raise  # an error reply, read whole: the connection is clean
+        except BaseException:
+            # Cut off between the send and the reply (an interrupt, a timeout): the reply may
+            # still arrive, and the next call on this connection would read it as its own.
+            connection.disconnect()  # type: ignore[no-untyped-call]
+            raise
         finally:
             pool.release(connection)
