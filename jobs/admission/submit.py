@@ -184,7 +184,7 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
             inserted = True  # only the COMMIT is left
         return job
     except DuplicateJob as duplicate:
-        _forget(runtime, new.id)
+        _forget(runtime, new.id, new.tenant_id)
         return duplicate.job
     except Exception as exc:
         # A statement that commits itself (a direct connection's) and was cut off may have
@@ -192,7 +192,7 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
         sent = isinstance(statement, DirectConnection) and statement.sent
         if (inserted or sent) and is_backend_outage(exc):
             return _settle_commit(runtime, new, exc)
-        _forget(runtime, new.id)
+        _forget(runtime, new.id, new.tenant_id)
         if is_backend_outage(exc):
             raise Unavailable("the database cannot be reached; nothing was accepted") from exc
         raise
@@ -212,7 +212,7 @@ def _settle_commit(runtime: Runtime, new: NewJob, exc: Exception) -> Job:
             continue
         if job is not None:
             return job
-        _forget(runtime, new.id)
+        _forget(runtime, new.id, new.tenant_id)
         raise Unavailable("the database cannot be reached; nothing was accepted") from exc
     logger.warning("job.commit_unknown", extra={"event": "job.commit_unknown",
                                                 "job_id": new.id, "tier": new.tier})
@@ -222,10 +222,10 @@ def _settle_commit(runtime: Runtime, new: NewJob, exc: Exception) -> Job:
     ) from exc
 
 
-def _forget(runtime: Runtime, job_id: str) -> None:
+def _forget(runtime: Runtime, job_id: str, tenant: str) -> None:
     """Take a job that will not be committed back out of the index (best effort)."""
     try:
-        runtime.index.cancel(job_id)
+        runtime.index.cancel(job_id, tenant=tenant)
     except REDIS_OUTAGE:
         logger.warning("job.unindex_failed", extra={"event": "job.unindex_failed",
                                                     "job_id": job_id})

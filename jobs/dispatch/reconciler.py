@@ -223,7 +223,7 @@ class Reconciler:
             states = jobs_sql.states_of(session, (entry.job_id for entry in entries))
         index, stale = self.runtime.index, []
         for entry in entries:
-            status, attempt = states.get(entry.job_id, (None, 0))
+            status, attempt, tenant = states.get(entry.job_id, (None, 0, None))
             if status is Status.QUEUED and entry.attempt < attempt:
                 stale.append(entry.job_id)  # an earlier attempt's entry: the row's replaces it
             elif (status is None and not may_be_uncommitted(entry.job_id, now)) or (
@@ -232,7 +232,7 @@ class Reconciler:
                 if entry.leased:
                     index.release(entry.job_id, attempt=entry.attempt, fence=fence)
                 else:
-                    index.cancel(entry.job_id, fence=fence)
+                    index.cancel(entry.job_id, tenant=tenant, fence=fence)
                 stats.removed += 1
         if stale:  # rare: only these rows are read whole
             with self.runtime.sessions() as session:

@@ -273,8 +273,10 @@ class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
         or one whose publish failed. False when no lease of that attempt is held."""
         ...
 
-    def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
-        """Remove a queued job; False when it is not queued here."""
+    def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:
+        """Remove a queued job; False when it is not queued here. ``tenant``: the job's, as
+        its row says; without it (a stray entry no row names) the index may have to search
+        for it (``RedisIndex``: every tenant's queue), so callers that know it pass it."""
         ...
 
     def reap(

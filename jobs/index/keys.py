@@ -12,17 +12,21 @@ lock and its epoch, the ``rate:<tenant>`` buckets and the ``tenants`` channel, w
 fleet's and stay under the root prefix whatever the pool.
 
 Layout (a job is in exactly one of queued, delayed or leased while the index knows it; a
-queued job's id is in its tenant's queue and its tier's, and nowhere else but ``meta``):
+queued job's id is in its tenant's queue and its tier's, and has a ``meta`` entry only when
+its attempt is not the first or it has a ``start_by``):
 
-- ``q:<tenant>``       zset job -> order_key: the tenant's runnable queue
+- ``queue:<tenant>``   list of job ids: the tenant's queued jobs in dispatch order (order
+                       key, ties by id), head first; their order keys are in their tiers'
 - ``lease:<tenant>``   zset job -> expires_at: the tenant's in-flight leases
-- ``tier:<tier>``      zset job -> order_key: the tier's queued jobs; a position is the sum
-                       over the tiers of the jobs ahead (ties by job id)
+- ``tier:<tier>``      zset job -> order_key: the tier's queued jobs, the one place a
+                       queued job's order key is kept; a position is the sum over the tiers
+                       of the jobs ahead (ties by job id)
 - ``tier_delayed``     hash tier -> count of its delayed jobs; its fields name every tier
                        that held a job (the tiers a position sums over)
-- ``runnable``         zset head job -> order_key: tenants with queued work under their cap,
-                       each filed under its head job (so ties go by job id, as positions do)
-- ``blocked``          zset head job -> order_key: tenants at their cap with queued work
+- ``runnable_tenants`` zset ``head job \\0 tenant`` -> the head's order_key: tenants with
+                       queued work under their cap, each filed under its head job (so ties
+                       go by job id, as positions do)
+- ``blocked_tenants``  zset, the same: tenants at their cap with queued work
 - ``delayed``          zset job -> not_before: jobs waiting out a retry backoff
 - ``deadlines``        zset job -> start_by: queued and delayed jobs that can expire
 - ``leases``           zset job -> expires_at: every lease (the reaper's view)
@@ -30,7 +34,9 @@ queued job's id is in its tenant's queue and its tier's, and nowhere else but ``
                        ending was committed (``hand_over`` with ``keep``): held until
                        released, but holding no slot of the pool (``lua/common.lua``)
 - ``meta``             hash job -> JSON [tenant, tier, order_key, start_by, not_before,
-                       attempt, indexed_at]: the attempt its entry or lease belongs to
+                       attempt(, cancel)]: every lease and delayed job, and a queued job
+                       whose attempt is not the first or that has a start_by; the attempt
+                       its entry or lease belongs to (a queued job without one: attempt 1)
 - ``tier_caps``        hash tier -> cap;  ``tenant_caps``: hash tenant -> cap override
 - ``tenant_tier``      hash tenant -> the tier last seen for it
 - ``tenant_delayed``   hash tenant -> count of its delayed jobs
@@ -97,7 +103,7 @@ class IndexKeys:
         return self.prefix if self.root is None else self.root
 
     def tenant_queue(self, tenant: str) -> str:
-        return f"{self.prefix}q:{tenant}"
+        return f"{self.prefix}queue:{tenant}"
 
     def tenant_leases(self, tenant: str) -> str:
         return f"{self.prefix}lease:{tenant}"
@@ -226,7 +232,7 @@ class IndexKeys:
     def fixed(self) -> list[str]:
         """``KEYS[]`` of the index scripts, in the order ``lua/common.lua`` reads them."""
         names = (
-            "runnable", "blocked", "tier_delayed", "delayed", "deadlines", "leases",
+            "runnable_tenants", "blocked_tenants", "tier_delayed", "delayed", "deadlines", "leases",
             "meta", "tier_caps", "tenant_caps", "tenant_tier", "tenant_delayed",
         )
         return [self.prefix, *(self._fixed(name) for name in names)]

@@ -211,7 +211,7 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
         self._index(dataclasses.replace(known, not_before=not_before))
         return True
 
-    def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
+    def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:
         self._check_fence(fence, None, "cancel")
         if self._queued.score(job_id) is None and self._delayed.score(job_id) is None:
             return False

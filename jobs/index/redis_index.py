@@ -171,8 +171,8 @@ class RedisIndex(RedisLeases, RedisUpkeep):
         ])
         return [lease_of(item) for item in raw]
 
-    def cancel(self, job_id: str, *, fence: str | None = None) -> bool:
-        return bool(self._run("cancel", [job_id, fence or ""]))
+    def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:
+        return bool(self._run("cancel", [job_id, fence or "", tenant or ""]))
 
     def expire_due(
         self, *, now: float | None = None, limit: int = 1000, fence: str | None = None
@@ -252,7 +252,7 @@ class RedisIndex(RedisLeases, RedisUpkeep):
 
     def tenant_counts(self, tenant: str) -> tuple[int, int]:
         pipe = self._client.pipeline(transaction=True)  # MULTI: one instant
-        pipe.zcard(self._keys.tenant_queue(tenant))
+        pipe.llen(self._keys.tenant_queue(tenant))
         pipe.hget(self._keys.tenant_delayed, tenant)
         pipe.zcard(self._keys.tenant_leases(tenant))
         queued, delayed, inflight = pipe.execute()

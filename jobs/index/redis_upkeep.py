@@ -11,6 +11,11 @@ from jobs.index.base import NotLeader
 from jobs.index.redis_scripts import RedisScripts, check_caps, meta_attempt, text_of, ttl_ms
 from jobs.index.values import Entry
 
+# The walk's phases (scan_entries): meta, then at most this many tiers less one.
+_PHASES = 1024
+# Jobs an index of an earlier layout moves to this one per script call (upgrade_layout).
+UPGRADE_CHUNK = 10_000
+
 
 class RedisUpkeep(RedisScripts):
     """Caps, the leader lock, the generation sentinel and entry walks of ``RedisIndex``."""
@@ -42,34 +47,57 @@ class RedisUpkeep(RedisScripts):
                 yield text_of(member)
 
     def scan_entries(self, cursor: int, count: int) -> tuple[int, list[Entry]]:
-        next_cursor, found = self._client.hscan(self._keys.meta, cursor, count=count)
+        """The walk goes over ``meta`` (leases, delayed jobs, queued ones with meta), then
+        each tier's zset (every queued job, those without meta among them): the cursor is
+        a Redis cursor times ``_PHASES`` plus the phase (0: meta; n: the n-th tier by
+        name). One step moves on through the phases until it holds ``count`` entries."""
+        entries: list[Entry] = []
+        while True:
+            scan, phase = divmod(cursor, _PHASES)
+            tiers = sorted(text_of(tier) for tier in self._client.hkeys(self._keys.tier_delayed))
+            if phase > min(len(tiers), _PHASES - 1):
+                return 0, entries
+            step, found = (self._meta_step(scan, count) if phase == 0
+                           else self._tier_step(tiers[phase - 1], scan, count))
+            entries += found
+            if step != 0:
+                cursor = step * _PHASES + phase
+            elif phase >= min(len(tiers), _PHASES - 1):
+                return 0, entries  # the last tier walked: the walk is complete
+            else:
+                cursor = phase + 1
+            if len(entries) >= count:
+                return cursor, entries
+
+    def _meta_step(self, scan: int, count: int) -> tuple[int, list[Entry]]:
+        step, found = self._client.hscan(self._keys.meta, scan, count=count)
         pairs: dict[Any, Any] = dict(found) if isinstance(found, dict) else {}
-        metas = [(text_of(job), json.loads(text_of(raw))) for job, raw in pairs.items()]
+        jobs = [(text_of(job), meta_attempt(json.loads(text_of(raw))))
+                for job, raw in pairs.items()]
         pipe = self._client.pipeline(transaction=False)
-        for job_id, _ in metas:
+        for job_id, _ in jobs:
             pipe.zscore(self._keys.leases, job_id)
-        leased = pipe.execute() if metas else []
-        entries = [
-            Entry(job_id=job_id, attempt=meta_attempt(meta), leased=lease is not None)
-            for (job_id, meta), lease in zip(metas, leased, strict=True)
-        ]
-        return int(next_cursor), entries
+        leased = pipe.execute() if jobs else []
+        return int(step), [Entry(job_id=job_id, attempt=attempt, leased=lease is not None)
+                           for (job_id, attempt), lease in zip(jobs, leased, strict=True)]
+
+    def _tier_step(self, tier: str, scan: int, count: int) -> tuple[int, list[Entry]]:
+        """Queued jobs of one tier; those with meta were met in the meta phase already."""
+        step, members = self._client.zscan(self._keys.tier(tier), scan, count=count)
+        ids = [text_of(member) for member, _ in members]
+        metas = self._client.hmget(self._keys.meta, ids) if ids else []
+        return int(step), [Entry(job_id=job_id, attempt=1, leased=False)
+                           for job_id, meta in zip(ids, metas, strict=True) if meta is None]
 
     def entries_of(self, job_ids: Sequence[str]) -> dict[str, Entry]:
         if not job_ids:
             return {}
-        pipe = self._client.pipeline(transaction=True)
-        for job_id in job_ids:
-            pipe.zscore(self._keys.leases, job_id)
-            pipe.hget(self._keys.meta, job_id)
-        replies = pipe.execute()
-        found: dict[str, Entry] = {}
-        for i, job_id in enumerate(job_ids):
-            lease, meta = replies[2 * i], replies[2 * i + 1]
-            if meta is not None:
-                attempt = meta_attempt(json.loads(text_of(meta)))
-                found[job_id] = Entry(job_id=job_id, attempt=attempt, leased=lease is not None)
-        return found
+        raw = self._run("entries", list(job_ids))
+        return {
+            job_id: Entry(job_id=job_id, attempt=int(attempt), leased=bool(leased))
+            for job_id, (attempt, leased) in zip(job_ids, raw, strict=True)
+            if int(attempt) > 0
+        }
 
     def clear(self) -> None:
         """Delete every key under the prefix (SCAN + UNLINK in batches: not a hot path).
@@ -111,7 +139,11 @@ class RedisUpkeep(RedisScripts):
         return None if value is None else text_of(value)
 
     def upgrade_layout(self, *, fence: str | None = None) -> bool:
-        return bool(self._run("upgrade_layout", [fence or ""]))
+        upgraded, more = False, True
+        while more:  # each call moves about UPGRADE_CHUNK jobs: none holds Redis for long
+            done, left = self._run("upgrade_layout", [fence or "", UPGRADE_CHUNK])
+            upgraded, more = upgraded or bool(done), bool(left)
+        return upgraded
 
     def mark_generation(self, value: str) -> bool:
         return bool(self._client.set(self._keys.generation, value, nx=True))

@@ -168,7 +168,8 @@ def _cancel_step(runtime: Runtime, job: Job) -> CancelOutcome | None:
         return None
     notify.announce(runtime.redis, runtime.prefix, [job.id])
     try:
-        removed = runtime.index.cancel(job.id) if job.status is Status.QUEUED else False
+        queued = job.status is Status.QUEUED
+        removed = runtime.index.cancel(job.id, tenant=job.tenant_id) if queued else False
         if not removed:
             # Dispatched, or popped by a dispatcher that has not recorded it yet: free its slot.
             runtime.index.release(job.id, attempt=job.attempt)

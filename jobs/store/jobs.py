@@ -159,14 +159,19 @@ def get_jobs(session: Session, job_ids: Iterable[str]) -> dict[str, Job]:
     return {row.id: job_from_row(row) for row in session.scalars(stmt, execution_options=FRESH)}
 
 
-def states_of(session: Session, job_ids: Iterable[str]) -> dict[str, tuple[Status, int]]:
-    """The status and attempt of each of ``job_ids`` that exists, by id, in one query: what
-    an index entry is checked against, without reading the rows' payloads and results."""
+def states_of(
+    session: Session, job_ids: Iterable[str]
+) -> dict[str, tuple[Status, int, str]]:
+    """The status, attempt and tenant of each of ``job_ids`` that exists, by id, in one
+    query: what an index entry is checked against (and, to remove it, whose queue it is in),
+    without reading the rows' payloads and results."""
     ids = list(job_ids)
     if not ids:
         return {}
-    stmt = sa.select(JOBS.c.id, JOBS.c.status, JOBS.c.attempt).where(JOBS.c.id.in_(ids))
-    return {row.id: (Status(row.status), int(row.attempt)) for row in session.execute(stmt)}
+    stmt = sa.select(JOBS.c.id, JOBS.c.status, JOBS.c.attempt, JOBS.c.tenant_id).where(
+        JOBS.c.id.in_(ids))
+    return {row.id: (Status(row.status), int(row.attempt), row.tenant_id)
+            for row in session.execute(stmt)}
 
 
 def list_jobs(

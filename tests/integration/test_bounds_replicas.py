@@ -237,10 +237,11 @@ def _text(value: object) -> str:
 
 
 def indexed_ids(client: redis.Redis, key_prefix: str) -> tuple[set[str], set[str]]:
-    """The job ids in the tier's queue and those with an index entry."""
+    """The job ids in the tier's queue and those in its tenants' queues."""
     keys = IndexKeys(key_prefix)
     tier = {_text(m) for m in client.zrange(keys.tier(TIER), 0, -1)}
-    entries = {_text(m) for m in client.hkeys(keys.meta)}
+    queues = client.scan_iter(match=keys.tenant_queue("*"), count=1000)
+    entries = {_text(m) for queue in queues for m in client.lrange(queue, 0, -1)}
     return tier, entries
 
 

@@ -15,6 +15,7 @@ from jobs.index import (
     Lease,
     NotLeader,
     RedisIndex,
+    redis_upkeep,
 )
 from jobs.index.keys import IndexKeys
 from jobs.index.values import TierDepth
@@ -225,7 +226,7 @@ def test_an_index_an_earlier_version_wrote_is_brought_to_this_layout(
     redis_client.zadd(f"{key_prefix}queued", {"a": 1.0, "b": 2.0})
     redis_client.zadd(keys.tier("paid"), {"d": 0.5})
     redis_client.delete(keys.tier_delayed)
-    assert index.position("b") == 0  # wrong until upgraded: the tiers are not named
+    assert index.position("b") is None  # wrong until upgraded: the tiers are not named
 
     assert index.upgrade_layout() is True
 
@@ -236,4 +237,45 @@ def test_an_index_an_earlier_version_wrote_is_brought_to_this_layout(
     }
     assert (index.position("a"), index.position("b"), index.position("d")) == (0, 1, None)
     assert index.position_at(1.5) == 1
+    assert index.upgrade_layout() is False
+
+
+def _write_tenant_zset_layout(client: redis.Redis, prefix: str, queued: list[Any]) -> None:
+    """The layout before tenants' queues were lists: each tenant's queue a zset ``q:<tenant>``,
+    tenants filed in ``runnable`` / ``blocked`` under their head job alone, every job with
+    meta. ``queued``: (job, tenant, tier, order key) in any order."""
+    keys = IndexKeys(prefix)
+    heads: dict[str, tuple[float, str]] = {}
+    for job_id, tenant, tier, key in queued:
+        client.zadd(f"{prefix}q:{tenant}", {job_id: key})
+        client.zadd(keys.tier(tier), {job_id: key})
+        client.hset(keys.meta, job_id, f'["{tenant}","{tier}","{key!r}","","",1]')
+        client.hset(f"{prefix}tenant_tier", tenant, tier)
+        client.hsetnx(keys.tier_delayed, tier, 0)
+        heads[tenant] = min(heads.get(tenant, (key, job_id)), (key, job_id))
+    for key, job_id in heads.values():
+        client.zadd(f"{prefix}runnable", {job_id: key})
+
+
+def test_an_index_whose_tenants_queues_are_sorted_sets_is_brought_to_this_layout(
+    redis_client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each tenant's zset becomes its list, merged with one this version started meanwhile;
+    the tenants are filed anew and dispatch in order; the old keys go; a second call finds
+    nothing to do. Moved in calls of a few jobs each, as a large index is."""
+    index = RedisIndex(redis_client, key_prefix)
+    index.set_caps({"free": 5, "paid": 5})
+    _write_tenant_zset_layout(redis_client, key_prefix, [
+        ("c", "t1", "free", 3.0), ("a", "t1", "free", 1.0), ("e", "t2", "paid", 0.5),
+        ("f", "t2", "paid", 4.0), ("b", "t3", "free", 2.0),
+    ])
+    fill(index, job("g", "t1", key=2.5), job("h", "t4", key=0.1))  # this version, meanwhile
+    monkeypatch.setattr(redis_upkeep, "UPGRADE_CHUNK", 1)
+    assert index.upgrade_layout() is True
+
+    assert not any(redis_client.exists(f"{key_prefix}{name}")
+                   for name in ("runnable", "blocked", "q:t1", "q:t2", "q:t3"))
+    assert [index.tenant_queued(t) for t in ("t1", "t2", "t3", "t4")] == [3, 2, 1, 1]
+    assert [index.position(j) for j in "heabgcf"] == [0, 1, 2, 3, 4, 5, 6]
+    assert ids(index.dispatch(10, lease_ttl_s=TTL)) == ["h", "e", "a", "b", "g", "c", "f"]
     assert index.upgrade_layout() is False

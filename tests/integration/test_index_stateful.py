@@ -35,20 +35,23 @@ TIERS = ["free", "t:{x}"]
 JOB_IDS = [f"j{i}" for i in range(7)] + ["J", "j1x", "\u00e91"]
 WORKERS = ["w1", "w2", "w3"]
 
+# A job belongs to one tenant for life (its row's), so a call names it with that tenant.
+TENANT_OF = {job: TENANTS[i % len(TENANTS)] for i, job in enumerate(JOB_IDS)}
+
 keys = st.sampled_from([0.0, 1.0, 1.5, 2.0]) | st.floats(allow_nan=False)
 # Mostly none, so that most jobs are runnable and few expire at once.
 moments = st.one_of(
     st.none(), st.none(), st.none(), st.sampled_from([5.0, 10.0]), st.floats(0.0, 60.0)
 )
-jobs = st.builds(
+jobs = st.sampled_from(JOB_IDS).flatmap(lambda job_id: st.builds(
     IndexedJob,
-    job_id=st.sampled_from(JOB_IDS),
-    tenant=st.sampled_from(TENANTS),
+    job_id=st.just(job_id),
+    tenant=st.just(TENANT_OF[job_id]),
     tier=st.sampled_from(TIERS),
     order_key=keys,
     start_by=moments,
     not_before=moments,
-)
+))
 caps = st.sampled_from([1, 2, 3, 1, 2, 3, 0])  # now and then a 0, which is refused
 
 
@@ -129,9 +132,11 @@ class IndexPair(RuleBasedStateMachine):
             until = self.now + renew_for
             self.both(lambda index: index.renew(job_id, attempt=1, ttl_s=until, now=0.0))
 
-    @rule(job_id=st.sampled_from(JOB_IDS))
-    def cancel(self, job_id: str) -> None:
-        self.both(lambda index: index.cancel(job_id))
+    @rule(job_id=st.sampled_from(JOB_IDS), named=st.booleans())
+    def cancel(self, job_id: str, named: bool) -> None:
+        """Named: with its tenant, as the API cancels; else as a stray entry is removed."""
+        tenant = TENANT_OF[job_id] if named else None
+        self.both(lambda index: index.cancel(job_id, tenant=tenant))
 
     @rule(
         dt=st.sampled_from([0.0, 0.5, 1.0, 3.0, 10.0]),
@@ -192,8 +197,9 @@ def random_job(rng: random.Random) -> IndexedJob:
     def moment() -> float | None:
         return None if rng.random() < 0.7 else rng.choice([5.0, 10.0, rng.uniform(0, 60)])
 
+    job_id = rng.choice(JOB_IDS)
     return IndexedJob(
-        job_id=rng.choice(JOB_IDS), tenant=rng.choice(TENANTS), tier=rng.choice(TIERS),
+        job_id=job_id, tenant=TENANT_OF[job_id], tier=rng.choice(TIERS),
         order_key=rng.choice([0.0, 1.0, 1.5, 2.0, rng.uniform(-5, 5)]),
         start_by=moment(), not_before=moment(),
     )
@@ -222,7 +228,8 @@ def random_step(pair: IndexPair, rng: random.Random) -> None:
         elif op == "renew":
             pair.both(lambda index: index.renew(job_id, attempt=1, ttl_s=until, now=0.0))
         else:
-            pair.both(lambda index: index.cancel(job_id))
+            tenant = TENANT_OF[job_id] if rng.random() < 0.5 else None
+            pair.both(lambda index: index.cancel(job_id, tenant=tenant))
     elif op == "tick":
         pair.tick(rng.choice([0.0, 0.5, 1.0, 3.0, 10.0]), rng.randint(0, 5), rng.randint(0, 5))
     else:

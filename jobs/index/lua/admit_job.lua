@@ -10,11 +10,11 @@ local function admit_job(job, tenant, tier, order_key, start_by, not_before, bou
                          max_position)
   local tier_queued = tier_waiting(tier)
   local queued = tenant_queued(tenant)
-  local m = meta_of(job)
-  if m then
+  local known = locate(job, tenant, tier)
+  if known then
     local position = 0  -- leased
-    if redis.call('ZSCORE', qkey(m[1]), job) or redis.call('ZSCORE', DELAYED, job) then
-      position = rank_of(m[3], job)
+    if known.state == 'queued' or known.state == 'delayed' then
+      position = rank_of(known.order_key, job)
     end
     return {1, tier_queued, queued, position, '', 1}
   end

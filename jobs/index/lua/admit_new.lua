@@ -33,7 +33,7 @@
 local job, tenant, tier, order_key = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_or_server(ARGV[6])
 local max_wait = tonumber(ARGV[17])
-local duplicate = meta_of(job) ~= nil
+local duplicate = locate(job, tenant, tier) ~= nil
 
 local function count_refusal(reason)
   redis.pcall('HINCRBY', KEYS[18], cjson.encode({'tier', tier, reason}), 1)

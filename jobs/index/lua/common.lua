@@ -1,7 +1,7 @@
 -- common.lua: the prelude of every index script (prepended to each when it is loaded).
 -- KEYS[1] prefix (one hash tag; a tenant's and a tier's keys are derived from it)
--- KEYS[2] runnable  KEYS[3] blocked  KEYS[4] tier_delayed  KEYS[5] delayed  KEYS[6] deadlines
--- KEYS[7] leases  KEYS[8] meta  KEYS[9] tier_caps  KEYS[10] tenant_caps
+-- KEYS[2] runnable_tenants  KEYS[3] blocked_tenants  KEYS[4] tier_delayed  KEYS[5] delayed
+-- KEYS[6] deadlines  KEYS[7] leases  KEYS[8] meta  KEYS[9] tier_caps  KEYS[10] tenant_caps
 -- KEYS[11] tenant_tier  KEYS[12] tenant_delayed  KEYS[13] leader (the fence of leader writes)
 -- Scores travel as strings (Python's repr of a float) so they round-trip exactly.
 -- Time: every script that needs "now" reads Redis's own clock (TIME) unless the caller passes
@@ -21,14 +21,35 @@ local ENDING = PREFIX .. 'ending'
 -- paths (offer.lua, hand_over.lua) lease nothing until then; they ring the dispatcher.
 local function whole() return redis.call('EXISTS', PREFIX .. 'generation') == 1 end
 
-local function qkey(tenant) return PREFIX .. 'q:' .. tenant end
+local function qkey(tenant) return PREFIX .. 'queue:' .. tenant end
 local function lkey(tenant) return PREFIX .. 'lease:' .. tenant end
 local function tkey(tier) return PREFIX .. 'tier:' .. tier end
 
--- A job's id is stored once per structure it is in, and a queued job is in its tenant's
--- queue and its tier's (tkey: the tier's queued jobs, by order key); there is no queue of
--- every tier. TIER_DELAYED counts each tier's delayed jobs, and its fields name every tier
--- that ever held a job: a position is the sum over them.
+-- A queued job's id is stored twice: in its tier's zset (tkey: the tier's queued jobs by order
+-- key, the one place its order key is kept) and in its tenant's queue (qkey: a list of ids in
+-- dispatch order, head first). A queued job has a meta entry only when it carries more than
+-- those say (an attempt after the first, a start_by): an id with none is a queued job of
+-- attempt 1, whose tenant only its caller can name (the queue it is in). There is no queue of
+-- every tier: TIER_DELAYED counts each tier's delayed jobs, and its fields name every tier
+-- that ever held a job (a position is the sum over them).
+-- RUNNABLE and BLOCKED file each tenant with queued work under its head job, as the member
+-- job .. '\0' .. tenant (ties go by job id, as positions do) scored by the head's order key.
+local function filed(job, tenant) return job .. '\0' .. tenant end
+local function unfiled(member)
+  local at = string.find(member, '\0', 1, true)
+  return string.sub(member, 1, at - 1), string.sub(member, at + 1)
+end
+
+-- The tiers a position sums over (TIER_DELAYED's fields), read once per call; a call that
+-- names a new tier (note_tier) reads them again.
+local TIERS = nil
+local function tiers()
+  if not TIERS then TIERS = redis.call('HKEYS', TIER_DELAYED) end
+  return TIERS
+end
+local function note_tier(tier)
+  if redis.call('HSETNX', TIER_DELAYED, tier, 0) == 1 then TIERS = nil end
+end
 
 -- a < b as a sorted set orders members of equal score (byte by byte, as memcmp): Lua's own
 -- string order follows the server's locale.
@@ -44,7 +65,7 @@ end
 -- job has, or would have if queued (score: its order key as a string, exactly).
 local function rank_of(score, job)
   local n = 0
-  for _, tier in ipairs(redis.call('HKEYS', TIER_DELAYED)) do
+  for _, tier in ipairs(tiers()) do
     local queue = tkey(tier)
     n = n + redis.call('ZCOUNT', queue, '-inf', '(' .. score)
     for _, other in ipairs(redis.call('ZRANGEBYSCORE', queue, score, score)) do
@@ -57,7 +78,7 @@ end
 -- Queued jobs with an order key at or below score (ZCOUNT -inf score over every tier).
 local function count_upto(score)
   local n = 0
-  for _, tier in ipairs(redis.call('HKEYS', TIER_DELAYED)) do
+  for _, tier in ipairs(tiers()) do
     n = n + redis.call('ZCOUNT', tkey(tier), '-inf', score)
   end
   return n
@@ -118,8 +139,9 @@ local function at_cap(tenant)
 end
 
 -- {tenant, tier, order_key, start_by, not_before, attempt[, cancel]} ('' for none), or nil
--- when unknown. The attempt is the one the entry (queued job or lease) belongs to; cancel is 1
--- once a cancel was requested for the leased attempt (flag_cancel.lua).
+-- when the job has no meta entry (unknown, or a queued job of attempt 1 with no start_by).
+-- The attempt is the one the entry (queued job or lease) belongs to; cancel is 1 once a
+-- cancel was requested for the leased attempt (flag_cancel.lua).
 local function meta_of(job)
   local raw = redis.call('HGET', META, job)
   if not raw then return nil end
@@ -132,26 +154,77 @@ local function encode_meta(tenant, tier, order_key, start_by, not_before, attemp
   return cjson.encode({tenant, tier, order_key, start_by, not_before, tonumber(attempt)})
 end
 
+local TENANT_TIERS = {}  -- tenants' tiers read during this call
+local function tier_of_tenant(tenant)
+  local tier = TENANT_TIERS[tenant]
+  if tier == nil then
+    tier = redis.call('HGET', TENANT_TIER, tenant)
+    TENANT_TIERS[tenant] = tier
+  end
+  return tier or nil
+end
+
+-- The tier whose zset holds job queued, and its order key (a string), or nil. tier: the
+-- job's, when the caller knows it: read first.
+local function queued_in(job, tier)
+  if tier then
+    local score = redis.call('ZSCORE', tkey(tier), job)
+    if score then return tier, score end
+  end
+  for _, other in ipairs(tiers()) do
+    if other ~= tier then
+      local score = redis.call('ZSCORE', tkey(other), job)
+      if score then return other, score end
+    end
+  end
+  return nil, nil
+end
+
+-- The order key (a string) of a job in tenant's queue: its tier's zset holds it, the
+-- tenant's own tier's first.
+local function key_in_queue(job, tenant)
+  local _, score = queued_in(job, tier_of_tenant(tenant))
+  return score
+end
+
+-- (k1, j1) before (k2, j2) in dispatch order: order keys (numbers), ties by id.
+local function ahead_of(k1, j1, k2, j2)
+  if k1 ~= k2 then return k1 < k2 end
+  return member_before(j1, j2)
+end
+
 local function head_of(tenant)
-  return redis.call('ZRANGE', qkey(tenant), 0, 0)[1]
+  return redis.call('LINDEX', qkey(tenant), 0) or nil
+end
+
+-- The tenant's head job and its order key (a string), or nil. An id no tier's zset holds
+-- (which no script leaves behind) is dropped from the head rather than filed without a key.
+local function head_and_key(tenant)
+  while true do
+    local head = head_of(tenant)
+    if head == nil then return nil, nil end
+    local key = key_in_queue(head, tenant)
+    if key then return head, key end
+    redis.call('LPOP', qkey(tenant))
+  end
 end
 
 -- File a tenant under its head job: in blocked at its cap, else in runnable; out of both
--- when it has no queued work. old: the member it was filed under before the change (nil
--- when it had no queued work). True when it moved from blocked to runnable.
+-- when it has no queued work. old: the job it was filed under before the change (nil when it
+-- had no queued work). True when it moved from blocked to runnable.
 local function refile(tenant, old)
-  local head = redis.call('ZRANGE', qkey(tenant), 0, 0, 'WITHSCORES')
-  local was_blocked = false
-  if old then was_blocked = redis.call('ZSCORE', BLOCKED, old) ~= false end
+  local head, key = head_and_key(tenant)
+  local was_blocked, member = false, old and filed(old, tenant)
+  if old then was_blocked = redis.call('ZSCORE', BLOCKED, member) ~= false end
   local from = was_blocked and BLOCKED or RUNNABLE
-  if head[1] == nil then
-    if old then redis.call('ZREM', from, old) end
+  if head == nil then
+    if old then redis.call('ZREM', from, member) end
     return false
   end
   local to_blocked = at_cap(tenant)
-  if old == head[1] and was_blocked == to_blocked then return false end
-  if old then redis.call('ZREM', from, old) end
-  redis.call('ZADD', to_blocked and BLOCKED or RUNNABLE, head[2], head[1])
+  if old == head and was_blocked == to_blocked then return false end
+  if old then redis.call('ZREM', from, member) end
+  redis.call('ZADD', to_blocked and BLOCKED or RUNNABLE, key, filed(head, tenant))
   return was_blocked and not to_blocked
 end
 
@@ -161,31 +234,82 @@ end
 -- their cap take no free slot: they start only as their own tenants' slots free.
 local function runnable_ahead(order_key, limit, exclude)
   if limit <= 0 then return 0 end
-  local count = 0
+  local count, upto = 0, tonumber(order_key)
   local heads = redis.call('ZRANGEBYSCORE', RUNNABLE, '-inf', order_key, 'LIMIT', 0, limit)
-  for _, head in ipairs(heads) do
-    local m = meta_of(head)
-    if m then
-      local tenant = m[1]
-      local queue = qkey(tenant)
-      local ahead = redis.call('ZCOUNT', queue, '-inf', order_key)
-      if exclude and exclude ~= '' and redis.call('ZSCORE', queue, exclude) then
-        ahead = ahead - 1
+  for _, member in ipairs(heads) do
+    local _, tenant = unfiled(member)
+    local room = cap_of(tenant) - redis.call('ZCARD', lkey(tenant))
+    if room > 0 then
+      local ahead = 0  -- the tenant's jobs at or below order_key, to room (its first room + 1)
+      for _, job in ipairs(redis.call('LRANGE', qkey(tenant), 0, room)) do
+        if job ~= exclude then
+          if (tonumber(key_in_queue(job, tenant)) or -math.huge) > upto then break end
+          ahead = ahead + 1
+        end
       end
-      local room = cap_of(tenant) - redis.call('ZCARD', lkey(tenant))
-      count = count + math.max(0, math.min(ahead, room))
+      count = count + math.min(ahead, room)
       if count >= limit then return limit end
     end
   end
   return count
 end
 
--- Add a job to its tenant's queue; re-file the tenant when its head changed, or when its
--- cap may have changed (recheck).
+-- Put job (order key: a number) in its place in tenant's queue. Most arrive after the last
+-- one: one look at the tail. Otherwise the place is searched from the tail (doubling steps,
+-- then halving), and the job goes in from the nearer end: a retry (an early key) near the
+-- head, a late submit of a concurrent pair near the tail.
+local function insert(tenant, job, key)
+  local queue = qkey(tenant)
+  local n = redis.call('LLEN', queue)
+  local function goes_before(i)
+    local other = redis.call('LINDEX', queue, i)
+    return ahead_of(key, job, tonumber(key_in_queue(other, tenant)) or -math.huge, other)
+  end
+  if n == 0 or not goes_before(n - 1) then
+    redis.call('RPUSH', queue, job)
+    return
+  end
+  local lo, hi, step = 0, n - 1, 1  -- it goes before the entry at hi, after those below lo
+  while hi - step >= 0 do
+    if not goes_before(hi - step) then
+      lo = hi - step + 1
+      break
+    end
+    hi, step = hi - step, step * 2
+  end
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if goes_before(mid) then hi = mid else lo = mid + 1 end
+  end
+  if lo == 0 then
+    redis.call('LPUSH', queue, job)
+  elseif lo <= n - lo then
+    redis.call('LINSERT', queue, 'BEFORE', redis.call('LINDEX', queue, lo), job)
+  else
+    local after = {}  -- the entries behind its place come off, and go back behind it
+    for i = 1, n - lo do after[i] = redis.call('RPOP', queue) end
+    redis.call('RPUSH', queue, job)
+    for i = #after, 1, -1 do redis.call('RPUSH', queue, after[i]) end
+  end
+end
+
+-- Take job (order key: a number) out of tenant's queue, searched from the nearer end.
+local function dequeue(tenant, job, key)
+  local queue = qkey(tenant)
+  local n = redis.call('LLEN', queue)
+  if n == 0 then return 0 end
+  local middle = redis.call('LINDEX', queue, math.floor(n / 2))
+  local from_tail = ahead_of(tonumber(key_in_queue(middle, tenant)) or -math.huge, middle,
+                             key, job)
+  return redis.call('LREM', queue, from_tail and -1 or 1, job)
+end
+
+-- Add a job to its tenant's queue and its tier's; re-file the tenant when its head changed,
+-- or when its cap may have changed (recheck).
 local function enqueue(job, tenant, tier, order_key, recheck)
   local old = head_of(tenant)
-  redis.call('ZADD', qkey(tenant), order_key, job)
   redis.call('ZADD', tkey(tier), order_key, job)
+  insert(tenant, job, tonumber(order_key))
   if recheck or head_of(tenant) ~= old then refile(tenant, old) end
 end
 
@@ -200,21 +324,25 @@ end
 
 local function tenant_queued(tenant)
   local delayed = tonumber(redis.call('HGET', TENANT_DELAYED, tenant)) or 0
-  return redis.call('ZCARD', qkey(tenant)) + delayed
+  return redis.call('LLEN', qkey(tenant)) + delayed
 end
 
--- Index a job: queued, or delayed when it has a not_before ('' for none).
+-- Index a job: queued, or delayed when it has a not_before ('' for none). Its meta entry is
+-- written unless it is queued at attempt 1 with no start_by: the bytes of a queued job are
+-- its id in two places, nothing more.
 local function index_job(job, tenant, tier, order_key, start_by, not_before, attempt)
-  redis.call('HSET', META, job, encode_meta(tenant, tier, order_key, start_by, not_before,
-                                            attempt))
-  local retiered = redis.call('HGET', TENANT_TIER, tenant) ~= tier
+  if start_by ~= '' or not_before ~= '' or tonumber(attempt) ~= 1 then
+    redis.call('HSET', META, job, encode_meta(tenant, tier, order_key, start_by, not_before,
+                                              attempt))
+  end
+  local retiered = tier_of_tenant(tenant) ~= tier
   if retiered then  -- a new tenant, or one that changed tier: its cap may have changed
     redis.call('HSET', TENANT_TIER, tenant, tier)
-    CAPS[tenant] = nil
+    TENANT_TIERS[tenant], CAPS[tenant] = tier, nil
   end
+  note_tier(tier)  -- the tier is named among those to count
   if start_by ~= '' then redis.call('ZADD', DEADLINES, start_by, job) end
   if not_before == '' then
-    redis.call('HSETNX', TIER_DELAYED, tier, 0)  -- the tier is named among those to count
     enqueue(job, tenant, tier, order_key, retiered)
     return
   end
@@ -225,24 +353,77 @@ local function index_job(job, tenant, tier, order_key, start_by, not_before, att
   if retiered and head then refile(tenant, head) end
 end
 
--- Remove every trace of a job the index knows (m: its meta) and re-file its tenant.
+-- Where the index holds job: {state ('queued', 'delayed', 'leased', or 'none' for a stray
+-- meta entry), tenant, tier, order_key, start_by, not_before, attempt, meta}, or nil when it
+-- does not. tenant, tier: the job's, when the caller knows them. A queued job without meta is
+-- found in its tier's zset (tier is read first), and its tenant is the caller's word (nil
+-- when the caller cannot name it: unindex then searches the queues for it).
+local function locate(job, tenant, tier)
+  local m = meta_of(job)
+  if m then
+    local state = 'none'
+    if redis.call('ZSCORE', LEASES, job) then
+      state = 'leased'
+    elseif redis.call('ZSCORE', DELAYED, job) then
+      state = 'delayed'
+    elseif redis.call('ZSCORE', tkey(m[2]), job) then
+      state = 'queued'
+    end
+    return {state = state, tenant = m[1], tier = m[2], order_key = m[3],
+            start_by = m[4] or '', not_before = m[5] or '', attempt = attempt_of(m), meta = m}
+  end
+  local found, score = queued_in(job, tier)
+  if not found then return nil end
+  return {state = 'queued', tenant = tenant, tier = found, order_key = score, start_by = '',
+          not_before = '', attempt = 1}
+end
+
+-- The tenant whose queue holds job, for a queued job without meta whose caller cannot name
+-- its tenant (a stray entry of a submit that never committed): a walk of every queue of its
+-- tier's tenants, maintenance only.
+local function find_tenant(job, tier)
+  local tenants = redis.call('HGETALL', TENANT_TIER)
+  for i = 1, #tenants, 2 do
+    if tenants[i + 1] == tier and redis.call('LPOS', qkey(tenants[i]), job) then
+      return tenants[i]
+    end
+  end
+  for i = 1, #tenants, 2 do  -- a tenant that changed tier since
+    if tenants[i + 1] ~= tier and redis.call('LPOS', qkey(tenants[i]), job) then
+      return tenants[i]
+    end
+  end
+  return nil
+end
+
+-- Remove every trace of a job the index holds (e: locate's answer) and re-file its tenant.
 -- Returns what it was: 'queued', 'delayed', 'leased' (or 'none' for a stray meta entry).
-local function unindex(job, m)
-  local tenant, state, old = m[1], 'none', nil
-  if undelay(job, tenant, m[2]) then
-    state = 'delayed'
-  elseif redis.call('ZSCORE', qkey(tenant), job) then
-    state, old = 'queued', head_of(tenant)
-    redis.call('ZREM', qkey(tenant), job)
-    redis.call('ZREM', tkey(m[2]), job)
-  elseif redis.call('ZREM', LEASES, job) == 1 then
-    state = 'leased'
+local function unindex(job, e)
+  local tenant, state, old = e.tenant, e.state, nil
+  if state == 'delayed' then
+    undelay(job, tenant, e.tier)
+  elseif state == 'queued' then
+    local removed = 0
+    if tenant then
+      old = head_of(tenant)
+      removed = dequeue(tenant, job, tonumber(e.order_key))
+    end
+    if removed == 0 then  -- no tenant named, or not the one whose queue holds it
+      tenant = find_tenant(job, e.tier)
+      if tenant then
+        old = head_of(tenant)
+        dequeue(tenant, job, tonumber(e.order_key))
+      end
+    end
+    redis.call('ZREM', tkey(e.tier), job)
+  elseif state == 'leased' then
+    redis.call('ZREM', LEASES, job)
     redis.call('ZREM', lkey(tenant), job)
     redis.call('SREM', ENDING, job)
   end
   redis.call('ZREM', DEADLINES, job)
   redis.call('HDEL', META, job)
-  if state == 'queued' then
+  if state == 'queued' and tenant then
     refile(tenant, old)
   elseif state == 'leased' then
     local head = head_of(tenant)
@@ -274,34 +455,45 @@ end
 -- Lease up to n jobs in order-key order across runnable tenants, each until expires_at; a
 -- tenant found at its cap moves to blocked (it does not count toward n). Returns
 -- {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}, ...} in order;
--- a lease keeps its entry's meta (start_by included).
+-- a lease has a meta entry (start_by included), written here for a job queued without one.
 local function lease_next(n, expires_at)
   local out = {}
   while #out < n do
     local top = redis.call('ZRANGE', RUNNABLE, 0, 0, 'WITHSCORES')
-    local job = top[1]
-    if not job then break end
-    local m = meta_of(job)
-    local tenant = m[1]
+    local member = top[1]
+    if not member then break end
+    local job, tenant = unfiled(member)
     local leases = lkey(tenant)
     local inflight, cap = redis.call('ZCARD', leases), cap_of(tenant)
-    redis.call('ZREM', RUNNABLE, job)
+    redis.call('ZREM', RUNNABLE, member)
     if inflight >= cap then
-      redis.call('ZADD', BLOCKED, top[2], job)  -- found at its cap: blocked, not counted
+      redis.call('ZADD', BLOCKED, top[2], member)  -- found at its cap: blocked, not counted
     else
       local queue = qkey(tenant)
-      redis.call('ZREM', queue, job)
-      redis.call('ZREM', tkey(m[2]), job)
-      if m[4] ~= '' then redis.call('ZREM', DEADLINES, job) end
-      redis.call('ZADD', leases, expires_at, job)
-      redis.call('ZADD', LEASES, expires_at, job)
-      -- re-file the tenant under its next job (the refile above, its state known)
-      local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
-      if head[1] then
-        redis.call('ZADD', inflight + 1 >= cap and BLOCKED or RUNNABLE, head[2], head[1])
+      redis.call('LPOP', queue)  -- job: the tenant is filed under its head
+      local m = meta_of(job)
+      local tier, order_key, start_by, attempt
+      if m then
+        tier, order_key, start_by, attempt = m[2], m[3], m[4] or '', attempt_of(m)
+        if start_by ~= '' then redis.call('ZREM', DEADLINES, job) end
+      else
+        tier, order_key, start_by, attempt = tier_of_tenant(tenant), top[2], '', 1
+        tier = queued_in(job, tier)
+        if tier then redis.call('HSET', META, job, encode_meta(tenant, tier, order_key, '', '', 1)) end
       end
-      out[#out + 1] = {job, tenant, m[2], m[3], attempt_of(m),
-                       string.format('%.17g', expires_at), m[4] or ''}
+      if tier then  -- (none: an id its tier's zset lost, dropped from the queue here)
+        redis.call('ZREM', tkey(tier), job)
+        redis.call('ZADD', leases, expires_at, job)
+        redis.call('ZADD', LEASES, expires_at, job)
+        out[#out + 1] = {job, tenant, tier, order_key, attempt,
+                         string.format('%.17g', expires_at), start_by}
+        inflight = inflight + 1
+      end
+      -- re-file the tenant under its next job (the refile above, its state known)
+      local head, key = head_and_key(tenant)
+      if head then
+        redis.call('ZADD', inflight >= cap and BLOCKED or RUNNABLE, key, filed(head, tenant))
+      end
     end
   end
   if #out > 0 then redis.pcall('HINCRBY', PREFIX .. 'counters:jobs', 'dispatched', #out) end

@@ -9,8 +9,8 @@ local now = now_or_server(ARGV[1])
 local due = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local out = {}
 for _, job in ipairs(due) do
-  local m = meta_of(job)
-  unindex(job, m)
-  out[#out + 1] = {job, m[1], m[2], m[3], m[4], m[5], attempt_of(m)}
+  local e = locate(job, nil, nil)  -- a job with a start_by has meta
+  unindex(job, e)
+  out[#out + 1] = {job, e.tenant, e.tier, e.order_key, e.start_by, e.not_before, e.attempt}
 end
 return out

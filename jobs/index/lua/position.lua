@@ -4,7 +4,12 @@
 -- Returns the position, or nil when the job is not queued (delayed, leased or unknown).
 local job = ARGV[1]
 local m = meta_of(job)
-if not m then return nil end
-local score = redis.call('ZSCORE', tkey(m[2]), job)
+local score
+if m then
+  score = redis.call('ZSCORE', tkey(m[2]), job)
+else
+  local _
+  _, score = queued_in(job, nil)
+end
 if not score then return nil end
 return rank_of(score, job)

@@ -7,9 +7,8 @@
 if fenced_out(ARGV[4]) then return redis.error_reply(NOT_LEADER) end
 local job = ARGV[1]
 if not redis.call('ZSCORE', LEASES, job) then return 0 end
-local m = meta_of(job)
-local attempt = attempt_of(m)
-if attempt ~= tonumber(ARGV[2]) then return 0 end
-unindex(job, m)
-index_job(job, m[1], m[2], m[3], m[4] or '', ARGV[3], attempt)
+local e = locate(job, nil, nil)  -- a lease has meta
+if e.attempt ~= tonumber(ARGV[2]) then return 0 end
+unindex(job, e)
+index_job(job, e.tenant, e.tier, e.order_key, e.start_by, ARGV[3], e.attempt)
 return 1

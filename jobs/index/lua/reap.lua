@@ -10,8 +10,8 @@ local due = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'WITHSCORES',
 local out = {}
 for i = 1, #due, 2 do
   local job = due[i]
-  local m = meta_of(job)
-  unindex(job, m)
-  out[#out + 1] = {job, m[1], m[2], m[3], due[i + 1], attempt_of(m), m[4] or ''}
+  local e = locate(job, nil, nil)  -- a lease has meta
+  unindex(job, e)
+  out[#out + 1] = {job, e.tenant, e.tier, e.order_key, due[i + 1], e.attempt, e.start_by}
 end
 return out

@@ -9,14 +9,21 @@
 --       changing nothing, when the token is not the leader's.
 if fenced_out(ARGV[1]) then return redis.error_reply(NOT_LEADER) end
 local count = 0
+-- A queued entry of the same attempt that is already as asked stays as it is: a rebuild
+-- requeues every queued row over an index that mostly holds them.
+local function as_asked(e, i)
+  return e.state == 'queued' and e.tenant == ARGV[i + 1] and e.tier == ARGV[i + 2]
+    and tonumber(e.order_key) == tonumber(ARGV[i + 3]) and ARGV[i + 5] == ''
+    and tonumber(e.start_by) == tonumber(ARGV[i + 4])
+end
 for i = 2, #ARGV, 7 do
   local job, attempt = ARGV[i], tonumber(ARGV[i + 6])
-  local m = meta_of(job)
-  local known = m and attempt_of(m)
-  if not m or known < attempt
-      or (known == attempt and not redis.call('ZSCORE', LEASES, job)) then
-    if m then unindex(job, m) end
-    index_job(job, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], attempt)
+  local e = locate(job, ARGV[i + 1], ARGV[i + 2])
+  if not e or e.attempt < attempt or (e.attempt == attempt and e.state ~= 'leased') then
+    if not (e and e.attempt == attempt and as_asked(e, i)) then
+      if e then unindex(job, e) end
+      index_job(job, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], attempt)
+    end
     count = count + 1
   end
 end

@@ -12,25 +12,25 @@ if fenced_out(ARGV[10]) then return redis.error_reply(NOT_LEADER) end
 local job, tenant, tier, attempt = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[7])
 local now = now_or_server(ARGV[9])
 local expires_at = now + tonumber(ARGV[8])
-local m = meta_of(job)
-if m then
-  local known = attempt_of(m)
-  if known > attempt then return 0 end
-  local current = redis.call('ZSCORE', LEASES, job)
-  if known == attempt and current then
+local e = locate(job, tenant, tier)
+if e then
+  if e.attempt > attempt then return 0 end
+  if e.attempt == attempt and e.state == 'leased' then
+    local current = redis.call('ZSCORE', LEASES, job)
     if tonumber(current) < expires_at then
       redis.call('ZADD', LEASES, 'XX', expires_at, job)
-      redis.call('ZADD', lkey(m[1]), 'XX', expires_at, job)
+      redis.call('ZADD', lkey(e.tenant), 'XX', expires_at, job)
     end
     return 1
   end
-  unindex(job, m)  -- an earlier attempt's entry, or a stale queued entry of this one
+  unindex(job, e)  -- an earlier attempt's entry, or a stale queued entry of this one
 end
 redis.call('HSET', META, job, encode_meta(tenant, tier, ARGV[4], ARGV[5], ARGV[6], attempt))
 redis.call('ZADD', lkey(tenant), expires_at, job)
 redis.call('ZADD', LEASES, expires_at, job)
-if redis.call('HGET', TENANT_TIER, tenant) ~= tier then  -- its cap may have changed
+if tier_of_tenant(tenant) ~= tier then  -- its cap may have changed
   redis.call('HSET', TENANT_TIER, tenant, tier)
+  TENANT_TIERS[tenant], CAPS[tenant] = tier, nil
 end
 local head = head_of(tenant)
 if head then refile(tenant, head) end

@@ -14,10 +14,11 @@ for i = 3 + 2 * tiers, #ARGV, 2 do redis.call('HSET', TENANT_CAPS, ARGV[i], ARGV
 local blocked = redis.call('ZRANGE', BLOCKED, 0, -1, 'WITHSCORES')
 local moved = 0
 for i = 1, #blocked, 2 do
-  local job = blocked[i]
-  if not at_cap(meta_of(job)[1]) then
-    redis.call('ZREM', BLOCKED, job)
-    redis.call('ZADD', RUNNABLE, blocked[i + 1], job)
+  local member = blocked[i]
+  local _, tenant = unfiled(member)
+  if not at_cap(tenant) then
+    redis.call('ZREM', BLOCKED, member)
+    redis.call('ZADD', RUNNABLE, blocked[i + 1], member)
     moved = moved + 1
   end
 end
