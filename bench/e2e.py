@@ -22,7 +22,9 @@ row) on the same machine, the same services and the same worker slots (4):
    again at ``--long-hold-ms`` with ``--long-hold-jobs`` (0: not run);
 8. Redis bytes per queued job: ``used_memory`` after queueing ``--queued`` jobs for
    ``--tenants`` tenants in the index (the same script path the API's admission takes), with
-   nothing running; Celery: as many messages published to a queue nobody consumes.
+   nothing running (1,000,000 by default, the size the target is set at; about 30 s);
+   Celery: as many messages (at most 100,000: a message's bytes do not grow with the queue)
+   published to a queue nobody consumes.
 
 Phases 1–3 and 7 run ``--reps`` times, the systems taking turns to go first; rates and costs
 are medians of the reps, latency percentiles are over all reps' samples. About 9 minutes on
@@ -35,7 +37,7 @@ end; a Redis server of the bench's own (``redis-server`` on a free port, else
 starts is stopped at the end, Ctrl-C included.
 
     python bench/e2e.py [--jobs 2000] [--reps 3] [--samples 50] [--hold-jobs 200]
-                        [--long-hold-jobs 40] [--queued 100000 | --target-size] [--tenants 1000]
+                        [--long-hold-jobs 40] [--queued 1000000] [--tenants 1000]
 """
 
 from __future__ import annotations
@@ -88,8 +90,10 @@ USES_REDIS = ("tierq", "celery")  # procrastinate has no Redis: its count is 0, 
 # The processes (count_round_trips' names) whose Redis round trips are each side's.
 REDIS_CLIENTS = {"tierq": {"api", "dispatcher", "worker"},
                  "celery": {"celery worker", "bench client"}}
-# The size of the index tierq is built for: --target-size queues this many.
+# The size of the index tierq is built for: phase 8 queues this many by default.
 TARGET_QUEUED = 1_000_000
+# Celery's messages queued in phase 8, at most: a message's bytes do not grow with the queue.
+CELERY_QUEUED = 100_000
 
 
 @dataclass
@@ -374,11 +378,12 @@ def run(args: argparse.Namespace, console: Console) -> Samples:
                 bench.samples.add("tierq", f"rss:{name}", rss_bytes(pid) / 2**20)
             bench.samples.add("celery", "rss:worker", rss_bytes(worker.pid) / 2**20)
             bench.samples.add("procrastinate", "rss:worker", rss_bytes(pq_worker.pid) / 2**20)
-        with console.status(f"queueing {args.queued:,} jobs per side, nothing running"):
+        with console.status(f"queueing {args.queued:,} jobs (Celery: at most "
+                            f"{CELERY_QUEUED:,}), nothing running"):
             bench.samples.add("tierq", "queued_bytes",
                               queued_bytes_tierq(client, args.queued, args.tenants))
             bench.samples.add("celery", "queued_bytes",
-                              queued_bytes_celery(celery, args.queued))
+                              queued_bytes_celery(celery, min(args.queued, CELERY_QUEUED)))
         return bench.samples
 
 
@@ -403,16 +408,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                              "minute less per rep)")
     parser.add_argument("--long-hold-ms", type=int, default=1000,
                         help="slot time of each (1000)")
-    parser.add_argument("--queued", type=int, default=100_000, help="jobs queued for phase 8")
-    parser.add_argument("--target-size", action="store_true",
-                        help=f"queue {TARGET_QUEUED:,} jobs in phase 8, the size tierq's "
-                             "byte target is set at")
+    parser.add_argument("--queued", type=int, default=TARGET_QUEUED,
+                        help="jobs queued for phase 8 (the size tierq's byte target is set at)")
     parser.add_argument("--tenants", type=int, default=1000, help="tenants of phase 8")
     parser.add_argument("--clients", type=int, default=8, help="client threads (8)")
-    args = parser.parse_args(argv)
-    if args.target_size:
-        args.queued = TARGET_QUEUED
-    return args
+    return parser.parse_args(argv)
 
 
 @contextlib.contextmanager
