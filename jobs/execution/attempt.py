@@ -276,7 +276,10 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         retried = [False]
 
         def start() -> Job | None:
-            with self.runtime.one_statement() as session:
+            # Not durable: a start lost with the database's crash leaves the row queued, so
+            # the attempt's ending finds it moved (stale) and the job runs again: one
+            # completion is recorded. Its commit is made durable by the next durable one.
+            with self.runtime.one_statement(durable=False) as session:
                 job = jobs_sql.start(session, self.job_id, attempt=self.attempt,
                                      now=self.clock(), token=self.token,
                                      dispatched_at=self.dispatched_at)

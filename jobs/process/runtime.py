@@ -121,10 +121,12 @@ class Runtime:
             direct=None if dispatcher else direct_pool(engine, size=settings.database_pool_size),
         )
 
-    def one_statement(self) -> contextlib.AbstractContextManager[sa.Connection |
-                                                                  DirectConnection]:
-        """Where one hot-path statement runs as its own transaction (``jobs.store.direct``)."""
-        return one_statement(self.engine, self.direct)
+    def one_statement(
+        self, *, durable: bool = True
+    ) -> contextlib.AbstractContextManager[sa.Connection | DirectConnection]:
+        """Where one hot-path statement runs as its own transaction (``jobs.store.direct``;
+        ``durable=False``: a commit that does not wait for the disk, ``DirectPool``)."""
+        return one_statement(self.engine, self.direct, durable=durable)
 
     def close(self) -> None:
         self.redis.close()

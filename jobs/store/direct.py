@@ -116,7 +116,9 @@ class DirectPool:
         self._conninfo = url.render_as_string(hide_password=False)
         self._size = size
         self._lock = threading.Lock()
-        self._idle: list[psycopg.Connection[Any]] = []
+        # Idle connections by durability: a statement on a non-durable one commits without
+        # waiting for its WAL to reach the disk (``synchronous_commit = off``).
+        self._idle: dict[bool, list[psycopg.Connection[Any]]] = {True: [], False: []}
         self._pid = os.getpid()
         self._compiled: dict[tuple[int, tuple[str, ...] | None], _Compiled] = {}
 
@@ -128,41 +130,46 @@ class DirectPool:
         return found
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[DirectConnection]:
-        raw = self._take()
+    def connection(self, *, durable: bool = True) -> Iterator[DirectConnection]:
+        """``durable=False``: the statement's commit returns before its WAL is on disk
+        (``synchronous_commit = off``). Only for a change whose loss in a crash of the
+        database is repaired like any interruption: it becomes durable with the next durable
+        commit of any session, and a crash before that loses it whole, never in part."""
+        raw = self._take(durable)
         connection = DirectConnection(self, raw)
         try:
             yield connection
         finally:
-            self._give_back(raw)
+            self._give_back(raw, durable)
 
-    def _take(self) -> psycopg.Connection[Any]:
+    def _take(self, durable: bool) -> psycopg.Connection[Any]:
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
-                self._idle, self._pid = [], os.getpid()
-            if self._idle:
-                return self._idle.pop()
+                self._idle, self._pid = {True: [], False: []}, os.getpid()
+            if self._idle[durable]:
+                return self._idle[durable].pop()
+        options = "" if durable else "-c synchronous_commit=off"
         try:
             return psycopg.connect(self._conninfo, autocommit=True, row_factory=namedtuple_row,
-                                   connect_timeout=CONNECT_TIMEOUT_S)
+                                   connect_timeout=CONNECT_TIMEOUT_S, options=options)
         except psycopg.Error as exc:
             raise sa.exc.DBAPIError.instance(
                 None, None, exc, psycopg.Error, connection_invalidated=True) from exc
 
-    def _give_back(self, raw: psycopg.Connection[Any]) -> None:
+    def _give_back(self, raw: psycopg.Connection[Any], durable: bool) -> None:
         if raw.broken or raw.closed:
             raw.close()
             return
         with self._lock:
-            if self._pid == os.getpid() and len(self._idle) < self._size:
-                self._idle.append(raw)
+            if self._pid == os.getpid() and len(self._idle[durable]) < self._size:
+                self._idle[durable].append(raw)
                 return
         raw.close()
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, []
-        for raw in idle:
+            idle, self._idle = self._idle, {True: [], False: []}
+        for raw in (*idle[True], *idle[False]):
             raw.close()
 
 
@@ -172,15 +179,17 @@ Runner = Session | sa.Connection | DirectConnection
 
 
 @contextlib.contextmanager
-def one_statement(engine: Engine, pool: DirectPool | None) -> Iterator[sa.Connection |
-                                                                        DirectConnection]:
+def one_statement(
+    engine: Engine, pool: DirectPool | None, *, durable: bool = True
+) -> Iterator[sa.Connection | DirectConnection]:
     """Where one hot-path statement runs as a transaction of its own: a direct connection
-    on PostgreSQL, else a write transaction on a Core connection (``writing``)."""
+    on PostgreSQL (``durable``: see ``DirectPool.connection``), else a write transaction on
+    a Core connection (``writing``)."""
     if pool is None:
         with writing(engine) as connection:
             yield connection
     else:
-        with pool.connection() as direct:
+        with pool.connection(durable=durable) as direct:
             yield direct
 
 

@@ -186,6 +186,42 @@ def test_echo_succeeds_with_its_result_stored(
     assert_released(runtime, job)
 
 
+def test_the_start_commits_without_waiting_for_the_disk_and_the_ending_waits(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start promises nothing to a client (a crash that loses it runs the job again and
+    records one completion); an ending does. On PostgreSQL the start's connection says
+    ``synchronous_commit = off``, the ending's the server's default."""
+    if runtime.direct is None:
+        pytest.skip("SQLite: no direct connections, every commit is the engine's")
+    seen: list[tuple[str, str]] = []
+    connection = type(runtime.direct).connection
+
+    def recording(pool: Any, *, durable: bool = True) -> Any:
+        context = connection(pool, durable=durable)
+
+        class Recorded:
+            def __enter__(self) -> Any:
+                direct = context.__enter__()
+                mode = direct._raw.execute("SHOW synchronous_commit").fetchone()[0]
+                seen.append(("durable" if durable else "quick", mode))
+                return direct
+
+            def __exit__(self, *exc: Any) -> Any:
+                return context.__exit__(*exc)
+
+        return Recorded()
+
+    job = dispatch(runtime, submit(runtime, tenant, "echo", {"n": 1}))
+    monkeypatch.setattr(type(runtime.direct), "connection", recording)
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "succeeded"
+
+    assert seen[0] == ("quick", "off")  # the start
+    assert seen[-1] == ("durable", "on")  # the ending
+    assert load(runtime, job.id).status is Status.SUCCEEDED
+
+
 def test_a_failing_handler_ends_failed_with_the_error_text(
     runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
 ) -> None:
