@@ -97,8 +97,10 @@ def api(
     configure_logging(log_level)
     # log_config=None: uvicorn's own lines go through the root handler too, in the same
     # format as tierq's; each server process configures it in ``api_app``.
+    from jobs.api.http_protocol import CoalescingProtocol
+
     uvicorn.run("jobs.cli.run:api_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, log_config=None)
+                log_level=log_level, log_config=None, http=CoalescingProtocol)
 
 
 @friendly

@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from jobs.api.app import create_app
+from jobs.api.http_protocol import CoalescingProtocol
 from jobs.core.states import Status
 from jobs.execution.attempt import start_figures
 from jobs.index import notify
@@ -38,7 +39,8 @@ def serve(app: FastAPI) -> Iterator[tuple[str, uvicorn.Server]]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="none")
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="none",
+                            http=CoalescingProtocol)  # as ``tierq api`` serves
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
