@@ -17,6 +17,10 @@ PUBLISH_RETRY_S = 1.0
 UNCOMMITTED_RETRY_S = 0.2
 # How long such a job is left alone (its id carries its creation time, on the one clock).
 UNCOMMITTED_GRACE_S = 30.0
+# A worker that meets such a job reads its row again for this long before putting it back:
+# the commit follows its index entry by a millisecond or two, and a slot that waits for it
+# starts the job at once, where a put-back waits for a dispatcher's round.
+UNCOMMITTED_WAIT_S = 1.0
 # The loop's longest wait after a transient error of Redis or SQL.
 MAX_BACKOFF_S = 10.0
 

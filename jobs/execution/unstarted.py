@@ -3,7 +3,8 @@
 A mixin of ``jobs.execution.attempt._Attempt`` (as ``jobs.execution.outcome`` is), apart
 because none of it runs on the usual path: a dispatch writes nothing to SQL, so when the
 start's compare-and-set finds no startable row, the row read back decides. No row yet: its
-INSERT may not have committed (``settle_uncommitted``). This handling's own start made ahead,
+INSERT may not have committed; the slot waits a moment for it, then puts the job back
+(``settle_uncommitted``). This handling's own start made ahead,
 landed late: run it. Ended or moved on: free the lease when it is this attempt's, and do
 nothing else. Cancelled or past ``start_by``: end it unrun. Startable after all (its commit
 landed between the two statements): start it again.
@@ -12,10 +13,13 @@ landed between the two statements): start it again.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from jobs.core.cadence import UNCOMMITTED_WAIT_S
 from jobs.core.domain import Job
+from jobs.core.ids import may_be_uncommitted
 from jobs.core.states import Status
 from jobs.execution.leases import retry_sql
 from jobs.execution.outcome import STALE
@@ -74,7 +78,7 @@ class SettlesUnstarted:
         dispatch writes nothing to SQL, so the start is where a lease meets its row. A row
         that may start after all (its commit landed between the start's statement and this
         read) is started again: the row it returns, or the outcome."""
-        job = self._read()
+        job = self._read() or self._await_commit()
         if job is None:
             return self._not_committed()
         if self._owns_token and job.attempt == self.attempt and job.status is Status.RUNNING:
@@ -100,6 +104,22 @@ class SettlesUnstarted:
                                            token=self.token)
 
         return retry_sql(read, keep_trying=self._holds_lease, what="read", job_id=self.job_id)
+
+    def _await_commit(self) -> Job | None:
+        """The row of a submit whose commit is on its way, read again for at most
+        ``UNCOMMITTED_WAIT_S``: the slot holding its lease waits the millisecond or two for
+        it, rather than put it back for a dispatcher to offer again (none may be running)."""
+        if not may_be_uncommitted(self.job_id, self.clock()):
+            return None
+        deadline = time.monotonic() + UNCOMMITTED_WAIT_S
+        pause = 0.002
+        while time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+            job = self._read()
+            if job is not None:
+                return job
+        return None
 
     def _not_committed(self) -> str:
         settle_uncommitted(self.runtime, self.job_id, self.attempt, self.clock())

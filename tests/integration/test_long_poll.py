@@ -198,8 +198,11 @@ WAIT_S = 60
 
 
 def test_a_thousand_waiting_polls_cost_no_sql(
-    client: ApiClient, statements: Statements
+    client: ApiClient, statements: Statements, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Opening a thousand polls can take longer than the safety net's period on a loaded
+    # machine, and the first would then read SQL in the window: that read is its own test's.
+    monkeypatch.setattr(routes_jobs, "SAFETY_NET_S", 3600.0)
     key = roomy_tenant(client)
     jobs = [client.submit(key).json()["id"] for _ in range(4)]
     answers: list[httpx.Response] = []

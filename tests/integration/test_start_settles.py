@@ -5,6 +5,7 @@ dispatch round does (the index only), then calls ``execute`` as the worker's tas
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import redis
 
 import jobs.execution.attempt as attempt_module
-from jobs.core.cadence import UNCOMMITTED_GRACE_S, UNCOMMITTED_RETRY_S
+from jobs.core.cadence import UNCOMMITTED_GRACE_S, UNCOMMITTED_RETRY_S, UNCOMMITTED_WAIT_S
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
@@ -167,9 +168,11 @@ def test_a_lease_whose_row_is_not_committed_yet_is_put_back_then_runs(
     lease = dispatch(runtime, now=now)
     assert lease.job_id == new.id
 
+    started = time.monotonic()
     outcome = execute(runtime, registry, new.id, 1, worker_id=WORKER, clock=lambda: now)
 
     assert outcome == "stale" and probe.calls == []
+    assert time.monotonic() - started >= UNCOMMITTED_WAIT_S  # it waited for the commit first
     # Back in the queue for the same attempt, held back for UNCOMMITTED_RETRY_S.
     assert runtime.index.entries_of([new.id]) == {
         new.id: Entry(job_id=new.id, attempt=1, leased=False)}
@@ -192,6 +195,28 @@ def test_a_lease_whose_row_is_not_committed_yet_is_put_back_then_runs(
     assert probe.seen == [(Status.RUNNING, 1)]
     assert load(runtime, new.id).status is Status.SUCCEEDED
     assert runtime.index.inflight() == 0
+
+
+def test_a_lease_whose_commit_lands_while_its_slot_waits_runs_at_once(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    """The commit comes a moment after the lease: the slot waits for it and runs the job,
+    with no put-back for a dispatcher (none runs here) to offer again."""
+    now = runtime.index.now()
+    new = new_job(runtime, tenant, now, max_wait_s=600)
+    index_entry(runtime, new)
+    lease = dispatch(runtime, now=now)
+    committer = threading.Timer(0.1, insert, args=(runtime, new))
+    committer.start()
+
+    outcome = execute(runtime, registry, new.id, 1, worker_id=WORKER, dispatched_at=now)
+    committer.join()
+
+    assert (lease.job_id, outcome) == (new.id, "succeeded")
+    assert probe.seen == [(Status.RUNNING, 1)]
+    done = load(runtime, new.id)
+    assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
+    assert runtime.index.inflight() == 0 and runtime.index.tenant_queued(tenant.id) == 0
 
 
 def test_a_lease_without_a_row_past_the_grace_is_dropped(

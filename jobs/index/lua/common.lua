@@ -327,6 +327,15 @@ local function tenant_queued(tenant)
   return redis.call('LLEN', qkey(tenant)) + delayed
 end
 
+-- File tenant under tier, the tier of its latest job; true when that changed it (a new
+-- tenant, or one that changed tier: its cap may have changed, the caller refiles it).
+local function retier(tenant, tier)
+  if tier_of_tenant(tenant) == tier then return false end
+  redis.call('HSET', TENANT_TIER, tenant, tier)
+  TENANT_TIERS[tenant], CAPS[tenant] = tier, nil
+  return true
+end
+
 -- Index a job: queued, or delayed when it has a not_before ('' for none). Its meta entry is
 -- written unless it is queued at attempt 1 with no start_by: the bytes of a queued job are
 -- its id in two places, nothing more.
@@ -335,11 +344,7 @@ local function index_job(job, tenant, tier, order_key, start_by, not_before, att
     redis.call('HSET', META, job, encode_meta(tenant, tier, order_key, start_by, not_before,
                                               attempt))
   end
-  local retiered = tier_of_tenant(tenant) ~= tier
-  if retiered then  -- a new tenant, or one that changed tier: its cap may have changed
-    redis.call('HSET', TENANT_TIER, tenant, tier)
-    TENANT_TIERS[tenant], CAPS[tenant] = tier, nil
-  end
+  local retiered = retier(tenant, tier)
   note_tier(tier)  -- the tier is named among those to count
   if start_by ~= '' then redis.call('ZADD', DEADLINES, start_by, job) end
   if not_before == '' then

@@ -23,6 +23,9 @@ for i = 2, #ARGV, 7 do
     if not (e and e.attempt == attempt and as_asked(e, i)) then
       if e then unindex(job, e) end
       index_job(job, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], attempt)
+    elseif retier(ARGV[i + 1], ARGV[i + 2]) then  -- its tenant's tier is its latest job's
+      local head = head_of(ARGV[i + 1])
+      refile(ARGV[i + 1], head)
     end
     count = count + 1
   end
