@@ -84,8 +84,15 @@ def redis_commands(client: redis.Redis) -> Counter[str]:
                     if name not in OWN_COMMANDS})
 
 
-def redis_used_memory(client: redis.Redis) -> int:
-    return int(client.info("memory")["used_memory"])
+def redis_used_memory(client: redis.Redis, *, settle_s: float = 60.0) -> int:
+    """``used_memory`` once no lazy free is pending: what an earlier phase deleted (a million
+    keys' worth, by UNLINK) is freed in the background, and would count against the next."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        memory = client.info("memory")
+        if int(memory.get("lazyfree_pending_objects", 0)) == 0 or time.monotonic() > deadline:
+            return int(memory["used_memory"])
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True, kw_only=True)
