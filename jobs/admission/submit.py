@@ -13,6 +13,7 @@ tenant's record, never from the request.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -130,10 +131,13 @@ def submit(
         webhook_events=None if webhook is None else webhook.column,
     )
     place = limits.admit(runtime, tenant, new)
-    job = _persist(runtime, new)
+    # A slot is free: on PostgreSQL the job is offered before its COMMIT, under its commit
+    # lock, so that the worker wakes while the row commits (its start waits on the lock).
+    early = place.slot_free and new.idempotency_key is None and runtime.direct is not None
+    job = _persist(runtime, new, offer_first=early)
     if job.id != new.id:
         return _resubmitted(runtime, tenant, job, new.kind, new.payload)
-    if place.slot_free:
+    if place.slot_free and not early:
         offer(runtime)
     logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
                                         "tenant": tenant.id, "tier": tier, "attempt": 1})
@@ -170,16 +174,20 @@ def _tier_of(runtime: Runtime, tenant: Tenant) -> str:
     return tenant.tier
 
 
-def _persist(runtime: Runtime, new: NewJob) -> Job:
-    """Commit the job's row; on a lost idempotency race, the job that won (as stored)."""
+def _persist(runtime: Runtime, new: NewJob, *, offer_first: bool = False) -> Job:
+    """Commit the job's row; on a lost idempotency race, the job that won (as stored).
+    ``offer_first`` (PostgreSQL, no idempotency key): ``offer`` inside the INSERT's
+    transaction, which holds the job's commit lock from before the offer until the COMMIT
+    (``DirectPool.locked``), so a start of the job waits for the row (``start_once_committed``)."""
     inserted = False
     statement: Any = None
     try:
         # A keyed insert may read the job holding its key (an ORM session's read); a plain one
         # is one statement, its own transaction (``jobs.store.direct``).
-        with (runtime.sessions.begin() if new.idempotency_key is not None
-              else runtime.one_statement()) as session:
+        with _insert_transaction(runtime, new, offer_first=offer_first) as session:
             statement = session
+            if offer_first:
+                offer(runtime)
             job = jobs_sql.insert_job(session, new)
             inserted = True  # only the COMMIT is left
         return job
@@ -196,6 +204,16 @@ def _persist(runtime: Runtime, new: NewJob) -> Job:
         if is_backend_outage(exc):
             raise Unavailable("the database cannot be reached; nothing was accepted") from exc
         raise
+
+
+def _insert_transaction(
+    runtime: Runtime, new: NewJob, *, offer_first: bool
+) -> contextlib.AbstractContextManager[Any]:
+    if new.idempotency_key is not None:
+        return runtime.sessions.begin()
+    if offer_first and runtime.direct is not None:
+        return runtime.direct.locked(new.id, shared=False)
+    return runtime.one_statement()
 
 
 def _settle_commit(runtime: Runtime, new: NewJob, exc: Exception) -> Job:

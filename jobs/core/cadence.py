@@ -21,6 +21,10 @@ UNCOMMITTED_GRACE_S = 30.0
 # the commit follows its index entry by a millisecond or two, and a slot that waits for it
 # starts the job at once, where a put-back waits for a dispatcher's round.
 UNCOMMITTED_WAIT_S = 1.0
+# A submit that finds a slot free has its job leased before its COMMIT, so that the worker
+# wakes while the row commits; a worker's start of a job younger than this waits for that
+# commit first (PostgreSQL: the job's commit lock), at most UNCOMMITTED_WAIT_S.
+COMMITTING_S = 0.25
 # The loop's longest wait after a transient error of Redis or SQL.
 MAX_BACKOFF_S = 10.0
 

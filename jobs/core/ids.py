@@ -7,7 +7,7 @@ import os
 import time
 import uuid
 
-from jobs.core.cadence import UNCOMMITTED_GRACE_S
+from jobs.core.cadence import COMMITTING_S, UNCOMMITTED_GRACE_S
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -42,3 +42,8 @@ def may_be_uncommitted(job_id: str, now: float) -> bool:
     """A job SQL does not show may still be a submit whose commit is on its way (its index
     entry is written first)."""
     return now - created_at(job_id) < UNCOMMITTED_GRACE_S
+
+
+def may_be_committing(job_id: str, now: float) -> bool:
+    """A job made so recently that its submit's transaction may be open still."""
+    return now - created_at(job_id) < COMMITTING_S

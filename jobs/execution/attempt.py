@@ -55,7 +55,9 @@ from typing import Any
 
 import redis
 
+from jobs.core.cadence import UNCOMMITTED_WAIT_S
 from jobs.core.domain import Job
+from jobs.core.ids import may_be_committing
 from jobs.core.states import Status
 from jobs.execution import limits
 from jobs.execution.handlers import JobContext
@@ -275,7 +277,17 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
                 return taken.job
         retried = [False]
 
+        direct = self.runtime.direct
+        committing = direct is not None and may_be_committing(self.job_id, self.clock())
+
         def start() -> Job | None:
+            if committing and direct is not None and not retried[0]:
+                # Leased by its submit, maybe before that submit's COMMIT: wait for it.
+                with jobs_sql.once_committed(direct, self.job_id,
+                                             wait_s=UNCOMMITTED_WAIT_S) as locked:
+                    return None if locked is None else jobs_sql.start(
+                        locked, self.job_id, attempt=self.attempt, now=self.clock(),
+                        token=self.token, dispatched_at=self.dispatched_at)
             # Not durable: a start lost with the database's crash leaves the row queued, so
             # the attempt's ending finds it moved (stale) and the job runs again: one
             # completion is recorded. Its commit is made durable by the next durable one.

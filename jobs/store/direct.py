@@ -19,6 +19,7 @@ per process (a fork builds its own) and opened on first use, at most ``size`` ke
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -35,6 +36,26 @@ from sqlalchemy.orm import Session
 from jobs.store.engine import writing
 
 CONNECT_TIMEOUT_S = 3
+
+# The first key of every commit lock (``commit_lock``): tierq's advisory locks apart from any
+# other user's of the same database ('tq').
+COMMIT_LOCK_CLASS = 0x7471
+
+
+def commit_lock(job_id: str) -> tuple[int, int]:
+    """The advisory lock a submit holds from before its job can be leased until its row
+    commits (``DirectPool.locked``), as the two int4 keys PostgreSQL takes. Two jobs whose
+    ids hash alike only wait for each other's commit, never for more."""
+    digest = hashlib.blake2b(job_id.encode(), digest_size=4).digest()
+    return COMMIT_LOCK_CLASS, int.from_bytes(digest, "big", signed=True)
+
+
+def _sql_error(exc: psycopg.Error, raw: psycopg.Connection[Any], sql: str | None,
+               params: Any = None) -> sa.exc.StatementError:
+    """A driver error as SQLAlchemy raises it, so an outage is told apart as everywhere."""
+    broken = raw.broken or raw.closed
+    return sa.exc.DBAPIError.instance(sql, params, exc, psycopg.Error,
+                                      connection_invalidated=broken)
 
 
 class DirectResult:
@@ -71,7 +92,8 @@ class _Compiled:
 
 class DirectConnection:
     """One autocommit psycopg connection, executing Core statements as the store's
-    functions do on a Core connection: each ``execute`` is its own transaction."""
+    functions do on a Core connection: each ``execute`` is its own transaction, but inside
+    ``DirectPool.locked``."""
 
     def __init__(self, pool: DirectPool, raw: psycopg.Connection[Any]) -> None:
         self._pool = pool
@@ -96,11 +118,15 @@ class DirectConnection:
             returned = result is not None and result.status == pq.ExecStatus.TUPLES_OK
             rows = cursor.fetchall() if returned else []
         except psycopg.Error as exc:
-            broken = self._raw.broken or self._raw.closed
-            raise sa.exc.DBAPIError.instance(
-                compiled.sql, params, exc, psycopg.Error, connection_invalidated=broken,
-            ) from exc
+            raise _sql_error(exc, self._raw, compiled.sql, params) from exc
         return DirectResult(cursor.rowcount, rows)
+
+    def _simple(self, sql: str) -> None:
+        """A statement of no parameters, several at once (one round trip)."""
+        try:
+            self._raw.execute(sql.encode())
+        except psycopg.Error as exc:
+            raise _sql_error(exc, self._raw, sql) from exc
 
     @property
     def usable(self) -> bool:
@@ -142,6 +168,32 @@ class DirectPool:
         finally:
             self._give_back(raw, durable)
 
+    @contextlib.contextmanager
+    def locked(
+        self, job_id: str, *, shared: bool, durable: bool = True, wait_s: float | None = None,
+    ) -> Iterator[DirectConnection]:
+        """One transaction that holds ``job_id``'s commit lock (``commit_lock``) until it
+        ends: BEGIN and the lock are one round trip, COMMIT is sent on leaving (ROLLBACK on
+        an error). A submit takes it exclusively before its job can be leased, so a start
+        that takes it ``shared`` waits for that submit's COMMIT or ROLLBACK, then sees what
+        it left. ``wait_s``: the longest wait for the lock (PostgreSQL's ``lock_timeout``;
+        past it the lock's statement fails, ``LockNotAvailable``)."""
+        classid, objid = commit_lock(job_id)
+        take = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        timeout = ("" if wait_s is None
+                   else f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'; ")
+        with self.connection(durable=durable) as connection:
+            raw = connection._raw
+            try:
+                connection._simple(f"BEGIN; {timeout}SELECT {take}({classid}, {objid})")
+                yield connection
+                connection.sent = True  # the COMMIT: cut off now, it may have landed
+                connection._simple("COMMIT")
+            finally:
+                if raw.info.transaction_status != pq.TransactionStatus.IDLE and connection.usable:
+                    with contextlib.suppress(psycopg.Error):
+                        raw.execute(b"ROLLBACK")
+
     def _take(self, durable: bool) -> psycopg.Connection[Any]:
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
@@ -171,6 +223,11 @@ class DirectPool:
             idle, self._idle = self._idle, {True: [], False: []}
         for raw in (*idle[True], *idle[False]):
             raw.close()
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """The lock of ``DirectPool.locked`` was not granted within its ``wait_s``."""
+    return isinstance(getattr(exc, "orig", None), psycopg.errors.LockNotAvailable)
 
 
 # What the store's single-statement functions run on: a session, a Core connection inside a

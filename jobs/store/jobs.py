@@ -44,6 +44,7 @@ from jobs.store.moves import (
     claim,
     end_and_start,
     landed,
+    once_committed,
     start,
     started_by,
     transition,
@@ -289,6 +290,6 @@ def mark_result_fetched(session: Session, job_id: str, *, now: float) -> bool:
 __all__ = [
     "TIME_FIELDS", "TRANSITION_FIELDS", "Claimed", "Settled", "claim", "end_and_start",
     "get_job", "get_jobs", "insert_job", "jobs_after", "jobs_in_status", "landed",
-    "latest_jobs", "list_jobs", "mark_result_fetched", "queued_order", "request_cancel",
-    "settled_queued", "start", "started_by", "transition", "unstart_fields",
+    "latest_jobs", "list_jobs", "mark_result_fetched", "once_committed", "queued_order",
+    "request_cancel", "settled_queued", "start", "started_by", "transition", "unstart_fields",
 ]

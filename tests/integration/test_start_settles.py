@@ -28,7 +28,7 @@ from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
-from jobs.store.direct import direct_pool
+from jobs.store.direct import DirectPool, direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
 
@@ -217,6 +217,108 @@ def test_a_lease_whose_commit_lands_while_its_slot_waits_runs_at_once(
     done = load(runtime, new.id)
     assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
     assert runtime.index.inflight() == 0 and runtime.index.tenant_queued(tenant.id) == 0
+
+
+def locked_start(direct: DirectPool, job_id: str, *, now: float, wait_s: float) -> Job | None:
+    """A worker's start of a job whose submit may be committing (``jobs.execution.attempt``)."""
+    with jobs_sql.once_committed(direct, job_id, wait_s=wait_s) as connection:
+        return None if connection is None else jobs_sql.start(
+            connection, job_id, attempt=1, now=now, token="t")
+
+
+def postgresql_only(runtime: Runtime) -> DirectPool:
+    if runtime.direct is None:
+        pytest.skip("the commit lock is PostgreSQL's (SQLite offers after the COMMIT)")
+    return runtime.direct
+
+
+def test_a_start_made_while_its_submit_holds_the_commit_lock_waits_for_the_commit(
+    runtime: Runtime, tenant: Tenant
+) -> None:
+    """A submit that finds a slot free offers its job before its COMMIT, holding the job's
+    commit lock: a start that meets the lease then waits for the row, and starts it."""
+    direct = postgresql_only(runtime)
+    now = runtime.index.now()
+    new = new_job(runtime, tenant, now)
+    started: list[Job | None] = []
+    with direct.locked(new.id, shared=False) as connection:
+        jobs_sql.insert_job(connection, new)
+        worker = threading.Thread(target=lambda: started.append(locked_start(
+            direct, new.id, now=now, wait_s=30.0)))
+        worker.start()
+        worker.join(0.3)
+        assert worker.is_alive() and started == []  # waiting on the lock, not on a read
+    worker.join(10)
+
+    (job,) = started
+    assert job is not None and (job.id, job.status, job.attempt) == (new.id, Status.RUNNING, 1)
+    assert load(runtime, new.id).status is Status.RUNNING
+
+
+def test_a_start_gives_up_on_a_commit_lock_held_past_its_wait(
+    runtime: Runtime, tenant: Tenant
+) -> None:
+    """A submit that hangs inside its transaction holds no start for longer than the wait:
+    the start says the row is not there, and the caller settles it as such."""
+    direct = postgresql_only(runtime)
+    now = runtime.index.now()
+    new = new_job(runtime, tenant, now)
+    with direct.locked(new.id, shared=False) as connection:
+        jobs_sql.insert_job(connection, new)
+        began = time.monotonic()
+        assert locked_start(direct, new.id, now=now, wait_s=0.2) is None
+        assert time.monotonic() - began >= 0.2
+    assert load(runtime, new.id).status is Status.QUEUED  # committed after, untouched
+
+
+def test_a_lease_taken_before_its_submits_commit_runs_once_the_row_commits(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    """The whole early offer: the job is indexed and leased under the submit's commit lock,
+    its INSERT commits a moment later, and the worker's attempt runs it once."""
+    direct = postgresql_only(runtime)
+    now = runtime.index.now()
+    new = new_job(runtime, tenant, now)
+    outcomes: list[str] = []
+    with direct.locked(new.id, shared=False) as connection:
+        index_entry(runtime, new)
+        lease = dispatch(runtime, now=now)
+        worker = threading.Thread(target=lambda: outcomes.append(execute(
+            runtime, registry, new.id, lease.attempt, worker_id=WORKER, dispatched_at=now)))
+        worker.start()
+        time.sleep(0.1)
+        jobs_sql.insert_job(connection, new)
+    worker.join(30)
+
+    assert outcomes == ["succeeded"]
+    assert probe.seen == [(Status.RUNNING, 1)]
+    done = load(runtime, new.id)
+    assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
+    assert runtime.index.inflight() == 0 and runtime.index.tenant_queued(tenant.id) == 0
+
+
+def test_a_lease_whose_submit_rolls_back_under_the_lock_is_put_back(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+) -> None:
+    """The submit's transaction fails after the offer: its ROLLBACK ends the start's wait,
+    no row is there, and the lease is settled as any uncommitted one (put back, held off)."""
+    direct = postgresql_only(runtime)
+    now = runtime.index.now()
+    new = new_job(runtime, tenant, now, max_wait_s=600)
+    outcomes: list[str] = []
+    with pytest.raises(RuntimeError), direct.locked(new.id, shared=False):
+        index_entry(runtime, new)
+        lease = dispatch(runtime, now=now)
+        worker = threading.Thread(target=lambda: outcomes.append(execute(
+            runtime, registry, new.id, lease.attempt, worker_id=WORKER, dispatched_at=now)))
+        worker.start()
+        time.sleep(0.1)
+        raise RuntimeError("the INSERT failed")
+    worker.join(30)
+
+    assert outcomes == ["stale"] and probe.calls == []
+    assert runtime.index.entries_of([new.id]) == {
+        new.id: Entry(job_id=new.id, attempt=1, leased=False)}
 
 
 def test_a_lease_without_a_row_past_the_grace_is_dropped(
