@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+import redis
+
 from workers.handlers import Handler, JobContext, RetryableError
 
 
@@ -168,6 +170,23 @@ class NapHandler(_AnyObject):
         return {"napped": payload.get("seconds", 0)}
 
 
+class SpanHandler(_AnyObject):
+    """Holds its slot ``payload["seconds"]``, then pushes ``"<start> <end>"`` (``time.time()``)
+    onto the Redis list ``payload["key"]`` of the worker's own Redis: when each handler ran."""
+
+    kind = "span"
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        started = time.time()
+        time.sleep(float(payload["seconds"]))
+        client = redis.Redis.from_url(os.environ["TIERQ_REDIS_URL"])
+        try:
+            client.rpush(str(payload["key"]), f"{started!r} {time.time()!r}")
+        finally:
+            client.close()
+        return None
+
+
 # For TIERQ_HANDLERS in worker processes.
 HANDLERS: list[Handler] = [RecordingHandler(), FlakyHandler(), CrashHandler()]
 # Beside them, for the tests of run-time limits.
@@ -176,3 +195,5 @@ LIMIT_HANDLERS: list[Handler] = [BlockingHandler(), HangHandler(), LimitedHandle
 WARM_HANDLERS: list[Handler] = [WarmHandler()]
 # For the tests of pools: a slow kind besides ``sleep``.
 POOL_HANDLERS: list[Handler] = [NapHandler()]
+# For the tests of a worker's slots passing on: the handler that records when it ran.
+SPAN_HANDLERS: list[Handler] = [SpanHandler()]

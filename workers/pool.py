@@ -1,4 +1,5 @@
-"""Celery's thread pool, waking the worker's event loop as each task ends.
+"""Celery's thread pool, waking the worker's event loop as each task ends, with one thread
+more than its slots.
 
 The worker takes a message only when a slot is free (``worker_disable_prefetch``: a busy
 worker must not hold messages whose leases run out while they wait). Celery checks that
@@ -7,11 +8,24 @@ task events off (the default, ``workers.app``) nothing else does, so a full work
 picked up its next message only at the loop's one-second timeout. Waking the loop
 (``Hub.call_soon`` is thread-safe) once the task has ended and freed its slot makes the next
 message start at once.
+
+A slot that frees hands its next job to this worker's own consumer before its task has
+returned (``workers.handover``): the task that ends is still recording its ending while the
+next one is taken. With a thread per slot, that next task waited for the ending's task to
+return, and everything Celery does to start it sat between one job and the next. One spare
+thread lets it start at once and wait for its start, made ahead by the ending's statement
+(``jobs.execution.prestart``), while that statement commits. The worker still takes no more
+messages than it has slots: its gate counts reserved requests against ``limit``
+(``worker_disable_prefetch``), and a handed-over task is one of them from its delivery, so
+no more handlers than slots run at once; the spare thread runs the ending of a task whose
+slot is already its successor's. Without that gate (a broker other than Redis, where
+prefetched messages wait in the pool's queue) there is no spare thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery.concurrency import thread
@@ -35,6 +49,14 @@ def _then_wake(callback: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class TaskPool(thread.TaskPool):  # type: ignore[misc]
+    executor: ThreadPoolExecutor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.app is not None and self.app.conf.worker_disable_prefetch:
+            self.executor.shutdown(wait=False)
+            self.executor = ThreadPoolExecutor(max_workers=self.limit + 1)
+
     def on_apply(
         self,
         target: Callable[..., Any],
