@@ -170,11 +170,6 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         # The attempt that handed this job over, ended and committed: its lease is released
         # with this one's first renewal (one round trip for both).
         self._handed: Finished | None = None
-        # Started ahead and run before the handing statement's COMMIT: the handing task makes
-        # this attempt's first renewal once that COMMIT has landed (``jobs.execution.prestart``).
-        self._early = False
-        # This attempt's ending settled the next job's start before its own COMMIT.
-        self.settled_early = False
         self.clock: Clock = clock or runtime.clock
         self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
         self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)
@@ -216,12 +211,7 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
                               limit_s=self.limit_s,
                               grace_s=self.runtime.policy.timeout_grace_s,
                               on_overrun=lambda: self._overrun(heartbeat))
-        if self._early:
-            # Run while the handing statement commits; the handing task announces the start,
-            # records its figures and releases its own lease in this lease's first renewal,
-            # once its COMMIT has landed (``RecordsOutcome._end``).
-            heartbeat.start()
-        elif self._fresh or self._leased_moments_ago():
+        if self._fresh or self._leased_moments_ago():
             # Leased a moment ago (by this process, or for this message): the lease cannot
             # have lapsed, so the renewal that announces the start goes first in the
             # heartbeat's thread, beside the handler (a lease lost with Redis meanwhile is
@@ -236,8 +226,7 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
                 return self._hand_back(Status.RUNNING)
             heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
-        if not self._early:  # else announced by the handing task, after its COMMIT
-            self._announce_batch()
+        self._announce_batch()
         RUNNING.add(ctx)
         try:
             ending = call_handler(registry, ctx, job)
@@ -285,7 +274,6 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
             if taken.claim is Claim.STARTED:
                 self._fresh = taken.age < self.runtime.policy.lease_ttl_s / 3
                 self._handed = taken.release
-                self._early = taken.early
                 return taken.job
         retried = [False]
 
@@ -423,21 +411,12 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         """This attempt's ending and the next job's start (made ahead for its message,
         under its token), one statement (``jobs.store.jobs.end_and_start``); one try."""
         lease = passed.lease
-        direct = self.runtime.direct
-        with (self.runtime.one_statement() if direct is None
-              else direct.transaction()) as connection:
-            moved, started = jobs_sql.end_and_start(
+        with self.runtime.one_statement() as connection:
+            return jobs_sql.end_and_start(
                 connection, self.job_id, attempt=self.attempt, dst=dst, now=self.clock(),
                 fields=fields, next_id=lease.job_id, next_attempt=lease.attempt,
                 token=passed.token,
                 dispatched_at=lease.expires_at - self.runtime.policy.lease_ttl_s)
-            if started is not None and direct is not None:
-                # Both rows are this transaction's until its COMMIT: no other start can take
-                # the next job meanwhile, so it runs now, while the ending's COMMIT waits for
-                # the disk (a COMMIT that fails leaves it a lost start: docs/states.md).
-                PRE_STARTS.settle(passed.token, started, early=True)
-                self.settled_early = True
-        return moved, started
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)

@@ -25,7 +25,7 @@ from jobs.core.error_types import ErrorType
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
 from jobs.execution.handlers import JobContext
-from jobs.execution.leases import Heartbeat, is_sql_outage, start_figures, virtual_now
+from jobs.execution.leases import Heartbeat, is_sql_outage
 from jobs.execution.limits import timed_out_error
 from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.results import result_fields
@@ -38,7 +38,6 @@ from jobs.execution.running import (
     describe_error,
 )
 from jobs.execution.slots import Handover, Passed, entry_of, ring
-from jobs.index import notify
 from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
 
@@ -62,9 +61,6 @@ class RecordsOutcome:
         raise NotImplementedError
 
     handover: Handover | None
-    # Set by ``_end_and_start`` when it let the next job run before its COMMIT.
-    settled_early: bool
-    _virtual_clock: Callable[[], float] | None
 
     def _transition(
         self, src: Status, dst: Status, *, announce: bool = True, unsure: bool = False,
@@ -130,16 +126,12 @@ class RecordsOutcome:
         moved, dst, fields, started = self._record_end(dst, fields, passed)
         heartbeat.stop()  # no renewal may follow the release
         if started is not None and passed is not None:
-            # The next job's first renewal releases this lease (announcing and counting this
-            # ending): one round trip for both. Made by its task, or here when that task runs
-            # already (settled before this COMMIT): then only now may either be announced.
+            # The next job's task releases this lease with its first renewal (announcing and
+            # counting this ending): one round trip for both, and none before that task runs.
             ending = Finished(job_id=self._job.id, attempt=self._job.attempt,
                               outcome=dst.value,
                               capacity=self.runtime.policy.pool_concurrency)
-            if self.settled_early:
-                self._first_renewal_of(started, release=ending if moved else None)
-            else:
-                PRE_STARTS.settle(passed.token, started, release=ending if moved else None)
+            PRE_STARTS.settle(passed.token, started, release=ending if moved else None)
             if not moved:
                 self._release(None, passed)
         else:
@@ -176,22 +168,6 @@ class RecordsOutcome:
             if not is_sql_outage(exc):
                 raise
             return (*self._end_alone(dst, fields, unsure=True), None)
-
-    def _first_renewal_of(self, job: Job, *, release: Finished | None) -> None:
-        """The first renewal of the next job's lease, made for its task, which runs already
-        (settled before this COMMIT): now that the COMMIT has landed, it announces that
-        start, records its figures and releases this attempt's lease (``release``), in one
-        round trip, as the task's own first renewal would. Best effort: a lease left
-        unreleased lapses and is reaped, and the next job's own renewals keep its lease."""
-        try:
-            self.runtime.index.renew_checked(
-                job.id, attempt=job.attempt, ttl_s=self.runtime.policy.lease_ttl_s,
-                now=virtual_now(self._virtual_clock), announce=True, start=start_figures(job),
-                release=release)
-            if job.batch_id is not None:
-                notify.announce_batches(self.runtime.redis, self.runtime.prefix, [job.batch_id])
-        except redis.RedisError:
-            self._log(logging.WARNING, "job.release_failed", exc_info=True)
 
     def _end_alone(
         self, dst: Status, fields: dict[str, Any], *, unsure: bool = False

@@ -2,13 +2,10 @@
 
 A slot that frees leases its next job and hands that job's message to this worker's own
 consumer (``jobs.index.hand_over``, ``workers.handover``); while the consumer takes the
-message, the handing slot makes the job's start in SQL, under the token the message carries,
-in the statement that records its own ending. The message's task runs on the pool's spare
-thread (``workers.pool``) and waits here for that start: the start overlaps the message's way
-instead of following it. On PostgreSQL the start is settled as soon as the statement has
-run, before its COMMIT (``early``): both rows are the handing transaction's until then, so no
-other start can take the job, and its handler runs while the COMMIT waits for the disk. The
-handing task then makes the job's first renewal (the start's announcement) after its COMMIT.
+message, the handing slot makes the job's start in SQL, under the token the message carries.
+The message's task cannot run before the handing task returns its thread, and then finds the
+start made and runs its handler at once: the start overlaps the message's way instead of
+following it.
 
 Process-local, keyed by token (one per message). The first handling to ``take`` a token owns
 it: it gets the start made for it, or is told to make the start itself (the start ahead
@@ -50,21 +47,17 @@ class _Entry:
     job: Job | None = None
     taken: bool = False
     release: Finished | None = None
-    early: bool = False
 
 
 class Taken(NamedTuple):
     """What ``take`` found: the claim, the row started ahead (``STARTED`` only), its age in
     seconds, and the handing attempt whose lease the taker releases with its first
-    renewal (``STARTED`` only; None: the handing task released it). ``early``: settled
-    before the handing statement's COMMIT, and the handing task makes the first renewal
-    (the start's announcement, its figures, its own release) once its COMMIT has landed."""
+    renewal (``STARTED`` only; None: the handing task released it)."""
 
     claim: Claim
     job: Job | None
     age: float
     release: Finished | None = None
-    early: bool = False
 
 
 class PreStarts:
@@ -99,17 +92,14 @@ class PreStarts:
         with self._lock:
             self._entries.pop(token, None)
 
-    def settle(self, token: str, job: Job | None, *, release: Finished | None = None,
-               early: bool = False) -> None:
+    def settle(self, token: str, job: Job | None, *, release: Finished | None = None) -> None:
         """The start made ahead for ``token``: the row, or None (not made); ``release``: the
-        handing attempt, ended and committed, whose lease the taker is to release;
-        ``early``: see ``Taken``."""
+        handing attempt, ended and committed, whose lease the taker is to release."""
         with self._lock:
             entry = self._entries.get(token)
-        if entry is not None and not entry.done.is_set():
+        if entry is not None:
             entry.job = job
             entry.release = release
-            entry.early = early
             entry.done.set()
 
     def take(self, token: str, *, wait_s: float) -> Taken:
@@ -127,7 +117,7 @@ class PreStarts:
         with self._lock:  # taken once: a later take is no owner's (UNKNOWN, as a copy's)
             self._entries.pop(token, None)
         if entry.done.is_set() and entry.job is not None:
-            return Taken(Claim.STARTED, entry.job, age, entry.release, entry.early)
+            return Taken(Claim.STARTED, entry.job, age, entry.release)
         return Taken(Claim.OWN, None, age)
 
 

@@ -182,20 +182,10 @@ class DirectPool:
         take = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
         timeout = ("" if wait_s is None
                    else f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'; ")
-        with self.transaction(durable=durable,
-                              begin=f"BEGIN; {timeout}SELECT {take}({classid}, {objid})") as c:
-            yield c
-
-    @contextlib.contextmanager
-    def transaction(
-        self, *, durable: bool = True, begin: str = "BEGIN"
-    ) -> Iterator[DirectConnection]:
-        """Statements in one transaction: ``begin`` (one round trip), the caller's
-        statements, COMMIT on leaving (ROLLBACK on an error)."""
         with self.connection(durable=durable) as connection:
             raw = connection._raw
             try:
-                connection._simple(begin)
+                connection._simple(f"BEGIN; {timeout}SELECT {take}({classid}, {objid})")
                 yield connection
                 connection.sent = True  # the COMMIT: cut off now, it may have landed
                 connection._simple("COMMIT")

@@ -20,10 +20,9 @@ from jobs.core.ids import new_job_id
 from jobs.core.states import Status
 from jobs.execution.attempt import Handover, execute
 from jobs.execution.handlers import JobContext
-from jobs.execution.prestart import PRE_STARTS, Claim
+from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.registry import HandlerRegistry
 from jobs.index.base import Entry, IndexedJob, Lease
-from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
@@ -227,11 +226,9 @@ def locked_start(direct: DirectPool, job_id: str, *, now: float, wait_s: float) 
             connection, job_id, attempt=1, now=now, token="t")
 
 
-def postgresql_only(
-    runtime: Runtime, why: str = "the commit lock is PostgreSQL's (SQLite offers after the COMMIT)"
-) -> DirectPool:
+def postgresql_only(runtime: Runtime) -> DirectPool:
     if runtime.direct is None:
-        pytest.skip(why)
+        pytest.skip("the commit lock is PostgreSQL's (SQLite offers after the COMMIT)")
     return runtime.direct
 
 
@@ -529,45 +526,6 @@ def test_the_next_jobs_start_is_made_ahead_and_its_message_runs_it_once(
     done = load(runtime, second.id)
     assert done.status is Status.SUCCEEDED and done.starts == 1 and done.attempt == 1
     assert runtime.index.inflight() == 0
-
-
-def test_a_next_job_run_before_the_endings_commit_is_announced_after_that_commit(
-    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler,
-) -> None:
-    """On PostgreSQL the next job's task may run while the ending's COMMIT waits for the
-    disk: the ending then makes that job's first renewal itself, after its COMMIT, which
-    releases its own lease and announces both moves, so no poller is told of a change it
-    cannot read yet."""
-    postgresql_only(runtime, "SQLite: the ending and the start commit before the next task runs")
-    runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
-    first, second = submit(runtime, tenant), submit(runtime, tenant)
-    assert dispatch(runtime).job_id == first.id
-    handed: list[tuple[Lease, str]] = []
-    hand = Handover(publish=lambda lease, token: handed.append((lease, token)), prestart=True)
-    announced = runtime.redis.pubsub(ignore_subscribe_messages=True)
-    announced.subscribe(IndexKeys(runtime.settings.key_prefix).changed)
-    announced.get_message(timeout=1.0)
-
-    assert execute(runtime, registry, first.id, 1, worker_id=WORKER, handover=hand) == "succeeded"
-
-    ((lease, token),) = handed
-    assert lease.job_id == second.id
-    taken = PRE_STARTS.take(token, wait_s=0)
-    assert (taken.claim, taken.early, taken.release) == (Claim.STARTED, True, None)
-    assert taken.job is not None and taken.job.id == second.id
-    assert runtime.index.entries_of([first.id]) == {}  # released by the ending, after COMMIT
-    assert runtime.index.entries_of([second.id]) == {
-        second.id: Entry(job_id=second.id, attempt=1, leased=True)}
-    heard: set[str] = set()
-    deadline = time.monotonic() + 5
-    while {first.id, second.id} - heard and time.monotonic() < deadline:
-        message = announced.get_message(timeout=0.5)
-        if message is not None:
-            heard.update(str(message["data"], "utf-8").split())
-    announced.close()
-    assert {first.id, second.id} <= heard
-    assert load(runtime, first.id).status is Status.SUCCEEDED
-    assert load(runtime, second.id).status is Status.RUNNING
 
 
 def test_a_start_ahead_that_lands_after_its_message_gave_up_waiting_is_still_run_once(

@@ -29,9 +29,9 @@ def test_the_first_taker_gets_the_start_and_a_copy_finds_it_taken() -> None:
     starts.expect("t1")
     starts.settle("t1", row)
 
-    claim, found, age, _release, early = starts.take("t1", wait_s=0)
+    claim, found, age, _release = starts.take("t1", wait_s=0)
 
-    assert (claim, found, early) == (Claim.STARTED, row, False) and age >= 0
+    assert (claim, found) == (Claim.STARTED, row) and age >= 0
     assert starts.take("t1", wait_s=0)[0] is Claim.UNKNOWN  # its copy: no start to adopt
 
 
@@ -86,18 +86,3 @@ def test_a_token_no_message_carries_is_forgotten() -> None:
     starts.expect("unsent")  # the hand-over leased nothing, or its message was not sent
     starts.forget("unsent")
     assert starts.take("unsent", wait_s=0.0)[0] is Claim.UNKNOWN
-
-
-def test_a_start_settled_before_its_commit_is_told_so_and_no_later_settle_replaces_it() -> None:
-    """Settled early, the taker runs at once and leaves its first renewal to the handing
-    task; a settle after that (the handing COMMIT failed: nothing started, it says) comes
-    too late to change what the taker was given."""
-    starts, row = PreStarts(), job()
-    starts.expect("t1")
-    starts.settle("t1", row, early=True)
-    starts.settle("t1", None)
-
-    taken = starts.take("t1", wait_s=0)
-
-    assert (taken.claim, taken.job, taken.early, taken.release) == (
-        Claim.STARTED, row, True, None)
