@@ -178,7 +178,8 @@ def _persist(runtime: Runtime, new: NewJob, *, offer_first: bool = False) -> Job
     """Commit the job's row; on a lost idempotency race, the job that won (as stored).
     ``offer_first`` (PostgreSQL, no idempotency key): ``offer`` inside the INSERT's
     transaction, which holds the job's commit lock from before the offer until the COMMIT
-    (``DirectPool.locked``), so a start of the job waits for the row (``start_once_committed``)."""
+    (``DirectPool.locked``), so a start of the job waits for the row
+    (``jobs.store.moves.once_committed``)."""
     inserted = False
     statement: Any = None
     try:

@@ -277,13 +277,13 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
                 return taken.job
         retried = [False]
 
+        # Leased by its submit, maybe before that submit's COMMIT (PostgreSQL): wait for it.
         direct = self.runtime.direct
-        committing = direct is not None and may_be_committing(self.job_id, self.clock())
+        committing = direct if may_be_committing(self.job_id, self.clock()) else None
 
         def start() -> Job | None:
-            if committing and direct is not None and not retried[0]:
-                # Leased by its submit, maybe before that submit's COMMIT: wait for it.
-                with jobs_sql.once_committed(direct, self.job_id,
+            if committing is not None and not retried[0]:
+                with jobs_sql.once_committed(committing, self.job_id,
                                              wait_s=UNCOMMITTED_WAIT_S) as locked:
                     return None if locked is None else jobs_sql.start(
                         locked, self.job_id, attempt=self.attempt, now=self.clock(),

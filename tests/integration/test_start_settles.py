@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 import jobs.execution.attempt as attempt_module
 from jobs.core.cadence import UNCOMMITTED_GRACE_S, UNCOMMITTED_RETRY_S, UNCOMMITTED_WAIT_S
@@ -40,6 +41,16 @@ WORKER = "worker-test@host"
 
 @pytest.fixture
 def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
+    yield from runtime_on(db_url, redis_client, key_prefix)
+
+
+@pytest.fixture
+def pg_runtime(pg_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
+    """On PostgreSQL only: the commit lock is PostgreSQL's (SQLite offers after the COMMIT)."""
+    yield from runtime_on(pg_url, redis_client, key_prefix)
+
+
+def runtime_on(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator[Runtime]:
     settings = load_settings(database_url=db_url, key_prefix=key_prefix,
                              policy={"lease_ttl_s": LEASE_TTL_S})
     engine = make_engine(db_url)
@@ -57,6 +68,10 @@ def runtime(db_url: str, redis_client: redis.Redis, key_prefix: str) -> Iterator
 
 @pytest.fixture
 def tenant(runtime: Runtime) -> Tenant:
+    return new_tenant(runtime)
+
+
+def new_tenant(runtime: Runtime) -> Tenant:
     with runtime.sessions.begin() as session:
         return tenants_sql.create_tenant(
             session, name="acme", tier="standard", api_key_hash="hash", now=time.time())
@@ -226,28 +241,50 @@ def locked_start(direct: DirectPool, job_id: str, *, now: float, wait_s: float) 
             connection, job_id, attempt=1, now=now, token="t")
 
 
-def postgresql_only(runtime: Runtime) -> DirectPool:
-    if runtime.direct is None:
-        pytest.skip("the commit lock is PostgreSQL's (SQLite offers after the COMMIT)")
+def direct_of(runtime: Runtime) -> DirectPool:
+    assert runtime.direct is not None, "PostgreSQL has direct connections"
     return runtime.direct
 
 
+def await_lock_wait(runtime: Runtime) -> None:
+    """Until a session waits for an advisory lock: the start has met the commit lock."""
+    deadline = time.monotonic() + 10
+    while True:
+        with runtime.sessions() as session:
+            waiting = session.execute(sa.text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            )).scalar_one()
+        if waiting:
+            return
+        assert time.monotonic() < deadline, "no start waited for the commit lock"
+        time.sleep(0.01)
+
+
+def attempt_in_thread(runtime: Runtime, registry: HandlerRegistry, lease: Lease, now: float,
+                      outcomes: list[str]) -> threading.Thread:
+    """The worker's attempt of ``lease`` on a thread of its own; its outcome to ``outcomes``."""
+    worker = threading.Thread(target=lambda: outcomes.append(execute(
+        runtime, registry, lease.job_id, lease.attempt, worker_id=WORKER, dispatched_at=now)))
+    worker.start()
+    return worker
+
+
 def test_a_start_made_while_its_submit_holds_the_commit_lock_waits_for_the_commit(
-    runtime: Runtime, tenant: Tenant
+    pg_runtime: Runtime,
 ) -> None:
     """A submit that finds a slot free offers its job before its COMMIT, holding the job's
     commit lock: a start that meets the lease then waits for the row, and starts it."""
-    direct = postgresql_only(runtime)
+    runtime, direct = pg_runtime, direct_of(pg_runtime)
     now = runtime.index.now()
-    new = new_job(runtime, tenant, now)
+    new = new_job(runtime, new_tenant(runtime), now)
     started: list[Job | None] = []
     with direct.locked(new.id, shared=False) as connection:
         jobs_sql.insert_job(connection, new)
         worker = threading.Thread(target=lambda: started.append(locked_start(
             direct, new.id, now=now, wait_s=30.0)))
         worker.start()
-        worker.join(0.3)
-        assert worker.is_alive() and started == []  # waiting on the lock, not on a read
+        await_lock_wait(runtime)
+        assert started == []  # waiting on the lock, not on a read
     worker.join(10)
 
     (job,) = started
@@ -255,14 +292,12 @@ def test_a_start_made_while_its_submit_holds_the_commit_lock_waits_for_the_commi
     assert load(runtime, new.id).status is Status.RUNNING
 
 
-def test_a_start_gives_up_on_a_commit_lock_held_past_its_wait(
-    runtime: Runtime, tenant: Tenant
-) -> None:
+def test_a_start_gives_up_on_a_commit_lock_held_past_its_wait(pg_runtime: Runtime) -> None:
     """A submit that hangs inside its transaction holds no start for longer than the wait:
     the start says the row is not there, and the caller settles it as such."""
-    direct = postgresql_only(runtime)
+    runtime, direct = pg_runtime, direct_of(pg_runtime)
     now = runtime.index.now()
-    new = new_job(runtime, tenant, now)
+    new = new_job(runtime, new_tenant(runtime), now)
     with direct.locked(new.id, shared=False) as connection:
         jobs_sql.insert_job(connection, new)
         began = time.monotonic()
@@ -272,21 +307,21 @@ def test_a_start_gives_up_on_a_commit_lock_held_past_its_wait(
 
 
 def test_a_lease_taken_before_its_submits_commit_runs_once_the_row_commits(
-    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+    pg_runtime: Runtime,
 ) -> None:
     """The whole early offer: the job is indexed and leased under the submit's commit lock,
     its INSERT commits a moment later, and the worker's attempt runs it once."""
-    direct = postgresql_only(runtime)
+    runtime, direct = pg_runtime, direct_of(pg_runtime)
+    tenant = new_tenant(runtime)
+    probe = ProbeHandler(runtime)
     now = runtime.index.now()
     new = new_job(runtime, tenant, now)
     outcomes: list[str] = []
     with direct.locked(new.id, shared=False) as connection:
         index_entry(runtime, new)
-        lease = dispatch(runtime, now=now)
-        worker = threading.Thread(target=lambda: outcomes.append(execute(
-            runtime, registry, new.id, lease.attempt, worker_id=WORKER, dispatched_at=now)))
-        worker.start()
-        time.sleep(0.1)
+        worker = attempt_in_thread(runtime, HandlerRegistry([probe]),
+                                   dispatch(runtime, now=now), now, outcomes)
+        await_lock_wait(runtime)
         jobs_sql.insert_job(connection, new)
     worker.join(30)
 
@@ -298,21 +333,20 @@ def test_a_lease_taken_before_its_submits_commit_runs_once_the_row_commits(
 
 
 def test_a_lease_whose_submit_rolls_back_under_the_lock_is_put_back(
-    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry, probe: ProbeHandler
+    pg_runtime: Runtime,
 ) -> None:
     """The submit's transaction fails after the offer: its ROLLBACK ends the start's wait,
     no row is there, and the lease is settled as any uncommitted one (put back, held off)."""
-    direct = postgresql_only(runtime)
+    runtime, direct = pg_runtime, direct_of(pg_runtime)
+    probe = ProbeHandler(runtime)
     now = runtime.index.now()
-    new = new_job(runtime, tenant, now, max_wait_s=600)
+    new = new_job(runtime, new_tenant(runtime), now, max_wait_s=600)
     outcomes: list[str] = []
     with pytest.raises(RuntimeError), direct.locked(new.id, shared=False):
         index_entry(runtime, new)
-        lease = dispatch(runtime, now=now)
-        worker = threading.Thread(target=lambda: outcomes.append(execute(
-            runtime, registry, new.id, lease.attempt, worker_id=WORKER, dispatched_at=now)))
-        worker.start()
-        time.sleep(0.1)
+        worker = attempt_in_thread(runtime, HandlerRegistry([probe]),
+                                   dispatch(runtime, now=now), now, outcomes)
+        await_lock_wait(runtime)
         raise RuntimeError("the INSERT failed")
     worker.join(30)
 
