@@ -170,6 +170,12 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         # The attempt that handed this job over, ended and committed: its lease is released
         # with this one's first renewal (one round trip for both).
         self._handed: Finished | None = None
+        # Started ahead and run before the handing statement's COMMIT: set once that COMMIT
+        # has landed and the handing task has made this attempt's first renewal
+        # (``jobs.execution.prestart``); no move of this attempt's own may come before.
+        self._landed: threading.Event | None = None
+        # This attempt's ending let the next job run before its own COMMIT: set after it.
+        self.next_landed: threading.Event | None = None
         self.clock: Clock = clock or runtime.clock
         self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
         self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)
@@ -211,7 +217,12 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
                               limit_s=self.limit_s,
                               grace_s=self.runtime.policy.timeout_grace_s,
                               on_overrun=lambda: self._overrun(heartbeat))
-        if self._fresh or self._leased_moments_ago():
+        if self._landed is not None:
+            # Run while the handing statement commits; the handing task announces the start,
+            # records its figures and releases its own lease in this lease's first renewal,
+            # once its COMMIT has landed (``RecordsOutcome._end``).
+            heartbeat.start()
+        elif self._fresh or self._leased_moments_ago():
             # Leased a moment ago (by this process, or for this message): the lease cannot
             # have lapsed, so the renewal that announces the start goes first in the
             # heartbeat's thread, beside the handler (a lease lost with Redis meanwhile is
@@ -226,11 +237,13 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
                 return self._hand_back(Status.RUNNING)
             heartbeat.start()
         self._holds_lease = heartbeat.holds_lease
-        self._announce_batch()
+        if self._landed is None:  # else announced by the handing task, after its COMMIT
+            self._announce_batch()
         RUNNING.add(ctx)
         try:
             ending = call_handler(registry, ctx, job)
             sender.close()  # the last report is in Redis before the ending is announced
+            self._await_handing()
             if not self._claim_ending():
                 self._log(logging.WARNING, "job.stale", reason="ended after its overrun")
                 return STALE
@@ -252,11 +265,22 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         try:
             if self._claim_ending():
                 self.handover = None  # this process ends: the dispatcher fills the slot
+                self._await_handing()
                 self._timed_out(heartbeat)
         except Exception:  # the process ends all the same; the reaper settles the rest
             self._log(logging.ERROR, "job.overrun_unrecorded", exc_info=True)
         finally:
             limits.end_process(self.runtime.policy.stop_grace_s)
+
+    def _await_handing(self) -> None:
+        """Run before the handing statement's COMMIT: wait until it has landed (or failed)
+        and this attempt's first renewal is made, before any move of this attempt's own. A
+        statement of ours sent earlier would not see the row started (its snapshot comes
+        before that COMMIT) and would record the ending as stale; a slot passed on earlier
+        would find the handing lease still counted against its tenant."""
+        landed = self._landed
+        if landed is not None and not landed.wait(self.runtime.policy.lease_ttl_s):
+            self._log(logging.WARNING, "job.handing_commit_late")
 
     def _leased_moments_ago(self) -> bool:
         """The message's lease was taken less than a third of its TTL ago (on the index's
@@ -274,6 +298,7 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
             if taken.claim is Claim.STARTED:
                 self._fresh = taken.age < self.runtime.policy.lease_ttl_s / 3
                 self._handed = taken.release
+                self._landed = taken.landed
                 return taken.job
         retried = [False]
 
@@ -411,12 +436,22 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         """This attempt's ending and the next job's start (made ahead for its message,
         under its token), one statement (``jobs.store.jobs.end_and_start``); one try."""
         lease = passed.lease
-        with self.runtime.one_statement() as connection:
-            return jobs_sql.end_and_start(
+        direct = self.runtime.direct
+        with (self.runtime.one_statement() if direct is None
+              else direct.transaction()) as connection:
+            moved, started = jobs_sql.end_and_start(
                 connection, self.job_id, attempt=self.attempt, dst=dst, now=self.clock(),
                 fields=fields, next_id=lease.job_id, next_attempt=lease.attempt,
                 token=passed.token,
                 dispatched_at=lease.expires_at - self.runtime.policy.lease_ttl_s)
+            if started is not None and direct is not None:
+                # Both rows are this transaction's until its COMMIT: no other start can take
+                # the next job meanwhile, so it runs now, while the ending's COMMIT waits for
+                # the disk (a COMMIT that fails leaves it a lost start: docs/states.md).
+                landed = threading.Event()
+                if PRE_STARTS.settle(passed.token, started, landed=landed):
+                    self.next_landed = landed
+        return moved, started
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)

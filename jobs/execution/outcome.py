@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ from jobs.core.error_types import ErrorType
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
 from jobs.execution.handlers import JobContext
-from jobs.execution.leases import Heartbeat, is_sql_outage
+from jobs.execution.leases import Heartbeat, is_sql_outage, start_figures, virtual_now
 from jobs.execution.limits import timed_out_error
 from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.results import result_fields
@@ -38,6 +39,7 @@ from jobs.execution.running import (
     describe_error,
 )
 from jobs.execution.slots import Handover, Passed, entry_of, ring
+from jobs.index import notify
 from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
 
@@ -61,6 +63,10 @@ class RecordsOutcome:
         raise NotImplementedError
 
     handover: Handover | None
+    # Set by ``_end_and_start`` when it let the next job run before its COMMIT; set (the
+    # event) once that COMMIT has landed or failed and that job's first renewal is made.
+    next_landed: threading.Event | None
+    _virtual_clock: Callable[[], float] | None
 
     def _transition(
         self, src: Status, dst: Status, *, announce: bool = True, unsure: bool = False,
@@ -123,22 +129,14 @@ class RecordsOutcome:
         if report is not None:  # the last report outlives its Redis copy, with the ending
             fields = {**fields, "progress": report.to_dict()}
         passed = self._pass_slot()
-        moved, dst, fields, started = self._record_end(dst, fields, passed)
-        heartbeat.stop()  # no renewal may follow the release
-        if started is not None and passed is not None:
-            # The next job's task releases this lease with its first renewal (announcing and
-            # counting this ending): one round trip for both, and none before that task runs.
-            ending = Finished(job_id=self._job.id, attempt=self._job.attempt,
-                              outcome=dst.value,
-                              capacity=self.runtime.policy.pool_concurrency)
-            PRE_STARTS.settle(passed.token, started, release=ending if moved else None)
-            if not moved:
-                self._release(None, passed)
-        else:
-            if passed is not None and self.handover is not None and self.handover.prestart:
-                PRE_STARTS.settle(passed.token, None)  # its task makes the start itself
-            if passed is not None or moved:
-                self._release(dst if moved else None, passed)
+        try:
+            moved, dst, fields, started = self._record_end(dst, fields, passed)
+            heartbeat.stop()  # no renewal may follow the release
+            self._release_or_pass(moved, dst, started, passed)
+        finally:
+            landed, self.next_landed = self.next_landed, None
+            if landed is not None:  # the next job's task may move its row now
+                landed.set()
         if not moved:
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
@@ -147,6 +145,28 @@ class RecordsOutcome:
         self._log(level, f"job.{dst.value}", error=fields.get("error"),
                   duration_s=self._run_time())
         return dst.value
+
+    def _release_or_pass(
+        self, moved: bool, dst: Status, started: Job | None, passed: Passed | None
+    ) -> None:
+        """After the ending's commit: this attempt's lease released, by the next job's first
+        renewal when its start was made here too (one round trip for both, announcing and
+        counting this ending), else here."""
+        if started is not None and passed is not None:
+            ending = Finished(job_id=self._job.id, attempt=self._job.attempt,
+                              outcome=dst.value,
+                              capacity=self.runtime.policy.pool_concurrency)
+            if self.next_landed is not None:  # its task runs already: renew for it
+                self._first_renewal_of(started, release=ending if moved else None)
+            else:
+                PRE_STARTS.settle(passed.token, started, release=ending if moved else None)
+            if not moved:
+                self._release(None, passed)
+            return
+        if passed is not None and self.handover is not None and self.handover.prestart:
+            PRE_STARTS.settle(passed.token, None)  # its task makes the start itself
+        if passed is not None or moved:
+            self._release(dst if moved else None, passed)
 
     def _record_end(
         self, dst: Status, fields: dict[str, Any], passed: Passed | None
@@ -168,6 +188,22 @@ class RecordsOutcome:
             if not is_sql_outage(exc):
                 raise
             return (*self._end_alone(dst, fields, unsure=True), None)
+
+    def _first_renewal_of(self, job: Job, *, release: Finished | None) -> None:
+        """The first renewal of the next job's lease, made for its task, which runs already
+        (settled before this COMMIT): now that the COMMIT has landed, it announces that
+        start, records its figures and releases this attempt's lease (``release``), in one
+        round trip, as the task's own first renewal would. Best effort: a lease left
+        unreleased lapses and is reaped, and the next job's own renewals keep its lease."""
+        try:
+            self.runtime.index.renew_checked(
+                job.id, attempt=job.attempt, ttl_s=self.runtime.policy.lease_ttl_s,
+                now=virtual_now(self._virtual_clock), announce=True, start=start_figures(job),
+                release=release)
+            if job.batch_id is not None:
+                notify.announce_batches(self.runtime.redis, self.runtime.prefix, [job.batch_id])
+        except redis.RedisError:
+            self._log(logging.WARNING, "job.release_failed", exc_info=True)
 
     def _end_alone(
         self, dst: Status, fields: dict[str, Any], *, unsure: bool = False

@@ -2,10 +2,15 @@
 
 A slot that frees leases its next job and hands that job's message to this worker's own
 consumer (``jobs.index.hand_over``, ``workers.handover``); while the consumer takes the
-message, the handing slot makes the job's start in SQL, under the token the message carries.
-The message's task cannot run before the handing task returns its thread, and then finds the
-start made and runs its handler at once: the start overlaps the message's way instead of
-following it.
+message, the handing slot makes the job's start in SQL, under the token the message carries,
+in the statement that records its own ending. The message's task runs on the pool's spare
+thread (``workers.pool``) and waits here for that start: the start overlaps the message's way
+instead of following it. On PostgreSQL the start is settled as soon as the statement has
+run, before its COMMIT, with a ``landed`` event: both rows are the handing transaction's
+until then, so no other start can take the job, and its handler runs while the COMMIT waits
+for the disk. The handing task makes the job's first renewal (the start's announcement)
+after its COMMIT, then sets ``landed``; the handler's ending waits for it, since a statement
+of its own made earlier would not yet see the row started.
 
 Process-local, keyed by token (one per message). The first handling to ``take`` a token owns
 it: it gets the start made for it, or is told to make the start itself (the start ahead
@@ -47,17 +52,22 @@ class _Entry:
     job: Job | None = None
     taken: bool = False
     release: Finished | None = None
+    landed: threading.Event | None = None
 
 
 class Taken(NamedTuple):
     """What ``take`` found: the claim, the row started ahead (``STARTED`` only), its age in
     seconds, and the handing attempt whose lease the taker releases with its first
-    renewal (``STARTED`` only; None: the handing task released it)."""
+    renewal (``STARTED`` only; None: the handing task released it). ``landed``: settled
+    before the handing statement's COMMIT, set once that COMMIT has landed (or failed) and
+    the handing task has made the first renewal (the start's announcement, its figures, its
+    own release); the taker's ending waits for it."""
 
     claim: Claim
     job: Job | None
     age: float
     release: Finished | None = None
+    landed: threading.Event | None = None
 
 
 class PreStarts:
@@ -92,15 +102,21 @@ class PreStarts:
         with self._lock:
             self._entries.pop(token, None)
 
-    def settle(self, token: str, job: Job | None, *, release: Finished | None = None) -> None:
+    def settle(self, token: str, job: Job | None, *, release: Finished | None = None,
+               landed: threading.Event | None = None) -> bool:
         """The start made ahead for ``token``: the row, or None (not made); ``release``: the
-        handing attempt, ended and committed, whose lease the taker is to release."""
+        handing attempt, ended and committed, whose lease the taker is to release;
+        ``landed``: see ``Taken``. False when no handling waits for it any more (it stopped
+        waiting, or was settled already): what it is told then, it will not learn."""
         with self._lock:
             entry = self._entries.get(token)
-        if entry is not None:
+            if entry is None or entry.done.is_set():
+                return False
             entry.job = job
             entry.release = release
+            entry.landed = landed
             entry.done.set()
+            return True
 
     def take(self, token: str, *, wait_s: float) -> Taken:
         """Claim ``token`` for this handling, waiting up to ``wait_s`` for a start being made;
@@ -117,7 +133,7 @@ class PreStarts:
         with self._lock:  # taken once: a later take is no owner's (UNKNOWN, as a copy's)
             self._entries.pop(token, None)
         if entry.done.is_set() and entry.job is not None:
-            return Taken(Claim.STARTED, entry.job, age, entry.release)
+            return Taken(Claim.STARTED, entry.job, age, entry.release, entry.landed)
         return Taken(Claim.OWN, None, age)
 
 

@@ -58,6 +58,10 @@ def _sql_error(exc: psycopg.Error, raw: psycopg.Connection[Any], sql: str | None
                                       connection_invalidated=broken)
 
 
+# What a statement that succeeded returns (``DirectConnection._simple``).
+_DONE = frozenset({pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK})
+
+
 class DirectResult:
     """What the store reads of a statement's result: ``rowcount``, ``first()``, rows."""
 
@@ -122,11 +126,16 @@ class DirectConnection:
         return DirectResult(cursor.rowcount, rows)
 
     def _simple(self, sql: str) -> None:
-        """A statement of no parameters, several at once (one round trip)."""
+        """A statement of no parameters, several at once (one round trip), sent through
+        libpq itself: a ``BEGIN`` or ``COMMIT`` through a cursor costs twice its own time in
+        Python. Only the last statement's result comes back; the first error ends them."""
+        raw = self._raw
         try:
-            self._raw.execute(sql.encode())
+            result = raw.pgconn.exec_(sql.encode())
+            if result.status not in _DONE:
+                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
         except psycopg.Error as exc:
-            raise _sql_error(exc, self._raw, sql) from exc
+            raise _sql_error(exc, raw, sql) from exc
 
     @property
     def usable(self) -> bool:
@@ -182,10 +191,20 @@ class DirectPool:
         take = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
         timeout = ("" if wait_s is None
                    else f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'; ")
+        with self.transaction(durable=durable,
+                              begin=f"BEGIN; {timeout}SELECT {take}({classid}, {objid})") as c:
+            yield c
+
+    @contextlib.contextmanager
+    def transaction(
+        self, *, durable: bool = True, begin: str = "BEGIN"
+    ) -> Iterator[DirectConnection]:
+        """Statements in one transaction: ``begin`` (one round trip), the caller's
+        statements, COMMIT on leaving (ROLLBACK on an error)."""
         with self.connection(durable=durable) as connection:
             raw = connection._raw
             try:
-                connection._simple(f"BEGIN; {timeout}SELECT {take}({classid}, {objid})")
+                connection._simple(begin)
                 yield connection
                 connection.sent = True  # the COMMIT: cut off now, it may have landed
                 connection._simple("COMMIT")

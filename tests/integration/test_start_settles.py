@@ -19,17 +19,19 @@ from jobs.core.cadence import UNCOMMITTED_GRACE_S, UNCOMMITTED_RETRY_S, UNCOMMIT
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
+from jobs.dispatch.recovery import Lapsed, recover
 from jobs.execution.attempt import Handover, execute
 from jobs.execution.handlers import JobContext
 from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.registry import HandlerRegistry
 from jobs.index.base import Entry, IndexedJob, Lease
+from jobs.index.keys import IndexKeys
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
-from jobs.store.direct import DirectPool, direct_pool
+from jobs.store.direct import DirectConnection, DirectPool, direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
 
@@ -560,6 +562,117 @@ def test_the_next_jobs_start_is_made_ahead_and_its_message_runs_it_once(
     done = load(runtime, second.id)
     assert done.status is Status.SUCCEEDED and done.starts == 1 and done.attempt == 1
     assert runtime.index.inflight() == 0
+
+
+def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
+    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On PostgreSQL the next job's task runs as soon as the ending's statement has, while
+    its COMMIT waits for the disk (here a slow one): that job's handler runs before the
+    COMMIT, but its own ending waits for it and for the first renewal the ending makes for
+    it (announcing both moves, releasing the ending's lease), so a job that ends at once is
+    recorded, not refused as stale by a snapshot taken before the COMMIT."""
+    runtime = pg_runtime
+    tenant, probe = new_tenant(runtime), ProbeHandler(runtime)
+    registry = HandlerRegistry([probe])
+    runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
+    first, second = submit(runtime, tenant), submit(runtime, tenant)
+    assert dispatch(runtime).job_id == first.id
+    handing = threading.current_thread()
+    tasks: list[threading.Thread] = []
+    outcomes: list[str] = []
+
+    def consume(lease: Lease, token: str) -> None:  # the message's task, on a spare thread
+        tasks.append(threading.Thread(target=lambda: outcomes.append(execute(
+            runtime, registry, lease.job_id, lease.attempt, worker_id=WORKER, token=token))))
+        tasks[-1].start()
+
+    simple = DirectConnection._simple
+
+    def slow_commit(connection: DirectConnection, sql: str) -> None:
+        if sql == "COMMIT" and threading.current_thread() is handing:
+            time.sleep(0.3)
+        simple(connection, sql)
+
+    monkeypatch.setattr(DirectConnection, "_simple", slow_commit)
+    announced = runtime.redis.pubsub(ignore_subscribe_messages=True)
+    announced.subscribe(IndexKeys(runtime.settings.key_prefix).changed)
+    announced.get_message(timeout=1.0)
+    hand = Handover(publish=consume, prestart=True)
+
+    assert execute(runtime, registry, first.id, 1, worker_id=WORKER, handover=hand) == "succeeded"
+    (task,) = tasks
+    task.join(10)
+
+    assert outcomes == ["succeeded"]
+    # The second job's handler read its row before the first's COMMIT: still queued.
+    assert probe.seen == [(Status.RUNNING, 1), (Status.QUEUED, 1)]
+    for job in (first, second):
+        done = load(runtime, job.id)
+        assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
+    heard: set[str] = set()
+    deadline = time.monotonic() + 5
+    while {first.id, second.id} - heard and time.monotonic() < deadline:
+        message = announced.get_message(timeout=0.5)
+        if message is not None:
+            heard.update(str(message["data"], "utf-8").split())
+    announced.close()
+    assert {first.id, second.id} <= heard
+    assert runtime.index.inflight() == 0
+
+
+def test_a_next_job_run_before_a_commit_that_fails_is_a_lost_start_recorded_nowhere(
+    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ending's connection is lost at its COMMIT, after the next job's task was let run:
+    the database rolls both moves back, the ending is recorded alone, and the next job's
+    ending, which waited for that COMMIT, finds its row queued and records nothing (stale):
+    the job is queued, uncharged, and its lease lapses to the reaper, which indexes it
+    again to run once more."""
+    runtime = pg_runtime
+    tenant, probe = new_tenant(runtime), ProbeHandler(runtime)
+    registry = HandlerRegistry([probe])
+    runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
+    first, second = submit(runtime, tenant), submit(runtime, tenant)
+    assert dispatch(runtime).job_id == first.id
+    tasks: list[threading.Thread] = []
+    outcomes: list[str] = []
+
+    def consume(lease: Lease, token: str) -> None:
+        tasks.append(threading.Thread(target=lambda: outcomes.append(execute(
+            runtime, registry, lease.job_id, lease.attempt, worker_id=WORKER, token=token))))
+        tasks[-1].start()
+
+    simple = DirectConnection._simple
+
+    def lost_at_commit(connection: DirectConnection, sql: str) -> None:
+        if sql == "COMMIT" and tasks:  # the ending's, the next job's task let run
+            deadline = time.monotonic() + 10
+            while not probe.seen[1:] and time.monotonic() < deadline:
+                time.sleep(0.005)  # until that job's handler has run
+            connection._raw.close()  # the server rolls the transaction back
+        simple(connection, sql)
+
+    monkeypatch.setattr(DirectConnection, "_simple", lost_at_commit)
+    hand = Handover(publish=consume, prestart=True)
+
+    assert execute(runtime, registry, first.id, 1, worker_id=WORKER, handover=hand) == "succeeded"
+    (task,) = tasks
+    task.join(10)
+
+    assert outcomes == ["stale"]
+    assert [call[0] for call in probe.calls] == [first.id, second.id]
+    assert load(runtime, first.id).status is Status.SUCCEEDED
+    lost = load(runtime, second.id)
+    assert (lost.status, lost.attempt, lost.starts) == (Status.QUEUED, 1, 0)
+    # Its lease lapses, as any lost start's: the reaper indexes the queued row again as it is.
+    (lapsed,) = runtime.index.reap(now=runtime.index.now() + LEASE_TTL_S + 1)
+    assert lapsed.job_id == second.id
+    with runtime.sessions.begin() as session:
+        again = recover(session, lost, runtime.index.now(),
+                        Lapsed(expires_at=lapsed.expires_at, ttl_s=LEASE_TTL_S))
+    assert again.entry is not None and (again.entry.job_id, again.entry.attempt) == (second.id, 1)
+    assert not (again.failed or again.expired)
 
 
 def test_a_start_ahead_that_lands_after_its_message_gave_up_waiting_is_still_run_once(

@@ -29,9 +29,9 @@ def test_the_first_taker_gets_the_start_and_a_copy_finds_it_taken() -> None:
     starts.expect("t1")
     starts.settle("t1", row)
 
-    claim, found, age, _release = starts.take("t1", wait_s=0)
+    claim, found, age, _release, landed = starts.take("t1", wait_s=0)
 
-    assert (claim, found) == (Claim.STARTED, row) and age >= 0
+    assert (claim, found, landed) == (Claim.STARTED, row, None) and age >= 0
     assert starts.take("t1", wait_s=0)[0] is Claim.UNKNOWN  # its copy: no start to adopt
 
 
@@ -86,3 +86,30 @@ def test_a_token_no_message_carries_is_forgotten() -> None:
     starts.expect("unsent")  # the hand-over leased nothing, or its message was not sent
     starts.forget("unsent")
     assert starts.take("unsent", wait_s=0.0)[0] is Claim.UNKNOWN
+
+
+def test_a_start_settled_before_its_commit_carries_its_landing_and_no_later_settle_replaces_it(
+) -> None:
+    """Settled early, the taker runs at once and is given the event its ending waits for;
+    a settle after that (the handing COMMIT failed: nothing started, it says) comes too
+    late to change what the taker was given, and says so."""
+    starts, row, landed = PreStarts(), job(), threading.Event()
+    starts.expect("t1")
+    assert starts.settle("t1", row, landed=landed)
+    assert not starts.settle("t1", None)
+
+    taken = starts.take("t1", wait_s=0)
+
+    assert (taken.claim, taken.job, taken.landed, taken.release) == (
+        Claim.STARTED, row, landed, None)
+
+
+def test_a_settle_after_its_taker_stopped_waiting_says_it_reached_no_one() -> None:
+    """The handing task lets the next job run early only when its task was told so: one
+    that stopped waiting makes the start itself, and the handing task must not make that
+    start's first renewal as well."""
+    starts = PreStarts()
+    starts.expect("t1")
+    assert starts.take("t1", wait_s=0).claim is Claim.OWN
+
+    assert not starts.settle("t1", job(), landed=threading.Event())
