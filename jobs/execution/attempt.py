@@ -95,6 +95,7 @@ from jobs.index import notify
 from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
+from jobs.store.direct import Ahead
 
 logger = logging.getLogger("tierq.worker")
 
@@ -176,6 +177,8 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         self._landed: threading.Event | None = None
         # This attempt's ending let the next job run before its own COMMIT: set after it.
         self.next_landed: threading.Event | None = None
+        # The ending's transaction, begun while its slot passes on (``_begin_ahead``).
+        self.ahead: Ahead | None = None
         self.clock: Clock = clock or runtime.clock
         self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
         self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)
@@ -413,6 +416,15 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         return pass_slot(self.runtime, self.handover, job_id=self.job_id,
                          attempt=self.attempt, now=virtual_now(self._virtual_clock))
 
+    def _begin_ahead(self) -> None:
+        """On PostgreSQL, with the next job's start made in the ending's statement: that
+        transaction's BEGIN goes out before the slot passes on, so its round trip runs beside
+        the hand-over's instead of after it (``DirectPool.begin_ahead``)."""
+        direct, handover = self.runtime.direct, self.handover
+        if direct is not None and handover is not None and handover.prestart \
+                and not limits.ending():
+            self.ahead = direct.begin_ahead()
+
     def _release(self, outcome: Status | None, passed: Passed | None = None) -> None:
         """After an ending's commit: release, announce the change and count the outcome
         (None: a stale ending, nothing to announce), one round trip. The dispatcher's
@@ -436,9 +448,9 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         """This attempt's ending and the next job's start (made ahead for its message,
         under its token), one statement (``jobs.store.jobs.end_and_start``); one try."""
         lease = passed.lease
-        direct = self.runtime.direct
+        direct, ahead, self.ahead = self.runtime.direct, self.ahead, None
         with (self.runtime.one_statement() if direct is None
-              else direct.transaction()) as connection:
+              else direct.transaction(ahead=ahead)) as connection:
             moved, started = jobs_sql.end_and_start(
                 connection, self.job_id, attempt=self.attempt, dst=dst, now=self.clock(),
                 fields=fields, next_id=lease.job_id, next_attempt=lease.attempt,

@@ -42,6 +42,7 @@ from jobs.execution.slots import Handover, Passed, entry_of, ring
 from jobs.index import notify
 from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
+from jobs.store.direct import Ahead
 
 REQUEUED, STALE = "requeued", "stale"
 
@@ -66,6 +67,8 @@ class RecordsOutcome:
     # Set by ``_end_and_start`` when it let the next job run before its COMMIT; set (the
     # event) once that COMMIT has landed or failed and that job's first renewal is made.
     next_landed: threading.Event | None
+    # The ending's transaction, begun ahead; discarded when no statement took it.
+    ahead: Ahead | None
     _virtual_clock: Callable[[], float] | None
 
     def _transition(
@@ -81,6 +84,9 @@ class RecordsOutcome:
         raise NotImplementedError
 
     def _pass_slot(self) -> Passed | None:
+        raise NotImplementedError
+
+    def _begin_ahead(self) -> None:
         raise NotImplementedError
 
     def _release(self, outcome: Status | None, passed: Passed | None = None) -> None:
@@ -128,6 +134,7 @@ class RecordsOutcome:
         report = None if self.ctx is None else self.ctx.last_report
         if report is not None:  # the last report outlives its Redis copy, with the ending
             fields = {**fields, "progress": report.to_dict()}
+        self._begin_ahead()
         passed = self._pass_slot()
         try:
             moved, dst, fields, started = self._record_end(dst, fields, passed)
@@ -137,6 +144,9 @@ class RecordsOutcome:
             landed, self.next_landed = self.next_landed, None
             if landed is not None:  # the next job's task may move its row now
                 landed.set()
+            ahead, self.ahead = self.ahead, None
+            if ahead is not None:  # begun for a next job there was none of
+                ahead.discard()
         if not moved:
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE

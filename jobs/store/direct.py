@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import select
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -137,9 +138,55 @@ class DirectConnection:
         except psycopg.Error as exc:
             raise _sql_error(exc, raw, sql) from exc
 
+    def _begun(self) -> None:
+        """Read the answer of the BEGIN ``DirectPool.begin_ahead`` sent, waiting for it
+        with the GIL released."""
+        raw = self._raw
+        try:
+            pgconn = raw.pgconn
+            pgconn.consume_input()
+            while pgconn.is_busy():
+                select.select([pgconn.socket], [], [])
+                pgconn.consume_input()
+            result = pgconn.get_result()
+            while pgconn.get_result() is not None:
+                pass
+            if result is None:
+                raise psycopg.OperationalError("no answer to BEGIN")
+            if result.status not in _DONE:
+                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
+        except psycopg.Error as exc:
+            raise _sql_error(exc, raw, "BEGIN") from exc
+
     @property
     def usable(self) -> bool:
         return not (self._raw.broken or self._raw.closed)
+
+
+class Ahead:
+    """A transaction begun ahead of its statements (``DirectPool.begin_ahead``): given to
+    ``DirectPool.transaction``, or ended unused with ``discard``."""
+
+    def __init__(self, pool: DirectPool, raw: psycopg.Connection[Any], durable: bool) -> None:
+        self._pool = pool
+        self.raw = raw
+        self.durable = durable
+        self.used = False
+
+    def discard(self) -> None:
+        """Not used after all: rolled back (one round trip) and its connection given back."""
+        if self.used:
+            return
+        self.used = True
+        connection = DirectConnection(self._pool, self.raw)
+        try:
+            connection._begun()
+            self.raw.pgconn.exec_(b"ROLLBACK")
+        except (psycopg.Error, sa.exc.DBAPIError):
+            self.raw.close()
+        if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
+            self.raw.close()
+        self._pool._give_back(self.raw, self.durable)
 
 
 class DirectPool:
@@ -197,21 +244,60 @@ class DirectPool:
 
     @contextlib.contextmanager
     def transaction(
-        self, *, durable: bool = True, begin: str = "BEGIN"
+        self, *, durable: bool = True, begin: str = "BEGIN", ahead: Ahead | None = None,
     ) -> Iterator[DirectConnection]:
         """Statements in one transaction: ``begin`` (one round trip), the caller's
-        statements, COMMIT on leaving (ROLLBACK on an error)."""
-        with self.connection(durable=durable) as connection:
-            raw = connection._raw
-            try:
+        statements, COMMIT on leaving (ROLLBACK on an error). ``ahead``: begun already
+        (``begin_ahead``), on its connection; only BEGIN's answer is left to read."""
+        if ahead is None:
+            with self.connection(durable=durable) as connection, \
+                    self._committed(connection, begin) as committing:
+                yield committing
+            return
+        ahead.used = True
+        try:
+            with self._committed(DirectConnection(self, ahead.raw), None) as committing:
+                yield committing
+        finally:
+            self._give_back(ahead.raw, ahead.durable)
+
+    @contextlib.contextmanager
+    def _committed(
+        self, connection: DirectConnection, begin: str | None
+    ) -> Iterator[DirectConnection]:
+        """``begin`` (None: its answer, ``begin_ahead`` sent it), the caller's statements,
+        then COMMIT (ROLLBACK on an error)."""
+        raw = connection._raw
+        try:
+            if begin is None:
+                connection._begun()
+            else:
                 connection._simple(begin)
-                yield connection
-                connection.sent = True  # the COMMIT: cut off now, it may have landed
-                connection._simple("COMMIT")
-            finally:
-                if raw.info.transaction_status != pq.TransactionStatus.IDLE and connection.usable:
-                    with contextlib.suppress(psycopg.Error):
-                        raw.execute(b"ROLLBACK")
+            yield connection
+            connection.sent = True  # the COMMIT: cut off now, it may have landed
+            connection._simple("COMMIT")
+        finally:
+            if raw.info.transaction_status != pq.TransactionStatus.IDLE and connection.usable:
+                with contextlib.suppress(psycopg.Error):
+                    raw.pgconn.exec_(b"ROLLBACK")
+
+    def begin_ahead(self, *, durable: bool = True) -> Ahead | None:
+        """A transaction's BEGIN sent now, its answer not waited for: its round trip runs
+        beside what the caller does next (a Redis call), and ``transaction(ahead=...)``
+        reads it. None when it cannot be sent (the transaction begins the usual way)."""
+        try:
+            raw = self._take(durable)
+        except sa.exc.DBAPIError:
+            return None
+        try:
+            pgconn = raw.pgconn
+            pgconn.send_query(b"BEGIN")
+            while pgconn.flush():
+                select.select([], [pgconn.socket], [], CONNECT_TIMEOUT_S)
+        except psycopg.Error:
+            raw.close()
+            return None
+        return Ahead(self, raw, durable)
 
     def _take(self, durable: bool) -> psycopg.Connection[Any]:
         with self._lock:

@@ -1,0 +1,110 @@
+"""A transaction begun ahead (``DirectPool.begin_ahead``): its BEGIN goes out before its
+statements are known, so that round trip runs beside other work; it then behaves as any
+transaction of the pool, and one never used is rolled back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from jobs.execution.leases import is_sql_outage
+from jobs.store.direct import DirectPool
+from jobs.store.engine import make_engine
+
+pytestmark = pytest.mark.integration
+
+INSERT = sa.text("INSERT INTO ahead_probe (id) VALUES (:id)")
+
+
+@pytest.fixture
+def engine(pg_url: str) -> Iterator[sa.Engine]:
+    engine = make_engine(pg_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE ahead_probe (id int PRIMARY KEY)")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def pool(engine: sa.Engine) -> Iterator[DirectPool]:
+    pool = DirectPool(engine, size=2)
+    yield pool
+    pool.close()
+
+
+def ids(engine: sa.Engine) -> list[int]:
+    with engine.connect() as connection:
+        return list(connection.execute(sa.text("SELECT id FROM ahead_probe ORDER BY id"))
+                    .scalars())
+
+
+def in_transaction(engine: sa.Engine) -> int:
+    """Sessions of this database inside a transaction (the test's own is not)."""
+    with engine.connect() as connection:
+        return int(connection.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%'")).scalar_one())
+
+
+def test_a_transaction_begun_ahead_commits_its_statements_as_one(
+    pool: DirectPool, engine: sa.Engine,
+) -> None:
+    ahead = pool.begin_ahead()
+    assert ahead is not None
+    assert in_transaction(engine) == 1  # BEGIN is out before any statement is
+    with pool.transaction(ahead=ahead) as connection:
+        connection.execute(INSERT, {"id": 1})
+        connection.execute(INSERT, {"id": 2})
+        assert ids(engine) == []  # not committed yet
+    assert ids(engine) == [1, 2]
+    assert in_transaction(engine) == 0
+    ahead.discard()  # used: nothing left to end
+    with pool.transaction() as connection:  # its connection went back, clean
+        connection.execute(INSERT, {"id": 3})
+    assert ids(engine) == [1, 2, 3]
+
+
+def test_a_transaction_begun_ahead_rolls_back_on_an_error(
+    pool: DirectPool, engine: sa.Engine,
+) -> None:
+    ahead = pool.begin_ahead()
+    assert ahead is not None
+    with pytest.raises(sa.exc.IntegrityError), pool.transaction(ahead=ahead) as connection:
+        connection.execute(INSERT, {"id": 1})
+        connection.execute(INSERT, {"id": 1})
+    assert ids(engine) == [] and in_transaction(engine) == 0
+
+
+def test_one_never_used_is_rolled_back_and_its_connection_kept(
+    pool: DirectPool, engine: sa.Engine,
+) -> None:
+    ahead = pool.begin_ahead()
+    assert ahead is not None
+    ahead.discard()
+    assert in_transaction(engine) == 0
+    again = pool.begin_ahead()  # on the same connection, idle again
+    assert again is not None and again.raw is ahead.raw
+    again.discard()
+
+
+def test_one_whose_session_died_meanwhile_fails_as_an_outage(
+    pool: DirectPool, engine: sa.Engine,
+) -> None:
+    """The database lost the session between the BEGIN and its statements: the caller is
+    told as for any lost connection (and falls back as on an outage); nothing committed."""
+    ahead = pool.begin_ahead()
+    assert ahead is not None
+    with engine.connect() as connection:
+        connection.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND state LIKE 'idle in transaction%'"))
+    with pytest.raises(sa.exc.DBAPIError) as failed, pool.transaction(ahead=ahead) as c:
+        c.execute(INSERT, {"id": 1})
+    assert is_sql_outage(failed.value)
+    assert ids(engine) == []
+    with pool.transaction() as connection:  # the dead connection was not kept
+        connection.execute(INSERT, {"id": 2})
+    assert ids(engine) == [2]
