@@ -242,6 +242,29 @@ class DirectPool:
                               begin=f"BEGIN; {timeout}SELECT {take}({classid}, {objid})") as c:
             yield c
 
+    def await_commit(self, job_id: str, *, wait_s: float) -> bool:
+        """Wait until no transaction holds ``job_id``'s commit lock (``locked``): its
+        submit has committed or rolled back, if it was committing. One round trip: the lock
+        taken shared and let go in a transaction of its own. False when it was not granted
+        within ``wait_s`` (the submit hangs)."""
+        classid, objid = commit_lock(job_id)
+        wait_ms = max(1, round(wait_s * 1000))
+        with self.connection(durable=False) as connection:
+            try:
+                connection._simple(f"BEGIN; SET LOCAL lock_timeout = '{wait_ms}ms'; "
+                                   f"SELECT pg_advisory_xact_lock_shared({classid}, {objid}); "
+                                   "COMMIT")
+            except sa.exc.DBAPIError as exc:
+                raw = connection._raw
+                if raw.info.transaction_status != pq.TransactionStatus.IDLE \
+                        and connection.usable:
+                    with contextlib.suppress(psycopg.Error):
+                        raw.pgconn.exec_(b"ROLLBACK")
+                if is_lock_timeout(exc):
+                    return False
+                raise
+        return True
+
     @contextlib.contextmanager
     def transaction(
         self, *, durable: bool = True, begin: str = "BEGIN", ahead: Ahead | None = None,

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job
 from jobs.core.errors import IllegalTransition
 from jobs.core.states import NEW_ATTEMPT, Status, is_legal
-from jobs.store.direct import DirectConnection, DirectPool, Runner, is_lock_timeout
+from jobs.store.direct import DirectConnection, DirectPool, Runner
 from jobs.store.models import JobRow
 from jobs.store.rows import JOBS, dt, dt_or_none, epoch_or_none, job_from_row
 
@@ -181,21 +181,17 @@ def start(
 def once_committed(
     pool: DirectPool, job_id: str, *, wait_s: float
 ) -> Iterator[DirectConnection | None]:
-    """A transaction whose statements run once the submit of ``job_id`` has committed, if it
+    """A connection whose statements run once the submit of ``job_id`` has committed, if it
     is committing: a submit that finds a slot free has its job leased before its COMMIT,
-    holding the job's commit lock (``jobs.admission.submit``), and this takes that lock,
-    shared, first. Not durable, as a worker's start. None: the lock was not granted within
-    ``wait_s`` (the submit hangs; the caller settles the job as a row not there)."""
-    entered = False
-    try:
-        with pool.locked(job_id, shared=True, durable=False, wait_s=wait_s) as connection:
-            entered = True
-            yield connection
-    except sa.exc.DBAPIError as exc:
-        if entered or not is_lock_timeout(exc):
-            raise
-    if not entered:
+    holding the job's commit lock (``jobs.admission.submit``), and this waits for that lock
+    first (``DirectPool.await_commit``). Not durable, as a worker's start. None: the lock
+    was not granted within ``wait_s`` (the submit hangs; the caller settles the job as a
+    row not there)."""
+    if not pool.await_commit(job_id, wait_s=wait_s):
         yield None
+        return
+    with pool.connection(durable=False) as connection:
+        yield connection
 
 
 def end_and_start(

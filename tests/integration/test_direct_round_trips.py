@@ -1,6 +1,7 @@
-"""A transaction begun ahead (``DirectPool.begin_ahead``): its BEGIN goes out before its
-statements are known, so that round trip runs beside other work; it then behaves as any
-transaction of the pool, and one never used is rolled back."""
+"""The direct pool's transactions that save a round trip: one begun ahead
+(``DirectPool.begin_ahead``), whose BEGIN goes out before its statements are known, so that
+round trip runs beside other work, and which then behaves as any transaction of the pool (one
+never used is rolled back); and the wait for a job's commit lock (``await_commit``)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,18 @@ def test_one_whose_session_died_meanwhile_fails_as_an_outage(
     with pool.transaction() as connection:  # the dead connection was not kept
         connection.execute(INSERT, {"id": 2})
     assert ids(engine) == [2]
+
+
+def test_waiting_for_a_commit_lock_is_one_round_trip_that_leaves_nothing_held(
+    pool: DirectPool, engine: sa.Engine,
+) -> None:
+    """``await_commit`` takes a job's commit lock shared and lets it go at once: it returns
+    when the submit holding it ends, False past its wait, and its connection is clean."""
+    with pool.locked("job-1", shared=False) as submitting:
+        submitting.execute(INSERT, {"id": 1})
+        assert not pool.await_commit("job-1", wait_s=0.1)  # the submit hangs
+        assert pool.await_commit("job-2", wait_s=0.1)  # another job's lock is not this one
+        assert in_transaction(engine) == 1  # only the submit's
+    assert pool.await_commit("job-1", wait_s=0.1)
+    assert in_transaction(engine) == 0
+    assert ids(engine) == [1]
