@@ -54,8 +54,10 @@ class Renewer:
             self._start()
         with self._lock:
             self._live.add(id(heartbeat))
+            sooner = not self._due or at < self._due[0][0]
             heapq.heappush(self._due, (at, next(self._order), heartbeat))
-            self._lock.notify()
+            if sooner:  # else the renewer wakes in time for it anyway: no wake-up to pay
+                self._lock.notify()
 
     def remove(self, heartbeat: Renews) -> None:
         """No renewal of ``heartbeat`` from now on (one in progress is waited for)."""

@@ -1,0 +1,75 @@
+"""The process's one renewing thread: every heartbeat is renewed when it is due, whichever
+order they were added in (the renewer is woken only for one due sooner than it waits for)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from jobs.execution.renewer import Renewer
+
+pytestmark = pytest.mark.unit
+
+
+class Beat:
+    """A heartbeat that records its ticks; ``due_in`` its period."""
+
+    def __init__(self, period_s: float) -> None:
+        self.renew_every_s = period_s
+        self.ticked = threading.Event()
+
+    def due_in(self) -> float:
+        return self.renew_every_s
+
+    def tick(self) -> None:
+        self.ticked.set()
+
+
+@pytest.fixture
+def renewer() -> Renewer:
+    return Renewer()
+
+
+def test_one_due_sooner_than_the_renewer_waits_for_is_renewed_in_time(renewer: Renewer) -> None:
+    later = Beat(60.0)
+    renewer.add(later, now=False)
+    sooner = Beat(0.05)
+    renewer.add(sooner, now=False)
+
+    assert sooner.ticked.wait(10)
+    assert not later.ticked.is_set()
+    renewer.remove(sooner)
+    renewer.remove(later)
+
+
+def test_one_to_renew_at_once_is_renewed_while_the_renewer_waits(renewer: Renewer) -> None:
+    waiting = Beat(60.0)
+    renewer.add(waiting, now=False)
+    first = Beat(60.0)
+    renewer.add(first, now=True)
+
+    assert first.ticked.wait(10)
+    renewer.remove(first)
+    renewer.remove(waiting)
+
+
+def test_one_due_later_is_renewed_after_the_one_before_it(renewer: Renewer) -> None:
+    before, after = Beat(0.05), Beat(0.1)
+    renewer.add(before, now=False)
+    renewer.add(after, now=False)  # no wake-up: the renewer wakes for the first anyway
+
+    assert before.ticked.wait(10) and after.ticked.wait(10)
+    renewer.remove(before)
+    renewer.remove(after)
+
+
+def test_a_removed_heartbeat_is_not_renewed_again(renewer: Renewer) -> None:
+    beat = Beat(0.02)
+    renewer.add(beat, now=False)
+    assert beat.ticked.wait(10)
+    renewer.remove(beat)
+    beat.ticked.clear()
+    time.sleep(0.1)
+    assert not beat.ticked.is_set()
