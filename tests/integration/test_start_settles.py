@@ -564,6 +564,37 @@ def test_the_next_jobs_start_is_made_ahead_and_its_message_runs_it_once(
     assert runtime.index.inflight() == 0
 
 
+class SpareThread:
+    """A worker of one slot whose hand-over runs each message's task on a thread of its
+    own at once, as the pool's spare thread does: two jobs queued, the first dispatched."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.probe = ProbeHandler(runtime)
+        self.registry = HandlerRegistry([self.probe])
+        runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
+        tenant = new_tenant(runtime)
+        self.first, self.second = submit(runtime, tenant), submit(runtime, tenant)
+        assert dispatch(runtime).job_id == self.first.id
+        self.tasks: list[threading.Thread] = []
+        self.outcomes: list[str] = []
+        self.handover = Handover(publish=self._consume, prestart=True)
+
+    def _consume(self, lease: Lease, token: str) -> None:
+        self.tasks.append(threading.Thread(target=lambda: self.outcomes.append(execute(
+            self.runtime, self.registry, lease.job_id, lease.attempt, worker_id=WORKER,
+            token=token))))
+        self.tasks[-1].start()
+
+    def run_first(self) -> str:
+        """The first job's attempt, handing its slot over; then its next job's task, ended."""
+        outcome = execute(self.runtime, self.registry, self.first.id, 1, worker_id=WORKER,
+                          handover=self.handover)
+        (task,) = self.tasks
+        task.join(10)
+        return outcome
+
+
 def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
     pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -573,20 +604,8 @@ def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
     it (announcing both moves, releasing the ending's lease), so a job that ends at once is
     recorded, not refused as stale by a snapshot taken before the COMMIT."""
     runtime = pg_runtime
-    tenant, probe = new_tenant(runtime), ProbeHandler(runtime)
-    registry = HandlerRegistry([probe])
-    runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
-    first, second = submit(runtime, tenant), submit(runtime, tenant)
-    assert dispatch(runtime).job_id == first.id
+    slot = SpareThread(runtime)
     handing = threading.current_thread()
-    tasks: list[threading.Thread] = []
-    outcomes: list[str] = []
-
-    def consume(lease: Lease, token: str) -> None:  # the message's task, on a spare thread
-        tasks.append(threading.Thread(target=lambda: outcomes.append(execute(
-            runtime, registry, lease.job_id, lease.attempt, worker_id=WORKER, token=token))))
-        tasks[-1].start()
-
     simple = DirectConnection._simple
 
     def slow_commit(connection: DirectConnection, sql: str) -> None:
@@ -598,15 +617,13 @@ def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
     announced = runtime.redis.pubsub(ignore_subscribe_messages=True)
     announced.subscribe(IndexKeys(runtime.settings.key_prefix).changed)
     announced.get_message(timeout=1.0)
-    hand = Handover(publish=consume, prestart=True)
 
-    assert execute(runtime, registry, first.id, 1, worker_id=WORKER, handover=hand) == "succeeded"
-    (task,) = tasks
-    task.join(10)
+    assert slot.run_first() == "succeeded"
 
-    assert outcomes == ["succeeded"]
+    assert slot.outcomes == ["succeeded"]
     # The second job's handler read its row before the first's COMMIT: still queued.
-    assert probe.seen == [(Status.RUNNING, 1), (Status.QUEUED, 1)]
+    assert slot.probe.seen == [(Status.RUNNING, 1), (Status.QUEUED, 1)]
+    first, second = slot.first, slot.second
     for job in (first, second):
         done = load(runtime, job.id)
         assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
@@ -630,38 +647,24 @@ def test_a_next_job_run_before_a_commit_that_fails_is_a_lost_start_recorded_nowh
     the job is queued, uncharged, and its lease lapses to the reaper, which indexes it
     again to run once more."""
     runtime = pg_runtime
-    tenant, probe = new_tenant(runtime), ProbeHandler(runtime)
-    registry = HandlerRegistry([probe])
-    runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
-    first, second = submit(runtime, tenant), submit(runtime, tenant)
-    assert dispatch(runtime).job_id == first.id
-    tasks: list[threading.Thread] = []
-    outcomes: list[str] = []
-
-    def consume(lease: Lease, token: str) -> None:
-        tasks.append(threading.Thread(target=lambda: outcomes.append(execute(
-            runtime, registry, lease.job_id, lease.attempt, worker_id=WORKER, token=token))))
-        tasks[-1].start()
-
+    slot = SpareThread(runtime)
     simple = DirectConnection._simple
 
     def lost_at_commit(connection: DirectConnection, sql: str) -> None:
-        if sql == "COMMIT" and tasks:  # the ending's, the next job's task let run
+        if sql == "COMMIT" and slot.tasks:  # the ending's, the next job's task let run
             deadline = time.monotonic() + 10
-            while not probe.seen[1:] and time.monotonic() < deadline:
+            while not slot.probe.seen[1:] and time.monotonic() < deadline:
                 time.sleep(0.005)  # until that job's handler has run
             connection._raw.close()  # the server rolls the transaction back
         simple(connection, sql)
 
     monkeypatch.setattr(DirectConnection, "_simple", lost_at_commit)
-    hand = Handover(publish=consume, prestart=True)
 
-    assert execute(runtime, registry, first.id, 1, worker_id=WORKER, handover=hand) == "succeeded"
-    (task,) = tasks
-    task.join(10)
+    assert slot.run_first() == "succeeded"
 
-    assert outcomes == ["stale"]
-    assert [call[0] for call in probe.calls] == [first.id, second.id]
+    assert slot.outcomes == ["stale"]
+    first, second = slot.first, slot.second
+    assert [call[0] for call in slot.probe.calls] == [first.id, second.id]
     assert load(runtime, first.id).status is Status.SUCCEEDED
     lost = load(runtime, second.id)
     assert (lost.status, lost.attempt, lost.starts) == (Status.QUEUED, 1, 0)

@@ -32,27 +32,22 @@ def renewer() -> Renewer:
     return Renewer()
 
 
-def test_one_due_sooner_than_the_renewer_waits_for_is_renewed_in_time(renewer: Renewer) -> None:
+@pytest.mark.parametrize(("period_s", "now"), [(0.05, False), (60.0, True)],
+                         ids=["due sooner", "at once"])
+def test_one_due_sooner_than_the_renewer_waits_for_is_renewed_in_time(
+    renewer: Renewer, period_s: float, now: bool,
+) -> None:
+    """Due before the one the renewer waits for, or to be renewed at once (a start's
+    announcement): the renewer is woken for it."""
     later = Beat(60.0)
     renewer.add(later, now=False)
-    sooner = Beat(0.05)
-    renewer.add(sooner, now=False)
+    sooner = Beat(period_s)
+    renewer.add(sooner, now=now)
 
     assert sooner.ticked.wait(10)
     assert not later.ticked.is_set()
     renewer.remove(sooner)
     renewer.remove(later)
-
-
-def test_one_to_renew_at_once_is_renewed_while_the_renewer_waits(renewer: Renewer) -> None:
-    waiting = Beat(60.0)
-    renewer.add(waiting, now=False)
-    first = Beat(60.0)
-    renewer.add(first, now=True)
-
-    assert first.ticked.wait(10)
-    renewer.remove(first)
-    renewer.remove(waiting)
 
 
 def test_one_due_later_is_renewed_after_the_one_before_it(renewer: Renewer) -> None:
