@@ -231,8 +231,8 @@ class DirectPool:
         """One transaction that holds ``job_id``'s commit lock (``commit_lock``) until it
         ends: BEGIN and the lock are one round trip, COMMIT is sent on leaving (ROLLBACK on
         an error). A submit takes it exclusively before its job can be leased, so a start
-        that takes it ``shared`` waits for that submit's COMMIT or ROLLBACK, then sees what
-        it left. ``wait_s``: the longest wait for the lock (PostgreSQL's ``lock_timeout``;
+        that waits for it (``await_commit``) sees what that submit's COMMIT or ROLLBACK
+        left. ``wait_s``: the longest wait for the lock (PostgreSQL's ``lock_timeout``;
         past it the lock's statement fails, ``LockNotAvailable``)."""
         classid, objid = commit_lock(job_id)
         take = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
