@@ -5,6 +5,7 @@ never used is rolled back); and the wait for a job's commit lock (``await_commit
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -49,12 +50,20 @@ def in_transaction(engine: sa.Engine) -> int:
             "AND state LIKE 'idle in transaction%'")).scalar_one())
 
 
+def begun(engine: sa.Engine) -> None:
+    """Until the server has run a BEGIN sent ahead (its session idle in a transaction)."""
+    deadline = time.monotonic() + 10
+    while in_transaction(engine) != 1:
+        assert time.monotonic() < deadline, "the BEGIN sent ahead never ran"
+        time.sleep(0.01)
+
+
 def test_a_transaction_begun_ahead_commits_its_statements_as_one(
     pool: DirectPool, engine: sa.Engine,
 ) -> None:
     ahead = pool.begin_ahead()
     assert ahead is not None
-    assert in_transaction(engine) == 1  # BEGIN is out before any statement is
+    begun(engine)  # BEGIN is out before any statement is
     with pool.transaction(ahead=ahead) as connection:
         connection.execute(INSERT, {"id": 1})
         connection.execute(INSERT, {"id": 2})
@@ -97,11 +106,16 @@ def test_one_whose_session_died_meanwhile_fails_as_an_outage(
     told as for any lost connection (and falls back as on an outage); nothing committed."""
     ahead = pool.begin_ahead()
     assert ahead is not None
+    begun(engine)
     with engine.connect() as connection:
         connection.execute(sa.text(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
             "AND state LIKE 'idle in transaction%'"))
+    deadline = time.monotonic() + 10
+    while in_transaction(engine):  # until that session has ended
+        assert time.monotonic() < deadline, "the session was not terminated"
+        time.sleep(0.01)
     with pytest.raises(sa.exc.DBAPIError) as failed, pool.transaction(ahead=ahead) as c:
         c.execute(INSERT, {"id": 1})
     assert is_sql_outage(failed.value)
