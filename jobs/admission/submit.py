@@ -213,7 +213,7 @@ def _insert_transaction(
     if new.idempotency_key is not None:
         return runtime.sessions.begin()
     if offer_first and runtime.direct is not None:
-        return runtime.direct.locked(new.id, shared=False)
+        return runtime.direct.locked(new.id)
     return runtime.one_statement()
 
 

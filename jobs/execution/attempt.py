@@ -60,6 +60,7 @@ from jobs.core.domain import Job
 from jobs.core.ids import may_be_committing
 from jobs.core.states import Status
 from jobs.execution import limits
+from jobs.execution.handing import HandsOver
 from jobs.execution.handlers import JobContext
 from jobs.execution.leases import (
     CANCEL_POLL_S,
@@ -68,7 +69,6 @@ from jobs.execution.leases import (
     SqlUnreachable,
     retry_sql,
     start_figures,
-    virtual_now,
 )
 from jobs.execution.outcome import STALE, RecordsOutcome
 from jobs.execution.prestart import PRE_STARTS, Claim
@@ -85,9 +85,7 @@ from jobs.execution.running import (
 )
 from jobs.execution.slots import (
     Handover,
-    Passed,
     entry_of,
-    pass_slot,
     ring,
 )
 from jobs.execution.unstarted import SettlesUnstarted
@@ -138,7 +136,7 @@ def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:
         "event": "job.sql_gave_up", "job_id": job_id, "attempt": attempt, "step": step})
 
 
-class _Attempt(SettlesUnstarted, RecordsOutcome):
+class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
     """One attempt of one job, dispatched to this worker."""
 
     def __init__(
@@ -275,16 +273,6 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         finally:
             limits.end_process(self.runtime.policy.stop_grace_s)
 
-    def _await_handing(self) -> None:
-        """Run before the handing statement's COMMIT: wait until it has landed (or failed)
-        and this attempt's first renewal is made, before any move of this attempt's own. A
-        statement of ours sent earlier would not see the row started (its snapshot comes
-        before that COMMIT) and would record the ending as stale; a slot passed on earlier
-        would find the handing lease still counted against its tenant."""
-        landed = self._landed
-        if landed is not None and not landed.wait(self.runtime.policy.lease_ttl_s):
-            self._log(logging.WARNING, "job.handing_commit_late")
-
     def _leased_moments_ago(self) -> bool:
         """The message's lease was taken less than a third of its TTL ago (on the index's
         clock, as the lease was): it has not lapsed, whatever the broker's delay."""
@@ -406,64 +394,6 @@ class _Attempt(SettlesUnstarted, RecordsOutcome):
         batch_id = None if self.job is None else self.job.batch_id
         if batch_id is not None:
             notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
-
-    def _pass_slot(self) -> Passed | None:
-        """With a ``handover``, before the ending's commit: the job this slot takes next,
-        leased and sent (``jobs.execution.slots.pass_slot``), this attempt's lease kept. None in
-        a process being ended for an overrun: the job would wait for it in vain."""
-        if self.handover is None or limits.ending():
-            return None
-        return pass_slot(self.runtime, self.handover, job_id=self.job_id,
-                         attempt=self.attempt, now=virtual_now(self._virtual_clock))
-
-    def _begin_ahead(self) -> None:
-        """On PostgreSQL, with the next job's start made in the ending's statement: that
-        transaction's BEGIN goes out before the slot passes on, so its round trip runs beside
-        the hand-over's instead of after it (``DirectPool.begin_ahead``)."""
-        direct, handover = self.runtime.direct, self.handover
-        if direct is not None and handover is not None and handover.prestart \
-                and not limits.ending():
-            self.ahead = direct.begin_ahead()
-
-    def _release(self, outcome: Status | None, passed: Passed | None = None) -> None:
-        """After an ending's commit: release, announce the change and count the outcome
-        (None: a stale ending, nothing to announce), one round trip. The dispatcher's
-        doorbell rings without a ``handover``; with one, a slot that tried to pass itself
-        on and took nothing rings only when a job is runnable all the same (the pool was
-        full of leases kept until their next job's first renewal: the dispatcher fills the
-        slot); batch items are fed on the feeder's own cadence. Best effort: a lease that
-        cannot be released now expires and is reaped (a lost announcement costs a long-poll
-        its safety-net period, a lost count one job in ``tierq_jobs_entered_total``)."""
-        try:
-            self.runtime.index.release(
-                self.job_id, attempt=self.attempt, ring=self.handover is None,
-                ring_if_runnable=passed is None,
-                announce=outcome is not None, outcome=None if outcome is None else outcome.value)
-        except redis.RedisError:
-            self._log(logging.WARNING, "job.release_failed", exc_info=True)
-
-    def _end_and_start(
-        self, dst: Status, fields: dict[str, Any], passed: Passed
-    ) -> tuple[bool, Job | None]:
-        """This attempt's ending and the next job's start (made ahead for its message,
-        under its token), one statement (``jobs.store.jobs.end_and_start``); one try."""
-        lease = passed.lease
-        direct, ahead, self.ahead = self.runtime.direct, self.ahead, None
-        with (self.runtime.one_statement() if direct is None
-              else direct.transaction(ahead=ahead)) as connection:
-            moved, started = jobs_sql.end_and_start(
-                connection, self.job_id, attempt=self.attempt, dst=dst, now=self.clock(),
-                fields=fields, next_id=lease.job_id, next_attempt=lease.attempt,
-                token=passed.token,
-                dispatched_at=lease.expires_at - self.runtime.policy.lease_ttl_s)
-            if started is not None and direct is not None:
-                # Both rows are this transaction's until its COMMIT: no other start can take
-                # the next job meanwhile, so it runs now, while the ending's COMMIT waits for
-                # the disk (a COMMIT that fails leaves it a lost start: docs/states.md).
-                landed = threading.Event()
-                if PRE_STARTS.settle(passed.token, started, landed=landed):
-                    self.next_landed = landed
-        return moved, started
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         log_job(level, event, self._job, worker_id=self.worker_id, exc_info=exc_info, **fields)

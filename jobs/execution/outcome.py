@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +25,8 @@ from jobs.core.error_types import ErrorType
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
 from jobs.execution.handlers import JobContext
-from jobs.execution.leases import Heartbeat, is_sql_outage, start_figures, virtual_now
+from jobs.execution.leases import Heartbeat, is_sql_outage
 from jobs.execution.limits import timed_out_error
-from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.results import result_fields
 from jobs.execution.running import (
     FAILED,
@@ -39,10 +37,7 @@ from jobs.execution.running import (
     describe_error,
 )
 from jobs.execution.slots import Handover, Passed, entry_of, ring
-from jobs.index import notify
-from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
-from jobs.store.direct import Ahead
 
 REQUEUED, STALE = "requeued", "stale"
 
@@ -64,12 +59,6 @@ class RecordsOutcome:
         raise NotImplementedError
 
     handover: Handover | None
-    # Set by ``_end_and_start`` when it let the next job run before its COMMIT; set (the
-    # event) once that COMMIT has landed or failed and that job's first renewal is made.
-    next_landed: threading.Event | None
-    # The ending's transaction, begun ahead; discarded when no statement took it.
-    ahead: Ahead | None
-    _virtual_clock: Callable[[], float] | None
 
     def _transition(
         self, src: Status, dst: Status, *, announce: bool = True, unsure: bool = False,
@@ -89,7 +78,12 @@ class RecordsOutcome:
     def _begin_ahead(self) -> None:
         raise NotImplementedError
 
-    def _release(self, outcome: Status | None, passed: Passed | None = None) -> None:
+    def _release_or_pass(
+        self, moved: bool, dst: Status, started: Job | None, passed: Passed | None
+    ) -> None:
+        raise NotImplementedError
+
+    def _handed_on(self) -> None:
         raise NotImplementedError
 
     def _end_and_start(
@@ -141,12 +135,7 @@ class RecordsOutcome:
             heartbeat.stop()  # no renewal may follow the release
             self._release_or_pass(moved, dst, started, passed)
         finally:
-            landed, self.next_landed = self.next_landed, None
-            if landed is not None:  # the next job's task may move its row now
-                landed.set()
-            ahead, self.ahead = self.ahead, None
-            if ahead is not None:  # begun for a next job there was none of
-                ahead.discard()
+            self._handed_on()
         if not moved:
             self._log(logging.WARNING, "job.stale", reason="late result rejected")
             return STALE
@@ -155,28 +144,6 @@ class RecordsOutcome:
         self._log(level, f"job.{dst.value}", error=fields.get("error"),
                   duration_s=self._run_time())
         return dst.value
-
-    def _release_or_pass(
-        self, moved: bool, dst: Status, started: Job | None, passed: Passed | None
-    ) -> None:
-        """After the ending's commit: this attempt's lease released, by the next job's first
-        renewal when its start was made here too (one round trip for both, announcing and
-        counting this ending), else here."""
-        if started is not None and passed is not None:
-            ending = Finished(job_id=self._job.id, attempt=self._job.attempt,
-                              outcome=dst.value,
-                              capacity=self.runtime.policy.pool_concurrency)
-            if self.next_landed is not None:  # its task runs already: renew for it
-                self._first_renewal_of(started, release=ending if moved else None)
-            else:
-                PRE_STARTS.settle(passed.token, started, release=ending if moved else None)
-            if not moved:
-                self._release(None, passed)
-            return
-        if passed is not None and self.handover is not None and self.handover.prestart:
-            PRE_STARTS.settle(passed.token, None)  # its task makes the start itself
-        if passed is not None or moved:
-            self._release(dst if moved else None, passed)
 
     def _record_end(
         self, dst: Status, fields: dict[str, Any], passed: Passed | None
@@ -198,22 +165,6 @@ class RecordsOutcome:
             if not is_sql_outage(exc):
                 raise
             return (*self._end_alone(dst, fields, unsure=True), None)
-
-    def _first_renewal_of(self, job: Job, *, release: Finished | None) -> None:
-        """The first renewal of the next job's lease, made for its task, which runs already
-        (settled before this COMMIT): now that the COMMIT has landed, it announces that
-        start, records its figures and releases this attempt's lease (``release``), in one
-        round trip, as the task's own first renewal would. Best effort: a lease left
-        unreleased lapses and is reaped, and the next job's own renewals keep its lease."""
-        try:
-            self.runtime.index.renew_checked(
-                job.id, attempt=job.attempt, ttl_s=self.runtime.policy.lease_ttl_s,
-                now=virtual_now(self._virtual_clock), announce=True, start=start_figures(job),
-                release=release)
-            if job.batch_id is not None:
-                notify.announce_batches(self.runtime.redis, self.runtime.prefix, [job.batch_id])
-        except redis.RedisError:
-            self._log(logging.WARNING, "job.release_failed", exc_info=True)
 
     def _end_alone(
         self, dst: Status, fields: dict[str, Any], *, unsure: bool = False

@@ -158,6 +158,14 @@ class DirectConnection:
         except psycopg.Error as exc:
             raise _sql_error(exc, raw, "BEGIN") from exc
 
+    def _end_open(self) -> None:
+        """A transaction an error left open: rolled back, where the connection still works
+        (one that does not is closed when given back)."""
+        raw = self._raw
+        if raw.info.transaction_status != pq.TransactionStatus.IDLE and self.usable:
+            with contextlib.suppress(psycopg.Error):
+                raw.pgconn.exec_(b"ROLLBACK")
+
     @property
     def usable(self) -> bool:
         return not (self._raw.broken or self._raw.closed)
@@ -179,13 +187,11 @@ class Ahead:
             return
         self.used = True
         connection = DirectConnection(self._pool, self.raw)
-        try:
+        with contextlib.suppress(sa.exc.DBAPIError):
             connection._begun()
-            self.raw.pgconn.exec_(b"ROLLBACK")
-        except (psycopg.Error, sa.exc.DBAPIError):
-            self.raw.close()
+        connection._end_open()
         if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
-            self.raw.close()
+            self.raw.close()  # not clean: not kept
         self._pool._give_back(self.raw, self.durable)
 
 
@@ -225,22 +231,15 @@ class DirectPool:
             self._give_back(raw, durable)
 
     @contextlib.contextmanager
-    def locked(
-        self, job_id: str, *, shared: bool, durable: bool = True, wait_s: float | None = None,
-    ) -> Iterator[DirectConnection]:
+    def locked(self, job_id: str) -> Iterator[DirectConnection]:
         """One transaction that holds ``job_id``'s commit lock (``commit_lock``) until it
         ends: BEGIN and the lock are one round trip, COMMIT is sent on leaving (ROLLBACK on
-        an error). A submit takes it exclusively before its job can be leased, so a start
-        that waits for it (``await_commit``) sees what that submit's COMMIT or ROLLBACK
-        left. ``wait_s``: the longest wait for the lock (PostgreSQL's ``lock_timeout``;
-        past it the lock's statement fails, ``LockNotAvailable``)."""
+        an error). A submit takes it before its job can be leased, so a start that waits for
+        it (``await_commit``) sees what that submit's COMMIT or ROLLBACK left."""
         classid, objid = commit_lock(job_id)
-        take = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-        timeout = ("" if wait_s is None
-                   else f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'; ")
-        with self.transaction(durable=durable,
-                              begin=f"BEGIN; {timeout}SELECT {take}({classid}, {objid})") as c:
-            yield c
+        with self.transaction(begin=f"BEGIN; SELECT pg_advisory_xact_lock({classid}, {objid})") \
+                as connection:
+            yield connection
 
     def await_commit(self, job_id: str, *, wait_s: float) -> bool:
         """Wait until no transaction holds ``job_id``'s commit lock (``locked``): its
@@ -255,11 +254,7 @@ class DirectPool:
                                    f"SELECT pg_advisory_xact_lock_shared({classid}, {objid}); "
                                    "COMMIT")
             except sa.exc.DBAPIError as exc:
-                raw = connection._raw
-                if raw.info.transaction_status != pq.TransactionStatus.IDLE \
-                        and connection.usable:
-                    with contextlib.suppress(psycopg.Error):
-                        raw.pgconn.exec_(b"ROLLBACK")
+                connection._end_open()
                 if is_lock_timeout(exc):
                     return False
                 raise
@@ -290,7 +285,6 @@ class DirectPool:
     ) -> Iterator[DirectConnection]:
         """``begin`` (None: its answer, ``begin_ahead`` sent it), the caller's statements,
         then COMMIT (ROLLBACK on an error)."""
-        raw = connection._raw
         try:
             if begin is None:
                 connection._begun()
@@ -300,9 +294,7 @@ class DirectPool:
             connection.sent = True  # the COMMIT: cut off now, it may have landed
             connection._simple("COMMIT")
         finally:
-            if raw.info.transaction_status != pq.TransactionStatus.IDLE and connection.usable:
-                with contextlib.suppress(psycopg.Error):
-                    raw.pgconn.exec_(b"ROLLBACK")
+            connection._end_open()
 
     def begin_ahead(self, *, durable: bool = True) -> Ahead | None:
         """A transaction's BEGIN sent now, its answer not waited for: its round trip runs

@@ -130,7 +130,7 @@ def test_waiting_for_a_commit_lock_is_one_round_trip_that_leaves_nothing_held(
 ) -> None:
     """``await_commit`` takes a job's commit lock shared and lets it go at once: it returns
     when the submit holding it ends, False past its wait, and its connection is clean."""
-    with pool.locked("job-1", shared=False) as submitting:
+    with pool.locked("job-1") as submitting:
         submitting.execute(INSERT, {"id": 1})
         assert not pool.await_commit("job-1", wait_s=0.1)  # the submit hangs
         assert pool.await_commit("job-2", wait_s=0.1)  # another job's lock is not this one

@@ -280,7 +280,7 @@ def test_a_start_made_while_its_submit_holds_the_commit_lock_waits_for_the_commi
     now = runtime.index.now()
     new = new_job(runtime, new_tenant(runtime), now)
     started: list[Job | None] = []
-    with direct.locked(new.id, shared=False) as connection:
+    with direct.locked(new.id) as connection:
         jobs_sql.insert_job(connection, new)
         worker = threading.Thread(target=lambda: started.append(locked_start(
             direct, new.id, now=now, wait_s=30.0)))
@@ -300,7 +300,7 @@ def test_a_start_gives_up_on_a_commit_lock_held_past_its_wait(pg_runtime: Runtim
     runtime, direct = pg_runtime, direct_of(pg_runtime)
     now = runtime.index.now()
     new = new_job(runtime, new_tenant(runtime), now)
-    with direct.locked(new.id, shared=False) as connection:
+    with direct.locked(new.id) as connection:
         jobs_sql.insert_job(connection, new)
         began = time.monotonic()
         assert locked_start(direct, new.id, now=now, wait_s=0.2) is None
@@ -319,7 +319,7 @@ def test_a_lease_taken_before_its_submits_commit_runs_once_the_row_commits(
     now = runtime.index.now()
     new = new_job(runtime, tenant, now)
     outcomes: list[str] = []
-    with direct.locked(new.id, shared=False) as connection:
+    with direct.locked(new.id) as connection:
         index_entry(runtime, new)
         worker = attempt_in_thread(runtime, HandlerRegistry([probe]),
                                    dispatch(runtime, now=now), now, outcomes)
@@ -344,7 +344,7 @@ def test_a_lease_whose_submit_rolls_back_under_the_lock_is_put_back(
     now = runtime.index.now()
     new = new_job(runtime, new_tenant(runtime), now, max_wait_s=600)
     outcomes: list[str] = []
-    with pytest.raises(RuntimeError), direct.locked(new.id, shared=False):
+    with pytest.raises(RuntimeError), direct.locked(new.id):
         index_entry(runtime, new)
         worker = attempt_in_thread(runtime, HandlerRegistry([probe]),
                                    dispatch(runtime, now=now), now, outcomes)

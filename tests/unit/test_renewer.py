@@ -4,7 +4,6 @@ order they were added in (the renewer is woken only for one due sooner than it w
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -66,5 +65,8 @@ def test_a_removed_heartbeat_is_not_renewed_again(renewer: Renewer) -> None:
     assert beat.ticked.wait(10)
     renewer.remove(beat)
     beat.ticked.clear()
-    time.sleep(0.1)
+    after = Beat(0.2)  # due well past the removed one's next turn
+    renewer.add(after, now=False)
+    assert after.ticked.wait(10)
     assert not beat.ticked.is_set()
+    renewer.remove(after)
