@@ -300,9 +300,9 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         def start() -> Job | None:
             if committing is not None and not retried[0]:
                 with jobs_sql.once_committed(committing, self.job_id,
-                                             wait_s=UNCOMMITTED_WAIT_S) as locked:
-                    return None if locked is None else jobs_sql.start(
-                        locked, self.job_id, attempt=self.attempt, now=self.clock(),
+                                             wait_s=UNCOMMITTED_WAIT_S) as committed:
+                    return None if committed is None else jobs_sql.start(
+                        committed, self.job_id, attempt=self.attempt, now=self.clock(),
                         token=self.token, dispatched_at=self.dispatched_at)
             # Not durable: a start lost with the database's crash leaves the row queued, so
             # the attempt's ending finds it moved (stale) and the job runs again: one
