@@ -37,14 +37,49 @@ pytestmark = pytest.mark.integration
 PROMPT_S = routes_jobs.SAFETY_NET_S / 2
 
 
+class Reads:
+    """The job reads the API has finished (``load_job`` returned), counted: a poll's first
+    read done is when a change made after it is one the poll must answer for. A change made
+    between the waiter's registration and that read is the status it starts from."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+        real = job_service.load_job
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return real(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.count += 1
+
+        monkeypatch.setattr(job_service, "load_job", counted)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
+    return Reads(monkeypatch)
+
+
 class Poll:
     """One long-poll sent from a thread of its own."""
 
-    def __init__(self, client: ApiClient, key: str, job_id: str, wait: float) -> None:
+    def __init__(self, client: ApiClient, key: str, job_id: str, wait: float,
+                 reads: Reads) -> None:
         self.response: httpx.Response | None = None
         self.answered_at = 0.0
+        self._client = client
+        self._reads = reads
+        self._read_before = reads.count
         self._thread = threading.Thread(target=self._run, args=(client, key, job_id, wait))
         self._thread.start()
+
+    def waiting(self) -> None:
+        """Until this poll waits, has read the status it waits to see change, and the
+        listener is subscribed."""
+        waiting(self._client, 1)
+        until(lambda: self._reads.count > self._read_before, "the poll's first read")
 
     def _run(self, client: ApiClient, key: str, job_id: str, wait: float) -> None:
         self.response = client.get(f"/v1/jobs/{job_id}", params={"wait": wait},
@@ -133,7 +168,7 @@ class GatedEcho:
 
 
 def test_start_end_and_cancel_elsewhere_answer_at_once(
-    client: ApiClient, other: Runtime, clock: Clock
+    client: ApiClient, other: Runtime, clock: Clock, reads: Reads
 ) -> None:
     """A dispatch changes nothing a client sees (the row stays queued): the poll waits on,
     and is answered by the worker's start (announced with the renewal that follows it), then
@@ -141,8 +176,8 @@ def test_start_end_and_cancel_elsewhere_answer_at_once(
     key = client.tenant_key("acme", "premium")
     job_id = client.submit(key, {"kind": "echo", "payload": {"x": 1}}).json()["id"]
 
-    poll = Poll(client, key, job_id, wait=30)
-    waiting(client, 1)
+    poll = Poll(client, key, job_id, wait=30, reads=reads)
+    poll.waiting()
     publisher = RecordingPublisher()
     assert Dispatcher(other, publisher).run_once(clock.now).dispatched == 1
     assert publisher.sent == [(job_id, 1, "premium")]
@@ -156,8 +191,8 @@ def test_start_end_and_cancel_elsewhere_answer_at_once(
         assert poll.answered_at - changed_at < PROMPT_S
         assert handler.entered.wait(20)
 
-        poll = Poll(client, key, job_id, wait=30)
-        waiting(client, 1)
+        poll = Poll(client, key, job_id, wait=30, reads=reads)
+        poll.waiting()
         changed_at = time.monotonic()
     finally:
         handler.gate.set()
@@ -166,8 +201,8 @@ def test_start_end_and_cancel_elsewhere_answer_at_once(
     assert poll.answered_at - changed_at < PROMPT_S
 
     second = client.submit(key).json()["id"]
-    poll = Poll(client, key, second, wait=30)
-    waiting(client, 1)
+    poll = Poll(client, key, second, wait=30, reads=reads)
+    poll.waiting()
     changed_at = time.monotonic()
     tenant = tenants.tenant_for_key(other, key)
     assert tenant is not None
@@ -176,11 +211,13 @@ def test_start_end_and_cancel_elsewhere_answer_at_once(
     assert poll.answered_at - changed_at < PROMPT_S
 
 
-def test_another_jobs_news_does_not_end_the_wait(client: ApiClient, other: Runtime) -> None:
+def test_another_jobs_news_does_not_end_the_wait(
+    client: ApiClient, other: Runtime, reads: Reads
+) -> None:
     key = roomy_tenant(client)
     mine, theirs = client.submit(key).json()["id"], client.submit(key).json()["id"]
-    poll = Poll(client, key, mine, wait=1.5)
-    waiting(client, 1)
+    poll = Poll(client, key, mine, wait=1.5, reads=reads)
+    poll.waiting()
     started = time.monotonic()
     move(client, theirs, Status.CANCELLED)
     # A notification of this job with nothing changed: one read, and the wait goes on.
@@ -255,20 +292,20 @@ def kill_listener(client: ApiClient, admin: redis.Redis) -> None:
 
 
 def test_a_dropped_subscription_wakes_the_waiters(
-    client: ApiClient, redis_client: redis.Redis
+    client: ApiClient, redis_client: redis.Redis, reads: Reads
 ) -> None:
     key = client.tenant_key("acme")
     job_id = client.submit(key).json()["id"]
-    poll = Poll(client, key, job_id, wait=30)
-    waiting(client, 1)
+    poll = Poll(client, key, job_id, wait=30, reads=reads)
+    poll.waiting()
     dispatch_one_quietly(client, job_id)  # its notification is lost
     changed_at = time.monotonic()
     kill_listener(client, redis_client)
     assert poll.status() == "dispatched"
     assert poll.answered_at - changed_at < PROMPT_S
     # Subscribed again, the next change is heard as before.
-    poll = Poll(client, key, job_id, wait=30)
-    waiting(client, 1)
+    poll = Poll(client, key, job_id, wait=30, reads=reads)
+    poll.waiting()
     changed_at = time.monotonic()
     move(client, job_id, Status.CANCELLED)
     assert poll.status() == "cancelled"
@@ -276,13 +313,13 @@ def test_a_dropped_subscription_wakes_the_waiters(
 
 
 def test_the_safety_net_finds_a_lost_notification(
-    client: ApiClient, monkeypatch: pytest.MonkeyPatch
+    client: ApiClient, monkeypatch: pytest.MonkeyPatch, reads: Reads
 ) -> None:
     monkeypatch.setattr(routes_jobs, "SAFETY_NET_S", 0.5)
     key = client.tenant_key("acme")
     job_id = client.submit(key).json()["id"]
-    poll = Poll(client, key, job_id, wait=30)
-    waiting(client, 1)
+    poll = Poll(client, key, job_id, wait=30, reads=reads)
+    poll.waiting()
     changed_at = time.monotonic()
     move(client, job_id, Status.CANCELLED, announce=False)
     assert poll.status() == "cancelled"
