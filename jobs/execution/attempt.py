@@ -71,7 +71,7 @@ from jobs.execution.leases import (
     start_figures,
 )
 from jobs.execution.outcome import STALE, RecordsOutcome
-from jobs.execution.prestart import PRE_STARTS, Claim
+from jobs.execution.prestart import PRE_STARTS, Claim, Landing
 from jobs.execution.progress import ProgressSender
 from jobs.execution.registry import HandlerRegistry
 from jobs.execution.running import (
@@ -83,11 +83,7 @@ from jobs.execution.running import (
     hand_back_running,
     log_job,
 )
-from jobs.execution.slots import (
-    Handover,
-    entry_of,
-    ring,
-)
+from jobs.execution.slots import Handover, entry_of, ring
 from jobs.execution.unstarted import SettlesUnstarted
 from jobs.index import notify
 from jobs.index.base import Finished
@@ -169,12 +165,12 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         # The attempt that handed this job over, ended and committed: its lease is released
         # with this one's first renewal (one round trip for both).
         self._handed: Finished | None = None
-        # Started ahead and run before the handing statement's COMMIT: set once that COMMIT
-        # has landed and the handing task has made this attempt's first renewal
-        # (``jobs.execution.prestart``); no move of this attempt's own may come before.
-        self._landed: threading.Event | None = None
-        # This attempt's ending let the next job run before its own COMMIT: set after it.
-        self.next_landed: threading.Event | None = None
+        # Started ahead and run before the handing statement's COMMIT: no move of this
+        # attempt's own before that COMMIT has landed and its first renewal is made (or is
+        # its own to make: ``jobs.execution.prestart.Landing``).
+        self._landed: Landing | None = None
+        # This attempt's ending let the next job run before its own COMMIT: landed after it.
+        self.next_landed: Landing | None = None
         # The ending's transaction, begun while its slot passes on (``_begin_ahead``).
         self.ahead: Ahead | None = None
         self.clock: Clock = clock or runtime.clock
@@ -244,12 +240,13 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         try:
             ending = call_handler(registry, ctx, job)
             sender.close()  # the last report is in Redis before the ending is announced
-            self._await_handing()
+            self._await_handing(fold=ending.kind in (SUCCEEDED, FAILED, CANCELLED))
             if not self._claim_ending():
                 self._log(logging.WARNING, "job.stale", reason="ended after its overrun")
                 return STALE
             return self._finish(ending, heartbeat)
         finally:
+            self._pay_owed()  # owed and not made: an ending that did not pass the slot on
             RUNNING.discard(ctx)
             heartbeat.stop()
 

@@ -6,15 +6,16 @@ the best runnable job for its slot and hands that job's message to this worker
 are one statement (``jobs.store.jobs.end_and_start``), and its own lease is released with
 that job's first renewal. On PostgreSQL the statement's BEGIN is sent before the hand-over's
 script (``DirectPool.begin_ahead``), and the next job's task is let run before the COMMIT:
-its ``landed`` event (``jobs.execution.prestart``) is set once that COMMIT has landed or
-failed and its first renewal is made, and nothing of that job's own moves before
-(``_await_handing``). docs/states.md, the hand-over's row, says what an interruption leaves.
+its ``Landing`` (``jobs.execution.prestart``) tells when that COMMIT has landed or failed,
+and nothing of that job's own moves before (``_await_handing``), nor before its first
+renewal: made by the handing task after its COMMIT, or, when the job's handler was done
+first, by the job's own hand-over in the same round trip (``FirstRenewal``). docs/states.md,
+the hand-over's row, says what an interruption leaves.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -24,10 +25,10 @@ from jobs.core.domain import Job
 from jobs.core.states import Status
 from jobs.execution import limits
 from jobs.execution.leases import start_figures, virtual_now
-from jobs.execution.prestart import PRE_STARTS
+from jobs.execution.prestart import PRE_STARTS, Landing
 from jobs.execution.slots import Handover, Passed, pass_slot
 from jobs.index import notify
-from jobs.index.base import Finished
+from jobs.index.base import Finished, FirstRenewal
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
 from jobs.store.direct import Ahead
@@ -44,12 +45,16 @@ class HandsOver:
     _virtual_clock: Callable[[], float] | None
     # Handed this job by a slot (its message carried a token): the queue had work then.
     _from_hand_over: bool
-    # This job, started and run before its handing statement's COMMIT: set once that COMMIT
-    # has landed and this attempt's first renewal is made; no move of its own before.
-    _landed: threading.Event | None
-    # Set by ``_end_and_start`` when it let the next job run before its COMMIT; set (the
-    # event) by ``_handed_on`` once that COMMIT has landed or failed.
-    next_landed: threading.Event | None
+    # This job, started and run before its handing statement's COMMIT: no move of its own
+    # before that COMMIT has landed and its first renewal is made (or is this attempt's own).
+    _landed: Landing | None
+    # Claimed from ``_landed``: the first renewal this attempt makes itself, in its
+    # hand-over's round trip or before its next move.
+    _owed: Landing | None = None
+    _renewing: Landing | None = None
+    # Set by ``_end_and_start`` when it let the next job run before its COMMIT; landed and
+    # closed by this attempt (``_release_or_pass``, ``_handed_on``).
+    next_landed: Landing | None
     # The ending's transaction, begun ahead; discarded when no statement took it.
     ahead: Ahead | None
 
@@ -60,15 +65,57 @@ class HandsOver:
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         raise NotImplementedError
 
-    def _await_handing(self) -> None:
+    def _await_handing(self, *, fold: bool = False) -> None:
         """Run before the handing statement's COMMIT: wait until it has landed (or failed)
         and this attempt's first renewal is made, before any move of this attempt's own. A
         statement of ours sent earlier would not see the row started (its snapshot comes
         before that COMMIT) and would record the ending as stale; a slot passed on earlier
-        would find the handing lease still counted against its tenant."""
-        landed = self._landed
-        if landed is not None and not landed.wait(self.runtime.policy.lease_ttl_s):
-            self._log(logging.WARNING, "job.handing_commit_late")
+        would find the handing lease still counted against its tenant. ``fold``: this
+        attempt's ending passes its slot on next; when the handing task has not made the
+        renewal yet, the ending makes it itself (``_owed``), in the hand-over's round trip."""
+        landing, wait_s = self._landed, self.runtime.policy.lease_ttl_s
+        if landing is None:
+            return
+        if fold and landing.claim():
+            if landing.committed.wait(wait_s) or not landing.unclaim():
+                self._owed = landing
+                return
+        elif landing.renewed.wait(wait_s):
+            return
+        self._log(logging.WARNING, "job.handing_commit_late")
+
+    def _first_owed(self) -> FirstRenewal | None:
+        """The first renewal this attempt owes (``_await_handing``), taken to be made now;
+        None when none is owed, or its start's COMMIT failed (nothing to announce)."""
+        landing, self._owed = self._owed, None
+        if landing is None:
+            return None
+        if not landing.landed_ok:
+            landing.renewal_made()
+            return None
+        self._renewing = landing
+        return FirstRenewal(ttl_s=self.runtime.policy.lease_ttl_s,
+                            start=start_figures(self._job), release=landing.release)
+
+    def _owed_made(self) -> None:
+        """The owed first renewal went out (best effort): the start is announced."""
+        landing, self._renewing = self._renewing, None
+        if landing is None:
+            return
+        batch_id = self._job.batch_id
+        try:
+            if batch_id is not None:
+                notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
+        finally:
+            landing.renewal_made()
+
+    def _pay_owed(self) -> None:
+        """The owed first renewal, made on its own (no hand-over took it), before any other
+        move of this attempt's."""
+        first = self._first_owed()
+        if first is not None:
+            self._first_renewal_of(self._job, release=first.release)
+            self._owed_made()
 
     def _begin_ahead(self) -> None:
         """On PostgreSQL, with the next job's start made in the ending's statement: that
@@ -87,8 +134,12 @@ class HandsOver:
         a process being ended for an overrun: the job would wait for it in vain."""
         if self.handover is None or limits.ending():
             return None
-        return pass_slot(self.runtime, self.handover, job_id=self.job_id,
-                         attempt=self.attempt, now=virtual_now(self._virtual_clock))
+        try:
+            return pass_slot(self.runtime, self.handover, job_id=self.job_id,
+                             attempt=self.attempt, now=virtual_now(self._virtual_clock),
+                             first=self._first_owed())
+        finally:
+            self._owed_made()
 
     def _end_and_start(
         self, dst: Status, fields: dict[str, Any], passed: Passed
@@ -108,7 +159,7 @@ class HandsOver:
                 # Both rows are this transaction's until its COMMIT: no other start can take
                 # the next job meanwhile, so it runs now, while the ending's COMMIT waits for
                 # the disk (a COMMIT that fails leaves it a lost start: docs/states.md).
-                landed = threading.Event()
+                landed = Landing()
                 if PRE_STARTS.settle(passed.token, started, landed=landed):
                     self.next_landed = landed
         return moved, started
@@ -123,8 +174,11 @@ class HandsOver:
             ending = Finished(job_id=self._job.id, attempt=self._job.attempt,
                               outcome=dst.value,
                               capacity=self.runtime.policy.pool_concurrency)
-            if self.next_landed is not None:  # its task runs already: renew for it
-                self._first_renewal_of(started, release=ending if moved else None)
+            landing = self.next_landed
+            if landing is not None:  # its task runs already: renew for it, unless it does
+                if landing.land(ending if moved else None):
+                    self._first_renewal_of(started, release=ending if moved else None)
+                    landing.renewal_made()
             else:
                 PRE_STARTS.settle(passed.token, started, release=ending if moved else None)
             if not moved:
@@ -141,7 +195,7 @@ class HandsOver:
         is rolled back."""
         landed, self.next_landed = self.next_landed, None
         if landed is not None:
-            landed.set()
+            landed.close()
         ahead, self.ahead = self.ahead, None
         if ahead is not None:
             ahead.discard()

@@ -75,6 +75,9 @@ class RecordsOutcome:
     def _pass_slot(self) -> Passed | None:
         raise NotImplementedError
 
+    def _pay_owed(self) -> None:
+        raise NotImplementedError
+
     def _begin_ahead(self) -> None:
         raise NotImplementedError
 
@@ -130,6 +133,7 @@ class RecordsOutcome:
             fields = {**fields, "progress": report.to_dict()}
         self._begin_ahead()
         passed = self._pass_slot()
+        self._pay_owed()  # not made in the hand-over's round trip: made now, before the rest
         try:
             moved, dst, fields, started = self._record_end(dst, fields, passed)
             heartbeat.stop()  # no renewal may follow the release

@@ -6,11 +6,12 @@ message, the handing slot makes the job's start in SQL, under the token the mess
 in the statement that records its own ending. The message's task runs on the pool's spare
 thread (``workers.pool``) and waits here for that start: the start overlaps the message's way
 instead of following it. On PostgreSQL the start is settled as soon as the statement has
-run, before its COMMIT, with a ``landed`` event: both rows are the handing transaction's
-until then, so no other start can take the job, and its handler runs while the COMMIT waits
-for the disk. The handing task makes the job's first renewal (the start's announcement)
-after its COMMIT, then sets ``landed``; the handler's ending waits for it, since a statement
-of its own made earlier would not yet see the row started.
+run, before its COMMIT, with a ``Landing``: both rows are the handing transaction's until
+then, so no other start can take the job, and its handler runs while the COMMIT waits for
+the disk. The handler's ending waits for that COMMIT, since a statement of its own made
+earlier would not yet see the row started, and for the job's first renewal (the start's
+announcement, which releases the handing lease), made by the handing task after its COMMIT,
+or by the ending itself, in its hand-over's round trip, when it got there first.
 
 Process-local, keyed by token (one per message). The first handling to ``take`` a token owns
 it: it gets the start made for it, or is told to make the start itself (the start ahead
@@ -52,22 +53,82 @@ class _Entry:
     job: Job | None = None
     taken: bool = False
     release: Finished | None = None
-    landed: threading.Event | None = None
+    landed: Landing | None = None
+
+
+class Landing:
+    """A start settled before its handing statement's COMMIT: when that COMMIT has landed
+    (``committed``; ``landed_ok`` unless it failed), and who makes the job's first renewal
+    (the start's announcement, its figures, and the release of the handing attempt,
+    ``release``), whose making ``renewed`` tells.
+
+    The handing task makes it as soon as its COMMIT has landed (``land``), unless the job's
+    own task, its handler done, said first that it would (``claim``): it then makes it in the
+    round trip of its own hand-over (``hand_over``'s ``first``), so a short job's ending does
+    not wait for a round trip of the handing task's. Exactly one of them makes it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claimed = False  # by the job's own task
+        self._decided = False  # the handing task's COMMIT has landed, or failed
+        self.landed_ok = False
+        self.release: Finished | None = None
+        self.committed = threading.Event()
+        self.renewed = threading.Event()
+
+    def claim(self) -> bool:
+        """For the job's own task, its handler done: True when the first renewal is its to
+        make, once ``committed`` is set (nothing to make unless ``landed_ok``), telling
+        ``renewal_made`` after."""
+        with self._lock:
+            if not self._decided:
+                self._claimed = True
+            return self._claimed
+
+    def unclaim(self) -> bool:
+        """The job's own task gives its claim back (the COMMIT is late): True when the
+        handing task will make the renewal after all, False when it is still the caller's."""
+        with self._lock:
+            if not self._decided:
+                self._claimed = False
+            return not self._claimed
+
+    def land(self, release: Finished | None) -> bool:
+        """For the handing task, its COMMIT landed: True when the first renewal is its to
+        make now (then ``renewal_made``); ``release``: its own attempt, ended (None: its
+        ending was stale), for the job's task to release when that one makes it."""
+        with self._lock:
+            self.release, self.landed_ok, self._decided = release, True, True
+            mine = not self._claimed
+        self.committed.set()
+        return mine
+
+    def renewal_made(self) -> None:
+        self.renewed.set()
+
+    def close(self) -> None:
+        """The handing task's last step, however its COMMIT went: ``committed`` set, and
+        ``renewed`` too unless the job's own task is to make the renewal."""
+        with self._lock:
+            self._decided = True
+            owed = self.landed_ok and self._claimed
+        self.committed.set()
+        if not owed:
+            self.renewed.set()
 
 
 class Taken(NamedTuple):
     """What ``take`` found: the claim, the row started ahead (``STARTED`` only), its age in
     seconds, and the handing attempt whose lease the taker releases with its first
     renewal (``STARTED`` only; None: the handing task released it). ``landed``: settled
-    before the handing statement's COMMIT, set once that COMMIT has landed (or failed) and
-    the handing task has made the first renewal (the start's announcement, its figures, its
-    own release); the taker's ending waits for it."""
+    before the handing statement's COMMIT (``Landing``); the taker's ending waits for that
+    COMMIT, and for the first renewal unless it makes that itself."""
 
     claim: Claim
     job: Job | None
     age: float
     release: Finished | None = None
-    landed: threading.Event | None = None
+    landed: Landing | None = None
 
 
 class PreStarts:
@@ -103,7 +164,7 @@ class PreStarts:
             self._entries.pop(token, None)
 
     def settle(self, token: str, job: Job | None, *, release: Finished | None = None,
-               landed: threading.Event | None = None) -> bool:
+               landed: Landing | None = None) -> bool:
         """The start made ahead for ``token``: the row, or None (not made); ``release``: the
         handing attempt, ended and committed, whose lease the taker is to release;
         ``landed``: see ``Taken``. False when no handling waits for it any more (it stopped

@@ -20,7 +20,7 @@ from jobs.core.domain import Job
 from jobs.core.ids import may_be_uncommitted
 from jobs.execution.prestart import PRE_STARTS
 from jobs.index import wake
-from jobs.index.base import IndexedJob, Lease, MessagePush
+from jobs.index.base import FirstRenewal, IndexedJob, Lease, MessagePush
 from jobs.process.runtime import Runtime
 
 logger = logging.getLogger("tierq.worker")
@@ -50,13 +50,15 @@ class Passed:
 
 def pass_slot(
     runtime: Runtime, handover: Handover, *, job_id: str, attempt: int, now: float | None,
+    first: FirstRenewal | None = None,
 ) -> Passed | None:
     """Before an ending is committed: lease the best runnable job for the slot it frees
     (``hand_over`` with ``keep``: this attempt's lease stays until its ending is committed
     and the caller releases it), and send that job's message to this worker. None: nothing
     to take (the dispatcher is rung with the release), or the index or the broker failed (a
     job leased and not sent is put back at once). ``now``: a virtual clock's time for the
-    index (None: Redis's)."""
+    index (None: Redis's). ``first``: this attempt's first renewal, made first in the same
+    round trip (best effort, as every first renewal)."""
     token = uuid.uuid4().hex  # the next job's message's
     if handover.prestart:
         PRE_STARTS.expect(token)  # before its message can be taken
@@ -65,7 +67,7 @@ def pass_slot(
         lease = runtime.index.hand_over(
             job_id, attempt=attempt, lease_ttl_s=policy.lease_ttl_s,
             capacity=policy.pool_concurrency, now=now, push=handover.push, token=token,
-            keep=True,
+            keep=True, first=first,
         )
     except redis.RedisError:
         logger.warning("job.handover_failed", extra={

@@ -44,6 +44,7 @@ from jobs.index.values import (
     Arrival,
     Entry,
     Finished,
+    FirstRenewal,
     IndexedJob,
     Lease,
     LiveWorker,
@@ -67,6 +68,7 @@ __all__ = [
     "DispatchIndex",
     "Entry",
     "Finished",
+    "FirstRenewal",
     "IndexedJob",
     "Lease",
     "LiveWorker",
@@ -226,6 +228,7 @@ class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
         push: MessagePush | None = None,
         token: str | None = None,
         keep: bool = False,
+        first: FirstRenewal | None = None,
     ) -> Lease | None:
         """A worker's slot passes on, in one step: ``release`` the lease of ``attempt`` (with
         ``announce`` and ``outcome`` as there), then, when the pool has a free slot, lease
@@ -237,7 +240,9 @@ class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
         job or no free slot, or ``take_next`` False: a worker that is stopping): the
         dispatcher's doorbell rings instead. ``push``: the leased job's broker message,
         pushed in the same step (Redis only; the twin has no broker and refuses it), carrying
-        ``token`` as its task's fourth argument when given."""
+        ``token`` as its task's fourth argument when given. ``first``: the first renewal of
+        ``attempt`` (``renew_checked``), not made yet, made just before, in the same round
+        trip: the two steps each whole, in this order, though not one step."""
         ...
 
     def offer(

@@ -12,6 +12,7 @@ What redis-py does that matters is kept: the connection's own retry (a failed co
 disconnected and the call tried again, as often as the client is configured to), and a
 script the server does not know (``NOSCRIPT``: Redis restarted or flushed its scripts) is
 loaded and run once more. A pipeline's call goes through redis-py's ``Script``, unchanged.
+``one_trip`` sends two calls together, for a step that is two scripts.
 """
 
 from __future__ import annotations
@@ -76,25 +77,71 @@ class LeanScript:
                          *(_bulk(arg) for arg in args)])
 
     def _send(self, extra: Sequence[str], args: Sequence[Arg]) -> Any:
-        packed = self._packed(extra, args)
-        pool = self._client.connection_pool
-        connection = pool.get_connection()
+        return _sent(self._client, [self._packed(extra, args)])[0]
 
-        def call() -> Any:
-            connection.send_packed_command([packed])  # type: ignore[no-untyped-call]
-            return connection.read_response()
+    def packed(self, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
+        """The call as sent, its keys this script's own and then any more."""
+        if list(keys[:len(self._keys)]) != self._keys:
+            raise ValueError("a call sent with another takes the script's own keys first")
+        return self._packed(keys[len(self._keys):], args)
 
-        def failed(_: Exception) -> None:
-            connection.disconnect()  # type: ignore[no-untyped-call]
 
-        try:
-            return connection.retry.call_with_retry(call, failed)
-        except redis.ResponseError:
-            raise  # an error reply, read whole: the connection is clean
-        except BaseException:
-            # Cut off between the send and the reply (an interrupt, a timeout): the reply may
-            # still arrive, and the next call on this connection would read it as its own.
-            connection.disconnect()  # type: ignore[no-untyped-call]
-            raise
-        finally:
-            pool.release(connection)
+Call = tuple[LeanScript, Sequence[str], Sequence[Arg]]
+
+
+def one_trip(first: Call, second: Call) -> tuple[Any, Any]:
+    """Two scripts' calls (script, keys, args) on one client, sent together and answered in
+    order: one round trip. Each runs whole and the first before the second, but another
+    client's command may run between them. An error reply comes back in its call's place
+    (the exception, not raised) so the other's answer is not lost; a script the server does
+    not know (``NOSCRIPT``) is loaded and that call alone sent again."""
+    scripts = (first[0], second[0])
+    client = scripts[0]._client
+    if scripts[1]._client is not client:
+        raise ValueError("one round trip is one client's")
+    replies = _sent(client, [script.packed(keys, args) for script, keys, args in (first, second)],
+                    keep_errors=True)
+    for i, (script, keys, args) in enumerate((first, second)):
+        if isinstance(replies[i], NoScriptError):
+            script.script.sha = client.script_load(script.script.script)
+            try:
+                replies[i] = script._send(keys[len(script._keys):], args)
+            except redis.ResponseError as exc:
+                replies[i] = exc
+    return replies[0], replies[1]
+
+
+def _sent(client: redis.Redis, packed: list[bytes], *, keep_errors: bool = False) -> list[Any]:
+    """Send the commands, read their replies in order. ``keep_errors``: an error reply is
+    returned in its place; else the first one is raised, once every reply is read (the
+    connection stays clean)."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+
+    def call() -> list[Any]:
+        connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
+        replies: list[Any] = []
+        for _ in packed:
+            try:
+                replies.append(connection.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    def failed(_: Exception) -> None:
+        connection.disconnect()  # type: ignore[no-untyped-call]
+
+    try:
+        replies: list[Any] = connection.retry.call_with_retry(call, failed)
+    except BaseException:
+        # Cut off between the send and the reply (an interrupt, a timeout): the reply may
+        # still arrive, and the next call on this connection would read it as its own.
+        connection.disconnect()  # type: ignore[no-untyped-call]
+        raise
+    finally:
+        pool.release(connection)
+    if not keep_errors:  # an error reply, read whole: the connection is clean
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+    return replies

@@ -28,6 +28,7 @@ from jobs.index.memory_admission import MemoryAdmission
 from jobs.index.memory_layout import check_scores, frozen_value
 from jobs.index.memory_upkeep import MemoryUpkeep
 from jobs.index.values import (
+    FirstRenewal,
     IndexedJob,
     Lease,
     MessagePush,
@@ -138,11 +139,16 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
         push: MessagePush | None = None,
         token: str | None = None,
         keep: bool = False,
+        first: FirstRenewal | None = None,
     ) -> Lease | None:
         """``announce`` and ``outcome`` reach nobody here, nor does the doorbell; there is no
         broker to ``push`` to."""
         if push is not None:
             raise ValueError("the twin has no broker to push a message to")
+        if first is not None:
+            self.renew_checked(job_id, attempt=attempt, ttl_s=first.ttl_s, now=now,
+                               announce=first.announce, start=first.start,
+                               release=first.release)
         kept: tuple[str, float] | None = None
         if not keep:
             self.release(job_id, attempt=attempt)

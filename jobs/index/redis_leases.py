@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from jobs.core.histograms import StartFigures
 from jobs.index import wake
 from jobs.index.keys import PROMOTE_LIMIT
+from jobs.index.lean_script import one_trip
 from jobs.index.redis_scripts import (
     RedisScripts,
     job_args,
@@ -20,6 +22,7 @@ from jobs.index.redis_scripts import (
 )
 from jobs.index.values import (
     Finished,
+    FirstRenewal,
     IndexedJob,
     Lease,
     LiveWorker,
@@ -28,6 +31,8 @@ from jobs.index.values import (
     TierPush,
     Work,
 )
+
+logger = logging.getLogger("tierq.index")
 
 # How long a process keeps the workers' ``TierPush`` before reading it again.
 TIER_PUSH_REFRESH_S = 10.0
@@ -59,15 +64,21 @@ class RedisLeases(RedisScripts):
         start: StartFigures | None = None,
         release: Finished | None = None,
     ) -> Renewal:
+        keys, args = self._renew_call(job_id, attempt=attempt, ttl_s=ttl_s, now=now,
+                                      announce=announce, start=start, release=release)
+        return Renewal(int(self._scripts["renew"](keys=keys, args=args)))
+
+    def _renew_call(
+        self, job_id: str, *, attempt: int, ttl_s: float, now: float | None, announce: bool,
+        start: StartFigures | None, release: Finished | None,
+    ) -> tuple[list[str], list[str | int]]:
         figures = [""] * 6 if start is None else start.script_args()
         ending: list[str | int] = [] if release is None else [
             release.job_id, int(release.attempt), release.outcome,
             "" if release.capacity is None else int(release.capacity)]
-        answer = self._scripts["renew"](
-            keys=[*self._fenced, *self._keys.worker_keys()],
-            args=[job_id, int(attempt), score_arg(ttl_s), now_arg(now),
-                  "1" if announce else "", *figures, *ending])
-        return Renewal(int(answer))
+        return ([*self._fenced, *self._keys.worker_keys()],
+                [job_id, int(attempt), score_arg(ttl_s), now_arg(now),
+                 "1" if announce else "", *figures, *ending])
 
     def hand_over(
         self,
@@ -83,6 +94,7 @@ class RedisLeases(RedisScripts):
         push: MessagePush | None = None,
         token: str | None = None,
         keep: bool = False,
+        first: FirstRenewal | None = None,
     ) -> Lease | None:
         args = [job_id, str(int(attempt)), "1" if announce else "", outcome or "",
                 score_arg(lease_ttl_s), now_arg(now),
@@ -92,7 +104,20 @@ class RedisLeases(RedisScripts):
         keys = [*self._fenced, *self._keys.worker_keys()]
         if push is not None:
             keys.append(push.key)
-        raw = self._scripts["hand_over"](keys=keys, args=args)
+        if first is None:
+            raw = self._scripts["hand_over"](keys=keys, args=args)
+            return lease_of(raw[0]) if raw else None
+        renew_keys, renew_args = self._renew_call(
+            job_id, attempt=attempt, ttl_s=first.ttl_s, now=now, announce=first.announce,
+            start=first.start, release=first.release)
+        renewed, raw = one_trip((self._scripts["renew"], renew_keys, renew_args),
+                                (self._scripts["hand_over"], keys, args))
+        if isinstance(raw, Exception):
+            raise raw
+        if isinstance(renewed, Exception):  # best effort, as a first renewal is: the lease
+            # it would have released lapses and is reaped
+            logger.warning("job.release_failed", extra={
+                "event": "job.release_failed", "job_id": job_id}, exc_info=renewed)
         return lease_of(raw[0]) if raw else None
 
     def offer(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from jobs.core.arrivals import Arrival, Work
+from jobs.core.histograms import StartFigures
 from jobs.core.policy import RateLimit, Tier
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Arrival",
     "Entry",
     "Finished",
+    "FirstRenewal",
     "IndexedJob",
     "Lease",
     "LiveWorker",
@@ -75,6 +77,17 @@ class Finished:
     # The pool's slots (None: the live workers'): a release that leaves one free while a job
     # is runnable rings the dispatcher.
     capacity: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstRenewal:
+    """A started attempt's first renewal (``renew_checked`` with these), made in the round
+    trip of its own ``hand_over`` when its handler ended before the renewal was made."""
+
+    ttl_s: float
+    start: StartFigures | None
+    release: Finished | None
+    announce: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,7 @@ import pytest
 import redis
 from redis.connection import AbstractConnection
 
-from jobs.index.lean_script import LeanScript
+from jobs.index.lean_script import LeanScript, one_trip
 from tests.faults.servers import ThrowawayRedis
 
 pytestmark = pytest.mark.integration
@@ -58,6 +58,49 @@ def test_a_server_that_forgot_its_scripts_is_given_them_again(
     client.script_flush()
     assert lean(keys=KEYS, args=["after"])[1] == [b"after"]
     assert client.script_exists(lean.script.sha) == [True]
+
+
+# -- one_trip: two scripts' calls in one round trip ----------------------------------------
+
+FAIL = "return redis.error_reply('NOPE ' .. ARGV[1])"
+
+
+def test_two_calls_in_one_trip_are_answered_in_order(fault_redis: ThrowawayRedis) -> None:
+    client = fault_redis.client()
+    first, second = LeanScript(client, ECHO, KEYS), LeanScript(client, ECHO, KEYS[:1])
+    replies = one_trip((first, KEYS, ["1"]), (second, [*KEYS[:1], "{t}:c"], ["2"]))
+    assert replies == ([[b"{t}:a", b"{t}:b"], [b"1"]], [[b"{t}:a", b"{t}:c"], [b"2"]])
+    # The connection is left clean: the next call reads its own reply.
+    assert first(keys=KEYS, args=["3"])[1] == [b"3"]
+    with pytest.raises(ValueError, match="own keys"):
+        one_trip((first, ["{t}:z"], []), (second, KEYS[:1], []))
+
+
+def test_an_error_reply_in_one_trip_keeps_the_other_answer(
+    fault_redis: ThrowawayRedis,
+) -> None:
+    client = fault_redis.client()
+    echo, fail = LeanScript(client, ECHO, KEYS), LeanScript(client, FAIL, KEYS)
+    failed, answered = one_trip((fail, KEYS, ["first"]), (echo, KEYS, ["kept"]))
+    assert isinstance(failed, redis.ResponseError) and "NOPE first" in str(failed)
+    assert answered[1] == [b"kept"]
+    answered, failed = one_trip((echo, KEYS, ["kept"]), (fail, KEYS, ["second"]))
+    assert answered[1] == [b"kept"] and isinstance(failed, redis.ResponseError)
+    assert echo(keys=KEYS, args=["after"])[1] == [b"after"]
+
+
+def test_a_trip_to_a_server_that_forgot_its_scripts_sends_each_again_once(
+    fault_redis: ThrowawayRedis,
+) -> None:
+    client = fault_redis.client()
+    counter = LeanScript(client, "return redis.call('INCR', KEYS[1])", KEYS)
+    echo = LeanScript(client, ECHO, KEYS)
+    assert one_trip((counter, KEYS, []), (echo, KEYS, ["x"]))[0] == 1
+    client.script_flush()
+    assert one_trip((counter, KEYS, []), (echo, KEYS, ["y"])) == (
+        2, [[b"{t}:a", b"{t}:b"], [b"y"]])
+    assert client.get(KEYS[0]) == b"2"  # each ran once, however it was sent
+    assert client.script_exists(counter.script.sha, echo.script.sha) == [True, True]
 
 
 def test_a_connection_cut_between_calls_is_replaced(fault_redis: ThrowawayRedis) -> None:

@@ -5,8 +5,10 @@ and a model-based run drives both side by side through these operations among th
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -14,9 +16,11 @@ import redis
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
+from redis.client import PubSub
 
+from jobs.core.histograms import StartFigures
 from jobs.index import DispatchIndex, IndexedJob, Lease, NotLeader, RedisIndex
-from jobs.index.base import Entry, Finished, Renewal
+from jobs.index.base import Entry, Finished, FirstRenewal, Renewal
 from tests.integration.test_index_contract import BIG, TTL, fill, ids, job
 from tests.integration.test_index_stateful import JOB_IDS, IndexPair, jobs, random_step
 from tests.services import RedisServer
@@ -487,27 +491,82 @@ def test_the_first_renewal_releases_the_lease_that_handed_the_job_over(
     assert ids(index.dispatch(5, now=2.0, lease_ttl_s=TTL, capacity=2)) == ["c"]
 
 
-def test_the_first_renewal_announces_the_ended_job_and_the_started_one_in_one_message(
-    redis_client: redis.Redis, key_prefix: str
-) -> None:
-    index = RedisIndex(redis_client, key_prefix)
+def a_handed_to_b(client: redis.Redis, prefix: str) -> RedisIndex:
+    """a dispatched, then its slot handed to b, a's lease kept."""
+    index = RedisIndex(client, prefix)
     index.set_generation("1")
     fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0))
     assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
     assert index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=1.0, keep=True)
-    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(f"{key_prefix}changed")
+    return index
+
+
+@contextlib.contextmanager
+def changes(client: redis.Redis, prefix: str) -> Iterator[PubSub]:
+    """Subscribed to the index's ``changed`` channel meanwhile."""
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(f"{prefix}changed")
     try:
+        yield pubsub
+    finally:
+        pubsub.close()
+
+
+def first_message(pubsub: PubSub) -> bytes | None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.1)
+        if message is not None:
+            data: bytes = message["data"]
+            return data
+    return None
+
+
+def test_the_first_renewal_announces_the_ended_job_and_the_started_one_in_one_message(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    index = a_handed_to_b(redis_client, key_prefix)
+    with changes(redis_client, key_prefix) as pubsub:
         done = Finished(job_id="a", attempt=1, outcome="succeeded")
         assert index.renew_checked("b", attempt=1, ttl_s=TTL, now=2.0, announce=True,
                                    release=done) is Renewal.HELD
-        messages = []
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not messages:
-            message = pubsub.get_message(timeout=0.1)
-            if message is not None:
-                messages.append(message["data"])
-        assert messages == [b"a b"]
+        assert first_message(pubsub) == b"a b"
         assert pubsub.get_message(timeout=0.2) is None  # and no other
-    finally:
-        pubsub.close()
+
+
+# -- hand_over(first=...): a first renewal not made yet goes with the hand-over --------------
+
+
+def test_a_hand_over_makes_the_first_renewal_it_is_given_first(index: DispatchIndex) -> None:
+    """a hands its slot to b, keeping its lease; b's first renewal, which releases a, rides
+    on b's own hand-over: a's lease is gone before b's slot is passed on, so c (a's tenant,
+    at its cap of one while a's lease counts) is leased for it, and b's lease is kept for
+    its own ending."""
+    fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0), job("c", "t1", key=3.0))
+    assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
+    handed = index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=1.0, keep=True)
+    assert handed is not None and handed.job_id == "b"
+    first = FirstRenewal(ttl_s=TTL, start=None,
+                         release=Finished(job_id="a", attempt=1, outcome="succeeded"))
+    nxt = index.hand_over("b", attempt=1, lease_ttl_s=TTL, capacity=1, now=2.0, keep=True,
+                          first=first)
+    assert nxt is not None and nxt.job_id == "c"
+    assert index.entries_of(["a", "b", "c"]) == {
+        "b": Entry(job_id="b", attempt=1, leased=True),
+        "c": Entry(job_id="c", attempt=1, leased=True)}
+    assert index.inflight() == 2
+
+
+def test_a_hand_over_with_a_first_renewal_announces_both_jobs_then_counts_the_start(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    index = a_handed_to_b(redis_client, key_prefix)
+    with changes(redis_client, key_prefix) as pubsub:
+        first = FirstRenewal(ttl_s=TTL, start=StartFigures(wait_s=1.0, dispatch_s=None),
+                             release=Finished(job_id="a", attempt=1, outcome="succeeded"))
+        assert index.hand_over("b", attempt=1, lease_ttl_s=TTL, capacity=1, now=2.0,
+                               keep=True, first=first) is None
+        assert first_message(pubsub) == b"a b"
+    counts = redis_client.hgetall(f"{key_prefix}counters:jobs")
+    assert counts[b"running"] == b"1" and counts[b"succeeded"] == b"1"
+    assert index.entries_of(["a", "b"]) == {"b": Entry(job_id="b", attempt=1, leased=True)}

@@ -24,8 +24,10 @@ from jobs.execution.attempt import Handover, execute
 from jobs.execution.handlers import JobContext
 from jobs.execution.prestart import PRE_STARTS
 from jobs.execution.registry import HandlerRegistry
+from jobs.index import redis_leases
 from jobs.index.base import Entry, IndexedJob, Lease
 from jobs.index.keys import IndexKeys
+from jobs.index.lean_script import one_trip
 from jobs.index.redis_index import RedisIndex
 from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
@@ -573,17 +575,19 @@ class SpareThread:
         self.probe = ProbeHandler(runtime)
         self.registry = HandlerRegistry([self.probe])
         runtime.index.register_worker(WORKER, slots=1, ttl_s=600.0)
-        tenant = new_tenant(runtime)
+        self.tenant = tenant = new_tenant(runtime)
         self.first, self.second = submit(runtime, tenant), submit(runtime, tenant)
         assert dispatch(runtime).job_id == self.first.id
         self.tasks: list[threading.Thread] = []
         self.outcomes: list[str] = []
         self.handover = Handover(publish=self._consume, prestart=True)
+        self.chained = False  # each task hands its slot over in turn
 
     def _consume(self, lease: Lease, token: str) -> None:
+        handover = self.handover if self.chained else None
         self.tasks.append(threading.Thread(target=lambda: self.outcomes.append(execute(
             self.runtime, self.registry, lease.job_id, lease.attempt, worker_id=WORKER,
-            token=token))))
+            token=token, handover=handover))))
         self.tasks[-1].start()
 
     def run_first(self) -> str:
@@ -635,6 +639,58 @@ def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
             heard.update(str(message["data"], "utf-8").split())
     announced.close()
     assert {first.id, second.id} <= heard
+    assert runtime.index.inflight() == 0
+
+
+def test_a_next_job_done_before_the_handing_commit_renews_itself_in_its_own_hand_over(
+    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second job's handler is done while the first's COMMIT is still on its way (a slow
+    one): its ending says first that it makes its own first renewal, and makes it in the
+    round trip of its hand-over to the third job (releasing the first's lease, announcing
+    its start, counting it), so the handing task makes none. Each job runs once and is
+    recorded, each start is counted once, and no lease is left."""
+    runtime = pg_runtime
+    slot = SpareThread(runtime)
+    slot.chained = True
+    third = submit(runtime, slot.tenant)
+    handing = threading.current_thread()
+    simple = DirectConnection._simple
+
+    def slow_commit(connection: DirectConnection, sql: str) -> None:
+        if sql == "COMMIT" and threading.current_thread() is handing:
+            deadline = time.monotonic() + 10
+            while not slot.probe.seen[1:] and time.monotonic() < deadline:
+                time.sleep(0.005)  # until the second job's handler has run
+            time.sleep(0.2)  # and its ending has claimed the renewal
+        simple(connection, sql)
+
+    trips: list[int] = []
+
+    def counted_trip(*calls: Any) -> Any:
+        trips.append(len(calls))
+        return one_trip(*calls)
+
+    monkeypatch.setattr(DirectConnection, "_simple", slow_commit)
+    monkeypatch.setattr(redis_leases, "one_trip", counted_trip)
+
+    assert execute(runtime, slot.registry, slot.first.id, 1, worker_id=WORKER,
+                   handover=slot.handover) == "succeeded"
+    deadline = time.monotonic() + 20
+    while len(slot.outcomes) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for task in slot.tasks:
+        task.join(10)
+
+    assert slot.outcomes == ["succeeded", "succeeded"]
+    assert trips[:1] == [2]  # the second job's hand-over carried its first renewal
+    assert [call[0] for call in slot.probe.calls] == [slot.first.id, slot.second.id, third.id]
+    for job in (slot.first, slot.second, third):
+        done = load(runtime, job.id)
+        assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
+    counts = runtime.redis.hgetall(IndexKeys(runtime.settings.key_prefix).prefix
+                                   + "counters:jobs")
+    assert counts[b"running"] == b"3" and counts[b"succeeded"] == b"3"
     assert runtime.index.inflight() == 0
 
 

@@ -6,10 +6,13 @@ import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jobs.core.domain import Job
 from jobs.core.states import Status
-from jobs.execution.prestart import Claim, PreStarts
+from jobs.execution.prestart import Claim, Landing, PreStarts
+from jobs.index.base import Finished
 
 pytestmark = pytest.mark.unit
 
@@ -93,7 +96,7 @@ def test_a_start_settled_before_its_commit_carries_its_landing_and_no_later_sett
     """Settled early, the taker runs at once and is given the event its ending waits for;
     a settle after that (the handing COMMIT failed: nothing started, it says) comes too
     late to change what the taker was given, and says so."""
-    starts, row, landed = PreStarts(), job(), threading.Event()
+    starts, row, landed = PreStarts(), job(), Landing()
     starts.expect("t1")
     assert starts.settle("t1", row, landed=landed)
     assert not starts.settle("t1", None)
@@ -112,4 +115,95 @@ def test_a_settle_after_its_taker_stopped_waiting_says_it_reached_no_one() -> No
     starts.expect("t1")
     assert starts.take("t1", wait_s=0).claim is Claim.OWN
 
-    assert not starts.settle("t1", job(), landed=threading.Event())
+    assert not starts.settle("t1", job(), landed=Landing())
+
+
+# -- Landing: who makes the first renewal of a job let run before its handing COMMIT -------
+
+ENDED = Finished(job_id="a", attempt=1, outcome="succeeded")
+
+
+def test_a_commit_that_lands_first_leaves_the_renewal_to_the_handing_task() -> None:
+    landing = Landing()
+    assert landing.land(ENDED)
+    assert landing.committed.is_set() and not landing.renewed.is_set()
+    assert not landing.claim()  # too late: the job's ending waits for the renewal
+    landing.renewal_made()
+    landing.close()
+    assert landing.renewed.is_set()
+
+
+def test_an_ending_that_claims_first_makes_the_renewal_with_the_commits_release() -> None:
+    landing = Landing()
+    assert landing.claim()
+    assert not landing.committed.is_set()
+    assert not landing.land(ENDED)  # the handing task leaves it
+    landing.close()
+    assert landing.committed.is_set() and landing.landed_ok and landing.release == ENDED
+    assert not landing.renewed.is_set()  # owed by the job's own ending until it is made
+    assert not landing.unclaim()  # landed: it stays the ending's
+    landing.renewal_made()
+    assert landing.renewed.is_set()
+
+
+def test_a_claim_given_back_before_the_commit_lands_returns_the_renewal() -> None:
+    landing = Landing()
+    assert landing.claim()
+    assert landing.unclaim()
+    assert landing.land(None)  # the handing task's again
+    assert not landing.renewed.is_set()
+    landing.renewal_made()
+    landing.close()
+    assert landing.committed.is_set() and landing.renewed.is_set()
+
+
+def test_a_commit_that_failed_owes_no_renewal_to_anyone() -> None:
+    landing = Landing()
+    assert landing.claim()
+    landing.close()  # no land: the COMMIT failed, the start is a lost one
+    assert landing.committed.is_set() and landing.renewed.is_set()
+    assert not landing.landed_ok
+
+
+@given(claim_first=st.booleans(), ends_first=st.booleans(), threads=st.booleans())
+def test_exactly_one_side_makes_the_renewal_whatever_the_order(
+    claim_first: bool, ends_first: bool, threads: bool
+) -> None:
+    """The handing task and the job's ending race (on threads, or in either order): one and
+    only one of them is told the renewal is its to make, and ``renewed`` is set once it is
+    made, never before."""
+    landing, told = Landing(), {}
+
+    def handing() -> None:
+        told["handing"] = landing.land(ENDED)
+        if told["handing"]:
+            landing.renewal_made()
+        landing.close()
+
+    def ending() -> None:
+        told["ending"] = landing.claim()
+        if told["ending"]:
+            assert landing.committed.wait(5)
+            assert not landing.renewed.is_set()
+            landing.renewal_made()
+        else:
+            assert landing.renewed.wait(5)
+
+    order = [ending, handing] if claim_first else [handing, ending]
+    if threads:
+        running = [threading.Thread(target=step) for step in order]
+        for thread in (running if ends_first else running[::-1]):
+            thread.start()
+        for thread in running:
+            thread.join(10)
+    else:
+        if not claim_first:
+            order[0]()
+            order[1]()
+        else:  # the ending waits for the COMMIT: the handing task runs beside it
+            thread = threading.Thread(target=order[0])
+            thread.start()
+            order[1]()
+            thread.join(10)
+    assert sorted(told.values()) == [False, True]
+    assert landing.renewed.is_set()
