@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from jobs.core.cadence import REBUILD_BATCH as BATCH
 from jobs.core.cadence import UNCOMMITTED_GRACE_S
@@ -101,11 +101,9 @@ def rebuild(
     keep_lead()
     removed, kept = _remove_strays(index, live, now, fence)
     push_caps(runtime, now, fence)
-    stats = RebuildStats(
+    return RebuildStats(
         queued=queued, leased=leased, released=released, removed=removed, kept_uncommitted=kept
     )
-    logger.info("index.rebuilt", extra={"event": "index.rebuilt", **asdict(stats)})
-    return stats
 
 
 def _walk(runtime: Runtime, statuses: tuple[Status, ...]) -> Iterator[list[Job]]:

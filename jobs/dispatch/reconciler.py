@@ -117,6 +117,8 @@ class Reconciler:
         else:
             stats = rebuild(self.runtime, now, fence=fence, keep_lead=keep_lead)
         self._advance(before, fence)
+        # Said once the generation is set again: the index is whole, its fast paths lease.
+        logger.info("index.rebuilt", extra={"event": "index.rebuilt", **asdict(stats)})
         # The pass indexed every row it read; the walk resumes where a row could have
         # changed after its read.
         self._queued_cursor, self._sweep_started = (now - QUEUED_GRACE_S, ""), now

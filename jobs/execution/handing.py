@@ -51,6 +51,7 @@ class HandsOver:
     # Claimed from ``_landed``: the first renewal this attempt makes itself, in its
     # hand-over's round trip or before its next move.
     _owed: Landing | None = None
+    # Taken from ``_owed`` while the renewal is on its way (``_first_owed``, ``_owed_made``).
     _renewing: Landing | None = None
     # Set by ``_end_and_start`` when it let the next job run before its COMMIT; landed and
     # closed by this attempt (``_release_or_pass``, ``_handed_on``).
@@ -97,14 +98,15 @@ class HandsOver:
         return FirstRenewal(ttl_s=self.runtime.policy.lease_ttl_s,
                             start=start_figures(self._job), release=landing.release)
 
-    def _owed_made(self) -> None:
-        """The owed first renewal went out (best effort): the start is announced."""
+    def _owed_made(self, *, batch: bool = True) -> None:
+        """The owed first renewal went out (best effort); ``batch``: its batch's counts are
+        announced here (a start moves them)."""
         landing, self._renewing = self._renewing, None
         if landing is None:
             return
         batch_id = self._job.batch_id
         try:
-            if batch_id is not None:
+            if batch and batch_id is not None:
                 notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
         finally:
             landing.renewal_made()
@@ -114,8 +116,10 @@ class HandsOver:
         move of this attempt's."""
         first = self._first_owed()
         if first is not None:
-            self._first_renewal_of(self._job, release=first.release)
-            self._owed_made()
+            try:
+                self._first_renewal_of(self._job, release=first.release)
+            finally:
+                self._owed_made(batch=False)  # announced with the renewal
 
     def _begin_ahead(self) -> None:
         """On PostgreSQL, with the next job's start made in the ending's statement: that
