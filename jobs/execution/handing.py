@@ -51,8 +51,6 @@ class HandsOver:
     # Claimed from ``_landed``: the first renewal this attempt makes itself, in its
     # hand-over's round trip or before its next move.
     _owed: Landing | None = None
-    # Taken from ``_owed`` while the renewal is on its way (``_first_owed``, ``_owed_made``).
-    _renewing: Landing | None = None
     # Set by ``_end_and_start`` when it let the next job run before its COMMIT; landed and
     # closed by this attempt (``_release_or_pass``, ``_handed_on``).
     next_landed: Landing | None
@@ -64,6 +62,9 @@ class HandsOver:
         raise NotImplementedError
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
+        raise NotImplementedError
+
+    def _announce_batch(self) -> None:
         raise NotImplementedError
 
     def _await_handing(self, *, fold: bool = False) -> None:
@@ -85,41 +86,24 @@ class HandsOver:
             return
         self._log(logging.WARNING, "job.handing_commit_late")
 
-    def _first_owed(self) -> FirstRenewal | None:
+    def _take_owed(self) -> Landing | None:
         """The first renewal this attempt owes (``_await_handing``), taken to be made now;
-        None when none is owed, or its start's COMMIT failed (nothing to announce)."""
+        None when none is owed (a start whose COMMIT failed owes none: said so at once)."""
         landing, self._owed = self._owed, None
-        if landing is None:
-            return None
-        if not landing.landed_ok:
+        if landing is not None and not landing.landed_ok:
             landing.renewal_made()
             return None
-        self._renewing = landing
-        return FirstRenewal(ttl_s=self.runtime.policy.lease_ttl_s,
-                            start=start_figures(self._job), release=landing.release)
-
-    def _owed_made(self, *, batch: bool = True) -> None:
-        """The owed first renewal went out (best effort); ``batch``: its batch's counts are
-        announced here (a start moves them)."""
-        landing, self._renewing = self._renewing, None
-        if landing is None:
-            return
-        batch_id = self._job.batch_id
-        try:
-            if batch and batch_id is not None:
-                notify.announce_batches(self.runtime.redis, self.runtime.prefix, [batch_id])
-        finally:
-            landing.renewal_made()
+        return landing
 
     def _pay_owed(self) -> None:
         """The owed first renewal, made on its own (no hand-over took it), before any other
         move of this attempt's."""
-        first = self._first_owed()
-        if first is not None:
+        owed = self._take_owed()
+        if owed is not None:
             try:
-                self._first_renewal_of(self._job, release=first.release)
+                self._first_renewal_of(self._job, release=owed.release)
             finally:
-                self._owed_made(batch=False)  # announced with the renewal
+                owed.renewal_made()
 
     def _begin_ahead(self) -> None:
         """On PostgreSQL, with the next job's start made in the ending's statement: that
@@ -138,12 +122,20 @@ class HandsOver:
         a process being ended for an overrun: the job would wait for it in vain."""
         if self.handover is None or limits.ending():
             return None
+        owed = self._take_owed()
+        first = None if owed is None else FirstRenewal(
+            ttl_s=self.runtime.policy.lease_ttl_s, start=start_figures(self._job),
+            release=owed.release)
         try:
             return pass_slot(self.runtime, self.handover, job_id=self.job_id,
                              attempt=self.attempt, now=virtual_now(self._virtual_clock),
-                             first=self._first_owed())
+                             first=first)
         finally:
-            self._owed_made()
+            if owed is not None:  # made (best effort): its batch's counts moved too
+                try:
+                    self._announce_batch()
+                finally:
+                    owed.renewal_made()
 
     def _end_and_start(
         self, dst: Status, fields: dict[str, Any], passed: Passed

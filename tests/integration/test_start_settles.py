@@ -22,7 +22,7 @@ from jobs.core.states import Status
 from jobs.dispatch.recovery import Lapsed, recover
 from jobs.execution.attempt import Handover, execute
 from jobs.execution.handlers import JobContext
-from jobs.execution.prestart import PRE_STARTS
+from jobs.execution.prestart import PRE_STARTS, Landing
 from jobs.execution.registry import HandlerRegistry
 from jobs.index import redis_leases
 from jobs.index.base import Entry, IndexedJob, Lease
@@ -590,6 +590,13 @@ class SpareThread:
             token=token, handover=handover))))
         self.tasks[-1].start()
 
+    def await_second_handler(self) -> None:
+        """Until the second job's handler has run (on its task's thread)."""
+        deadline = time.monotonic() + 10
+        while not self.probe.seen[1:]:
+            assert time.monotonic() < deadline, "the second job's handler never ran"
+            time.sleep(0.005)
+
     def run_first(self) -> str:
         """The first job's attempt, handing its slot over; then its next job's task, ended."""
         outcome = execute(self.runtime, self.registry, self.first.id, 1, worker_id=WORKER,
@@ -604,9 +611,9 @@ def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
 ) -> None:
     """On PostgreSQL the next job's task runs as soon as the ending's statement has, while
     its COMMIT waits for the disk (here a slow one): that job's handler runs before the
-    COMMIT, but its own ending waits for it and for the first renewal the ending makes for
-    it (announcing both moves, releasing the ending's lease), so a job that ends at once is
-    recorded, not refused as stale by a snapshot taken before the COMMIT."""
+    COMMIT, but its own ending waits for it and for the job's first renewal (announcing both
+    moves, releasing the ending's lease), so a job that ends at once is recorded, not refused
+    as stale by a snapshot taken before the COMMIT."""
     runtime = pg_runtime
     slot = SpareThread(runtime)
     handing = threading.current_thread()
@@ -614,7 +621,7 @@ def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
 
     def slow_commit(connection: DirectConnection, sql: str) -> None:
         if sql == "COMMIT" and threading.current_thread() is handing:
-            time.sleep(0.3)
+            slot.await_second_handler()  # it runs before this COMMIT
         simple(connection, sql)
 
     monkeypatch.setattr(DirectConnection, "_simple", slow_commit)
@@ -659,12 +666,19 @@ def test_a_next_job_done_before_the_handing_commit_renews_itself_in_its_own_hand
 
     def slow_commit(connection: DirectConnection, sql: str) -> None:
         if sql == "COMMIT" and threading.current_thread() is handing:
-            deadline = time.monotonic() + 10
-            while not slot.probe.seen[1:] and time.monotonic() < deadline:
-                time.sleep(0.005)  # until the second job's handler has run
-            time.sleep(0.2)  # and its ending has claimed the renewal
+            assert claimed.wait(10), "the second job's ending never claimed its renewal"
         simple(connection, sql)
 
+    claimed = threading.Event()
+    claim = Landing.claim
+
+    def claim_seen(landing: Landing) -> bool:
+        mine = claim(landing)
+        if mine:
+            claimed.set()
+        return mine
+
+    monkeypatch.setattr(Landing, "claim", claim_seen)
     trips: list[int] = []
 
     def counted_trip(*calls: Any) -> Any:
@@ -708,9 +722,7 @@ def test_a_next_job_run_before_a_commit_that_fails_is_a_lost_start_recorded_nowh
 
     def lost_at_commit(connection: DirectConnection, sql: str) -> None:
         if sql == "COMMIT" and slot.tasks:  # the ending's, the next job's task let run
-            deadline = time.monotonic() + 10
-            while not slot.probe.seen[1:] and time.monotonic() < deadline:
-                time.sleep(0.005)  # until that job's handler has run
+            slot.await_second_handler()
             connection._raw.close()  # the server rolls the transaction back
         simple(connection, sql)
 
