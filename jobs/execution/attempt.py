@@ -280,15 +280,20 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         """Queued → running, returning the row (the claim too): one statement. Waits out a database
         outage while the lease is held; after a retry, a start that already landed (the
         COMMIT's answer was lost) is found by reading the row back."""
+        retried = [False]
         if self._from_hand_over:
             taken = PRE_STARTS.take(self.token, wait_s=PRESTART_WAIT_S)
-            self._owns_token = taken.claim is Claim.OWN
-            if taken.claim is Claim.STARTED:
+            # A start made ahead whose COMMIT failed before this task took it is lost: made
+            # here under the same token, as a start retried (one that landed after all is
+            # found by that token), never run on the strength of a rolled-back row.
+            lost = taken.landed is not None and taken.landed.lost()
+            self._owns_token = taken.claim is Claim.OWN or lost
+            retried[0] = lost
+            if taken.claim is Claim.STARTED and not lost:
                 self._fresh = taken.age < self.runtime.policy.lease_ttl_s / 3
                 self._handed = taken.release
                 self._landed = taken.landed
                 return taken.job
-        retried = [False]
 
         # Leased by its submit, maybe before that submit's COMMIT (PostgreSQL): wait for it.
         direct = self.runtime.direct
@@ -301,9 +306,9 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
                     return None if committed is None else jobs_sql.start(
                         committed, self.job_id, attempt=self.attempt, now=self.clock(),
                         token=self.token, dispatched_at=self.dispatched_at)
-            # Not durable: a start lost with the database's crash leaves the row queued, so
-            # the attempt's ending finds it moved (stale) and the job runs again: one
-            # completion is recorded. Its commit is made durable by the next durable one.
+            # Not durable: a start lost with the database's crash leaves the row queued at
+            # this attempt, and the ending makes it again with itself while the lease is
+            # held (``_end_lost_start``). Its commit is made durable by the next durable one.
             with self.runtime.one_statement(durable=False) as session:
                 job = jobs_sql.start(session, self.job_id, attempt=self.attempt,
                                      now=self.clock(), token=self.token,

@@ -25,7 +25,7 @@ from jobs.core.error_types import ErrorType
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
 from jobs.execution.handlers import JobContext
-from jobs.execution.leases import Heartbeat, is_sql_outage
+from jobs.execution.leases import Heartbeat, is_sql_outage, retry_sql
 from jobs.execution.limits import timed_out_error
 from jobs.execution.results import result_fields
 from jobs.execution.running import (
@@ -38,6 +38,7 @@ from jobs.execution.running import (
 )
 from jobs.execution.slots import Handover, Passed, entry_of, ring
 from jobs.process.runtime import Runtime
+from jobs.store import jobs as jobs_sql
 
 REQUEUED, STALE = "requeued", "stale"
 
@@ -53,6 +54,10 @@ class RecordsOutcome:
     retries_timeout: bool
     # The handler's context (its last progress report is stored with the ending).
     ctx: JobContext | None
+    # This handling's start token, when its lease was taken, and whether it still holds it.
+    token: str
+    dispatched_at: float | None
+    _holds_lease: Callable[[], bool]
 
     @property
     def _job(self) -> Job:
@@ -162,13 +167,15 @@ class RecordsOutcome:
             return (*self._end_alone(dst, fields), None)
         try:
             moved, started = self._end_and_start(dst, fields, passed)
-            return moved, dst, fields, started
         except sa_exc.DataError:
             return (*self._end_alone(dst, fields), None)  # nothing of it was stored
         except Exception as exc:
             if not is_sql_outage(exc):
                 raise
             return (*self._end_alone(dst, fields, unsure=True), None)
+        if not moved:  # this attempt's own start may have been lost: made again with it
+            return (*self._end_alone(dst, fields), started)
+        return moved, dst, fields, started
 
     def _end_alone(
         self, dst: Status, fields: dict[str, Any], *, unsure: bool = False
@@ -178,7 +185,7 @@ class RecordsOutcome:
         once, failed with what can be stored, never run again."""
         try:
             moved = self._transition(Status.RUNNING, dst, announce=False, unsure=unsure,
-                                     **fields)
+                                     **fields) or self._end_lost_start(dst, fields)
         except sa_exc.DataError as exc:
             if dst is Status.FAILED and set(fields) <= {"error", "error_type"}:
                 raise  # not even a plain error text could be stored
@@ -188,6 +195,36 @@ class RecordsOutcome:
                 "error": cut_error(f"the job's {dst.value} outcome could not be stored: {first}"),
                 "error_type": ErrorType.RESULT_UNSTORABLE.value})
         return moved, dst, fields
+
+    def _end_lost_start(self, dst: Status, fields: dict[str, Any]) -> bool:
+        """The ending found its row not running. A start lost with its COMMIT (one made
+        ahead, whose handler was let run before that COMMIT failed, or one not durable, lost
+        in a crash of the database) leaves the row queued at this attempt, and while this
+        attempt holds its lease no other start can take it: the start is made again as it
+        was, under this handling's token, with the ending in the same transaction. The
+        result in hand is recorded once, not thrown away for the job to run again. A row
+        moved by anything else stays as it is (the ending is stale)."""
+        if not self._holds_lease():
+            return False
+        job, retried = self._job, [False]
+
+        def again() -> bool:
+            with self.runtime.sessions.begin() as session:
+                if retried[0] and jobs_sql.landed(session, job, Status.RUNNING, dst):
+                    return True  # made, its COMMIT's answer lost
+                return jobs_sql.end_lost_start(
+                    session, job, dst=dst, now=self.clock(), fields=fields, token=self.token,
+                    dispatched_at=self.dispatched_at)
+
+        def keep_trying() -> bool:
+            retried[0] = True
+            return self._holds_lease()
+
+        moved = retry_sql(again, keep_trying=keep_trying, what="lost start",
+                          job_id=job.id)
+        if moved:
+            self._log(logging.WARNING, "job.start_made_again", outcome=dst.value)
+        return moved
 
     def _timed_out(self, heartbeat: Heartbeat) -> str:
         """The attempt ran past its limit: retried when its kind says so, else failed."""

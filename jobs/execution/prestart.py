@@ -106,6 +106,10 @@ class Landing:
     def renewal_made(self) -> None:
         self.renewed.set()
 
+    def lost(self) -> bool:
+        """The COMMIT is known not to have landed (it failed, or its answer never came)."""
+        return self.committed.is_set() and not self.landed_ok
+
     def close(self) -> None:
         """The handing task's last step, however its COMMIT went: ``committed`` set, and
         ``renewed`` too unless the job's own task is to make the renewal."""

@@ -43,6 +43,7 @@ from jobs.store.moves import (
     Claimed,
     claim,
     end_and_start,
+    end_lost_start,
     landed,
     once_committed,
     start,
@@ -289,7 +290,7 @@ def mark_result_fetched(session: Session, job_id: str, *, now: float) -> bool:
 
 __all__ = [
     "TIME_FIELDS", "TRANSITION_FIELDS", "Claimed", "Settled", "claim", "end_and_start",
-    "get_job", "get_jobs", "insert_job", "jobs_after", "jobs_in_status", "landed",
-    "latest_jobs", "list_jobs", "mark_result_fetched", "once_committed", "queued_order",
+    "end_lost_start", "get_job", "get_jobs", "insert_job", "jobs_after", "jobs_in_status",
+    "landed", "latest_jobs", "list_jobs", "mark_result_fetched", "once_committed", "queued_order",
     "request_cancel", "settled_queued", "start", "started_by", "transition", "unstart_fields",
 ]

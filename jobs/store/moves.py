@@ -231,6 +231,29 @@ def end_and_start(
     return row is not None and int(row.ended_rows) == 1, started
 
 
+def end_lost_start(
+    session: Runner,
+    job: Job,
+    *,
+    dst: Status,
+    now: float,
+    fields: dict[str, Any],
+    token: str,
+    dispatched_at: float | None,
+) -> bool:
+    """A start of ``job``'s attempt that was lost with its COMMIT made again as it was
+    (``start``, under ``token``, at the row's ``started_at`` as the attempt read it), and
+    the attempt's ending with it, in the caller's transaction: True iff both moved. Only a
+    row queued at this attempt moves (not flagged to cancel, its ``start_by`` not passed at
+    that start): one any other start, move or ending has touched stays as it is."""
+    began = now if job.started_at is None else job.started_at
+    if start(session, job.id, attempt=job.attempt, now=began, token=token,
+             dispatched_at=dispatched_at) is None:
+        return False
+    return transition(session, job.id, src=Status.RUNNING, attempt=job.attempt, dst=dst,
+                      now=now, **fields)
+
+
 def _dialect_of(session: Runner) -> str:
     if isinstance(session, DirectConnection):
         return "postgresql"

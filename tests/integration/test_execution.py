@@ -26,6 +26,7 @@ from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
 from jobs.store.direct import direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
+from jobs.store.models import JobRow
 from tests.handlers_for_tests import (
     BlockingHandler,
     FlakyHandler,
@@ -573,6 +574,67 @@ def test_a_late_result_after_the_lease_was_reaped_is_rejected(
     assert load(runtime, job.id) == requeued
     assert requeued.status is Status.QUEUED and requeued.attempt == 2
     assert runtime.index.position(job.id) == 0  # still queued for attempt 2
+
+
+class WatchedGate(GateHandler):
+    """A gate whose context the test watches."""
+
+    ctx: JobContext | None = None
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.ctx = ctx
+        return super().run(ctx, payload)
+
+
+def lose_the_start(runtime: Runtime, job_id: str) -> Job:
+    """What a crash of the database does to a start whose commit had not reached the disk
+    (a start is not durable): the row as it was before it, queued at the same attempt."""
+    with runtime.sessions.begin() as session:
+        session.execute(sa.update(JobRow).where(JobRow.id == job_id).values(
+            status=Status.QUEUED.value, starts=0, started_at=None, start_token=None))
+    return load(runtime, job_id)
+
+
+def test_a_start_lost_while_its_handler_ran_is_made_again_with_the_ending(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    gate = GateHandler()
+    registry.register(gate)
+    job = dispatch(runtime, submit(runtime, tenant, "gate", {}))
+    run = Background(lambda: execute(runtime, registry, job.id, 1, worker_id=WORKER))
+    assert gate.started.wait(20)
+    started_at = load(runtime, job.id).started_at
+    assert lose_the_start(runtime, job.id).status is Status.QUEUED
+
+    gate.gate.set()
+
+    assert run.join() == "succeeded"  # the result in hand is recorded, not thrown away
+    done = load(runtime, job.id)
+    assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
+    assert done.result == {"late": True}
+    assert done.started_at == started_at  # the start as it was made
+    assert runtime.index.inflight() == 0
+
+
+def test_a_lost_start_whose_lease_lapsed_meanwhile_is_not_made_again(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    """Without its lease the attempt cannot tell that nobody else takes the queued row: the
+    ending records nothing, and the row is left for whoever holds the job now."""
+    gate = WatchedGate()
+    registry.register(gate)
+    job = dispatch(runtime, submit(runtime, tenant, "gate", {}))
+    run = Background(lambda: execute(runtime, registry, job.id, 1, worker_id=WORKER))
+    assert gate.started.wait(20)
+    lost = lose_the_start(runtime, job.id)
+    (lapsed,) = runtime.index.reap(now=time.time() + 3600)  # the reaper's part
+    assert lapsed.job_id == job.id
+    wait_for(lambda: gate.ctx is not None and gate.ctx.lease_lost())  # the heartbeat saw it
+
+    gate.gate.set()
+
+    assert run.join() == "stale"
+    assert load(runtime, job.id) == lost
 
 
 def test_the_heartbeat_renews_the_lease_and_notices_a_cancel(

@@ -19,7 +19,6 @@ from jobs.core.cadence import UNCOMMITTED_GRACE_S, UNCOMMITTED_RETRY_S, UNCOMMIT
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.ids import new_job_id
 from jobs.core.states import Status
-from jobs.dispatch.recovery import Lapsed, recover
 from jobs.execution.attempt import Handover, execute
 from jobs.execution.handlers import JobContext
 from jobs.execution.prestart import PRE_STARTS, Landing
@@ -708,14 +707,14 @@ def test_a_next_job_done_before_the_handing_commit_renews_itself_in_its_own_hand
     assert runtime.index.inflight() == 0
 
 
-def test_a_next_job_run_before_a_commit_that_fails_is_a_lost_start_recorded_nowhere(
+def test_a_next_job_run_before_a_commit_that_fails_makes_its_lost_start_again_and_is_recorded(
     pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The ending's connection is lost at its COMMIT, after the next job's task was let run:
-    the database rolls both moves back, the ending is recorded alone, and the next job's
-    ending, which waited for that COMMIT, finds its row queued and records nothing (stale):
-    the job is queued, uncharged, and its lease lapses to the reaper, which indexes it
-    again to run once more."""
+    the database rolls both moves back and the ending is recorded alone. The next job's
+    handler has run; its ending, which waited for that COMMIT, finds its row queued at its
+    attempt while it still holds the lease, so it makes the lost start again with the
+    ending: the result in hand is recorded, the job runs once, one start is counted."""
     runtime = pg_runtime
     slot = SpareThread(runtime)
     simple = DirectConnection._simple
@@ -730,20 +729,52 @@ def test_a_next_job_run_before_a_commit_that_fails_is_a_lost_start_recorded_nowh
 
     assert slot.run_first() == "succeeded"
 
-    assert slot.outcomes == ["stale"]
+    assert slot.outcomes == ["succeeded"]
     first, second = slot.first, slot.second
     assert [call[0] for call in slot.probe.calls] == [first.id, second.id]
+    assert slot.probe.seen[1] == (Status.QUEUED, 1)  # it ran before the COMMIT that failed
     assert load(runtime, first.id).status is Status.SUCCEEDED
-    lost = load(runtime, second.id)
-    assert (lost.status, lost.attempt, lost.starts) == (Status.QUEUED, 1, 0)
-    # Its lease lapses, as any lost start's: the reaper indexes the queued row again as it is.
-    (lapsed,) = runtime.index.reap(now=runtime.index.now() + LEASE_TTL_S + 1)
-    assert lapsed.job_id == second.id
-    with runtime.sessions.begin() as session:
-        again = recover(session, lost, runtime.index.now(),
-                        Lapsed(expires_at=lapsed.expires_at, ttl_s=LEASE_TTL_S))
-    assert again.entry is not None and (again.entry.job_id, again.entry.attempt) == (second.id, 1)
-    assert not (again.failed or again.expired)
+    done = load(runtime, second.id)
+    assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
+    assert done.started_at is not None and done.finished_at is not None
+    assert done.started_at <= done.finished_at
+    assert runtime.index.inflight() == 0
+
+
+def test_a_start_ahead_whose_commit_failed_before_its_task_took_it_is_made_by_that_task(
+    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The next job's task takes its start only after the handing COMMIT failed: it does
+    not run the handler on the strength of a rolled-back row, but makes the start itself,
+    under the same token, as any start; the job runs once and is recorded."""
+    runtime = pg_runtime
+    slot = SpareThread(runtime)
+    messages: list[tuple[Lease, str]] = []
+    slot.handover = Handover(publish=lambda lease, token: messages.append((lease, token)),
+                             prestart=True)
+    simple = DirectConnection._simple
+
+    def lost_at_commit(connection: DirectConnection, sql: str) -> None:
+        if sql == "COMMIT" and messages:  # the ending's, its next job settled ahead
+            connection._raw.close()
+        simple(connection, sql)
+
+    monkeypatch.setattr(DirectConnection, "_simple", lost_at_commit)
+    assert execute(runtime, slot.registry, slot.first.id, 1, worker_id=WORKER,
+                   handover=slot.handover) == "succeeded"
+    monkeypatch.undo()
+    ((lease, token),) = messages
+    assert load(runtime, slot.second.id).status is Status.QUEUED  # the start ahead was lost
+
+    assert execute(runtime, slot.registry, lease.job_id, lease.attempt, worker_id=WORKER,
+                   token=token) == "succeeded"
+
+    second = slot.second
+    assert [call[0] for call in slot.probe.calls] == [slot.first.id, second.id]
+    assert slot.probe.seen[1] == (Status.RUNNING, 1)  # run after its own start
+    done = load(runtime, second.id)
+    assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
+    assert runtime.index.inflight() == 0
 
 
 def test_a_start_ahead_that_lands_after_its_message_gave_up_waiting_is_still_run_once(
