@@ -89,7 +89,6 @@ from jobs.index import notify
 from jobs.index.base import Finished
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
-from jobs.store.direct import Ahead
 
 logger = logging.getLogger("tierq.worker")
 
@@ -171,8 +170,6 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         self._landed: Landing | None = None
         # This attempt's ending let the next job run before its own COMMIT: landed after it.
         self.next_landed: Landing | None = None
-        # The ending's transaction, begun while its slot passes on (``_begin_ahead``).
-        self.ahead: Ahead | None = None
         self.clock: Clock = clock or runtime.clock
         self._virtual_clock = clock  # passed to lease renewals (None: the index's clock)
         self._keeper = LeaseKeeper(runtime, job_id, attempt, clock)

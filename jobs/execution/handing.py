@@ -4,8 +4,9 @@ A mixin of ``jobs.execution.attempt._Attempt``: before its ending commits, an at
 the best runnable job for its slot and hands that job's message to this worker
 (``jobs.execution.slots.pass_slot``); with the thread pool the ending and that job's start
 are one statement (``jobs.store.jobs.end_and_start``), and its own lease is released with
-that job's first renewal. On PostgreSQL the statement's BEGIN is sent before the hand-over's
-script (``DirectPool.begin_ahead``), and the next job's task is let run before the COMMIT:
+that job's first renewal. On PostgreSQL the statement and its COMMIT go out together
+(``jobs.store.pipeline.one_trip``), and the next job's task is let run once the statement's
+rows are back, before the COMMIT's answer:
 its ``Landing`` (``jobs.execution.prestart``) tells when that COMMIT has landed or failed,
 and nothing of that job's own moves before (``_await_handing``), nor before its first
 renewal: made by the handing task after its COMMIT, or, when the job's handler was done
@@ -31,7 +32,7 @@ from jobs.index import notify
 from jobs.index.base import Finished, FirstRenewal
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
-from jobs.store.direct import Ahead
+from jobs.store.pipeline import one_trip
 
 
 class HandsOver:
@@ -54,8 +55,6 @@ class HandsOver:
     # Set by ``_end_and_start`` when it let the next job run before its COMMIT; landed and
     # closed by this attempt (``_release_or_pass``, ``_handed_on``).
     next_landed: Landing | None
-    # The ending's transaction, begun ahead; discarded when no statement took it.
-    ahead: Ahead | None
 
     @property
     def _job(self) -> Job:
@@ -105,17 +104,6 @@ class HandsOver:
             finally:
                 owed.renewal_made()
 
-    def _begin_ahead(self) -> None:
-        """On PostgreSQL, with the next job's start made in the ending's statement: that
-        transaction's BEGIN goes out before the slot passes on, so its round trip runs beside
-        the hand-over's instead of after it (``DirectPool.begin_ahead``). Only for a job
-        that was itself handed over: the queue had work a moment ago, so its slot most likely
-        takes a next job too (on an idle queue a BEGIN would be sent for nothing)."""
-        direct, handover = self.runtime.direct, self.handover
-        if direct is not None and handover is not None and handover.prestart \
-                and self._from_hand_over and not limits.ending():
-            self.ahead = direct.begin_ahead()
-
     def _pass_slot(self) -> Passed | None:
         """With a ``handover``, before the ending's commit: the job this slot takes next,
         leased and sent (``jobs.execution.slots.pass_slot``), this attempt's lease kept. None in
@@ -143,9 +131,9 @@ class HandsOver:
         """This attempt's ending and the next job's start (made ahead for its message,
         under its token), one statement (``jobs.store.jobs.end_and_start``); one try."""
         lease = passed.lease
-        direct, ahead, self.ahead = self.runtime.direct, self.ahead, None
+        direct = self.runtime.direct
         with (self.runtime.one_statement() if direct is None
-              else direct.transaction(ahead=ahead)) as connection:
+              else one_trip(direct)) as connection:
             moved, started = jobs_sql.end_and_start(
                 connection, self.job_id, attempt=self.attempt, dst=dst, now=self.clock(),
                 fields=fields, next_id=lease.job_id, next_attempt=lease.attempt,
@@ -187,14 +175,10 @@ class HandsOver:
 
     def _handed_on(self) -> None:
         """Last of an ending, whatever became of it: the next job's task, let run before the
-        COMMIT, may move its row now; a transaction begun for a next job there was none of
-        is rolled back."""
+        COMMIT, may move its row now."""
         landed, self.next_landed = self.next_landed, None
         if landed is not None:
             landed.close()
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None:
-            ahead.discard()
 
     def _first_renewal_of(self, job: Job, *, release: Finished | None) -> None:
         """The first renewal of the next job's lease, made for its task, which runs already

@@ -83,9 +83,6 @@ class RecordsOutcome:
     def _pay_owed(self) -> None:
         raise NotImplementedError
 
-    def _begin_ahead(self) -> None:
-        raise NotImplementedError
-
     def _release_or_pass(
         self, moved: bool, dst: Status, started: Job | None, passed: Passed | None
     ) -> None:
@@ -136,7 +133,6 @@ class RecordsOutcome:
         report = None if self.ctx is None else self.ctx.last_report
         if report is not None:  # the last report outlives its Redis copy, with the ending
             fields = {**fields, "progress": report.to_dict()}
-        self._begin_ahead()
         passed = self._pass_slot()
         self._pay_owed()  # not made in the hand-over's round trip: made now, before the rest
         try:

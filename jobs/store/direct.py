@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import select
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -107,13 +106,20 @@ class DirectConnection:
         # answer lost), as a COMMIT may have.
         self.sent = False
 
-    def execute(self, stmt: Any, params: Mapping[str, Any] | None = None) -> DirectResult:
+    def _bound(
+        self, stmt: Any, params: Mapping[str, Any] | None
+    ) -> tuple[_Compiled, dict[str, Any]]:
+        """The statement's SQL, and its parameters with its literals and JSON adapted."""
         compiled = self._pool.compiled(stmt, tuple(params or ()) if stmt.is_insert else None)
-        params = {**compiled.literals, **(params or {})}
-        for name in compiled.json & params.keys():
-            value = params[name]
+        bound = {**compiled.literals, **(params or {})}
+        for name in compiled.json & bound.keys():
+            value = bound[name]
             if value is not None:
-                params[name] = Jsonb(value)
+                bound[name] = Jsonb(value)
+        return compiled, bound
+
+    def execute(self, stmt: Any, params: Mapping[str, Any] | None = None) -> DirectResult:
+        compiled, params = self._bound(stmt, params)
         try:
             self.sent = True
             cursor = self._raw.execute(compiled.sql, params)
@@ -138,26 +144,6 @@ class DirectConnection:
         except psycopg.Error as exc:
             raise _sql_error(exc, raw, sql) from exc
 
-    def _begun(self) -> None:
-        """Read the answer of the BEGIN ``DirectPool.begin_ahead`` sent, waiting for it
-        with the GIL released."""
-        raw = self._raw
-        try:
-            pgconn = raw.pgconn
-            pgconn.consume_input()
-            while pgconn.is_busy():
-                select.select([pgconn.socket], [], [])
-                pgconn.consume_input()
-            result = pgconn.get_result()
-            while pgconn.get_result() is not None:
-                pass
-            if result is None:
-                raise psycopg.OperationalError("no answer to BEGIN")
-            if result.status not in _DONE:
-                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
-        except psycopg.Error as exc:
-            raise _sql_error(exc, raw, "BEGIN") from exc
-
     def _end_open(self) -> None:
         """A transaction an error left open: rolled back, where the connection still works
         (one that does not is closed when given back)."""
@@ -169,30 +155,6 @@ class DirectConnection:
     @property
     def usable(self) -> bool:
         return not (self._raw.broken or self._raw.closed)
-
-
-class Ahead:
-    """A transaction begun ahead of its statements (``DirectPool.begin_ahead``): given to
-    ``DirectPool.transaction``, or ended unused with ``discard``."""
-
-    def __init__(self, pool: DirectPool, raw: psycopg.Connection[Any], durable: bool) -> None:
-        self._pool = pool
-        self.raw = raw
-        self.durable = durable
-        self.used = False
-
-    def discard(self) -> None:
-        """Not used after all: rolled back (one round trip) and its connection given back."""
-        if self.used:
-            return
-        self.used = True
-        connection = DirectConnection(self._pool, self.raw)
-        with contextlib.suppress(sa.exc.DBAPIError):
-            connection._begun()
-        connection._end_open()
-        if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
-            self.raw.close()  # not clean: not kept
-        self._pool._give_back(self.raw, self.durable)
 
 
 class DirectPool:
@@ -262,57 +224,18 @@ class DirectPool:
 
     @contextlib.contextmanager
     def transaction(
-        self, *, durable: bool = True, begin: str = "BEGIN", ahead: Ahead | None = None,
+        self, *, durable: bool = True, begin: str = "BEGIN"
     ) -> Iterator[DirectConnection]:
         """Statements in one transaction: ``begin`` (one round trip), the caller's
-        statements, COMMIT on leaving (ROLLBACK on an error). ``ahead``: begun already
-        (``begin_ahead``), on its connection; only BEGIN's answer is left to read."""
-        if ahead is None:
-            with self.connection(durable=durable) as connection, \
-                    self._committed(connection, begin) as committing:
-                yield committing
-            return
-        ahead.used = True
-        try:
-            with self._committed(DirectConnection(self, ahead.raw), None) as committing:
-                yield committing
-        finally:
-            self._give_back(ahead.raw, ahead.durable)
-
-    @contextlib.contextmanager
-    def _committed(
-        self, connection: DirectConnection, begin: str | None
-    ) -> Iterator[DirectConnection]:
-        """``begin`` (None: its answer, ``begin_ahead`` sent it), the caller's statements,
-        then COMMIT (ROLLBACK on an error)."""
-        try:
-            if begin is None:
-                connection._begun()
-            else:
+        statements, COMMIT on leaving (ROLLBACK on an error)."""
+        with self.connection(durable=durable) as connection:
+            try:
                 connection._simple(begin)
-            yield connection
-            connection.sent = True  # the COMMIT: cut off now, it may have landed
-            connection._simple("COMMIT")
-        finally:
-            connection._end_open()
-
-    def begin_ahead(self, *, durable: bool = True) -> Ahead | None:
-        """A transaction's BEGIN sent now, its answer not waited for: its round trip runs
-        beside what the caller does next (a Redis call), and ``transaction(ahead=...)``
-        reads it. None when it cannot be sent (the transaction begins the usual way)."""
-        try:
-            raw = self._take(durable)
-        except sa.exc.DBAPIError:
-            return None
-        try:
-            pgconn = raw.pgconn
-            pgconn.send_query(b"BEGIN")
-            while pgconn.flush():
-                select.select([], [pgconn.socket], [], CONNECT_TIMEOUT_S)
-        except psycopg.Error:
-            raw.close()
-            return None
-        return Ahead(self, raw, durable)
+                yield connection
+                connection.sent = True  # the COMMIT: cut off now, it may have landed
+                connection._simple("COMMIT")
+            finally:
+                connection._end_open()
 
     def _take(self, durable: bool) -> psycopg.Connection[Any]:
         with self._lock:

@@ -1,11 +1,9 @@
-"""The direct pool's transactions that save a round trip: one begun ahead
-(``DirectPool.begin_ahead``), whose BEGIN goes out before its statements are known, so that
-round trip runs beside other work, and which then behaves as any transaction of the pool (one
-never used is rolled back); and the wait for a job's commit lock (``await_commit``)."""
+"""The direct pool's ways of saving a round trip: a statement and its COMMIT sent together
+(``jobs.store.pipeline.one_trip``), whose rows come back before the COMMIT's answer, and the
+wait for a job's commit lock (``DirectPool.await_commit``)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +12,7 @@ import sqlalchemy as sa
 from jobs.execution.leases import is_sql_outage
 from jobs.store.direct import DirectPool
 from jobs.store.engine import make_engine
+from jobs.store.pipeline import one_trip
 
 pytestmark = pytest.mark.integration
 
@@ -50,78 +49,92 @@ def in_transaction(engine: sa.Engine) -> int:
             "AND state LIKE 'idle in transaction%'")).scalar_one())
 
 
-def begun(engine: sa.Engine) -> None:
-    """Until the server has run a BEGIN sent ahead (its session idle in a transaction)."""
-    deadline = time.monotonic() + 10
-    while in_transaction(engine) != 1:
-        assert time.monotonic() < deadline, "the BEGIN sent ahead never ran"
-        time.sleep(0.01)
+RETURNING = sa.text("INSERT INTO ahead_probe (id) VALUES (:id) RETURNING id, id * 2 AS twice")
 
 
-def test_a_transaction_begun_ahead_commits_its_statements_as_one(
+def hold_commits(engine: sa.Engine, *, fail: bool = False) -> sa.Connection:
+    """Every COMMIT of a row inserted into ``ahead_probe`` waits, on the server, for an
+    advisory lock the returned connection holds (a slow disk); ``fail``: its session then
+    ends itself, so that COMMIT never lands."""
+    holder = engine.connect()
+    holder.execute(sa.text("SELECT pg_advisory_lock(4242)"))
+    holder.commit()
+    end = "PERFORM pg_terminate_backend(pg_backend_pid());" if fail else ""
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f"""
+            CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM pg_advisory_lock_shared(4242);
+                PERFORM pg_advisory_unlock_shared(4242);
+                {end}
+                RETURN NULL;
+            END $$""")
+        connection.exec_driver_sql(
+            "CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON ahead_probe "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit()")
+    return holder
+
+
+def let_go(holder: sa.Connection) -> None:
+    holder.execute(sa.text("SELECT pg_advisory_unlock(4242)"))
+    holder.commit()
+    holder.close()
+
+
+def test_a_statement_and_its_commit_are_one_trip_and_its_connection_is_kept_clean(
     pool: DirectPool, engine: sa.Engine,
 ) -> None:
-    ahead = pool.begin_ahead()
-    assert ahead is not None
-    begun(engine)  # BEGIN is out before any statement is
-    with pool.transaction(ahead=ahead) as connection:
-        connection.execute(INSERT, {"id": 1})
-        connection.execute(INSERT, {"id": 2})
-        assert ids(engine) == []  # not committed yet
+    for n in (1, 2, 3):  # the statement is prepared once on its connection, then reused
+        with one_trip(pool) as trip:
+            result = trip.execute(RETURNING, {"id": n})
+            assert [tuple(row) for row in result] == [(n, 2 * n)] and result.rowcount == 1
+        assert ids(engine) == list(range(1, n + 1))
+    assert in_transaction(engine) == 0
+    with pool.connection() as connection:  # back in the pool, out of pipeline mode
+        assert connection.execute(RETURNING, {"id": 9}).first() == (9, 18)
+
+
+def test_the_rows_come_back_before_the_commit_has_landed(
+    pool: DirectPool, engine: sa.Engine,
+) -> None:
+    holder = hold_commits(engine)
+    with one_trip(pool) as trip:
+        assert trip.execute(RETURNING, {"id": 1}).first() == (1, 2)
+        assert ids(engine) == []  # the COMMIT is held on the server
+        let_go(holder)
+        trip.commit()
+        assert ids(engine) == [1]
+    assert ids(engine) == [1]
+
+
+def test_a_statement_that_fails_commits_nothing_and_its_connection_is_kept(
+    pool: DirectPool, engine: sa.Engine,
+) -> None:
+    with one_trip(pool) as trip:
+        trip.execute(RETURNING, {"id": 1})
+    with pytest.raises(sa.exc.IntegrityError), one_trip(pool) as trip:
+        trip.execute(RETURNING, {"id": 1})
+    with pytest.raises(sa.exc.DataError), one_trip(pool) as trip:
+        trip.execute(RETURNING, {"id": 2**40})  # out of int's range
+    assert ids(engine) == [1] and in_transaction(engine) == 0
+    with one_trip(pool) as trip:
+        trip.execute(RETURNING, {"id": 2})
     assert ids(engine) == [1, 2]
-    assert in_transaction(engine) == 0
-    ahead.discard()  # used: nothing left to end
-    with pool.transaction() as connection:  # its connection went back, clean
-        connection.execute(INSERT, {"id": 3})
-    assert ids(engine) == [1, 2, 3]
 
 
-def test_a_transaction_begun_ahead_rolls_back_on_an_error(
+def test_a_commit_lost_with_its_session_fails_as_an_outage_and_lands_nothing(
     pool: DirectPool, engine: sa.Engine,
 ) -> None:
-    ahead = pool.begin_ahead()
-    assert ahead is not None
-    with pytest.raises(sa.exc.IntegrityError), pool.transaction(ahead=ahead) as connection:
-        connection.execute(INSERT, {"id": 1})
-        connection.execute(INSERT, {"id": 1})
-    assert ids(engine) == [] and in_transaction(engine) == 0
-
-
-def test_one_never_used_is_rolled_back_and_its_connection_kept(
-    pool: DirectPool, engine: sa.Engine,
-) -> None:
-    ahead = pool.begin_ahead()
-    assert ahead is not None
-    ahead.discard()
-    assert in_transaction(engine) == 0
-    again = pool.begin_ahead()  # on the same connection, idle again
-    assert again is not None and again.raw is ahead.raw
-    again.discard()
-
-
-def test_one_whose_session_died_meanwhile_fails_as_an_outage(
-    pool: DirectPool, engine: sa.Engine,
-) -> None:
-    """The database lost the session between the BEGIN and its statements: the caller is
-    told as for any lost connection (and falls back as on an outage); nothing committed."""
-    ahead = pool.begin_ahead()
-    assert ahead is not None
-    begun(engine)
-    with engine.connect() as connection:
-        connection.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND state LIKE 'idle in transaction%'"))
-    deadline = time.monotonic() + 10
-    while in_transaction(engine):  # until that session has ended
-        assert time.monotonic() < deadline, "the session was not terminated"
-        time.sleep(0.01)
-    with pytest.raises(sa.exc.DBAPIError) as failed, pool.transaction(ahead=ahead) as c:
-        c.execute(INSERT, {"id": 1})
+    holder = hold_commits(engine, fail=True)
+    with pytest.raises(sa.exc.DBAPIError) as failed, one_trip(pool) as trip:
+        assert trip.execute(RETURNING, {"id": 1}).first() == (1, 2)  # rows, then no COMMIT
+        let_go(holder)
     assert is_sql_outage(failed.value)
     assert ids(engine) == []
-    with pool.transaction() as connection:  # the dead connection was not kept
-        connection.execute(INSERT, {"id": 2})
+    with engine.begin() as connection:
+        connection.exec_driver_sql("DROP TRIGGER hold_commit ON ahead_probe")
+    with one_trip(pool) as trip:  # the dead connection was not kept
+        trip.execute(RETURNING, {"id": 2})
     assert ids(engine) == [2]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -32,7 +32,7 @@ from jobs.process.runtime import Runtime
 from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
-from jobs.store.direct import DirectConnection, DirectPool, direct_pool
+from jobs.store.direct import DirectPool, direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
 
@@ -605,8 +605,73 @@ class SpareThread:
         return outcome
 
 
+class HeldCommit:
+    """The COMMIT of the first ending held on the server, as a slow disk holds it: a deferred
+    trigger on ``jobs`` waits at that COMMIT for an advisory lock this holds, until
+    ``let_go_when`` lets it go. ``fail``: that session then ends itself, so the COMMIT never
+    lands (the database lost at the COMMIT). The statement and its COMMIT leave the worker
+    together (``jobs.store.pipeline``): only the server can hold the COMMIT back."""
+
+    KEY = 7_421_701
+
+    def __init__(self, runtime: Runtime, *, fail: bool = False) -> None:
+        self._holder = runtime.engine.connect()
+        self._lock("pg_advisory_lock")
+        end = "PERFORM pg_terminate_backend(pg_backend_pid());" if fail else ""
+        with runtime.engine.begin() as connection:
+            connection.exec_driver_sql("CREATE SEQUENCE held_commits")
+            connection.exec_driver_sql(f"""
+                CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF nextval('held_commits') = 1 THEN
+                        PERFORM pg_advisory_lock_shared({self.KEY});
+                        PERFORM pg_advisory_unlock_shared({self.KEY});
+                        {end}
+                    END IF;
+                    RETURN NULL;
+                END $$""")
+            connection.exec_driver_sql(
+                "CREATE CONSTRAINT TRIGGER hold_commit AFTER UPDATE ON jobs "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+                "WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION hold_commit()")
+        self._thread: threading.Thread | None = None
+
+    def _lock(self, function: str) -> None:
+        self._holder.execute(sa.text(f"SELECT {function}(:key)"), {"key": self.KEY})
+        self._holder.commit()
+
+    def let_go_when(self, ready: Callable[[], object]) -> None:
+        """Once ``ready()`` has returned (on a thread of its own), the COMMIT goes on."""
+        def run() -> None:
+            try:
+                ready()
+            finally:
+                self._lock("pg_advisory_unlock")
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join(10)
+        self._holder.close()
+
+
+@pytest.fixture
+def held(pg_runtime: Runtime) -> Iterator[Callable[..., HeldCommit]]:
+    made: list[HeldCommit] = []
+
+    def hold(*, fail: bool = False) -> HeldCommit:
+        made.append(HeldCommit(pg_runtime, fail=fail))
+        return made[-1]
+
+    yield hold
+    for one in made:
+        one.close()
+
+
 def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
-    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+    pg_runtime: Runtime, held: Callable[..., HeldCommit],
 ) -> None:
     """On PostgreSQL the next job's task runs as soon as the ending's statement has, while
     its COMMIT waits for the disk (here a slow one): that job's handler runs before the
@@ -615,15 +680,7 @@ def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
     as stale by a snapshot taken before the COMMIT."""
     runtime = pg_runtime
     slot = SpareThread(runtime)
-    handing = threading.current_thread()
-    simple = DirectConnection._simple
-
-    def slow_commit(connection: DirectConnection, sql: str) -> None:
-        if sql == "COMMIT" and threading.current_thread() is handing:
-            slot.await_second_handler()  # it runs before this COMMIT
-        simple(connection, sql)
-
-    monkeypatch.setattr(DirectConnection, "_simple", slow_commit)
+    held().let_go_when(slot.await_second_handler)  # it runs before this COMMIT
     announced = runtime.redis.pubsub(ignore_subscribe_messages=True)
     announced.subscribe(IndexKeys(runtime.settings.key_prefix).changed)
     announced.get_message(timeout=1.0)
@@ -649,7 +706,7 @@ def test_a_next_job_run_before_the_endings_commit_ends_after_it_and_is_recorded(
 
 
 def test_a_next_job_done_before_the_handing_commit_renews_itself_in_its_own_hand_over(
-    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch, held: Callable[..., HeldCommit],
 ) -> None:
     """The second job's handler is done while the first's COMMIT is still on its way (a slow
     one): its ending says first that it makes its own first renewal, and makes it in the
@@ -660,15 +717,8 @@ def test_a_next_job_done_before_the_handing_commit_renews_itself_in_its_own_hand
     slot = SpareThread(runtime)
     slot.chained = True
     third = submit(runtime, slot.tenant)
-    handing = threading.current_thread()
-    simple = DirectConnection._simple
-
-    def slow_commit(connection: DirectConnection, sql: str) -> None:
-        if sql == "COMMIT" and threading.current_thread() is handing:
-            assert claimed.wait(10), "the second job's ending never claimed its renewal"
-        simple(connection, sql)
-
     claimed = threading.Event()
+    held().let_go_when(lambda: claimed.wait(10))
     claim = Landing.claim
 
     def claim_seen(landing: Landing) -> bool:
@@ -684,7 +734,6 @@ def test_a_next_job_done_before_the_handing_commit_renews_itself_in_its_own_hand
         trips.append(len(calls))
         return one_trip(*calls)
 
-    monkeypatch.setattr(DirectConnection, "_simple", slow_commit)
     monkeypatch.setattr(redis_leases, "one_trip", counted_trip)
 
     assert execute(runtime, slot.registry, slot.first.id, 1, worker_id=WORKER,
@@ -708,7 +757,7 @@ def test_a_next_job_done_before_the_handing_commit_renews_itself_in_its_own_hand
 
 
 def test_a_next_job_run_before_a_commit_that_fails_makes_its_lost_start_again_and_is_recorded(
-    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+    pg_runtime: Runtime, held: Callable[..., HeldCommit], caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The ending's connection is lost at its COMMIT, after the next job's task was let run:
     the database rolls both moves back and the ending is recorded alone. The next job's
@@ -717,15 +766,8 @@ def test_a_next_job_run_before_a_commit_that_fails_makes_its_lost_start_again_an
     ending: the result in hand is recorded, the job runs once, one start is counted."""
     runtime = pg_runtime
     slot = SpareThread(runtime)
-    simple = DirectConnection._simple
-
-    def lost_at_commit(connection: DirectConnection, sql: str) -> None:
-        if sql == "COMMIT" and slot.tasks:  # the ending's, the next job's task let run
-            slot.await_second_handler()
-            connection._raw.close()  # the server rolls the transaction back
-        simple(connection, sql)
-
-    monkeypatch.setattr(DirectConnection, "_simple", lost_at_commit)
+    # The session ends at the COMMIT, once the next job's task has run: rolled back.
+    held(fail=True).let_go_when(slot.await_second_handler)
 
     assert slot.run_first() == "succeeded"
 
@@ -733,6 +775,8 @@ def test_a_next_job_run_before_a_commit_that_fails_makes_its_lost_start_again_an
     first, second = slot.first, slot.second
     assert [call[0] for call in slot.probe.calls] == [first.id, second.id]
     assert slot.probe.seen[1] == (Status.QUEUED, 1)  # it ran before the COMMIT that failed
+    made_again = [r for r in caplog.records if r.message == "job.start_made_again"]
+    assert [getattr(r, "job_id", None) for r in made_again] == [second.id]
     assert load(runtime, first.id).status is Status.SUCCEEDED
     done = load(runtime, second.id)
     assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
@@ -742,7 +786,7 @@ def test_a_next_job_run_before_a_commit_that_fails_makes_its_lost_start_again_an
 
 
 def test_a_start_ahead_whose_commit_failed_before_its_task_took_it_is_made_by_that_task(
-    pg_runtime: Runtime, monkeypatch: pytest.MonkeyPatch,
+    pg_runtime: Runtime, held: Callable[..., HeldCommit],
 ) -> None:
     """The next job's task takes its start only after the handing COMMIT failed: it does
     not run the handler on the strength of a rolled-back row, but makes the start itself,
@@ -752,17 +796,9 @@ def test_a_start_ahead_whose_commit_failed_before_its_task_took_it_is_made_by_th
     messages: list[tuple[Lease, str]] = []
     slot.handover = Handover(publish=lambda lease, token: messages.append((lease, token)),
                              prestart=True)
-    simple = DirectConnection._simple
-
-    def lost_at_commit(connection: DirectConnection, sql: str) -> None:
-        if sql == "COMMIT" and messages:  # the ending's, its next job settled ahead
-            connection._raw.close()
-        simple(connection, sql)
-
-    monkeypatch.setattr(DirectConnection, "_simple", lost_at_commit)
+    held(fail=True).let_go_when(lambda: None)  # the session ends at the COMMIT
     assert execute(runtime, slot.registry, slot.first.id, 1, worker_id=WORKER,
                    handover=slot.handover) == "succeeded"
-    monkeypatch.undo()
     ((lease, token),) = messages
     assert load(runtime, slot.second.id).status is Status.QUEUED  # the start ahead was lost
 
