@@ -38,6 +38,7 @@ from jobs.index import wake
 from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE, is_backend_outage
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
+from jobs.store import pipeline
 from jobs.store.direct import DirectConnection
 
 logger = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ def _insert_transaction(
     if new.idempotency_key is not None:
         return runtime.sessions.begin()
     if offer_first and runtime.direct is not None:
-        return runtime.direct.locked(new.id)
+        return pipeline.locked(runtime.direct, new.id)
     return runtime.one_statement()
 
 

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -57,6 +58,10 @@ def _sql_error(exc: psycopg.Error, raw: psycopg.Connection[Any], sql: str | None
     return sa.exc.DBAPIError.instance(sql, params, exc, psycopg.Error,
                                       connection_invalidated=broken)
 
+
+# Each connection's cursor (``DirectConnection._cursor``); a connection closed is forgotten.
+_CURSORS: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Cursor[Any]] = \
+    weakref.WeakKeyDictionary()
 
 # What a statement that succeeded returns (``DirectConnection._simple``).
 _DONE = frozenset({pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK})
@@ -122,7 +127,8 @@ class DirectConnection:
         compiled, params = self._bound(stmt, params)
         try:
             self.sent = True
-            cursor = self._raw.execute(compiled.sql, params)
+            cursor = self._cursor()
+            cursor.execute(compiled.sql, params)
             # Whether it returned rows, read off the result's status: ``description`` would
             # build a column list each time.
             result = cursor.pgresult
@@ -131,6 +137,14 @@ class DirectConnection:
         except psycopg.Error as exc:
             raise _sql_error(exc, self._raw, compiled.sql, params) from exc
         return DirectResult(cursor.rowcount, rows)
+
+    def _cursor(self) -> psycopg.Cursor[Any]:
+        """The connection's own cursor, kept with it: a new one per statement costs more
+        than the statement (its adapters are looked up again each time)."""
+        cursor = _CURSORS.get(self._raw)
+        if cursor is None or cursor.closed:
+            cursor = _CURSORS[self._raw] = self._raw.cursor()
+        return cursor
 
     def _simple(self, sql: str) -> None:
         """A statement of no parameters, several at once (one round trip), sent through
@@ -192,19 +206,8 @@ class DirectPool:
         finally:
             self._give_back(raw, durable)
 
-    @contextlib.contextmanager
-    def locked(self, job_id: str) -> Iterator[DirectConnection]:
-        """One transaction that holds ``job_id``'s commit lock (``commit_lock``) until it
-        ends: BEGIN and the lock are one round trip, COMMIT is sent on leaving (ROLLBACK on
-        an error). A submit takes it before its job can be leased, so a start that waits for
-        it (``await_commit``) sees what that submit's COMMIT or ROLLBACK left."""
-        classid, objid = commit_lock(job_id)
-        with self.transaction(begin=f"BEGIN; SELECT pg_advisory_xact_lock({classid}, {objid})") \
-                as connection:
-            yield connection
-
     def await_commit(self, job_id: str, *, wait_s: float) -> bool:
-        """Wait until no transaction holds ``job_id``'s commit lock (``locked``): its
+        """Wait until no transaction holds ``job_id``'s commit lock (``pipeline.locked``): its
         submit has committed or rolled back, if it was committing. One round trip: the lock
         taken shared and let go in a transaction of its own. False when it was not granted
         within ``wait_s`` (the submit hangs)."""

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import adapt, pq
 from psycopg._queries import PostgresQuery
+from psycopg.abc import Transformer
 
-from jobs.store.direct import DirectConnection, DirectResult, _sql_error
+from jobs.store.direct import DirectConnection, DirectResult, _sql_error, commit_lock
 
 if TYPE_CHECKING:
     from jobs.store.direct import DirectPool
@@ -52,22 +53,28 @@ class OneTrip(DirectConnection):
         self._open = False  # a Sync was sent whose answer is not read yet
 
     def execute(self, stmt: Any, params: Mapping[str, Any] | None = None) -> DirectResult:
+        """Send the statement and its COMMIT (inside a transaction begun already, a COMMIT
+        command; else the Sync commits it); return its rows once they come."""
         if self._open or self.sent:
             raise RuntimeError("one statement per trip")
         compiled, bound = self._bound(stmt, params)
         raw = self._raw
         pgconn = raw.pgconn
         try:
-            query = PostgresQuery(adapt.Transformer(raw))
+            transformer = adapt.Transformer(raw)
+            query = PostgresQuery(transformer)
             query.convert(compiled.sql, bound)
             name = _name(query)
             prepared = _PREPARED.setdefault(raw, set())
+            in_transaction = pgconn.transaction_status == pq.TransactionStatus.INTRANS
             self.sent = self._open = True
             pgconn.enter_pipeline_mode()
             if name not in prepared:
                 pgconn.send_prepare(name, query.query, param_types=query.types)
             pgconn.send_query_prepared(name, query.params, param_formats=query.formats)
             pgconn.send_flush_request()
+            if in_transaction:
+                pgconn.send_query_params(b"COMMIT", None)
             pgconn.pipeline_sync()
             _flush(pgconn)
             if name not in prepared:
@@ -77,7 +84,7 @@ class OneTrip(DirectConnection):
         except psycopg.Error as exc:
             self._drain()
             raise _sql_error(exc, raw, compiled.sql, bound) from exc
-        rows = _rows(raw, result) if result.status == pq.ExecStatus.TUPLES_OK else []
+        rows = _rows(transformer, result) if result.status == pq.ExecStatus.TUPLES_OK else []
         return DirectResult(int(result.command_tuples or 0), rows)
 
     def commit(self) -> None:
@@ -121,6 +128,26 @@ def one_trip(pool: DirectPool, *, durable: bool = True) -> Iterator[OneTrip]:
             trip._drain()
 
 
+@contextlib.contextmanager
+def locked(pool: DirectPool, job_id: str) -> Iterator[OneTrip]:
+    """A transaction that holds ``job_id``'s commit lock (``jobs.store.direct.commit_lock``)
+    until it ends: BEGIN and the lock are one round trip; its one statement then goes out
+    with the COMMIT (``OneTrip``), and leaving waits for that COMMIT (a ROLLBACK on an error
+    before the statement). A submit takes it before its job can be leased, so a start that
+    waits for it (``DirectPool.await_commit``) sees what that submit's COMMIT or ROLLBACK
+    left."""
+    classid, objid = commit_lock(job_id)
+    with pool.connection() as connection:
+        trip = OneTrip(pool, connection._raw)
+        try:
+            trip._simple(f"BEGIN; SELECT pg_advisory_xact_lock({classid}, {objid})")
+            yield trip
+            trip.commit()
+        finally:
+            trip._drain()
+            trip._end_open()
+
+
 def _name(query: PostgresQuery) -> bytes:
     """The prepared statement's name: its text and parameter types (apart from psycopg's
     own ``_pg3_`` names on the same connection)."""
@@ -160,12 +187,11 @@ def _check(results: list[pq.abc.PGresult], raw: psycopg.Connection[Any]) -> list
     return results
 
 
-def _rows(raw: psycopg.Connection[Any], result: pq.abc.PGresult) -> list[Any]:
+def _rows(transformer: Transformer, result: pq.abc.PGresult) -> list[Any]:
     """The rows as ``namedtuple_row`` makes them, loaded by psycopg's adapters."""
     names = tuple((result.fname(i) or b"").decode() for i in range(result.nfields))
     make = _ROWS.get(names)
     if make is None:
         make = _ROWS[names] = namedtuple("Row", names, rename=True)._make  # type: ignore[attr-defined]
-    transformer = adapt.Transformer(raw)
     transformer.set_pgresult(result)
     return transformer.load_rows(0, result.ntuples, make)

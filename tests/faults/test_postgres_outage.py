@@ -26,6 +26,7 @@ from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
 from jobs.store.direct import DirectConnection
 from jobs.store.migrate import upgrade
+from jobs.store.pipeline import OneTrip
 from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
 from tests.faults.load import outage_under_load
@@ -94,15 +95,18 @@ def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
         def stop_before_commit(_conn: sa.Connection) -> None:
             fault_pg.stop("immediate")  # the COMMIT is about to be sent: it never arrives
 
-        sent = DirectConnection.execute
+        def stopped_as_sent(execute: Any) -> Any:
+            def stop_as_sent(self: DirectConnection, stmt: Any, params: Any = None) -> Any:
+                fault_pg.stop("immediate")  # the INSERT is about to be sent: it never arrives
+                return execute(self, stmt, params)
 
-        def stop_as_sent(self: DirectConnection, stmt: Any, params: Any = None) -> Any:
-            fault_pg.stop("immediate")  # the INSERT is about to be sent: it never arrives
-            return sent(self, stmt, params)
+            return stop_as_sent
 
         assert runtime.direct is not None
         sa.event.listen(runtime.engine, "commit", stop_before_commit)
-        with mock.patch.object(DirectConnection, "execute", stop_as_sent), \
+        with mock.patch.object(DirectConnection, "execute",
+                               stopped_as_sent(DirectConnection.execute)), \
+                mock.patch.object(OneTrip, "execute", stopped_as_sent(OneTrip.execute)), \
                 pytest.raises(Unavailable, match="unconfirmed"):
             submit(runtime, default_registry(""), tenant, Submission(
                 kind="echo", payload={}, idempotency_key="k" if keyed else None))

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from jobs.execution.leases import is_sql_outage
 from jobs.store.direct import DirectPool
 from jobs.store.engine import make_engine
-from jobs.store.pipeline import one_trip
+from jobs.store.pipeline import locked, one_trip
 
 pytestmark = pytest.mark.integration
 
@@ -143,11 +143,27 @@ def test_waiting_for_a_commit_lock_is_one_round_trip_that_leaves_nothing_held(
 ) -> None:
     """``await_commit`` takes a job's commit lock shared and lets it go at once: it returns
     when the submit holding it ends, False past its wait, and its connection is clean."""
-    with pool.locked("job-1") as submitting:
-        submitting.execute(INSERT, {"id": 1})
+    with locked(pool, "job-1") as submitting:
         assert not pool.await_commit("job-1", wait_s=0.1)  # the submit hangs
         assert pool.await_commit("job-2", wait_s=0.1)  # another job's lock is not this one
         assert in_transaction(engine) == 1  # only the submit's
+        submitting.execute(INSERT, {"id": 1})  # sent with its COMMIT
     assert pool.await_commit("job-1", wait_s=0.1)
     assert in_transaction(engine) == 0
     assert ids(engine) == [1]
+
+
+def test_a_locked_transaction_that_fails_or_sends_nothing_rolls_back_and_lets_go(
+    pool: DirectPool, engine: sa.Engine,
+) -> None:
+    with pytest.raises(RuntimeError), locked(pool, "job-1"):
+        raise RuntimeError("the offer failed")  # before its statement
+    with locked(pool, "job-1") as submitting:
+        submitting.execute(INSERT, {"id": 1})
+    with pytest.raises(sa.exc.IntegrityError), locked(pool, "job-2") as submitting:
+        submitting.execute(INSERT, {"id": 1})  # its COMMIT goes with it, and is not run
+    assert ids(engine) == [1] and in_transaction(engine) == 0
+    assert pool.await_commit("job-1", wait_s=0.1) and pool.await_commit("job-2", wait_s=0.1)
+    with locked(pool, "job-3") as submitting:  # the connections went back clean
+        submitting.execute(INSERT, {"id": 3})
+    assert ids(engine) == [1, 3]

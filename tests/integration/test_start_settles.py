@@ -34,6 +34,7 @@ from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
 from jobs.store.direct import DirectPool, direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
+from jobs.store.pipeline import locked
 from tests.handlers_for_tests import RecordingHandler
 
 pytestmark = pytest.mark.integration
@@ -281,13 +282,13 @@ def test_a_start_made_while_its_submit_holds_the_commit_lock_waits_for_the_commi
     now = runtime.index.now()
     new = new_job(runtime, new_tenant(runtime), now)
     started: list[Job | None] = []
-    with direct.locked(new.id) as connection:
-        jobs_sql.insert_job(connection, new)
+    with locked(direct, new.id) as connection:
         worker = threading.Thread(target=lambda: started.append(locked_start(
             direct, new.id, now=now, wait_s=30.0)))
         worker.start()
         await_lock_wait(runtime)
         assert started == []  # waiting on the lock, not on a read
+        jobs_sql.insert_job(connection, new)  # sent with its COMMIT
     worker.join(10)
 
     (job,) = started
@@ -301,11 +302,11 @@ def test_a_start_gives_up_on_a_commit_lock_held_past_its_wait(pg_runtime: Runtim
     runtime, direct = pg_runtime, direct_of(pg_runtime)
     now = runtime.index.now()
     new = new_job(runtime, new_tenant(runtime), now)
-    with direct.locked(new.id) as connection:
-        jobs_sql.insert_job(connection, new)
+    with locked(direct, new.id) as connection:
         began = time.monotonic()
         assert locked_start(direct, new.id, now=now, wait_s=0.2) is None
         assert time.monotonic() - began >= 0.2
+        jobs_sql.insert_job(connection, new)
     assert load(runtime, new.id).status is Status.QUEUED  # committed after, untouched
 
 
@@ -320,7 +321,7 @@ def test_a_lease_taken_before_its_submits_commit_runs_once_the_row_commits(
     now = runtime.index.now()
     new = new_job(runtime, tenant, now)
     outcomes: list[str] = []
-    with direct.locked(new.id) as connection:
+    with locked(direct, new.id) as connection:
         index_entry(runtime, new)
         worker = attempt_in_thread(runtime, HandlerRegistry([probe]),
                                    dispatch(runtime, now=now), now, outcomes)
@@ -345,7 +346,7 @@ def test_a_lease_whose_submit_rolls_back_under_the_lock_is_put_back(
     now = runtime.index.now()
     new = new_job(runtime, new_tenant(runtime), now, max_wait_s=600)
     outcomes: list[str] = []
-    with pytest.raises(RuntimeError), direct.locked(new.id):
+    with pytest.raises(RuntimeError), locked(direct, new.id):
         index_entry(runtime, new)
         worker = attempt_in_thread(runtime, HandlerRegistry([probe]),
                                    dispatch(runtime, now=now), now, outcomes)

@@ -13,7 +13,7 @@ pipeline sent), on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,6 +36,7 @@ from jobs.store import tenants as tenants_sql
 from jobs.store.direct import DirectConnection, direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from jobs.store.models import JobRow
+from jobs.store.pipeline import OneTrip
 from workers.handlers import default_registry
 
 pytestmark = pytest.mark.integration
@@ -92,14 +93,8 @@ def statements(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[li
     direct connections' (PostgreSQL's hot path, ``jobs.store.direct``), where a statement is
     its own transaction and so is followed by its implicit "COMMIT"."""
     seen: list[str] = []
-    direct_execute = DirectConnection.execute
-
-    def on_direct(self: DirectConnection, stmt: Any, params: Any = None) -> Any:
-        result = direct_execute(self, stmt, params)
-        seen.extend([str(stmt).split()[0].upper(), "COMMIT"])
-        return result
-
-    monkeypatch.setattr(DirectConnection, "execute", on_direct)
+    for kind in (DirectConnection, OneTrip):  # OneTrip: a statement sent with its COMMIT
+        monkeypatch.setattr(kind, "execute", _seen_by(kind.execute, seen))
 
     def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         seen.append(statement.split()[0].upper())
@@ -112,6 +107,15 @@ def statements(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[li
     yield seen
     for name, fn in listeners:
         sa.event.remove(runtime.engine, name, fn)
+
+
+def _seen_by(execute: Callable[..., Any], seen: list[str]) -> Callable[..., Any]:
+    def on_direct(self: DirectConnection, stmt: Any, params: Any = None) -> Any:
+        result = execute(self, stmt, params)
+        seen.extend([str(stmt).split()[0].upper(), "COMMIT"])
+        return result
+
+    return on_direct
 
 
 def submit(runtime: Runtime, tenant: Tenant, **fields: Any) -> submission.Submitted:
