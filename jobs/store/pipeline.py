@@ -45,7 +45,7 @@ _ROWS: dict[tuple[str, ...], Any] = {}
 
 
 class OneTrip(DirectConnection):
-    """One statement and its COMMIT, sent together (``DirectPool.one_trip``): ``execute``
+    """One statement and its COMMIT, sent together (``one_trip``, ``locked``): ``execute``
     returns the statement's rows as soon as they come, ``commit`` waits for the COMMIT."""
 
     def __init__(self, pool: DirectPool, raw: psycopg.Connection[Any]) -> None:
