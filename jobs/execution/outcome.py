@@ -25,7 +25,7 @@ from jobs.core.error_types import ErrorType
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
 from jobs.execution.handlers import JobContext
-from jobs.execution.leases import Heartbeat, is_sql_outage, retry_sql
+from jobs.execution.leases import Heartbeat, LeaseKeeper, is_sql_outage, retry_sql
 from jobs.execution.limits import timed_out_error
 from jobs.execution.results import result_fields
 from jobs.execution.running import (
@@ -58,6 +58,7 @@ class RecordsOutcome:
     token: str
     dispatched_at: float | None
     _holds_lease: Callable[[], bool]
+    _keeper: LeaseKeeper
 
     @property
     def _job(self) -> Job:
@@ -199,8 +200,10 @@ class RecordsOutcome:
         attempt holds its lease no other start can take it: the start is made again as it
         was, under this handling's token, with the ending in the same transaction. The
         result in hand is recorded once, not thrown away for the job to run again. A row
-        moved by anything else stays as it is (the ending is stale)."""
-        if not self._holds_lease():
+        moved by anything else stays as it is (the ending is stale), as does one whose lease
+        Redis no longer holds for this attempt: asked first, since the heartbeat learns of a
+        lost lease only at its next renewal."""
+        if not (self._holds_lease() and self._keeper.renew()):
             return False
         job, retried = self._job, [False]
 

@@ -40,6 +40,9 @@ _FAILED = frozenset({pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED})
 _PREPARED: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[bytes]] = \
     weakref.WeakKeyDictionary()
 
+# Prepared statements' names, by text and parameter types (``_name``).
+_NAMES: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+
 # How a row is made, per list of column names, built once.
 _ROWS: dict[tuple[str, ...], Any] = {}
 
@@ -65,7 +68,9 @@ class OneTrip(DirectConnection):
             query = PostgresQuery(transformer)
             query.convert(compiled.sql, bound)
             name = _name(query)
-            prepared = _PREPARED.setdefault(raw, set())
+            prepared = _PREPARED.get(raw)
+            if prepared is None:
+                prepared = _PREPARED[raw] = set()
             in_transaction = pgconn.transaction_status == pq.TransactionStatus.INTRANS
             self.sent = self._open = True
             pgconn.enter_pipeline_mode()
@@ -114,22 +119,16 @@ class OneTrip(DirectConnection):
         self._open = False
 
 
-@contextlib.contextmanager
-def one_trip(pool: DirectPool, *, durable: bool = True) -> Iterator[OneTrip]:
+def one_trip(
+    pool: DirectPool, *, durable: bool = True
+) -> contextlib.AbstractContextManager[OneTrip]:
     """One statement (``OneTrip.execute``) and its COMMIT in one round trip; the COMMIT is
     waited for on leaving. The COMMIT is sent with the statement: an error in the caller's
     block after ``execute`` no longer rolls it back."""
-    with pool.connection(durable=durable) as connection:
-        trip = OneTrip(pool, connection._raw)
-        try:
-            yield trip
-            trip.commit()
-        finally:
-            trip._drain()
+    return _trip(pool, durable=durable, begin=None)
 
 
-@contextlib.contextmanager
-def locked(pool: DirectPool, job_id: str) -> Iterator[OneTrip]:
+def locked(pool: DirectPool, job_id: str) -> contextlib.AbstractContextManager[OneTrip]:
     """A transaction that holds ``job_id``'s commit lock (``jobs.store.direct.commit_lock``)
     until it ends: BEGIN and the lock are one round trip; its one statement then goes out
     with the COMMIT (``OneTrip``), and leaving waits for that COMMIT (a ROLLBACK on an error
@@ -137,10 +136,20 @@ def locked(pool: DirectPool, job_id: str) -> Iterator[OneTrip]:
     waits for it (``DirectPool.await_commit``) sees what that submit's COMMIT or ROLLBACK
     left."""
     classid, objid = commit_lock(job_id)
-    with pool.connection() as connection:
+    return _trip(pool, durable=True,
+                 begin=f"BEGIN; SELECT pg_advisory_xact_lock({classid}, {objid})")
+
+
+@contextlib.contextmanager
+def _trip(pool: DirectPool, *, durable: bool, begin: str | None) -> Iterator[OneTrip]:
+    """``begin`` first (one round trip; None: none, the Sync commits), then the caller's one
+    statement and its COMMIT; on leaving, the COMMIT waited for, or whatever an error left
+    read, rolled back or closed."""
+    with pool.connection(durable=durable) as connection:
         trip = OneTrip(pool, connection._raw)
         try:
-            trip._simple(f"BEGIN; SELECT pg_advisory_xact_lock({classid}, {objid})")
+            if begin is not None:
+                trip._simple(begin)
             yield trip
             trip.commit()
         finally:
@@ -150,10 +159,14 @@ def locked(pool: DirectPool, job_id: str) -> Iterator[OneTrip]:
 
 def _name(query: PostgresQuery) -> bytes:
     """The prepared statement's name: its text and parameter types (apart from psycopg's
-    own ``_pg3_`` names on the same connection)."""
-    digest = hashlib.blake2b(query.query, digest_size=12)
-    digest.update(repr(query.types).encode())
-    return b"tierq_" + digest.hexdigest().encode()
+    own ``_pg3_`` names on the same connection), hashed once per pair."""
+    key = (query.query, tuple(query.types))
+    name = _NAMES.get(key)
+    if name is None:
+        digest = hashlib.blake2b(query.query, digest_size=12)
+        digest.update(repr(key[1]).encode())
+        name = _NAMES[key] = b"tierq_" + digest.hexdigest().encode()
+    return name
 
 
 def _flush(pgconn: pq.abc.PGconn) -> None:

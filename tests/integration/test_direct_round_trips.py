@@ -4,7 +4,7 @@ wait for a job's commit lock (``DirectPool.await_commit``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +13,7 @@ from jobs.execution.leases import is_sql_outage
 from jobs.store.direct import DirectPool
 from jobs.store.engine import make_engine
 from jobs.store.pipeline import locked, one_trip
+from tests.integration.held_commits import HeldCommit
 
 pytestmark = pytest.mark.integration
 
@@ -52,33 +53,18 @@ def in_transaction(engine: sa.Engine) -> int:
 RETURNING = sa.text("INSERT INTO ahead_probe (id) VALUES (:id) RETURNING id, id * 2 AS twice")
 
 
-def hold_commits(engine: sa.Engine, *, fail: bool = False) -> sa.Connection:
-    """Every COMMIT of a row inserted into ``ahead_probe`` waits, on the server, for an
-    advisory lock the returned connection holds (a slow disk); ``fail``: its session then
-    ends itself, so that COMMIT never lands."""
-    holder = engine.connect()
-    holder.execute(sa.text("SELECT pg_advisory_lock(4242)"))
-    holder.commit()
-    end = "PERFORM pg_terminate_backend(pg_backend_pid());" if fail else ""
-    with engine.begin() as connection:
-        connection.exec_driver_sql(f"""
-            CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                PERFORM pg_advisory_lock_shared(4242);
-                PERFORM pg_advisory_unlock_shared(4242);
-                {end}
-                RETURN NULL;
-            END $$""")
-        connection.exec_driver_sql(
-            "CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON ahead_probe "
-            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit()")
-    return holder
+@pytest.fixture
+def held(engine: sa.Engine) -> Iterator[Callable[..., HeldCommit]]:
+    """Every COMMIT of a row inserted into ``ahead_probe`` held (``fail``: lost)."""
+    made: list[HeldCommit] = []
 
+    def hold(*, fail: bool = False) -> HeldCommit:
+        made.append(HeldCommit(engine, event="INSERT", table="ahead_probe", fail=fail))
+        return made[-1]
 
-def let_go(holder: sa.Connection) -> None:
-    holder.execute(sa.text("SELECT pg_advisory_unlock(4242)"))
-    holder.commit()
-    holder.close()
+    yield hold
+    for one in made:
+        one.close()
 
 
 def test_a_statement_and_its_commit_are_one_trip_and_its_connection_is_kept_clean(
@@ -95,13 +81,13 @@ def test_a_statement_and_its_commit_are_one_trip_and_its_connection_is_kept_clea
 
 
 def test_the_rows_come_back_before_the_commit_has_landed(
-    pool: DirectPool, engine: sa.Engine,
+    pool: DirectPool, engine: sa.Engine, held: Callable[..., HeldCommit],
 ) -> None:
-    holder = hold_commits(engine)
+    holder = held()
     with one_trip(pool) as trip:
         assert trip.execute(RETURNING, {"id": 1}).first() == (1, 2)
         assert ids(engine) == []  # the COMMIT is held on the server
-        let_go(holder)
+        holder.let_go()
         trip.commit()
         assert ids(engine) == [1]
     assert ids(engine) == [1]
@@ -123,12 +109,12 @@ def test_a_statement_that_fails_commits_nothing_and_its_connection_is_kept(
 
 
 def test_a_commit_lost_with_its_session_fails_as_an_outage_and_lands_nothing(
-    pool: DirectPool, engine: sa.Engine,
+    pool: DirectPool, engine: sa.Engine, held: Callable[..., HeldCommit],
 ) -> None:
-    holder = hold_commits(engine, fail=True)
+    holder = held(fail=True)
     with pytest.raises(sa.exc.DBAPIError) as failed, one_trip(pool) as trip:
         assert trip.execute(RETURNING, {"id": 1}).first() == (1, 2)  # rows, then no COMMIT
-        let_go(holder)
+        holder.let_go()
     assert is_sql_outage(failed.value)
     assert ids(engine) == []
     with engine.begin() as connection:

@@ -576,16 +576,6 @@ def test_a_late_result_after_the_lease_was_reaped_is_rejected(
     assert runtime.index.position(job.id) == 0  # still queued for attempt 2
 
 
-class WatchedGate(GateHandler):
-    """A gate whose context the test watches."""
-
-    ctx: JobContext | None = None
-
-    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
-        self.ctx = ctx
-        return super().run(ctx, payload)
-
-
 def lose_the_start(runtime: Runtime, job_id: str) -> Job:
     """What a crash of the database does to a start whose commit had not reached the disk
     (a start is not durable): the row as it was before it, queued at the same attempt."""
@@ -595,46 +585,59 @@ def lose_the_start(runtime: Runtime, job_id: str) -> Job:
     return load(runtime, job_id)
 
 
+class LosesItsStart(RecordingHandler):
+    """Loses its own start while it runs (``lose_the_start``) and returns a result;
+    ``reaped``: its lease is taken by the reaper too, as the handler ends."""
+
+    kind = "loses"
+
+    def __init__(self, runtime: Runtime, *, reaped: bool = False) -> None:
+        super().__init__()
+        self.runtime, self.reaped = runtime, reaped
+        self.started_at: float | None = None
+        self.lost: Job | None = None
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        self.started_at = load(self.runtime, ctx.job_id).started_at
+        self.lost = lose_the_start(self.runtime, ctx.job_id)
+        if self.reaped:
+            (lapsed,) = self.runtime.index.reap(now=time.time() + 3600)
+            assert lapsed.job_id == ctx.job_id
+        super().run(ctx, payload)
+        return {"late": True}
+
+
 def test_a_start_lost_while_its_handler_ran_is_made_again_with_the_ending(
     runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
 ) -> None:
-    gate = GateHandler()
-    registry.register(gate)
-    job = dispatch(runtime, submit(runtime, tenant, "gate", {}))
-    run = Background(lambda: execute(runtime, registry, job.id, 1, worker_id=WORKER))
-    assert gate.started.wait(20)
-    started_at = load(runtime, job.id).started_at
-    assert lose_the_start(runtime, job.id).status is Status.QUEUED
+    handler = LosesItsStart(runtime)
+    registry.register(handler)
+    job = dispatch(runtime, submit(runtime, tenant, "loses", {}))
 
-    gate.gate.set()
+    # The result in hand is recorded, not thrown away.
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "succeeded"
 
-    assert run.join() == "succeeded"  # the result in hand is recorded, not thrown away
+    assert handler.lost is not None and handler.lost.status is Status.QUEUED
     done = load(runtime, job.id)
     assert (done.status, done.attempt, done.starts) == (Status.SUCCEEDED, 1, 1)
     assert done.result == {"late": True}
-    assert done.started_at == started_at  # the start as it was made
+    assert done.started_at == handler.started_at  # the start as it was made
     assert runtime.index.inflight() == 0
 
 
-def test_a_lost_start_whose_lease_lapsed_meanwhile_is_not_made_again(
+def test_a_lost_start_whose_lease_is_gone_is_not_made_again(
     runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
 ) -> None:
     """Without its lease the attempt cannot tell that nobody else takes the queued row: the
-    ending records nothing, and the row is left for whoever holds the job now."""
-    gate = WatchedGate()
-    registry.register(gate)
-    job = dispatch(runtime, submit(runtime, tenant, "gate", {}))
-    run = Background(lambda: execute(runtime, registry, job.id, 1, worker_id=WORKER))
-    assert gate.started.wait(20)
-    lost = lose_the_start(runtime, job.id)
-    (lapsed,) = runtime.index.reap(now=time.time() + 3600)  # the reaper's part
-    assert lapsed.job_id == job.id
-    wait_for(lambda: gate.ctx is not None and gate.ctx.lease_lost())  # the heartbeat saw it
+    ending asks Redis before it makes the start again, records nothing, and leaves the row to
+    whoever holds the job now (the heartbeat has not seen the loss yet)."""
+    handler = LosesItsStart(runtime, reaped=True)
+    registry.register(handler)
+    job = dispatch(runtime, submit(runtime, tenant, "loses", {}))
 
-    gate.gate.set()
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "stale"
 
-    assert run.join() == "stale"
-    assert load(runtime, job.id) == lost
+    assert load(runtime, job.id) == handler.lost
 
 
 def test_the_heartbeat_renews_the_lease_and_notices_a_cancel(

@@ -36,6 +36,7 @@ from jobs.store.direct import DirectPool, direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from jobs.store.pipeline import locked
 from tests.handlers_for_tests import RecordingHandler
+from tests.integration.held_commits import HeldCommit
 
 pytestmark = pytest.mark.integration
 
@@ -606,64 +607,14 @@ class SpareThread:
         return outcome
 
 
-class HeldCommit:
-    """The COMMIT of the first ending held on the server, as a slow disk holds it: a deferred
-    trigger on ``jobs`` waits at that COMMIT for an advisory lock this holds, until
-    ``let_go_when`` lets it go. ``fail``: that session then ends itself, so the COMMIT never
-    lands (the database lost at the COMMIT). The statement and its COMMIT leave the worker
-    together (``jobs.store.pipeline``): only the server can hold the COMMIT back."""
-
-    KEY = 7_421_701
-
-    def __init__(self, runtime: Runtime, *, fail: bool = False) -> None:
-        self._holder = runtime.engine.connect()
-        self._lock("pg_advisory_lock")
-        end = "PERFORM pg_terminate_backend(pg_backend_pid());" if fail else ""
-        with runtime.engine.begin() as connection:
-            connection.exec_driver_sql("CREATE SEQUENCE held_commits")
-            connection.exec_driver_sql(f"""
-                CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-                BEGIN
-                    IF nextval('held_commits') = 1 THEN
-                        PERFORM pg_advisory_lock_shared({self.KEY});
-                        PERFORM pg_advisory_unlock_shared({self.KEY});
-                        {end}
-                    END IF;
-                    RETURN NULL;
-                END $$""")
-            connection.exec_driver_sql(
-                "CREATE CONSTRAINT TRIGGER hold_commit AFTER UPDATE ON jobs "
-                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
-                "WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION hold_commit()")
-        self._thread: threading.Thread | None = None
-
-    def _lock(self, function: str) -> None:
-        self._holder.execute(sa.text(f"SELECT {function}(:key)"), {"key": self.KEY})
-        self._holder.commit()
-
-    def let_go_when(self, ready: Callable[[], object]) -> None:
-        """Once ``ready()`` has returned (on a thread of its own), the COMMIT goes on."""
-        def run() -> None:
-            try:
-                ready()
-            finally:
-                self._lock("pg_advisory_unlock")
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._thread.join(10)
-        self._holder.close()
-
-
 @pytest.fixture
 def held(pg_runtime: Runtime) -> Iterator[Callable[..., HeldCommit]]:
     made: list[HeldCommit] = []
 
     def hold(*, fail: bool = False) -> HeldCommit:
-        made.append(HeldCommit(pg_runtime, fail=fail))
+        """The first ending's COMMIT held (``fail``: lost)."""
+        made.append(HeldCommit(pg_runtime.engine, event="UPDATE", table="jobs",
+                               when="NEW.status = 'succeeded'", fail=fail, once=True))
         return made[-1]
 
     yield hold
