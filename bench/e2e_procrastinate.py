@@ -29,7 +29,15 @@ import redis
 import sqlalchemy as sa
 from bare_procrastinate import HOLD, MARK, NOOP, URL_ENV, make_app
 from e2e_meters import ThreadCpu
-from e2e_sides import IDLE_GAP_S, MakeCall, paced, pop_mark, wait_all, wait_for
+from e2e_sides import (
+    IDLE_GAP_S,
+    MakeCall,
+    not_succeeded,
+    paced,
+    pop_mark,
+    wait_all,
+    wait_for,
+)
 from e2e_stack import BENCH_DIR, WORKER_SLOTS, Child, child
 from start_mark import MARK_URL_ENV
 from submit import Figures, hammer
@@ -117,13 +125,7 @@ class ProcrastinateSide:
             self.sql_polls += 1
             rows = self._conn.execute(  # type: ignore[call-overload]
                 "SELECT id, status FROM procrastinate_jobs WHERE id = ANY(%s)", (ids,)).fetchall()
-        done = set()
-        for job_id, status in rows:
-            if status in FAILED:
-                raise RuntimeError(f"procrastinate job {job_id} ended {status}")
-            if status == "succeeded":
-                done.add(job_id)
-        return [job_id for job_id in ids if job_id not in done]
+        return not_succeeded(ids, rows, failed=FAILED, system="procrastinate")
 
     def deferrer(self, task: str = NOOP, ids: list[int] | None = None,
                  kwargs: dict[str, Any] | None = None) -> MakeCall:

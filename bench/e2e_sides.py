@@ -18,7 +18,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -69,15 +69,27 @@ Id = TypeVar("Id", str, int)
 def wait_all(ids: list[Id], pending: Callable[[list[Id]], list[Id]], timeout: float) -> None:
     """Wait until every job's result is stored, asking for all those still waited for in one
     read each time (``pending``: the ones of them not stored yet). The bench's own reads run
-    while the measured system still works; one read per job (2,000 primary-key reads through
-    SQLAlchemy on tierq's side, 2,000 EXISTS on Celery's) took from it a share of the machine
-    that was not the same from one side to the next."""
+    while the measured system still works: one read per job would take from it a share of the
+    machine that is not the same from one side to the next."""
     deadline = time.monotonic() + timeout
     left = list(ids)
     while left := pending(left):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(left)} results not stored within {timeout:.0f} s")
         time.sleep(0.005)
+
+
+def not_succeeded(ids: list[Id], rows: Iterable[tuple[Id, str]], *, failed: Collection[str],
+                  system: str) -> list[Id]:
+    """Those of ``ids`` that ``rows`` (id, status) do not show succeeded; a job that ended
+    otherwise (a status in ``failed``) stops the bench."""
+    done = set()
+    for job_id, status in rows:
+        if status in failed:
+            raise RuntimeError(f"{system} job {job_id} ended {status}")
+        if status == "succeeded":
+            done.add(job_id)
+    return [job_id for job_id in ids if job_id not in done]
 
 
 def wait_for(what: str, predicate: Callable[[], bool], timeout: float,
@@ -127,13 +139,7 @@ class TierqSide:
         self.sql_polls += 1
         rows = self._conn.exec_driver_sql(
             "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s)", {"ids": ids}).all()
-        done = set()
-        for job_id, status in rows:
-            if status in TERMINAL and status != "succeeded":
-                raise RuntimeError(f"tierq job {job_id} ended {status}")
-            if status == "succeeded":
-                done.add(job_id)
-        return [job_id for job_id in ids if job_id not in done]
+        return not_succeeded(ids, rows, failed=TERMINAL - {"succeeded"}, system="tierq")
 
     def submitter(self, kind: str = "echo", ids: list[str] | None = None,
                   payload: dict[str, Any] | None = None) -> MakeCall:
