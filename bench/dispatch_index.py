@@ -8,8 +8,9 @@ batch the leases are released and the jobs requeued with fresh keys (not measure
 queue keeps its size.
 Order keys come in arrival order, as the scheduler's do (a time, less the tier's priority):
 each job is given the next key, and a requeued job a key after every queued one. A tenant's
-queue is a list in dispatch order, which an arrival joins at its tail; keys drawn at random
-would make every fill insert in the middle of lists of 100,000, which no submit does.
+queue is a list in dispatch order, which an arrival joins at its tail (a retry, or the
+first jobs of a tenant moved to a tier of higher priority, go in nearer its head); keys
+drawn at random would make every insert of the fill land in the middle of lists of 100,000.
 The figure that matters: cost per dispatch at 1M queued within 2x of the cost at 10k.
 
     python bench/dispatch_index.py                      # 10k, 100k, 1M x 10, 10,000 tenants
