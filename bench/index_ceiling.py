@@ -6,8 +6,11 @@ or Redis Cluster nodes there are. This measures that server alone, with the call
 system makes (the same Lua scripts, through ``RedisIndex``):
 
 1. admissions: ``admit_new``, the API's one index call per submit (rate bucket, bound,
-   quota, deadline and the insert, atomically), from 1, 2 and 4 client processes; nothing is
-   refused (a pool of 1,000,000 slots);
+   quota, deadline and the insert, atomically), from 1, 2 and 4 client processes, into a
+   pool of 1,000 slots that all run a job: a queue builds only while the pool is full, so
+   that is when submits come faster than jobs start (a submit that finds slots free also
+   counts the queued jobs that take them first, at most one per free slot). Nothing is
+   refused: the bound is the pool's hour of work;
 2. dispatch: ``dispatch(batch)``, the leader's one call per round, from one client (there is
    one leader), over ``--queued`` jobs of ``--tenants`` tenants, for batches of 1, 20, 200;
 3. release: one call per finished job.
@@ -48,6 +51,7 @@ PREFIX = "{tierq}:"
 TIER = Tier(name="bench", base_priority=0, max_wait_s=3600, tenant_share=1.0,
             queued_share=1.0)
 TTL = 1e9  # leases never expire during a run
+SLOTS = 1_000  # the pool the admissions are made into, every slot running a job
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +117,7 @@ def admit_loop(url: str, worker: int, tenants: int, seconds: float, start: Any,
         job = IndexedJob(job_id=f"a{worker}-{count}", tenant=f"t{count % tenants}",
                          tier=TIER.name, order_key=now + count)
         terms = AdmissionTerms(now=now, tier=TIER, mean_service_s=1.0, service_samples_min=20,
-                               pool_concurrency=1_000_000)
+                               pool_concurrency=SLOTS)
         refused += not index.admit_new(job, terms).accepted
         count += 1
     results.put((count, refused))
@@ -130,6 +134,7 @@ def admissions(url: str, clients: int, args: argparse.Namespace) -> Row:
         proc.start()
     time.sleep(0.5)  # every client connected and waiting
     control = redis.Redis.from_url(url)
+    busy_pool(RedisIndex(control, PREFIX), now=float(control.time()[0]))
     with Meter(control) as meter:
         start.set()
         counts = [results.get(timeout=args.seconds + 60) for _ in procs]
@@ -140,6 +145,15 @@ def admissions(url: str, clients: int, args: argparse.Namespace) -> Row:
     control.close()
     calls = sum(count for count, _ in counts)
     return row("admit", clients, meter, jobs=calls)
+
+
+def busy_pool(index: RedisIndex, *, now: float) -> None:
+    """Every slot of the pool running a job (of a tenant of its own, which is not admitted)."""
+    index.clear()
+    index.set_caps({TIER.name: SLOTS})
+    index.requeue_many(IndexedJob(job_id=f"r{i}", tenant="running", tier=TIER.name,
+                                  order_key=float(i)) for i in range(SLOTS))
+    assert len(index.dispatch(SLOTS, now=now, lease_ttl_s=TTL)) == SLOTS
 
 
 def fill(index: RedisIndex, queued: int, tenants: int) -> None:

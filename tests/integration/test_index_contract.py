@@ -146,6 +146,24 @@ def test_dispatch_by_order_key_across_tenants_ties_by_job_id(index: DispatchInde
     assert index.tier_depths(["free"])["free"] == TierDepth(queued=0, oldest_order_key=None)
 
 
+def test_a_tenants_queue_takes_a_late_job_in_its_place_at_any_distance(
+    index: DispatchIndex,
+) -> None:
+    """A tenant's queue of 200 in order, then jobs whose keys fall before its head, in the
+    middle, and 1 to 5 places from its tail: a list is filled from the head (LINSERT) or from
+    the tail (the entries behind taken off and put back) by how near the tail the place is;
+    either way the tenant's jobs come out in key order."""
+    index.set_caps({"free": BIG})
+    fill(index, *(job(f"q{i:03d}", key=float(10 * i)) for i in range(200)))
+    late = [-5.0, 55.0, 995.0, 1955.0, 1965.0, 1975.0, 1985.0, 1989.0, 1991.0, 1995.0]
+    fill(index, *(job(f"late{k:04.0f}", key=k) for k in late))
+    leases = index.dispatch(300, now=0.0, lease_ttl_s=TTL)
+    keys = [lease.order_key for lease in leases]
+    assert len(leases) == 210
+    assert keys == sorted(keys)
+    assert len(set(ids(leases))) == 210
+
+
 def test_cap_defaults_to_one(index: DispatchIndex) -> None:
     fill(index, job("a", key=1.0), job("b", key=2.0))
     assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL)) == ["a"]

@@ -228,6 +228,25 @@ def test_a_page_of_places_is_each_jobs_position_and_runnable_ahead(
         assert index.places([], free_slots=3) == {}
 
 
+def test_runnable_ahead_counts_to_its_limit_across_tenants_with_room_to_spare(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Two tenants with caps far above their queues: the jobs ahead that take free slots are
+    counted from the first tenant's head, then the next tenant's, to the limit; the job left
+    out is never one of them, wherever it stands."""
+    for index in (RedisIndex(redis_client, key_prefix), MemoryIndex()):
+        index.set_caps({"free": 1_000})
+        for tenant, first in (("a", 0.0), ("b", 0.5)):
+            index.requeue_many(IndexedJob(job_id=f"{tenant}{i}", tenant=tenant, tier="free",
+                                          order_key=first + i) for i in range(8))
+        assert index.runnable_ahead("", 100.0, limit=3) == 3
+        assert index.runnable_ahead("", 100.0, limit=11) == 11
+        assert index.runnable_ahead("", 100.0, limit=40) == 16
+        assert index.runnable_ahead("a0", 100.0, limit=40) == 15
+        assert index.runnable_ahead("a0", 2.0, limit=40) == 4  # a1, a2, b0, b1
+        assert index.runnable_ahead("b0", 2.0, limit=3) == 3
+
+
 def test_jobs_waiting_on_their_tenants_caps_do_not_start_ahead(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:

@@ -238,7 +238,8 @@ local function runnable_ahead(order_key, limit, exclude)
   local heads = redis.call('ZRANGEBYSCORE', RUNNABLE, '-inf', order_key, 'LIMIT', 0, limit)
   for _, member in ipairs(heads) do
     local _, tenant = unfiled(member)
-    local room = cap_of(tenant) - redis.call('ZCARD', lkey(tenant))
+    -- What this tenant can add: its cap's room, and no more than the count still lacks.
+    local room = math.min(cap_of(tenant) - redis.call('ZCARD', lkey(tenant)), limit - count)
     if room > 0 then
       local ahead = 0  -- the tenant's jobs at or below order_key, to room (its first room + 1)
       for _, job in ipairs(redis.call('LRANGE', qkey(tenant), 0, room)) do
@@ -256,8 +257,12 @@ end
 
 -- Put job (order key: a number) in its place in tenant's queue. Most arrive after the last
 -- one: one look at the tail. Otherwise the place is searched from the tail (doubling steps,
--- then halving), and the job goes in from the nearer end: a retry (an early key) near the
--- head, a late submit of a concurrent pair near the tail.
+-- then halving), and the job goes in by LINSERT, which finds its place from the head in
+-- Redis's own loop (some 25 ns an entry): a retry (an early key) near the head, a tenant's
+-- first jobs in a tier of higher priority anywhere. Only a place within a sixty-fourth of
+-- that distance from the tail (a late submit of a concurrent pair) is reached from the
+-- tail instead, the entries behind it taken off and put back, two calls from Lua each
+-- (some 1.8 µs an entry).
 local function insert(tenant, job, key)
   local queue = qkey(tenant)
   local n = redis.call('LLEN', queue)
@@ -283,7 +288,7 @@ local function insert(tenant, job, key)
   end
   if lo == 0 then
     redis.call('LPUSH', queue, job)
-  elseif lo <= n - lo then
+  elseif lo <= 64 * (n - lo) then
     redis.call('LINSERT', queue, 'BEFORE', redis.call('LINDEX', queue, lo), job)
   else
     local after = {}  -- the entries behind its place come off, and go back behind it
