@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import random
 import statistics
 import tempfile
 import time
@@ -78,23 +77,22 @@ def tenant_names(count: int) -> tuple[list[str], list[str]]:
     return names[0::2], names[1::2]
 
 
-def jobs(size: int, tenants: int, rng: random.Random,
-         arrivals: Iterator[int]) -> Iterator[IndexedJob]:
+def jobs(size: int, tenants: int, arrivals: Iterator[int]) -> Iterator[IndexedJob]:
     # One lead job per blocked tenant, dispatched first to put the tenant at its cap.
     for name in tenant_names(tenants)[0]:
         yield IndexedJob(job_id=f"lead-{name}", tenant=name, tier="capped", order_key=-1.0)
     for i in range(size):
-        n = rng.randrange(tenants)
+        n = i % tenants
         yield IndexedJob(job_id=f"j{i:09d}", tenant=f"t{n:05d}",
                          tier="capped" if n % 2 == 0 else "open",
                          order_key=float(next(arrivals)))
 
 
-def fill(index: RedisIndex | MemoryIndex, size: int, tenants: int, rng: random.Random,
+def fill(index: RedisIndex | MemoryIndex, size: int, tenants: int,
          arrivals: Iterator[int]) -> float:
     started = time.perf_counter()
     index.set_caps({"capped": 1, "open": 1_000_000})
-    index.requeue_many(jobs(size, tenants, rng, arrivals))
+    index.requeue_many(jobs(size, tenants, arrivals))
     leads = index.dispatch(len(tenant_names(tenants)[0]), now=0.0, lease_ttl_s=TTL)
     assert all(lease.job_id.startswith("lead-") for lease in leads), "leads go first"
     return time.perf_counter() - started
@@ -126,10 +124,9 @@ def measure(
 def run_row(
     index: RedisIndex | MemoryIndex, size: int, tenants: int, args: argparse.Namespace
 ) -> Row:
-    rng = random.Random(size * 31 + tenants)
     arrivals = itertools.count()
     index.clear()
-    fill_s = fill(index, size, tenants, rng, arrivals)
+    fill_s = fill(index, size, tenants, arrivals)
     assert index.tenant_queued("t00000") > 0, "blocked tenants keep queued work"
     dispatched, per_job = measure(index, args.dispatch, args.batch, arrivals)
     index.clear()
