@@ -7,7 +7,9 @@ INSERT, one transaction), and only then does a free slot take the best runnable 
 (``offer``: its message pushed by the index, no dispatcher round), or the dispatcher is
 rung: before the COMMIT, the start would find no row yet and put the job off. A refusal
 leaves nothing behind; a failed commit takes the job back out of the index (best effort: the
-dispatcher also drops indexed jobs whose row never appears). The tier always comes from the
+dispatcher also drops indexed jobs whose row never appears). A keyed submit takes the same
+two steps, its key read only once it is found used (its INSERT did nothing) or the submit is
+refused, so that a retry of accepted work gets that job. The tier always comes from the
 tenant's record, never from the request.
 """
 
@@ -26,10 +28,10 @@ from jobs.admission.estimates import Progress, progress
 from jobs.admission.webhooks import checked_webhook
 from jobs.core.domain import Job, NewJob, Tenant
 from jobs.core.errors import (
-    DuplicateJob,
     Forbidden,
     IdempotencyConflict,
     InvalidRequest,
+    TierqError,
     Unavailable,
 )
 from jobs.core.ids import new_job_id
@@ -47,6 +49,9 @@ logger = logging.getLogger(__name__)
 # Deepest nesting accepted in a payload: deeper JSON is abuse, and would strain encoders.
 MAX_PAYLOAD_DEPTH = 64
 
+
+# What a submit's admission may end in before its INSERT: a keyed one then reads its key.
+_REFUSED: tuple[type[Exception], ...] = (TierqError, *REDIS_OUTAGE)
 
 # Pauses before each read-back of a job whose COMMIT lost its answer.
 _SETTLE_DELAYS_S = (0.25, 1.0)
@@ -107,13 +112,44 @@ def submit(
     runtime = runtime.for_kind(submission.kind)  # its pool's queue, figures and bounds
     if submission.idempotency_key is not None:
         check_text(submission.idempotency_key, ("idempotency_key",))
-        existing = _by_idempotency_key(runtime, tenant.id, submission.idempotency_key)
-        if existing is not None:
-            return _resubmitted(runtime, tenant, existing, submission.kind, payload)
+    try:
+        new = _new_job(runtime, validator, tenant, submission, tier, payload)
+        place = limits.admit(runtime, tenant, new)
+    except _REFUSED:
+        if submission.idempotency_key is None:
+            raise
+        # A retry of work already accepted is answered with that job, whatever the queue's
+        # state or the index's health now: the key is looked up only when the submit that
+        # names it is refused (or its INSERT finds the key held), so a fresh keyed submit
+        # costs what a plain one does.
+        earlier = _earlier_holder(runtime, tenant.id, submission.idempotency_key)
+        if earlier is None:
+            raise
+        return _resubmitted(runtime, tenant, earlier, submission.kind, payload)
+    # A slot is free: on PostgreSQL the job is offered before its COMMIT, under its commit
+    # lock, so that the worker wakes while the row commits (its start waits on the lock).
+    early = place.slot_free and new.idempotency_key is None and runtime.direct is not None
+    job = _persist(runtime, new, offer_first=early)
+    if job.id != new.id:
+        return _resubmitted(runtime, tenant, job, new.kind, new.payload)
+    if place.slot_free and not early:
+        offer(runtime)
+    logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
+                                        "tenant": tenant.id, "tier": tier, "attempt": 1})
+    return Submitted(
+        progress=Progress(job=job, queue_position=place.position,
+                          estimated_wait_s=place.estimated_wait_s),
+        created=True,
+    )
+
+
+def _new_job(runtime: Runtime, validator: PayloadValidator, tenant: Tenant,
+             submission: Submission, tier: str, payload: dict[str, Any]) -> NewJob:
+    """The job a submission makes, not yet admitted."""
     webhook = None if submission.webhook is None else checked_webhook(
         runtime, submission.webhook.url, submission.webhook.events, known=JOB_EVENTS)
     now = runtime.clock()
-    new = NewJob(
+    return NewJob(
         id=new_job_id(now),
         tenant_id=tenant.id,
         tier=tier,
@@ -130,22 +166,6 @@ def submit(
         retry_of=submission.retry_of,
         webhook_url=None if webhook is None else webhook.url,
         webhook_events=None if webhook is None else webhook.column,
-    )
-    place = limits.admit(runtime, tenant, new)
-    # A slot is free: on PostgreSQL the job is offered before its COMMIT, under its commit
-    # lock, so that the worker wakes while the row commits (its start waits on the lock).
-    early = place.slot_free and new.idempotency_key is None and runtime.direct is not None
-    job = _persist(runtime, new, offer_first=early)
-    if job.id != new.id:
-        return _resubmitted(runtime, tenant, job, new.kind, new.payload)
-    if place.slot_free and not early:
-        offer(runtime)
-    logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
-                                        "tenant": tenant.id, "tier": tier, "attempt": 1})
-    return Submitted(
-        progress=Progress(job=job, queue_position=place.position,
-                          estimated_wait_s=place.estimated_wait_s),
-        created=True,
     )
 
 
@@ -184,18 +204,13 @@ def _persist(runtime: Runtime, new: NewJob, *, offer_first: bool = False) -> Job
     inserted = False
     statement: Any = None
     try:
-        # A keyed insert may read the job holding its key (an ORM session's read); a plain one
-        # is one statement, its own transaction (``jobs.store.direct``).
+        # One statement, its own transaction (``jobs.store.direct``), keyed or not.
         with _insert_transaction(runtime, new, offer_first=offer_first) as session:
             statement = session
             if offer_first:
                 offer(runtime)
             job = jobs_sql.insert_job(session, new)
             inserted = True  # only the COMMIT is left
-        return job
-    except DuplicateJob as duplicate:
-        _forget(runtime, new.id, new.tenant_id)
-        return duplicate.job
     except Exception as exc:
         # A statement that commits itself (a direct connection's) and was cut off may have
         # committed, as a COMMIT whose answer was lost may have.
@@ -206,13 +221,19 @@ def _persist(runtime: Runtime, new: NewJob, *, offer_first: bool = False) -> Job
         if is_backend_outage(exc):
             raise Unavailable("the database cannot be reached; nothing was accepted") from exc
         raise
+    if job is not None:
+        return job
+    _forget(runtime, new.id, new.tenant_id)  # an earlier job holds its key
+    assert new.idempotency_key is not None  # only a keyed insert inserts nothing
+    holder = _earlier_holder(runtime, new.tenant_id, new.idempotency_key)
+    if holder is None:  # the holder's row went (pruned) between the INSERT and this read
+        raise Unavailable("the job with this idempotency key moved; retry")
+    return holder
 
 
 def _insert_transaction(
     runtime: Runtime, new: NewJob, *, offer_first: bool
 ) -> contextlib.AbstractContextManager[Any]:
-    if new.idempotency_key is not None:
-        return runtime.sessions.begin()
     if offer_first and runtime.direct is not None:
         return pipeline.locked(runtime.direct, new.id)
     return runtime.one_statement()
@@ -275,9 +296,14 @@ def ring_dispatcher(runtime: Runtime) -> None:
         logger.warning("dispatcher.ring_failed", extra={"event": "dispatcher.ring_failed"})
 
 
-def _by_idempotency_key(runtime: Runtime, tenant_id: str, key: str) -> Job | None:
-    with runtime.sessions() as session:
-        return jobs_sql.job_by_idempotency_key(session, tenant_id, key)
+def _earlier_holder(runtime: Runtime, tenant_id: str, key: str) -> Job | None:
+    """The job that holds the tenant's idempotency key; None when there is none, or when the
+    database cannot say (the caller's own answer stands then)."""
+    try:
+        with runtime.sessions() as session:
+            return jobs_sql.job_by_idempotency_key(session, tenant_id, key)
+    except SQL_OUTAGE:
+        return None
 
 
 def check_json(payload: dict[str, Any]) -> dict[str, Any]:

@@ -3,15 +3,16 @@
 A submit through FastAPI pays for the framework more than for the submit: the middleware
 stack, the dependency solver, the request and response models' round trips through Python
 objects. This ASGI middleware, outermost, answers the common case itself: a JSON body within
-the size limit, no query string, no idempotency key, and a tenant key the cache holds. The body
+the size limit, no query string, and a tenant key the cache holds (an idempotency key or none:
+the tierq client names one on every submit). The body
 is validated by the route's own model (``SubmitRequest``, parsed from the bytes by pydantic),
 the submit is the route's own call (``jobs.admission.submit``, one threadpool hop), and any
 error it raises is answered by the API's own error handlers (``jobs.api.errors``): the answer
 is the route's, byte for byte in meaning (``tests/e2e/test_fast_submit.py`` compares them).
 
 Anything else is left to FastAPI, with the body already read handed on as it came: a key
-that must be looked up, a body the model refuses (its 422 is FastAPI's), a keyed submit, a
-body over the limit (``BodyLimit`` answers 413).
+that must be looked up, a body the model refuses (its 422 is FastAPI's), a body over the
+limit (``BodyLimit`` answers 413).
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ class FastSubmit:
             parsed = SubmitRequest.model_validate_json(body)
         except (TierqError, pydantic.ValidationError):
             return None  # FastAPI answers it, as it always has
-        if principal is None or principal.tenant is None or parsed.idempotency_key is not None:
+        if principal is None or principal.tenant is None:
             return None
         return principal.tenant, submit.Submission(
-            kind=parsed.kind, payload=parsed.payload, max_wait_s=parsed.max_wait_s,
+            kind=parsed.kind, payload=parsed.payload, idempotency_key=parsed.idempotency_key,
+            max_wait_s=parsed.max_wait_s,
             max_attempts=parsed.max_attempts, timeout_s=parsed.timeout_s,
             webhook=None if parsed.webhook is None else parsed.webhook.webhook(),
         )

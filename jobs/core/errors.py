@@ -19,8 +19,6 @@
     │   ├── CapacityExceeded         capacity: the tier is at its bound (ours to fix)
     │   └── TenantLimitExceeded      tenant_limit: this tenant's quota, rate or cap (theirs)
     ├── Unavailable                  503 unavailable: SQL or Redis cannot be reached
-    ├── DuplicateJob                 idempotency key already used by this tenant (carries
-    │                                its job; the service decides: same job or a conflict)
     ├── IllegalTransition            a state change not in jobs.core.states.TRANSITIONS
     ├── NotLeader                    (jobs.index.base) a fenced index call from a deposed leader
     └── JobFailedError               (workers.tasks) ends a failed job's Celery task in FAILURE
@@ -31,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jobs.core.domain import Job
+    pass
 
 
 class TierqError(Exception):
@@ -152,16 +150,6 @@ class Unavailable(TierqError):
     def __init__(self, message: str, *, retry_after_s: int = 2, **details: Any) -> None:
         super().__init__(message, **details)
         self.retry_after_s = retry_after_s
-
-
-class DuplicateJob(TierqError):
-    type = "duplicate"
-    status = 200
-
-    def __init__(self, message: str, *, job: Job) -> None:
-        super().__init__(message, job_id=job.id)
-        self.job_id = job.id
-        self.job = job  # the stored job that holds the key
 
 
 class IllegalTransition(TierqError):

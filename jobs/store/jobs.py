@@ -7,9 +7,9 @@ Functions take a ``Session`` first and never commit; the caller owns the transac
   attempt = :attempt`` (``jobs.store.moves``, re-exported here); it happened iff exactly one
   row changed. A move not in ``jobs.core.states.TRANSITIONS`` raises ``IllegalTransition``
   before any SQL runs.
-- A used idempotency key is an ``INSERT ... ON CONFLICT DO NOTHING`` that inserted nothing,
-  translated to ``DuplicateJob`` carrying the stored job (read only then, so a fresh key
-  costs nothing more); the caller's transaction survives it. A taken tenant name
+- A used idempotency key is an ``INSERT ... ON CONFLICT DO NOTHING`` that inserted nothing:
+  ``insert_job`` returns None and the caller reads the job that holds it (only then, so a
+  fresh key costs nothing more); the caller's transaction survives it. A taken tenant name
   is a unique violation caught inside a SAVEPOINT (on PostgreSQL a failed statement would
   otherwise abort the whole transaction), translated to ``InvalidRequest``.
 - Reads refresh any row the session already holds (``populate_existing``): conditional
@@ -30,7 +30,6 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from jobs.core.domain import Job, JobSummary, NewJob
-from jobs.core.errors import DuplicateJob, Unavailable
 from jobs.core.pools import KindScope
 from jobs.core.states import TERMINAL, Status
 from jobs.store.direct import Runner
@@ -65,25 +64,28 @@ from jobs.store.scope import EVERY_KIND, scoped
 from jobs.store.search import JobQuery, search_jobs
 
 
-def insert_job(session: Runner, new: NewJob) -> Job:
-    """Insert a queued job, attempt 1. A used idempotency key raises ``DuplicateJob``.
+def insert_job(session: Runner, new: NewJob) -> Job | None:
+    """Insert a queued job, attempt 1; None when the tenant's idempotency key is held by an
+    earlier job (the caller reads that job, ``job_by_idempotency_key``).
 
     One Core INSERT, no SAVEPOINT: a keyed insert says ``ON CONFLICT DO NOTHING`` on the
     (tenant, key) constraint, so losing a race to a concurrent submit of the same key neither
-    aborts the caller's transaction (PostgreSQL) nor needs a unit-of-work flush to detect."""
+    aborts the caller's transaction (PostgreSQL) nor needs a unit-of-work flush to detect, and
+    it is one statement on any runner, a direct connection's included."""
     values = _new_values(new)
     if new.idempotency_key is None:
         session.execute(_INSERT, values)
-    else:
-        if not isinstance(session, Session):
-            raise TypeError("a keyed insert reads the job holding its key: it needs a session")
-        if session.execute(_keyed_insert(dialect(session)), values).first() is None:
-            existing = job_by_idempotency_key(session, new.tenant_id, new.idempotency_key)
-            if existing is None:  # the winner's row vanished (pruned) in between
-                raise Unavailable("the job with this idempotency key moved; retry")
-            raise DuplicateJob("this idempotency key was already used by this tenant",
-                               job=existing)
+    elif session.execute(_keyed_insert(_dialect_of(session)), values).first() is None:
+        return None
     return job_from_row(cast(JobRow, SimpleNamespace(**values)))  # no ORM instance to build
+
+
+def _dialect_of(runner: Runner) -> str:
+    if isinstance(runner, Session):
+        return dialect(runner)
+    if isinstance(runner, sa.Connection):
+        return runner.dialect.name
+    return "postgresql"  # a direct connection is PostgreSQL's only
 
 
 # Built once: a statement's construction costs more than its execution on the hot path.

@@ -65,3 +65,29 @@ def test_a_redis_outage_under_load_answers_503_and_resumes_by_itself(
         run_log=run_log,
     )
     assert {job.status.value for job in jobs.values()} == {"succeeded"}
+
+
+def test_a_keyed_retry_during_a_redis_outage_gets_its_accepted_job(
+    fault_system: SystemFactory, durable_redis: ThrowawayRedis
+) -> None:
+    """The retry of work accepted before the outage is answered with that job (200), read
+    from SQL, while new work is refused (503): a client that lost the first answer is not
+    told its job failed."""
+    system = fault_system(CONFIG, redis=durable_redis, lease_ttl_s=LEASE_TTL_S)
+    system.start_api()
+    tenant = system.tenant("acme", "standard")
+    client = httpx.Client(base_url=system.url, headers=tenant.headers, timeout=30)
+    system.clients.append(client)
+    body = {"kind": "sleep", "payload": {"seconds": 1}, "idempotency_key": "before"}
+    first = client.post("/v1/jobs", json=body)
+    assert first.status_code == 202, first.text
+    durable_redis.stop()
+    try:
+        again = client.post("/v1/jobs", json=body)
+        assert again.status_code == 200, again.text
+        assert again.json()["id"] == first.json()["id"]
+        fresh = client.post("/v1/jobs", json={**body, "idempotency_key": "during"})
+        assert fresh.status_code == 503, fresh.text
+        assert fresh.json()["error"]["type"] == "unavailable"
+    finally:
+        durable_redis.start()

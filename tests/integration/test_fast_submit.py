@@ -2,8 +2,8 @@
 
 A tenant's first submit goes through FastAPI (its key is not cached yet); the next, the same
 body, is answered by the fast path: both answers are compared. Every request the fast path
-does not take (a body the model refuses, a keyed submit, a query string, a body over the
-limit, a key to look up) is still answered by FastAPI, as before. Over real HTTP, on real
+does not take (a body the model refuses, a query string, a body over the limit, a key to
+look up) is still answered by FastAPI, as before. Over real HTTP, on real
 PostgreSQL and Redis.
 """
 
@@ -126,12 +126,36 @@ def test_what_the_fast_path_does_not_take_is_answered_by_the_route(
     assert (answer.status_code, answer.json()["error"]["type"]) == (status, type_), answer.text
 
 
-def test_a_keyed_submit_goes_the_route_and_answers_the_same_job_twice(
+def test_a_keyed_submit_is_answered_as_the_route_answers_it(
     client: ApiClient, taken: list[bool]
 ) -> None:
-    key = cached_key(client, "acme", "premium")
     body = {"kind": "sleep", "payload": {"seconds": 1}, "idempotency_key": "run-7"}
-    first, again = client.submit(key, body), client.submit(key, body)
-    assert (first.status_code, again.status_code) == (202, 200)
-    assert first.json()["id"] == again.json()["id"]
-    assert taken == [False, False]
+    routed_key = client.tenant_key("acme", "premium")  # looked up: FastAPI answers
+    routed = [client.submit(routed_key, body), client.submit(routed_key, body)]
+    key = cached_key(client, "acme2", "premium")
+    fast = [client.submit(key, body), client.submit(key, body)]
+    assert taken[-2:] == [True, True]
+    assert [_shape(answer) for answer in fast] == [_shape(answer) for answer in routed]
+    assert [answer.status_code for answer in fast] == [202, 200]
+    assert fast[0].json()["id"] == fast[1].json()["id"]
+    other = client.submit(key, {**body, "payload": {"seconds": 2}})
+    assert taken[-1] and other.status_code == 409, other.text
+    error = other.json()["error"]
+    assert (error["type"], error["job_id"]) == ("idempotency_conflict", fast[0].json()["id"])
+    listed = client.get("/v1/jobs", headers=auth(key)).json()["jobs"]
+    assert [job["id"] for job in listed] == [fast[0].json()["id"]]
+
+
+def test_a_keyed_retry_gets_its_job_when_the_queue_refuses_new_work(
+    client: ApiClient, taken: list[bool]
+) -> None:
+    key = cached_key(client, "free-two", "free")
+    body = {"kind": "sleep", "payload": {"seconds": 1}, "idempotency_key": "first"}
+    first = client.submit(key, body)
+    assert first.status_code == 202, first.text
+    answers = [client.submit(key) for _ in range(40)]  # past the tier's bound or the rate
+    assert answers[-1].status_code == 429, answers[-1].text
+    assert client.submit(key, {**body, "idempotency_key": "new"}).status_code == 429
+    again = client.submit(key, body)
+    assert taken[-1] and again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.core.domain import Job, NewJob, Tenant
-from jobs.core.errors import DuplicateJob, IllegalTransition, InvalidRequest
+from jobs.core.errors import IllegalTransition, InvalidRequest
 from jobs.core.ids import new_job_id
 from jobs.core.states import NEW_ATTEMPT, TRANSITIONS, Status
 from jobs.store import jobs as jobs_sql
@@ -175,11 +175,10 @@ def test_duplicate_idempotency_key(sessions: sessionmaker[Session], tenant: Tena
     first = _insert(sessions, tenant, idempotency_key="once")
     other = _tenant(sessions, "other")
     with sessions.begin() as session:
-        with pytest.raises(DuplicateJob) as raised:
-            jobs_sql.insert_job(session, _new(tenant, idempotency_key="once"))
-        assert raised.value.job_id == first.id
-        assert raised.value.job == first  # the stored job, for the caller to compare
-        # The outer transaction is still usable after the failed insert.
+        # A used key inserts nothing; the caller reads the job that holds it.
+        assert jobs_sql.insert_job(session, _new(tenant, idempotency_key="once")) is None
+        assert jobs_sql.job_by_idempotency_key(session, tenant.id, "once") == first
+        # The outer transaction is still usable after the insert that did nothing.
         later = jobs_sql.insert_job(session, _new(tenant, idempotency_key="twice"))
         theirs = jobs_sql.insert_job(session, _new(other, idempotency_key="once"))
     with sessions.begin() as session:

@@ -4,9 +4,9 @@ A submit's admission is one Redis round trip, whatever it checks (rate, live wor
 measured mean, the job's own deadline) and whether it is accepted or refused; an accepted
 submit that found a slot free adds one more after the commit: the offer of the best runnable
 job to a free slot, or the dispatcher's doorbell (``DispatchIndex.offer``). Its row is one
-INSERT in one transaction (a keyed one reads its key first); on PostgreSQL that INSERT is sent
-alone, a transaction of its own (``jobs.store.direct``). An idempotent resubmit, or one
-that loses the race for its key, gets the first job and makes no second row.
+INSERT in one transaction, keyed or not; on PostgreSQL that INSERT is sent alone, a
+transaction of its own (``jobs.store.direct``). An idempotent resubmit's INSERT finds its key
+held: it gets the first job, read then, and makes no second row.
 Round trips are counted at the client's socket (``send_packed_command``: one per command or
 pipeline sent), on SQLite and PostgreSQL.
 """
@@ -200,8 +200,8 @@ def test_a_submit_is_one_insert_in_one_transaction(
     assert [s for s in statements if s != "BEGIN"] == ["INSERT", "COMMIT"]
 
     statements.clear()
-    submit(runtime, tenant, idempotency_key="k1")  # its key is read first, then the INSERT
-    assert [s for s in statements if s != "BEGIN"] == ["SELECT", "ROLLBACK", "INSERT", "COMMIT"]
+    submit(runtime, tenant, idempotency_key="k1")  # a fresh key reads nothing first
+    assert [s for s in statements if s != "BEGIN"] == ["INSERT", "COMMIT"]
 
 
 def _rows(runtime: Runtime, tenant: Tenant) -> int:
@@ -212,55 +212,50 @@ def _rows(runtime: Runtime, tenant: Tenant) -> int:
 
 
 def test_an_idempotent_resubmit_returns_the_first_job_without_a_second_row(
-    runtime: Runtime, tenant: Tenant
+    runtime: Runtime, tenant: Tenant, statements: list[str]
 ) -> None:
+    """The resubmit's INSERT finds its key held and does nothing; the holder is read, and
+    the resubmit's own index entry is taken back out."""
     first = submit(runtime, tenant, idempotency_key="once")
+    statements.clear()
     again = submit(runtime, tenant, idempotency_key="once")
     assert first.created and not again.created
     assert again.progress.job == first.progress.job
+    sent = [s for s in statements if s != "BEGIN"]
+    assert sent[:4] == ["INSERT", "COMMIT", "SELECT", "ROLLBACK"]  # then its place, read
+    assert sent.count("INSERT") == 1
     assert _rows(runtime, tenant) == 1
-    assert runtime.index.tenant_queued(tenant.id) == 1
+    assert runtime.index.tenant_queued(tenant.id) == 1  # only the first job's entry
 
 
-def test_a_resubmit_that_loses_the_race_for_its_key_gets_the_winner(
-    runtime: Runtime, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+def test_a_reused_key_for_other_work_is_a_conflict_that_leaves_nothing(
+    runtime: Runtime, tenant: Tenant
 ) -> None:
-    """The winner commits between the loser's key lookup and its INSERT: the loser's INSERT
-    does nothing, its index entry is taken back, and it answers with the winner's job."""
-    first = submit(runtime, tenant, idempotency_key="race")
-    monkeypatch.setattr(submission, "_by_idempotency_key", lambda *args: None)
-    loser = submit(runtime, tenant, idempotency_key="race")
-    assert not loser.created
-    assert loser.progress.job.id == first.progress.job.id
-    assert _rows(runtime, tenant) == 1
-    assert runtime.index.tenant_queued(tenant.id) == 1  # only the winner's entry
-
-
-def test_a_lost_race_for_a_key_used_for_other_work_is_a_conflict(
-    runtime: Runtime, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The winner committed other work under the key between the loser's lookup and its
-    INSERT: the loser is refused (409) and leaves no row and no index entry."""
-    first = submit(runtime, tenant, idempotency_key="race")
-    monkeypatch.setattr(submission, "_by_idempotency_key", lambda *args: None)
+    """Other work under a used key is refused (409) and leaves no row and no index entry."""
+    first = submit(runtime, tenant, idempotency_key="k2")
     with pytest.raises(IdempotencyConflict) as conflict:
-        submit(runtime, tenant, idempotency_key="race", kind="sleep",
-               payload={"seconds": 1})
+        submit(runtime, tenant, idempotency_key="k2", kind="sleep", payload={"seconds": 1})
     assert conflict.value.details["job_id"] == first.progress.job.id
     assert _rows(runtime, tenant) == 1
-    assert runtime.index.tenant_queued(tenant.id) == 1  # only the winner's entry
-
-
-def test_a_reused_key_is_compared_only_once_it_is_found_used(
-    runtime: Runtime, tenant: Tenant, statements: list[str]
-) -> None:
-    """A conflict is found by the key's lookup alone: no INSERT, no admission."""
-    submit(runtime, tenant, idempotency_key="k2")
-    statements.clear()
-    with pytest.raises(IdempotencyConflict):
-        submit(runtime, tenant, idempotency_key="k2", kind="sleep", payload={"seconds": 1})
-    assert [s for s in statements if s != "BEGIN"] == ["SELECT", "ROLLBACK"]
     assert runtime.index.tenant_queued(tenant.id) == 1
+
+
+def test_a_resubmit_the_admission_refuses_still_gets_the_first_job(
+    runtime: Runtime, tenant: Tenant
+) -> None:
+    """A retry of accepted work is answered with that job while new work is refused: the
+    key is read once the admission refuses. A new key is refused as before."""
+    first = submit(runtime, tenant, idempotency_key="kept")
+    with pytest.raises(TenantLimitExceeded):  # the rate's burst of 3 spent at one instant
+        for n in range(4):
+            submit(runtime, tenant, payload={"n": n})
+    again = submit(runtime, tenant, idempotency_key="kept")
+    assert not again.created and again.progress.job.id == first.progress.job.id
+    with pytest.raises(TenantLimitExceeded):
+        submit(runtime, tenant, idempotency_key="new")
+    with pytest.raises(IdempotencyConflict):  # still compared with the first job's work
+        submit(runtime, tenant, idempotency_key="kept", kind="sleep", payload={"seconds": 1})
+    assert _rows(runtime, tenant) == 3
 
 
 def test_the_job_returned_is_the_row_as_stored(runtime: Runtime, tenant: Tenant) -> None:
