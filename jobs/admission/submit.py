@@ -226,8 +226,8 @@ def _persist(runtime: Runtime, new: NewJob, *, offer_first: bool = False) -> Job
     _forget(runtime, new.id, new.tenant_id)  # an earlier job holds its key
     assert new.idempotency_key is not None  # only a keyed insert inserts nothing
     holder = _earlier_holder(runtime, new.tenant_id, new.idempotency_key)
-    if holder is None:  # the holder's row went (pruned) between the INSERT and this read
-        raise Unavailable("the job with this idempotency key moved; retry")
+    if holder is None:  # pruned since the INSERT, or the database went
+        raise Unavailable("the job that holds this idempotency key cannot be read now; retry")
     return holder
 
 

@@ -3,12 +3,12 @@
 A submit through FastAPI pays for the framework more than for the submit: the middleware
 stack, the dependency solver, the request and response models' round trips through Python
 objects. This ASGI middleware, outermost, answers the common case itself: a JSON body within
-the size limit, no query string, and a tenant key the cache holds (an idempotency key or none:
-the tierq client names one on every submit). The body
-is validated by the route's own model (``SubmitRequest``, parsed from the bytes by pydantic),
-the submit is the route's own call (``jobs.admission.submit``, one threadpool hop), and any
-error it raises is answered by the API's own error handlers (``jobs.api.errors``): the answer
-is the route's, byte for byte in meaning (``tests/e2e/test_fast_submit.py`` compares them).
+the size limit, no query string, and a tenant key the cache holds, with an idempotency key or
+without (the tierq client names one on every submit). The body is validated by the route's
+own model (``SubmitRequest``, parsed from the bytes by pydantic), the submit is the route's
+own call (``jobs.admission.submit``, one threadpool hop), and any error it raises is answered
+by the API's own error handlers (``jobs.api.errors``): the answer is the route's, byte for
+byte in meaning (``tests/integration/test_fast_submit.py`` compares them).
 
 Anything else is left to FastAPI, with the body already read handed on as it came: a key
 that must be looked up, a body the model refuses (its 422 is FastAPI's), a body over the
