@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,13 +69,21 @@ def pg_url(pg_server: PostgresServer, pg_template: str) -> Iterator[str]:
     pg_server.drop_database(name)
 
 
-@pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once per session; each test copies it, as ``pg_url`` does."""
     from jobs.store.migrate import upgrade
 
-    url = f"sqlite:///{tmp_path / 'tierq.db'}"
-    upgrade(url)
-    return url
+    path = tmp_path_factory.mktemp("sqlite-template") / "tierq.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
+    path = tmp_path / "tierq.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
