@@ -60,9 +60,17 @@ class Renewer:
                 self._lock.notify()
 
     def remove(self, heartbeat: Renews) -> None:
-        """No renewal of ``heartbeat`` from now on (one in progress is waited for)."""
+        """No renewal of ``heartbeat`` from now on (one in progress is waited for). Its entry
+        leaves the schedule now, not when it would have come due: an ended job's heartbeat
+        (its context, events and locks) is freed at its end, and does not live on for a
+        renewal period, long enough to reach the garbage collector's oldest generation
+        (whose full passes, job after job, would stall every slot of the worker)."""
         with self._lock:
             self._live.discard(id(heartbeat))
+            kept = [entry for entry in self._due if entry[2] is not heartbeat]
+            if len(kept) != len(self._due):  # a few entries: one per running job
+                heapq.heapify(kept)
+                self._due = kept
             while self._busy is heartbeat:
                 self._lock.wait()
 
@@ -79,11 +87,9 @@ class Renewer:
             self._pid = os.getpid()
 
     def _next(self) -> Renews:
-        """Wait for the next heartbeat due (skipping removed ones) and mark it busy."""
+        """Wait for the next heartbeat due and mark it busy."""
         with self._lock:
             while True:
-                while self._due and id(self._due[0][2]) not in self._live:
-                    heapq.heappop(self._due)
                 if self._due:
                     wait = self._due[0][0] - time.monotonic()
                     if wait <= 0:

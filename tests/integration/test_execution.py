@@ -4,6 +4,7 @@ dispatched), then calls ``execute`` as the Celery task would."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -221,6 +222,30 @@ def test_the_start_commits_without_waiting_for_the_disk_and_the_ending_waits(
     assert seen[0] == ("quick", "off")  # the start
     assert seen[-1] == ("durable", "on")  # the ending
     assert load(runtime, job.id).status is Status.SUCCEEDED
+
+
+def test_an_ended_attempt_leaves_no_cycle_for_the_garbage_collector(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    """Each attempt's objects (its context, heartbeat, events, locks) are freed when it ends,
+    by reference counting: none is left for the cyclic collector, whose full passes over a
+    worker's heap stall every slot."""
+    jobs = [dispatch(runtime, submit(runtime, tenant, "echo", {"n": n})) for n in range(3)]
+    assert execute(runtime, registry, jobs[0].id, 1, worker_id=WORKER) == "succeeded"  # warm
+    gc.collect()
+    gc.disable()
+    try:
+        for job in jobs[1:]:
+            assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "succeeded"
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(thing).__qualname__ for thing in gc.garbage
+                if type(thing).__module__.startswith("jobs.")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
 
 
 def test_a_failing_handler_ends_failed_with_the_error_text(

@@ -4,6 +4,7 @@ order they were added in (the renewer is woken only for one due sooner than it w
 from __future__ import annotations
 
 import threading
+import weakref
 
 import pytest
 
@@ -70,3 +71,17 @@ def test_a_removed_heartbeat_is_not_renewed_again(renewer: Renewer) -> None:
     assert after.ticked.wait(10)
     assert not beat.ticked.is_set()
     renewer.remove(after)
+
+
+def test_a_removed_heartbeat_is_let_go_at_once(renewer: Renewer) -> None:
+    """Removed long before it would come due, it is no longer held by the schedule: an
+    ended job's heartbeat is freed at its end (by its last reference, not the collector)."""
+    due_later = Beat(60.0)
+    renewer.add(due_later, now=False)
+    ended = Beat(60.0)
+    renewer.add(ended, now=False)
+    gone = weakref.ref(ended)
+    renewer.remove(ended)
+    del ended
+    assert gone() is None
+    renewer.remove(due_later)
