@@ -281,6 +281,15 @@ def is_lock_timeout(exc: BaseException) -> bool:
 Runner = Session | sa.Connection | DirectConnection
 
 
+def dialect_of(runner: Runner) -> str:
+    """The database a runner's statements go to (a direct connection is PostgreSQL's only)."""
+    if isinstance(runner, DirectConnection):
+        return "postgresql"
+    if isinstance(runner, sa.Connection):
+        return runner.dialect.name
+    return runner.get_bind().dialect.name
+
+
 @contextlib.contextmanager
 def one_statement(
     engine: Engine, pool: DirectPool | None, *, durable: bool = True

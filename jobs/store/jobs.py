@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job, JobSummary, NewJob
 from jobs.core.pools import KindScope
 from jobs.core.states import TERMINAL, Status
-from jobs.store.direct import Runner
+from jobs.store.direct import Runner, dialect_of
 from jobs.store.models import (
     JobRow,
 )
@@ -53,7 +53,6 @@ from jobs.store.moves import (
 from jobs.store.rows import (
     FRESH,
     JOBS,
-    dialect,
     dt,
     dt_or_none,
     job_from_row,
@@ -75,17 +74,9 @@ def insert_job(session: Runner, new: NewJob) -> Job | None:
     values = _new_values(new)
     if new.idempotency_key is None:
         session.execute(_INSERT, values)
-    elif session.execute(_keyed_insert(_dialect_of(session)), values).first() is None:
+    elif session.execute(_keyed_insert(dialect_of(session)), values).first() is None:
         return None
     return job_from_row(cast(JobRow, SimpleNamespace(**values)))  # no ORM instance to build
-
-
-def _dialect_of(runner: Runner) -> str:
-    if isinstance(runner, Session):
-        return dialect(runner)
-    if isinstance(runner, sa.Connection):
-        return runner.dialect.name
-    return "postgresql"  # a direct connection is PostgreSQL's only
 
 
 # Built once: a statement's construction costs more than its execution on the hot path.

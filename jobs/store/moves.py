@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from jobs.core.domain import Job
 from jobs.core.errors import IllegalTransition
 from jobs.core.states import NEW_ATTEMPT, Status, is_legal
-from jobs.store.direct import DirectConnection, DirectPool, Runner
+from jobs.store.direct import DirectConnection, DirectPool, Runner, dialect_of
 from jobs.store.models import JobRow
 from jobs.store.rows import JOBS, dt, dt_or_none, epoch_or_none, job_from_row
 
@@ -213,7 +213,7 @@ def end_and_start(
     sub-statement changes its own row, and both commit or neither does); two in the caller's
     transaction elsewhere. Returns whether the ending moved, and the next job's row if it
     started."""
-    if _dialect_of(session) != "postgresql":
+    if dialect_of(session) != "postgresql":
         moved = transition(session, job_id, src=Status.RUNNING, attempt=attempt, dst=dst,
                            now=now, **fields)
         return moved, start(session, next_id, attempt=next_attempt, now=now, token=token,
@@ -252,14 +252,6 @@ def end_lost_start(
         return False
     return transition(session, job.id, src=Status.RUNNING, attempt=job.attempt, dst=dst,
                       now=now, **fields)
-
-
-def _dialect_of(session: Runner) -> str:
-    if isinstance(session, DirectConnection):
-        return "postgresql"
-    if isinstance(session, sa.Connection):
-        return session.dialect.name
-    return session.get_bind().dialect.name
 
 
 _END_AND_START: dict[tuple[Status, tuple[str, ...]], tuple[Any, tuple[str, ...]]] = {}
