@@ -319,6 +319,35 @@ def test_an_outcome_holding_a_nul_ends_the_attempt_once_recorded(
     assert_released(runtime, job)
 
 
+class NulProgressHandler:
+    """Reports progress with a U+0000 in its message, then succeeds."""
+
+    kind = "nul.progress"
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return payload
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        ctx.progress(0.5, "page one\x00page two")
+        return {"pages": 2}
+
+
+def test_a_nul_in_a_progress_message_keeps_the_result(
+    runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
+) -> None:
+    """The last progress report is stored with the ending: its text is cleaned where it
+    enters, so the result it travels with is kept (PostgreSQL holds no U+0000)."""
+    registry.register(NulProgressHandler())
+    job = dispatch(runtime, submit(runtime, tenant, "nul.progress", {}))
+
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "succeeded"
+
+    done = load(runtime, job.id)
+    assert (done.status, done.result, done.error_type) == (Status.SUCCEEDED, {"pages": 2}, None)
+    assert done.progress is not None and done.progress["message"] == "page one\\x00page two"
+    assert_released(runtime, job)
+
+
 def test_a_kind_this_worker_does_not_know_fails_the_job(
     runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
 ) -> None:
