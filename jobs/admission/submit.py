@@ -125,13 +125,15 @@ def submit(
         earlier = _earlier_holder(runtime, tenant.id, submission.idempotency_key)
         if earlier is None:
             raise
-        return _resubmitted(runtime, tenant, earlier, submission.kind, payload)
+        return _resubmitted(runtime, tenant, earlier, submission.kind, payload,
+                            retry_of=submission.retry_of)
     # A slot is free: on PostgreSQL the job is offered before its COMMIT, under its commit
     # lock, so that the worker wakes while the row commits (its start waits on the lock).
     early = place.slot_free and new.idempotency_key is None and runtime.direct is not None
     job = _persist(runtime, new, offer_first=early)
     if job.id != new.id:
-        return _resubmitted(runtime, tenant, job, new.kind, new.payload)
+        return _resubmitted(runtime, tenant, job, new.kind, new.payload,
+                            retry_of=new.retry_of)
     if place.slot_free and not early:
         offer(runtime)
     logger.info("job.submitted", extra={"event": "job.submitted", "job_id": job.id,
@@ -170,16 +172,19 @@ def _new_job(runtime: Runtime, validator: PayloadValidator, tenant: Tenant,
 
 
 def _resubmitted(
-    runtime: Runtime, tenant: Tenant, existing: Job, kind: str, payload: dict[str, Any]
+    runtime: Runtime, tenant: Tenant, existing: Job, kind: str, payload: dict[str, Any],
+    *, retry_of: str | None = None,
 ) -> Submitted:
     """The job already holding the key, when it is the same work; else a conflict. Only a
     used key gets here, so a fresh submit never pays for the comparison. Payloads compare
     as stored: validated, then through JSON (``{"seconds": 2}`` and ``{"seconds": 2.0}`` are
-    the same sleep; a handler's tuple is the list it is stored as)."""
-    if existing.kind != kind or existing.payload != json.loads(json.dumps(payload)):
+    the same sleep; a handler's tuple is the list it is stored as). A retry's key is the
+    same work only for a retry of the same job (``retry_of``)."""
+    if (existing.kind != kind or existing.retry_of != retry_of
+            or existing.payload != json.loads(json.dumps(payload))):
         raise IdempotencyConflict(
-            "this idempotency_key was used for a job of another kind or payload; use a new "
-            "key for new work",
+            "this idempotency_key was used for a job of another kind or payload (or the "
+            "retry of another job); use a new key for new work",
             job_id=existing.id, idempotency_key=existing.idempotency_key,
         )
     return Submitted(progress=progress(runtime, tenant, existing), created=False)

@@ -118,9 +118,11 @@ class AsyncClient(ClientCore):
     async def cancel(self, job_id: str) -> dict[str, Any]:
         return await self._send(cancel_call(job_id))
 
-    async def retry(self, job_id: str) -> dict[str, Any]:
-        """Submit a failed, expired or cancelled job again: the new job (``retry_of``)."""
-        return await self._send(retry_call(job_id))
+    async def retry(self, job_id: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a failed, expired or cancelled job again: the new job (``retry_of``), under
+        an idempotency key as ``Client.retry``'s."""
+        key = idempotency_key or new_idempotency_key()
+        return await self._send(retry_call(job_id, idempotency_key=key))
 
     async def events(self, job_id: str) -> AsyncIterator[Event]:
         """The job's events as they happen (``Client.events``), ending after the terminal

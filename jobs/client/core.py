@@ -71,16 +71,19 @@ class ClientCore:
         return retry_delay_s(exc, state.attempt_number, self._retry)
 
     def _request_args(self, call: Call) -> dict[str, Any]:
+        headers = dict(call.headers or {})
         if call.content is not None:
+            headers["Content-Type"] = call.content_type or "application/octet-stream"
             return {
                 "content": call.content,
-                "headers": {"Content-Type": call.content_type or "application/octet-stream"},
+                "headers": headers,
                 "params": call.params,
                 "timeout": self._timeout + call.hold_s,
             }
         return {
             "json": call.json,
             "params": call.params,
+            "headers": headers or None,
             "timeout": self._timeout + call.hold_s,
         }
 

@@ -180,9 +180,12 @@ class Client(ClientCore):
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._send(cancel_call(job_id))
 
-    def retry(self, job_id: str) -> dict[str, Any]:
-        """Submit a failed, expired or cancelled job again: the new job (``retry_of``)."""
-        return self._send(retry_call(job_id))
+    def retry(self, job_id: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a failed, expired or cancelled job again: the new job (``retry_of``). A
+        fresh idempotency key unless given, the same on each resend of this call, so a retry
+        whose answer was lost makes no second job."""
+        key = idempotency_key or new_idempotency_key()
+        return self._send(retry_call(job_id, idempotency_key=key))
 
     def queues(self) -> dict[str, Any]:
         return self._send(queues_call())

@@ -105,6 +105,8 @@ class Call:
     # A body that is not JSON (a batch's NDJSON), with its content type.
     content: bytes | None = None
     content_type: str | None = None
+    # Headers of this call besides the client's own (a retry's ``Idempotency-Key``).
+    headers: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,8 +227,11 @@ def batch_results_call(batch_id: str, *, after: int = -1, failed_only: bool = Fa
     return Call(method="GET", path=_batch_path(batch_id) + "/results", params=params)
 
 
-def retry_call(job_id: str) -> Call:
-    return Call(method="POST", path=_job_path(job_id) + "/retry")
+def retry_call(job_id: str, *, idempotency_key: str) -> Call:
+    """A retry under a key of its own: sent again after a lost answer, it makes no second
+    job (the server answers the first one's)."""
+    return Call(method="POST", path=_job_path(job_id) + "/retry",
+                headers={"Idempotency-Key": idempotency_key})
 
 
 def cancel_batch_call(batch_id: str) -> Call:

@@ -117,11 +117,16 @@ RETRYABLE = frozenset({Status.FAILED, Status.EXPIRED, Status.CANCELLED})
 
 
 def retry(
-    runtime: Runtime, validator: PayloadValidator, tenant: Tenant, job_id: str
+    runtime: Runtime, validator: PayloadValidator, tenant: Tenant, job_id: str,
+    idempotency_key: str | None = None,
 ) -> Submitted:
     """A new job with the ended job's kind, payload and limits, admitted as any submit is
     (``429`` included); the ended job is left as it was, named by the new one's ``retry_of``.
-    ``JobNotEnded`` (409) for a job that has not ended, or that succeeded."""
+    ``JobNotEnded`` (409) for a job that has not ended, or that succeeded.
+
+    ``idempotency_key`` is the tenant's, as a submit's is: the same retry again is answered
+    with the job it made (``created`` False), a key used for other work (a submit, another
+    job's retry) is ``IdempotencyConflict``."""
     job = load_job(runtime, tenant, job_id)
     if job.status not in RETRYABLE:
         raise JobNotEnded(
@@ -130,7 +135,7 @@ def retry(
     return submit(runtime, validator, tenant, Submission(
         kind=job.kind, payload=job.payload, max_wait_s=job.max_wait_s,
         max_attempts=job.max_attempts, timeout_s=job.timeout_s, blob=job.blob,
-        retry_of=job.id, webhook=_own_webhook(job)))
+        retry_of=job.id, webhook=_own_webhook(job), idempotency_key=idempotency_key))
 
 
 def _own_webhook(job: Job) -> Webhook | None:

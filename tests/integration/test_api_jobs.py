@@ -6,6 +6,7 @@ the index and the repository, the way the dispatcher and the workers drive it.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -15,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from jobs.client.http import AsyncClient, Client, RetryPolicy
 from jobs.core.states import Status
 from jobs.store import jobs as jobs_sql
 from tests.integration.api_harness import (
+    ADMIN_KEY,
     ApiClient,
     Clock,
     auth,
@@ -218,3 +221,119 @@ def test_list_pages_newest_first_and_filters_by_status(
     assert len(cancelled["jobs"]) == 5 and cancelled["next_cursor"] is None
 
 
+
+
+# -- retrying an ended job -------------------------------------------------------------------
+
+
+def roomy_tenant(client: ApiClient) -> str:
+    """A tenant's key whose quota holds every job these tests queue."""
+    tenant = client.create_tenant("acme", "premium")
+    answer = client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"max_queued": 10},
+                          headers=auth(ADMIN_KEY))
+    assert answer.status_code == 200, answer.text
+    key: str = tenant["api_key"]
+    return key
+
+
+def ended_job(client: ApiClient, key: str, payload: dict[str, Any]) -> str:
+    """A job of this tenant that ended cancelled before it started: one a retry takes."""
+    job_id = client.submit(key, {"kind": "echo", "payload": payload}).json()["id"]
+    assert client.post(f"/v1/jobs/{job_id}/cancel", headers=auth(key)).status_code == 200
+    return job_id
+
+
+def jobs_of(client: ApiClient, key: str) -> list[dict[str, Any]]:
+    page = client.get("/v1/jobs", params={"limit": 500}, headers=auth(key)).json()
+    jobs: list[dict[str, Any]] = page["jobs"]
+    return jobs
+
+
+def test_a_retry_with_the_same_idempotency_key_makes_one_job(client: ApiClient) -> None:
+    key = roomy_tenant(client)
+    first, other = ended_job(client, key, {"n": 1}), ended_job(client, key, {"n": 2})
+    keyed = auth(key) | {"Idempotency-Key": "retry-7"}
+
+    made = client.post(f"/v1/jobs/{first}/retry", headers=keyed)
+    again = client.post(f"/v1/jobs/{first}/retry", headers=keyed)
+
+    assert (made.status_code, again.status_code) == (202, 200)
+    assert again.json()["id"] == made.json()["id"]
+    assert again.headers["Location"] == f"/v1/jobs/{made.json()['id']}"
+    assert [job["retry_of"] for job in jobs_of(client, key)].count(first) == 1
+    # The key is the retry's: another job's retry, or a submit of the same work, is a conflict.
+    for reused in (client.post(f"/v1/jobs/{other}/retry", headers=keyed),
+                   client.submit(key, {"kind": "echo", "payload": {"n": 1},
+                                       "idempotency_key": "retry-7"})):
+        assert reused.status_code == 409, reused.text
+        assert reused.json()["error"]["type"] == "idempotency_conflict"
+    too_long = client.post(f"/v1/jobs/{first}/retry",
+                           headers=auth(key) | {"Idempotency-Key": "k" * 201})
+    assert too_long.status_code == 422
+    assert "Idempotency-Key" in too_long.text
+    assert len(jobs_of(client, key)) == 3
+
+
+class LosesFirstAnswer(httpx.BaseTransport):
+    """Sends each request, but loses the answer to the first of ``path_end``'s after the
+    server has handled it, as a connection cut on the way back would."""
+
+    def __init__(self, path_end: str) -> None:
+        self._inner = httpx.HTTPTransport()
+        self._path_end = path_end
+        self.lost = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self._inner.handle_request(request)
+        if request.url.path.endswith(self._path_end) and not self.lost:
+            response.read()
+            response.close()
+            self.lost += 1
+            raise httpx.ReadError("connection reset by peer", request=request)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class LosesFirstAnswerAsync(httpx.AsyncBaseTransport):
+    """``LosesFirstAnswer`` for the async client."""
+
+    def __init__(self, path_end: str) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self._path_end = path_end
+        self.lost = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        if request.url.path.endswith(self._path_end) and not self.lost:
+            await response.aread()
+            await response.aclose()
+            self.lost += 1
+            raise httpx.ReadError("connection reset by peer", request=request)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def test_a_client_retry_resent_after_a_lost_answer_makes_one_job(client: ApiClient) -> None:
+    key = roomy_tenant(client)
+    first, second = ended_job(client, key, {"n": 1}), ended_job(client, key, {"n": 2})
+    policy = RetryPolicy(attempts=3, backoff_s=0.01, jitter=0.0)
+    base = str(client.base_url)
+    lossy = LosesFirstAnswer("/retry")
+    with Client(base, key, retry=policy, transport=lossy) as sync_client:
+        made = sync_client.retry(first)
+    assert lossy.lost == 1
+
+    async def retry_async() -> tuple[dict[str, Any], int]:
+        lossy = LosesFirstAnswerAsync("/retry")
+        async with AsyncClient(base, key, retry=policy, transport=lossy) as async_client:
+            return await async_client.retry(second), lossy.lost
+
+    made_async, lost = asyncio.run(retry_async())
+    assert lost == 1
+    retries = [job for job in jobs_of(client, key) if job["retry_of"] is not None]
+    assert sorted(job["id"] for job in retries) == sorted([made["id"], made_async["id"]])
+    assert {job["retry_of"] for job in retries} == {first, second}

@@ -14,7 +14,7 @@ import random
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -324,18 +324,33 @@ def blob_size(runtime: Runtime, sha256: str) -> int | None:
     description="A failed, expired or cancelled job is submitted again as a new job with the "
     "same kind, payload and limits, through admission like any submit (202, or 429); the new "
     "job names it in retry_of, and it is left as it was. A job that has not ended, or that "
-    "succeeded, is 409 job_not_ended.",
+    "succeeded, is 409 job_not_ended. An Idempotency-Key header makes the retry safe to send "
+    "again: the same key answers 200 with the job it made; a key used for other work is 409 "
+    "idempotency_conflict.",
     responses={
+        200: {"model": SubmitResponse,
+              "description": "this Idempotency-Key made a retry of this job before: the same "
+                             "new job, no second one",
+              "headers": {"Location": {"description": "/v1/jobs/<id> of the new job",
+                                       "schema": {"type": "string"}}}},
         202: {"description": "the new job, accepted and queued",
               "headers": {"Location": {"description": "/v1/jobs/<id> of the new job",
                                        "schema": {"type": "string"}}}},
-        **error_responses(*_READ, "job_not_ended", "capacity", "tenant_limit"),
+        **error_responses(*_READ, "job_not_ended", "idempotency_conflict", "capacity",
+                          "tenant_limit"),
     },
 )
 def retry_job(
     job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, validator: ValidatorDep,
     response: Response,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key", min_length=1, max_length=200,
+        description="unique per tenant, one per retry a client makes (the same on each "
+                    "resend of it): the same key again answers 200 with the job it made; "
+                    "a key used for other work, 409 idempotency_conflict")] = None,
 ) -> SubmitResponse:
-    submitted = job_service.retry(runtime, validator, tenant, job_id)
+    submitted = job_service.retry(runtime, validator, tenant, job_id, idempotency_key)
     response.headers["Location"] = f"/v1/jobs/{submitted.progress.job.id}"
+    if not submitted.created:
+        response.status_code = 200
     return SubmitResponse.of(submitted.progress)
