@@ -34,7 +34,7 @@ class Receiver:
     """An HTTP server on loopback that keeps every POST and answers what ``answer`` says."""
 
     def __init__(self, port: int, answer: Callable[[Received, int], int]) -> None:
-        self.port = port
+        """``port`` 0: any free one."""
         self.received: list[Received] = []
         self.lock = threading.Lock()
         receiver = self
@@ -55,6 +55,7 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

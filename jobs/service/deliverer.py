@@ -9,7 +9,10 @@ and one that dies lets its claims lapse to the others. A try is a POST of ``{"ty
 ``TIMEOUT_S`` to answer, never following a redirect (it could lead inside a network). A
 ``2xx`` delivers it; anything else is tried again with backoff (``jobs.core.webhooks``) under
 the same ``webhook-id``, until a day after the event. Tries run on a bounded pool, at most
-``tenant_concurrency`` of one tenant's at once, so one slow receiver holds up no one else.
+``tenant_concurrency`` of one tenant's at once, so one slow receiver holds up no one else:
+the read of what is due (``jobs.store.webhooks.due``) takes no more of a tenant's events
+than it may still start, none of one at its limit, and gives the tenants turns, so a
+backlog of thousands at a receiver that hangs leaves the other slots to everyone else.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class Deliverer:
         *,
         concurrency: int | None = None,
         tenant_concurrency: int | None = None,
+        timeout_s: float = TIMEOUT_S,
         client: httpx.Client | None = None,
     ) -> None:
         settings = runtime.settings
@@ -97,7 +101,7 @@ class Deliverer:
         self.tenant_concurrency = tenant_concurrency or settings.webhook_tenant_concurrency
         self.allow_private = settings.webhook_allow_private
         self.client = client or httpx.Client(
-            timeout=TIMEOUT_S, follow_redirects=False,
+            timeout=timeout_s, follow_redirects=False,
             headers={"user-agent": "tierq-webhooks"},
             limits=httpx.Limits(max_connections=self.concurrency))
         self._busy: Counter[str] = Counter()
@@ -131,18 +135,15 @@ class Deliverer:
     def _claim(self) -> list[Event]:
         with self._lock:
             free = self.concurrency - sum(self._busy.values())
-            busy = Counter(self._busy)
+            room = {tenant: self.tenant_concurrency - busy
+                    for tenant, busy in self._busy.items()}
         if free <= 0:
             return []
         now = self.runtime.clock()
         # The poll reads (no write lock on SQLite while nothing is due); the claim writes.
         with self.runtime.sessions() as session:
-            due = repo.due(session, now=now, limit=free * 4)
-        chosen: list[str] = []
-        for event_id, tenant_id in due:
-            if busy[tenant_id] < self.tenant_concurrency and len(chosen) < free:
-                busy[tenant_id] += 1
-                chosen.append(event_id)
+            chosen = [event_id for event_id, _ in repo.due(
+                session, now=now, limit=free, room=room, tenant_room=self.tenant_concurrency)]
         if not chosen:
             return []
         with self.runtime.sessions.begin() as session:

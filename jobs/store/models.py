@@ -304,9 +304,10 @@ class WebhookEventRow(Base):
     __tablename__ = "webhook_events"
     __table_args__ = (
         sa.CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status"),
-        # The deliverer's claim: pending events due first.
-        sa.Index("ix_webhook_events_status_next_attempt_at", "status", "next_attempt_at",
-                 postgresql_where=sa.text("status = 'pending'")),
+        # The deliverer's read of what is due: each tenant's pending events, due first.
+        sa.Index("ix_webhook_events_tenant_id_next_attempt_at", "tenant_id", "next_attempt_at",
+                 postgresql_where=sa.text("status = 'pending'"),
+                 sqlite_where=sa.text("status = 'pending'")),
         sa.Index("ix_webhook_events_job_id", "job_id"),
         sa.Index("ix_webhook_events_batch_id", "batch_id"),
     )

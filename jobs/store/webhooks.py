@@ -10,8 +10,9 @@ functions take a ``Session`` and never commit.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -47,13 +48,76 @@ class Event:
                    created_at=epoch_required(row.created_at), tries=row.tries)
 
 
-def due(session: Session, *, now: float, limit: int) -> list[tuple[str, str]]:
-    """``(id, tenant_id)`` of pending events due by ``now``, the longest due first."""
-    rows = session.execute(
-        sa.select(EVENTS.c.id, EVENTS.c.tenant_id)
-        .where(EVENTS.c.status == PENDING, EVENTS.c.next_attempt_at <= dt(now))
-        .order_by(EVENTS.c.next_attempt_at).limit(limit))
-    return [(row.id, row.tenant_id) for row in rows]
+def due(session: Session, *, now: float, limit: int, room: Mapping[str, int],
+        tenant_room: int) -> list[tuple[str, str]]:
+    """``(id, tenant_id)`` of at most ``limit`` pending events due by ``now``, no tenant's
+    more than it may still start (``room[tenant]``, else ``tenant_room``), the tenants
+    taking turns: each one's longest due first, then each one's second, and so on. A
+    tenant's backlog, however long, never fills the read, and one with no room is not read.
+
+    Two reads, each bounded by the tenants with pending events and the rows taken, never by
+    a backlog, both on the partial index ``(tenant_id, next_attempt_at)`` of pending events
+    (migration 0015): the tenants with pending events, each with its earliest (a skip scan,
+    one index probe per tenant), then at most its room of each due one's events."""
+    earliest = session.execute(_EARLIEST).all()
+    turns = sorted((row.first, row.tenant_id) for row in earliest
+                   if row.first <= dt(now) and room.get(row.tenant_id, tenant_room) > 0)
+    chosen = [tenant for _, tenant in turns[:limit]]
+    if not chosen:
+        return []
+    params: dict[str, Any] = {"now": dt(now)}
+    for n, tenant in enumerate(chosen):
+        params[f"tenant_{n}"] = tenant
+        params[f"room_{n}"] = min(limit, room.get(tenant, tenant_room))
+    rows = session.execute(_firsts_of(len(chosen)), params).all()
+    taken: dict[str, int] = defaultdict(int)
+    ranked = []
+    for row in sorted(rows, key=lambda row: (row.next_attempt_at, row.id)):
+        taken[row.tenant_id] += 1
+        ranked.append((taken[row.tenant_id], row.next_attempt_at, row.id, row.tenant_id))
+    return [(event_id, tenant) for *_, event_id, tenant in sorted(ranked)[:limit]]
+
+
+def _pending(table: sa.FromClause) -> sa.ColumnElement[bool]:
+    """Pending events, as the partial index names them: a literal, so that both planners
+    match it to the index (a bound parameter would not be)."""
+    return table.c.status == sa.literal_column(f"'{PENDING}'")
+
+
+def _earliest() -> sa.Select[Any]:
+    """Each tenant with pending events, and the earliest ``next_attempt_at`` of them: a
+    recursive query whose every step is the next tenant id in the index after the last (a
+    loose index scan: neither dialect skips on its own), then one probe for its earliest."""
+    later = EVENTS.alias("later")
+    owners = (sa.select(sa.func.min(EVENTS.c.tenant_id).label("tenant_id"))
+              .where(_pending(EVENTS)).cte("owners", recursive=True))
+    step = (sa.select(later.c.tenant_id)
+            .where(_pending(later), later.c.tenant_id > owners.c.tenant_id)
+            .order_by(later.c.tenant_id).limit(1).scalar_subquery())
+    owners = owners.union_all(sa.select(step).where(owners.c.tenant_id.is_not(None)))
+    first = (sa.select(sa.func.min(later.c.next_attempt_at))
+             .where(_pending(later), later.c.tenant_id == owners.c.tenant_id)
+             .scalar_subquery())
+    return (sa.select(owners.c.tenant_id, first.label("first"))
+            .where(owners.c.tenant_id.is_not(None)))
+
+
+_EARLIEST = _earliest()
+
+
+@functools.cache
+def _firsts_of(tenants: int) -> sa.CompoundSelect[Any]:
+    """The first ``room_<n>`` due events of each ``tenant_<n>``: built once per number of
+    tenants, as building it costs more than running it."""
+    def firsts(n: int) -> sa.Select[Any]:
+        read = (sa.select(EVENTS.c.id, EVENTS.c.tenant_id, EVENTS.c.next_attempt_at)
+                .where(_pending(EVENTS), EVENTS.c.tenant_id == sa.bindparam(f"tenant_{n}"),
+                       EVENTS.c.next_attempt_at <= sa.bindparam("now"))
+                .order_by(EVENTS.c.next_attempt_at, EVENTS.c.id)
+                .limit(sa.bindparam(f"room_{n}")).subquery())
+        return sa.select(read)
+
+    return sa.union_all(*(firsts(n) for n in range(tenants)))
 
 
 def claim(session: Session, ids: Sequence[str], *, now: float, until: float) -> list[Event]:

@@ -56,8 +56,15 @@ def _schema(url: str) -> dict[str, Any]:
 
 
 def _table(inspector: sa.Inspector, table: str) -> dict[str, Any]:
+    def plain(value: Any) -> Any:
+        """A reflected value as it compares: a partial index's predicate (SQLite reflects
+        a clause) as its text."""
+        if isinstance(value, dict):
+            return {key: plain(inner) for key, inner in value.items()}
+        return str(value) if isinstance(value, sa.ClauseElement) else value
+
     def named(items: list[Any]) -> list[Any]:
-        return sorted((repr(sorted(item.items())) for item in items), key=str)
+        return sorted((repr(sorted(plain(item).items())) for item in items), key=str)
 
     return {
         "columns": [
@@ -78,7 +85,7 @@ def test_empty_database_has_no_revision(empty_url: str) -> None:
 def test_upgrade_head_matches_the_models(connection: sa.Connection) -> None:
     context = MigrationContext.configure(connection, opts={"compare_type": True})
     assert compare_metadata(context, Base.metadata) == []
-    assert context.get_current_revision() == head() == "0014"
+    assert context.get_current_revision() == head() == "0015"
 
 
 def test_check_constraints_match_the_models(connection: sa.Connection) -> None:
@@ -156,7 +163,7 @@ def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
     assert set(_schema(empty_url)) <= {"alembic_version"}
 
     upgrade(empty_url)
-    assert current(empty_url) == "0014"
+    assert current(empty_url) == "0015"
     assert _schema(empty_url) == migrated
 
 

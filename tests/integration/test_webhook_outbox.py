@@ -22,6 +22,7 @@ from jobs.store import tenants as tenants_sql
 from jobs.store import webhooks as repo
 from jobs.store.batches import Batch
 from jobs.store.engine import make_engine, make_sessionmaker
+from jobs.store.rows import dt
 
 pytestmark = pytest.mark.integration
 
@@ -164,7 +165,8 @@ def test_a_batch_that_wants_only_its_end_has_items_without_their_own_events(
 
 def _due(sessions: sessionmaker[Session], now: float) -> list[str]:
     with sessions() as session:
-        return [event_id for event_id, _ in repo.due(session, now=now, limit=10)]
+        return [event_id for event_id, _ in repo.due(session, now=now, limit=10, room={},
+                                                      tenant_room=10)]
 
 
 def test_one_claimer_wins_each_event_and_a_lapsed_claim_is_taken_again(
@@ -180,6 +182,37 @@ def test_one_claimer_wins_each_event_and_a_lapsed_claim_is_taken_again(
         assert repo.claim(session, ids, now=T0 + 3, until=T0 + 33) == []  # held
     assert [e.id for e in won] == ids and won[0].url == URL and won[0].tries == 0
     assert _due(sessions, T0 + 31) == [] and _due(sessions, T0 + 32) == ids  # lapsed
+
+
+def test_the_due_read_gives_each_tenant_its_turn_and_no_more_than_its_room(
+    sessions: sessionmaker[Session], tenant: Tenant
+) -> None:
+    with sessions.begin() as session:
+        others = [tenants_sql.create_tenant(session, name=name, tier="free",
+                                            api_key_hash=f"hash-{name}", now=T0).id
+                  for name in ("second", "third")]
+    second, third = others
+    # The first tenant's 50 are due longest; each other tenant has 3, due later.
+    rows = [(tenant.id, T0 + i / 100) for i in range(50)] + [
+        (owner, T0 + 10 + i) for owner in others for i in range(3)]
+    with sessions.begin() as session:
+        session.execute(sa.insert(repo.EVENTS), [
+            {"id": f"msg_{n:032d}", "tenant_id": owner, "job_id": None, "batch_id": None,
+             "type": "job.completed", "url": URL, "created_at": dt(at),
+             "next_attempt_at": dt(at)} for n, (owner, at) in enumerate(rows)])
+
+    def due(limit: int, room: dict[str, int], now: float = T0 + 60) -> list[str]:
+        with sessions() as session:
+            return [owner for _, owner in repo.due(session, now=now, limit=limit, room=room,
+                                                   tenant_room=4)]
+
+    # Turns: each tenant's longest due first, then each one's second; at most 4 each.
+    assert due(6, {}) == [tenant.id, second, third] * 2
+    assert due(16, {}) == [tenant.id, second, third] * 3 + [tenant.id]
+    # A tenant with no room left is not read; one with some is read no further.
+    assert due(16, {tenant.id: 0}) == [second, third] * 3
+    assert due(16, {tenant.id: 1, third: 0}) == [tenant.id, second, second, second]
+    assert due(16, {}, now=T0 + 10) == [tenant.id, second, third] + [tenant.id] * 3
 
 
 def _state(sessions: sessionmaker[Session], event_id: str) -> dict[str, Any]:
