@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -109,11 +111,17 @@ class CrashHandler(_AnyObject):
 
 class HangHandler(_AnyObject):
     """Ignores every stop, as a CUDA call that never returns would: only ending the process
-    running it ends it."""
+    running it ends it. With ``payload["child_pid_file"]`` it first starts a child process
+    (``sleep``, in a session of its own, out of reach of a kill of the worker's process
+    group) and writes its pid there: a binary the handler runs, which must end with it."""
 
     kind = "hang"
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        pid_file = payload.get("child_pid_file")
+        if pid_file is not None:
+            child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+            Path(pid_file).write_text(str(child.pid))
         while True:
             time.sleep(3600)
 

@@ -5,7 +5,10 @@ Whoever stops a worker (``tierq up``, compose, Kubernetes) sends SIGTERM, waits
 those still running ``handback_after_s(grace)`` after the signal are asked to stop, as a
 cancel asks, and go back to the queue as a new attempt, not charged one
 (``jobs.execution.running.hand_back_running``). Killed instead, they would wait a lease TTL for
-the reaper and be charged the attempt.
+the reaper and be charged the attempt. A handler that has not stopped halfway from then to the
+grace's end will be killed with its worker: what it started (a CUDA binary, an ffmpeg) is
+ended then, by the worker itself (``jobs.execution.limits.end_started``), since the kill
+reaches the worker's process group at best and the handler's child may have left it.
 
 The thread pool runs jobs in the worker process, which Celery tells of the stop
 (``worker_shutting_down``). A prefork child runs them in its own process: it keeps SIGTERM
@@ -34,10 +37,12 @@ logger = logging.getLogger("tierq.worker")
 
 
 class _HandBack:
-    """Starts the hand-back timer once per process, on the first stop signal."""
+    """Starts the hand-back timer once per process, on the first stop signal; past the
+    hand-back, ``end_after_s`` after the signal, ends what handlers still running started."""
 
-    def __init__(self, after_s: float) -> None:
+    def __init__(self, after_s: float, end_after_s: float) -> None:
         self.after_s = after_s
+        self.end_after_s = max(after_s, end_after_s)
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self._pid = os.getpid()
@@ -63,6 +68,23 @@ class _HandBack:
         if count:
             logger.warning("worker.handing_back", extra={
                 "event": "worker.handing_back", "jobs": count, "after_s": self.after_s})
+            timer = threading.Timer(self.end_after_s - self.after_s, _end_what_hangs)
+            timer.daemon = True
+            timer.start()
+
+
+def _end_what_hangs() -> None:
+    """Handlers asked to stop and still running will be killed with the worker at the
+    grace's end: what they started ends now, so that it does not outlive them."""
+    if RUNNING.count():
+        limits.end_started()
+
+
+def ends_started_after_s(stop_grace_s: float) -> float:
+    """Seconds after a stop signal at which a worker ends what its handlers still running
+    started: halfway between the hand-back and the grace's end (the kill)."""
+    after = handback_after_s(stop_grace_s)
+    return after + (stop_grace_s - after) / 2.0
 
 
 _INSTALLED: list[_HandBack] = []
@@ -92,7 +114,8 @@ def end_worker_process(grace_s: float) -> None:
 
 def install(settings: Settings) -> None:
     """Connect the hand-back to this worker's stop (call once, before the worker starts)."""
-    handback = _HandBack(handback_after_s(settings.policy.stop_grace_s))
+    grace = settings.policy.stop_grace_s
+    handback = _HandBack(handback_after_s(grace), ends_started_after_s(grace))
     _INSTALLED.append(handback)
 
     def on_shutting_down(**_: Any) -> None:
