@@ -1,19 +1,27 @@
-"""A webhook receiver for tests: an HTTP server on loopback that keeps every POST (its
-Standard Webhooks headers and body) and answers what the test says, and the specification's
-signature check written out."""
+"""A webhook receiver for tests: an HTTP server on loopback (or HTTPS, with the certificate
+of ``tests/tls``: ``receiver.test``, signed by ``CA``) that keeps every POST (its Standard
+Webhooks headers and body) and answers what the test says; a forward proxy; and the
+specification's signature check written out."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
+import http.client
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+TLS = Path(__file__).parent / "tls"
+CA = TLS / "webhook-ca.pem"  # trust this to trust the receiver's certificate
 
 
 @dataclass
@@ -33,8 +41,9 @@ class Received:
 class Receiver:
     """An HTTP server on loopback that keeps every POST and answers what ``answer`` says."""
 
-    def __init__(self, port: int, answer: Callable[[Received, int], int]) -> None:
-        """``port`` 0: any free one."""
+    def __init__(self, port: int, answer: Callable[[Received, int], int], *,
+                 tls: bool = False) -> None:
+        """``port`` 0: any free one; ``tls``: HTTPS, as ``receiver.test``."""
         self.received: list[Received] = []
         self.lock = threading.Lock()
         receiver = self
@@ -56,16 +65,61 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
+        self.scheme = "https" if tls else "http"
+        if tls:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(TLS / "webhook-receiver.pem")
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, host: str) -> str:
+        """Its URL with ``host`` for a name (that the test's resolver finds here)."""
+        return f"{self.scheme}://{host}:{self.port}/hook"
 
     def of_type(self, kind: str) -> list[Received]:
         with self.lock:
             return [r for r in self.received if r.event["type"] == kind]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class ForwardProxy:
+    """An HTTP forward proxy on loopback: it takes ``POST http://<name>:<port>/...`` and
+    sends it to ``127.0.0.1:<port>``, whatever the name, keeping the URLs it was asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                proxy.asked.append(self.path)
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                target = urlsplit(self.path)
+                upstream = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
+                try:
+                    upstream.request("POST", target.path, body=body, headers=dict(self.headers))
+                    status = upstream.getresponse().status
+                finally:
+                    upstream.close()
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
 
     def close(self) -> None:
         self.server.shutdown()

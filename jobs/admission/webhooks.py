@@ -4,19 +4,24 @@ The URL's text is checked here (``jobs.core.webhooks.url_problem``) and so is wh
 points: a literal address, or every address its name resolves to now, must not be inside a
 network (loopback, link-local, private) unless the operator allows it. A name that does not
 resolve is accepted (the receiver may not be up yet): the deliverer checks the addresses
-again at each try, so a name that later points inside is not called either.
+again at each try and connects only to an address it checked, so a name that later points
+inside is not called either.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from jobs.core.errors import InvalidRequest
 from jobs.core.webhooks import Webhook, forbidden, literal_address, url_problem
 from jobs.process.runtime import Runtime
+
+# An address, and what finds a name's addresses now (none when it does not resolve).
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolve = Callable[[str], Sequence[Address]]
 
 PRIVATE = ("points to a loopback, link-local or private address, which tierq does not call "
            "unless the operator allows it (webhook_allow_private)")
@@ -47,8 +52,9 @@ def points_inside(url: str) -> bool:
     return any(forbidden(found) for found in resolved(host))
 
 
-def resolved(host: str) -> list[Any]:
-    """Every address ``host`` resolves to now (none when it does not)."""
+def resolved(host: str) -> list[Address]:
+    """Every address ``host`` resolves to now (none when it does not): the system's
+    resolver, what a ``Resolve`` is unless a test gives another."""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):

@@ -1,5 +1,8 @@
 """The deliverer against real receivers on loopback, on SQLite and PostgreSQL: one tenant's
-backlog at a receiver that hangs holds up no other tenant's delivery.
+backlog at a receiver that hangs holds up no other tenant's delivery; a name that resolves
+outside to the check and inside afterwards (DNS rebinding) gets no request inside, while
+TLS still checks the URL's name, and a try through an egress proxy still has its name
+checked.
 
 The events are written into the outbox as the trigger of migration 0013 writes them (its
 own tests are in ``test_webhook_outbox.py``); what a delivery carries comes from a render
@@ -8,6 +11,8 @@ of the test's (the deliverer's own seam), since these events' jobs are not store
 
 from __future__ import annotations
 
+import ipaddress
+import ssl
 import threading
 import time
 import uuid
@@ -25,9 +30,16 @@ from jobs.store.rows import dt
 from jobs.store.webhooks import Event
 from tests.integration.api_harness import make_settings
 from tests.services import RedisServer
-from tests.webhook_receiver import Receiver
+from tests.webhook_receiver import CA, ForwardProxy, Receiver
 
 pytestmark = pytest.mark.integration
+
+
+def runtime_of(db_url: str, redis_server: RedisServer, key_prefix: str, *,
+               allow_private: bool) -> Runtime:
+    settings = make_settings(db_url, redis_server.url, key_prefix).model_copy(
+        update={"webhook_allow_private": allow_private})
+    return Runtime.from_settings(settings)
 
 
 @pytest.fixture
@@ -35,9 +47,17 @@ def runtime(
     db_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
 ) -> Iterator[Runtime]:
     """A dispatcher's connections; loopback receivers allowed (``webhook_allow_private``)."""
-    settings = make_settings(db_url, redis_server.url, key_prefix).model_copy(
-        update={"webhook_allow_private": True})
-    made = Runtime.from_settings(settings)
+    made = runtime_of(db_url, redis_server, key_prefix, allow_private=True)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def guarded(
+    db_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> Iterator[Runtime]:
+    """A dispatcher's connections as deployed: no address inside a network is called."""
+    made = runtime_of(db_url, redis_server, key_prefix, allow_private=False)
     yield made
     made.close()
 
@@ -106,3 +126,121 @@ def test_a_tenants_backlog_at_a_hanging_receiver_holds_up_no_other_tenant(
         thread.join(timeout=10)
         hanging.close()
         prompt.close()
+
+
+# A global address (``forbidden`` says no): what a rebinding name answers its check with.
+OUTSIDE = ipaddress.ip_address("1.2.3.4")
+LOOPBACK = ipaddress.ip_address("127.0.0.1")
+
+
+class Rebinding:
+    """A DNS answer that changes under the deliverer: outside first, loopback afterwards,
+    as a name whose records have a zero TTL and an owner who switches them."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __call__(self, host: str) -> list[Any]:
+        self.asked.append(host)
+        return [OUTSIDE if len(self.asked) == 1 else LOOPBACK]
+
+
+def attempts(runtime: Runtime, event_id: str) -> tuple[str, list[repo.Attempt]]:
+    with runtime.sessions() as session:
+        status = session.execute(sa.select(repo.EVENTS.c.status)
+                                 .where(repo.EVENTS.c.id == event_id)).scalar_one()
+        tries = session.execute(sa.select(repo.ATTEMPTS).where(
+            repo.ATTEMPTS.c.event_id == event_id).order_by(repo.ATTEMPTS.c.id)).all()
+    return status, [repo.Attempt(at=0, status_code=row.status_code, error=row.error,
+                                 duration_ms=row.duration_ms) for row in tries]
+
+
+def due_again(runtime: Runtime, event_id: str) -> None:
+    """Skip the backoff: the event is due now."""
+    with runtime.sessions.begin() as session:
+        session.execute(sa.update(repo.EVENTS).where(repo.EVENTS.c.id == event_id)
+                        .values(next_attempt_at=dt(runtime.clock() - 1)))
+
+
+def test_a_name_that_rebinds_to_loopback_after_its_check_gets_no_request_there(
+    guarded: Runtime,
+) -> None:
+    receiver = Receiver(0, lambda got, tries: 204)
+    # ``localhost``: a name the system would resolve to the receiver, had the deliverer
+    # asked it rather than its own resolver.
+    url = f"http://localhost:{receiver.port}/hook"
+    (event_id,) = record(guarded, tenant(guarded, "acme"), url, 1, due_at=guarded.clock() - 1)
+    resolver = Rebinding()
+    deliverer = Deliverer(guarded, render, resolve=resolver, timeout_s=1.0)
+    try:
+        assert deliverer.run_once() == 1  # checked outside: its connection goes there only
+        reached = [got.id for got in receiver.received]
+        assert reached == [], "a try checked outside reached the loopback receiver"
+        due_again(guarded, event_id)
+        assert deliverer.run_once() == 1  # resolved inside: refused, no connection
+    finally:
+        receiver.close()
+    assert receiver.received == []
+    assert resolver.asked == ["localhost", "localhost"]  # once per try
+    status, (first, second) = attempts(guarded, event_id)
+    assert first.status_code is None and first.error and "loopback" not in first.error
+    assert second.error is not None and "loopback, link-local or private" in second.error
+    assert status == "failed"  # it can never succeed: not tried again
+
+
+class Names:
+    """A resolver that knows a few names, each with its addresses."""
+
+    def __init__(self, **names: Any) -> None:
+        self.names = {name.replace("_", "."): found for name, found in names.items()}
+
+    def __call__(self, host: str) -> list[Any]:
+        return list(self.names.get(host, []))
+
+
+def test_tls_checks_the_certificate_against_the_urls_name_not_the_address(
+    runtime: Runtime,
+) -> None:
+    receiver = Receiver(0, lambda got, tries: 204, tls=True)
+    owner = tenant(runtime, "acme")
+    now = runtime.clock()
+    (right,) = record(runtime, owner, receiver.url_at("receiver.test"), 1, due_at=now - 2)
+    (wrong,) = record(runtime, owner, receiver.url_at("other.test"), 1, due_at=now - 1)
+    deliverer = Deliverer(runtime, render, timeout_s=2.0,
+                          resolve=Names(receiver_test=[LOOPBACK], other_test=[LOOPBACK]),
+                          ssl_context=ssl.create_default_context(cafile=CA))
+    try:
+        assert deliverer.run_once() == 2
+    finally:
+        receiver.close()
+    assert [got.id for got in receiver.received] == [right]
+    assert attempts(runtime, right)[0] == "delivered"
+    status, (refused,) = attempts(runtime, wrong)
+    assert status == "pending" and refused.status_code is None
+    assert refused.error is not None and "certificate" in refused.error.lower()
+
+
+def test_a_try_through_an_egress_proxy_has_its_name_checked_first(
+    guarded: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    receiver = Receiver(0, lambda got, tries: 204)
+    proxy = ForwardProxy()
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    for name in ("NO_PROXY", "no_proxy", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    owner = tenant(guarded, "acme")
+    now = guarded.clock()
+    (outside,) = record(guarded, owner, receiver.url_at("receiver.test"), 1, due_at=now - 2)
+    (inside,) = record(guarded, owner, receiver.url_at("inside.test"), 1, due_at=now - 1)
+    deliverer = Deliverer(guarded, render, timeout_s=2.0,
+                          resolve=Names(receiver_test=[OUTSIDE], inside_test=[LOOPBACK]))
+    try:
+        assert deliverer.run_once() == 2
+    finally:
+        proxy.close()
+        receiver.close()
+    # The proxy (the operator's, on loopback) is used; the name inside is never sent to it.
+    assert proxy.asked == [f"http://receiver.test:{receiver.port}/hook"]
+    assert [got.id for got in receiver.received] == [outside]
+    status, (refused,) = attempts(guarded, inside)
+    assert status == "failed" and refused.error is not None and "loopback" in refused.error
