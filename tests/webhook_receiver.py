@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 TLS = Path(__file__).parent / "tls"
@@ -42,8 +42,9 @@ class Receiver:
     """An HTTP server on loopback that keeps every POST and answers what ``answer`` says."""
 
     def __init__(self, port: int, answer: Callable[[Received, int], int], *,
-                 tls: bool = False) -> None:
-        """``port`` 0: any free one; ``tls``: HTTPS, as ``receiver.test``."""
+                 tls: bool = False, reply: Callable[[BinaryIO], None] | None = None) -> None:
+        """``port`` 0: any free one; ``tls``: HTTPS, as ``receiver.test``; ``reply``
+        writes the whole answer itself, bytes on the wire (``answer`` is not asked)."""
         self.received: list[Received] = []
         self.lock = threading.Lock()
         receiver = self
@@ -57,6 +58,9 @@ class Receiver:
                 with receiver.lock:
                     receiver.received.append(got)
                     tries = sum(1 for r in receiver.received if r.id == got.id)
+                if reply is not None:
+                    reply(self.wfile)
+                    return
                 self.send_response(answer(got, tries))
                 self.end_headers()
 

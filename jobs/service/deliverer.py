@@ -6,12 +6,9 @@ standby: events are claimed in SQL (``jobs.store.webhooks``), so any number shar
 and one that dies lets its claims lapse to the others. A try is a POST of ``{"type",
 "timestamp", "data"}`` signed as the Standard Webhooks specification says (the
 ``standardwebhooks`` package; with both secrets while a rotated one still signs), given
-``TIMEOUT_S`` to answer, never following a redirect (it could lead inside a network). Its
-connection goes where its name resolved to at that try, once the addresses are checked
-(``CheckedConnections``): one lookup per try, so a name cannot answer the check outside and
-the connection inside; the ``Host`` header and TLS's certificate check are still the
-name's. Through an egress proxy that the environment names (``HTTPS_PROXY`` and the like)
-the name is checked the same way and the proxy connects. A ``2xx`` delivers it; anything
+``TIMEOUT_S`` for all of it, its answer included, never following a redirect (it could
+lead inside a network), connecting only to an address checked at that try and reading a few
+KiB of an answer at most (``jobs.service.webhook_client``). A ``2xx`` delivers it; anything
 else is tried again with backoff (``jobs.core.webhooks``) under the same ``webhook-id``,
 until a day after the event. Tries run on a bounded pool, at most
 ``tenant_concurrency`` of one tenant's at once, so one slow receiver holds up no one else:
@@ -29,21 +26,19 @@ import secrets as random_bytes
 import ssl
 import threading
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-import httpcore
-import httpx
 from standardwebhooks.webhooks import Webhook as Signer
 
 from jobs.admission.webhooks import Resolve, resolved
-from jobs.core.webhooks import RETRY_FOR_S, TIMEOUT_S, backoff_s, forbidden, literal_address
+from jobs.core.webhooks import RETRY_FOR_S, TIMEOUT_S, backoff_s
 from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE
 from jobs.process.runtime import Runtime
+from jobs.service.webhook_client import HTTP_ERRORS, InsideNetwork, WebhookClient
 from jobs.store import webhooks as repo
 from jobs.store.webhooks import Event
 
@@ -103,21 +98,17 @@ class Deliverer:
         resolve: Resolve = resolved,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """``resolve`` finds a name's addresses (the system's resolver unless a test gives
-        another); ``ssl_context`` checks receivers' certificates (the ``certifi`` roots)."""
+        """``timeout_s``: all a try may take, its answer included; ``resolve`` finds a
+        name's addresses (the system's resolver unless a test gives another);
+        ``ssl_context`` checks receivers' certificates (the ``certifi`` roots)."""
         settings = runtime.settings
         self.runtime = runtime
         self.render = render
         self.concurrency = concurrency or settings.webhook_concurrency
         self.tenant_concurrency = tenant_concurrency or settings.webhook_tenant_concurrency
-        self.timeouts = {phase: timeout_s for phase in ("connect", "read", "write", "pool")}
-        self.guard = AddressGuard(resolve, allow_private=settings.webhook_allow_private)
-        self.ssl_context = ssl_context
-        self.direct = httpcore.ConnectionPool(
-            ssl_context=ssl_context, max_connections=self.concurrency,
-            network_backend=CheckedConnections(self.guard))
-        self.proxies = urllib.request.getproxies_environment()
-        self._proxied: dict[str, httpcore.ConnectionPool] = {}
+        self.client = WebhookClient(
+            resolve, allow_private=settings.webhook_allow_private, deadline_s=timeout_s,
+            connections=self.concurrency, ssl_context=ssl_context)
         self._busy: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -137,14 +128,7 @@ class Deliverer:
                 self._done.wait(POLL_S)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # unposted claims lapse
-            self.close()
-
-    def close(self) -> None:
-        self.direct.close()
-        with self._lock:
-            proxied, self._proxied = list(self._proxied.values()), {}
-        for pool in proxied:
-            pool.close()
+            self.client.close()
 
     def run_once(self) -> int:
         """Claim what is due and deliver it in this thread: how many events were tried."""
@@ -216,7 +200,7 @@ class Deliverer:
                    "webhook-timestamp": str(int(at.timestamp())),
                    "webhook-signature": signature(secrets, event.id, at, body)}
         try:
-            status, text = self._send(event.url, body.encode(), headers)
+            status, text = self.client.post(event.url, body.encode(), headers)
         except InsideNetwork:
             return None, "the URL points to a loopback, link-local or private address", True
         except HTTP_ERRORS as exc:
@@ -225,94 +209,6 @@ class Deliverer:
             return status, None, False
         text = text[:ERROR_CHARS].strip()
         return status, f"HTTP {status}" + (f": {text}" if text else ""), False
-
-    def _send(self, url: str, content: bytes, headers: dict[str, str]) -> tuple[int, str]:
-        """POST it: the answer's status and text. Straight to the address its name resolved
-        to and was checked as (``CheckedConnections``), or through the egress proxy the
-        environment names for it, once its name is checked; never following a redirect."""
-        request = httpx.Request("POST", url, content=content, headers={
-            **headers, "user-agent": "tierq-webhooks", "connection": "close"})
-        target = request.url
-        pool = self._pool_for(target)
-        with pool.stream("POST", httpcore.URL(scheme=target.raw_scheme, host=target.raw_host,
-                                              port=target.port, target=target.raw_path),
-                         headers=request.headers.raw, content=request.content,
-                         extensions={"timeout": self.timeouts}) as answer:
-            return answer.status, answer.read().decode(errors="replace")
-
-    def _pool_for(self, target: httpx.URL) -> httpcore.ConnectionPool:
-        host = target.raw_host.decode("ascii")
-        proxy = self.proxies.get(target.scheme) or self.proxies.get("all")
-        if not proxy or urllib.request.proxy_bypass(host):  # NO_PROXY
-            return self.direct
-        # The proxy connects, to the name: what its name resolves to now is checked here,
-        # and the proxy is the guard of what it then connects to.
-        self.guard.addresses(host)
-        with self._lock:
-            pool = self._proxied.get(proxy)
-            if pool is None:
-                pool = self._proxied[proxy] = httpcore.ConnectionPool(
-                    proxy=httpcore.Proxy(proxy), ssl_context=self.ssl_context,
-                    max_connections=self.concurrency)
-            return pool
-
-
-class InsideNetwork(Exception):
-    """A name resolved to an address tierq must not call: nothing is sent."""
-
-
-# What a try that got no answer may end in (anything else is a bug, logged by ``_try``).
-HTTP_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
-               httpcore.ProxyError, httpcore.UnsupportedProtocol)
-
-
-class AddressGuard:
-    """Where a name may be called: every address it resolves to now, or
-    ``InsideNetwork`` when one of them is inside a network (unless the operator allows
-    private addresses), or a ``ConnectError`` when it resolves to none."""
-
-    def __init__(self, resolve: Resolve, *, allow_private: bool) -> None:
-        self.resolve = resolve
-        self.allow_private = allow_private
-
-    def addresses(self, host: str) -> list[Any]:
-        literal = literal_address(host)
-        found = [literal] if literal is not None else list(self.resolve(host))
-        if not found:
-            raise httpcore.ConnectError(f"the name {host!r} does not resolve")
-        if not self.allow_private and any(forbidden(address) for address in found):
-            raise InsideNetwork(host)
-        return found
-
-
-class CheckedConnections(httpcore.NetworkBackend):
-    """The connections of direct tries: the name is resolved once, here, its addresses
-    checked, and the connection made to a checked address, so a name that answers outside
-    to the check and inside to a second lookup (DNS rebinding) has no second lookup to
-    answer. The request still names the host: its ``Host`` header, and TLS's server name
-    and certificate check, are the URL's name, as for any client."""
-
-    def __init__(self, guard: AddressGuard) -> None:
-        self.guard = guard
-        self.sockets = httpcore.SyncBackend()
-
-    def connect_tcp(
-        self, host: str, port: int, timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.NetworkStream:
-        failed: Exception | None = None
-        for address in self.guard.addresses(host):
-            try:
-                return self.sockets.connect_tcp(str(address), port, timeout, local_address,
-                                                socket_options)
-            except httpcore.ConnectError as exc:  # the next address may answer
-                failed = exc
-        assert failed is not None
-        raise failed
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 def _rfc3339(epoch: float) -> str:

@@ -2,7 +2,8 @@
 backlog at a receiver that hangs holds up no other tenant's delivery; a name that resolves
 outside to the check and inside afterwards (DNS rebinding) gets no request inside, while
 TLS still checks the URL's name, and a try through an egress proxy still has its name
-checked.
+checked; an answer that never ends, trickles or is huge costs a try its deadline and a few
+KiB at most.
 
 The events are written into the outbox as the trigger of migration 0013 writes them (its
 own tests are in ``test_webhook_outbox.py``); what a delivery carries comes from a render
@@ -17,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 import sqlalchemy as sa
@@ -53,11 +54,21 @@ def runtime(
 
 
 @pytest.fixture
+def receiving(
+    sqlite_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> Iterator[Runtime]:
+    """The same on one database: what these tests look at is HTTP, not SQL."""
+    made = runtime_of(sqlite_url, redis_server, key_prefix, allow_private=True)
+    yield made
+    made.close()
+
+
+@pytest.fixture
 def guarded(
-    db_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+    sqlite_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
 ) -> Iterator[Runtime]:
     """A dispatcher's connections as deployed: no address inside a network is called."""
-    made = runtime_of(db_url, redis_server, key_prefix, allow_private=False)
+    made = runtime_of(sqlite_url, redis_server, key_prefix, allow_private=False)
     yield made
     made.close()
 
@@ -199,8 +210,9 @@ class Names:
 
 
 def test_tls_checks_the_certificate_against_the_urls_name_not_the_address(
-    runtime: Runtime,
+    receiving: Runtime,
 ) -> None:
+    runtime = receiving
     receiver = Receiver(0, lambda got, tries: 204, tls=True)
     owner = tenant(runtime, "acme")
     now = runtime.clock()
@@ -244,3 +256,110 @@ def test_a_try_through_an_egress_proxy_has_its_name_checked_first(
     assert [got.id for got in receiver.received] == [outside]
     status, (refused,) = attempts(guarded, inside)
     assert status == "failed" and refused.error is not None and "loopback" in refused.error
+
+
+class Answers:
+    """Answers that a receiver writes byte by byte, until the client goes away or the test
+    ends; ``sent`` counts the bytes the client took."""
+
+    def __init__(self, ended: threading.Event) -> None:
+        self.ended = ended
+        self.sent = 0
+        self.finished = threading.Event()  # the huge answer: sent, or cut off
+
+    def _write(self, out: BinaryIO, data: bytes) -> bool:
+        try:
+            out.write(data)
+            out.flush()
+        except OSError:  # the client closed: the answer ends here
+            return False
+        self.sent += len(data)
+        return not self.ended.is_set()
+
+    def endless(self, out: BinaryIO) -> None:
+        """``200``, then a body that never ends (no length: it would end with the
+        connection), 16 KiB every 10 ms."""
+        if self._write(out, b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\n"):
+            while self._write(out, b"x" * 16384):
+                time.sleep(0.01)
+
+    def trickled_headers(self, out: BinaryIO) -> None:
+        """A status line, then a header a byte at a time, never finished."""
+        if self._write(out, b"HTTP/1.1 200 OK\r\nx-slow: "):
+            while self._write(out, b"a"):
+                time.sleep(0.05)
+
+    def trickled_error(self, out: BinaryIO) -> None:
+        """``503`` with a body a byte at a time, never finished: each byte comes well
+        within any read's timeout."""
+        if self._write(out, b"HTTP/1.0 503 Service Unavailable\r\n\r\n"):
+            while self._write(out, b"b"):
+                time.sleep(0.05)
+
+    def huge_error(self, out: BinaryIO) -> None:
+        """``500`` with a 48 MiB body, as fast as it is taken."""
+        size = 48 * 2**20
+        head = f"HTTP/1.1 500 Internal Server Error\r\ncontent-length: {size}\r\n\r\n"
+        try:
+            if self._write(out, head.encode()):
+                chunk = b"z" * 2**16
+                for _ in range(size // len(chunk)):
+                    if not self._write(out, chunk):
+                        return
+        finally:
+            self.finished.set()
+
+
+DEADLINE_S = 1.0
+
+
+@pytest.mark.parametrize("kind", ["endless", "trickled_headers", "trickled_error"])
+def test_an_answer_that_never_ends_costs_the_try_its_deadline_and_no_more(
+    receiving: Runtime, kind: str
+) -> None:
+    runtime = receiving
+    ended = threading.Event()
+    answers = Answers(ended)
+    receiver = Receiver(0, lambda got, tries: 204, reply=getattr(answers, kind))
+    (event_id,) = record(runtime, tenant(runtime, "acme"), receiver.url, 1,
+                         due_at=runtime.clock() - 1)
+    deliverer = Deliverer(runtime, render, timeout_s=DEADLINE_S)
+    trying = threading.Thread(target=deliverer.run_once, daemon=True)
+    trying.start()
+    try:
+        trying.join(timeout=DEADLINE_S + 3)
+        assert not trying.is_alive(), f"the try outlived its {DEADLINE_S} s deadline"
+    finally:
+        ended.set()  # the answer ends, so an unbounded try ends too
+        trying.join(timeout=10)
+        receiver.close()
+    status, (attempt,) = attempts(runtime, event_id)
+    if kind == "endless":  # a 2xx delivers at once: its body is not read
+        assert (status, attempt.status_code, attempt.error) == ("delivered", 200, None)
+        return
+    assert status == "pending" and attempt.error is not None
+    if kind == "trickled_error":  # what came in time is kept, and no more than that
+        assert attempt.status_code == 503 and attempt.error.startswith("HTTP 503: bbb")
+    else:
+        assert attempt.status_code is None and "Timeout" in attempt.error
+
+
+def test_a_huge_answer_is_read_a_few_kib_into(receiving: Runtime) -> None:
+    runtime = receiving
+    ended = threading.Event()
+    answers = Answers(ended)
+    receiver = Receiver(0, lambda got, tries: 204, reply=answers.huge_error)
+    (event_id,) = record(runtime, tenant(runtime, "acme"), receiver.url, 1,
+                         due_at=runtime.clock() - 1)
+    try:
+        assert Deliverer(runtime, render, timeout_s=5.0).run_once() == 1
+        # The client closed its connection after a few KiB: the receiver could not send
+        # the rest (what it did send lies in the two sockets' buffers, a few MiB at most).
+        assert answers.finished.wait(5), "the receiver is still sending"
+        assert answers.sent < 24 * 2**20, f"{answers.sent} bytes of a 48 MiB answer taken"
+    finally:
+        ended.set()
+        receiver.close()
+    status, (attempt,) = attempts(runtime, event_id)
+    assert status == "pending" and attempt.status_code == 500
+    assert attempt.error is not None and attempt.error.startswith("HTTP 500: zzz")
