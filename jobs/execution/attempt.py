@@ -25,7 +25,10 @@ duplicated or stale message, or a late result after the lease was reaped, change
   renewal marks the lease lost. At its run-time limit the handler is asked to stop; past
   the limit's grace the attempt is recorded timed out from another thread and the process
   ends (``jobs.execution.limits``): whichever of that and the handler's own ending comes
-  first is recorded, the other changes nothing.
+  first is recorded, the other changes nothing. The limit bounds the handler, not the
+  recording of its outcome: a handler that returned in time has its ending recorded (a
+  large result stored, at most ``result_store_timeout_s``) under a lease still renewed,
+  and only a recording past that and the grace ends the process.
 - A lease is released only after a state change of *this* attempt succeeded, and release
   names the attempt: a stale call never touches the next attempt's lease. The release also
   passes the slot on (``hand_over``: the best runnable job is leased in the same script and
@@ -238,7 +241,7 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
             ending = call_handler(registry, ctx, job)
             sender.close()  # the last report is in Redis before the ending is announced
             self._await_handing(fold=ending.kind in (SUCCEEDED, FAILED, CANCELLED))
-            if not self._claim_ending():
+            if not self._claim_ending(returned=heartbeat):
                 self._log(logging.WARNING, "job.stale", reason="ended after its overrun")
                 return STALE
             return self._finish(ending, heartbeat)
@@ -247,25 +250,40 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
             RUNNING.discard(ctx)
             heartbeat.stop()
 
-    def _claim_ending(self) -> bool:
-        """True for the first of the handler's ending and the overrun's: that one records."""
+    def _claim_ending(self, *, returned: Heartbeat | None = None) -> bool:
+        """True for the first of the handler's ending and the overrun's: that one records.
+        ``returned``: the handler's claim, which also tells its heartbeat that only the
+        recording is left, under the same lock: an overrun that finds the ending claimed
+        finds the recording's own bound set too."""
         with self._ending_lock:
             claimed, self._ending_claimed = self._ending_claimed, True
+            if returned is not None and not claimed:
+                settings = self.runtime.settings
+                returned.returned(settings.result_store_timeout_s
+                                  + self.runtime.policy.timeout_grace_s)
             return not claimed
 
     def _overrun(self, heartbeat: Heartbeat) -> None:
         """The handler did not stop within the grace after its limit: record the attempt
         timed out (its slot passes to no job here), then end this process, which is the only
-        way to stop a thread that will not return. Runs on a thread of its own."""
+        way to stop a thread that will not return. A handler that returned meanwhile has its
+        ending recorded instead, and the overrun stands down, unless that recording has
+        itself passed its bound. Runs on a thread of its own."""
+        stands_down = False
         try:
             if self._claim_ending():
                 self.handover = None  # this process ends: the dispatcher fills the slot
                 self._await_handing()
                 self._timed_out(heartbeat)
+            else:
+                stands_down = not heartbeat.recording_overran()
         except Exception:  # the process ends all the same; the reaper settles the rest
             self._log(logging.ERROR, "job.overrun_unrecorded", exc_info=True)
         finally:
-            limits.end_process(self.runtime.policy.stop_grace_s)
+            if stands_down:
+                self._log(logging.INFO, "job.overrun_stood_down", reason="ending recorded")
+            else:
+                limits.end_process(self.runtime.policy.stop_grace_s)
 
     def _leased_moments_ago(self) -> bool:
         """The message's lease was taken less than a third of its TTL ago (on the index's

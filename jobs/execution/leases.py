@@ -150,6 +150,9 @@ class Heartbeat:
     With ``limit_s``, the handler is asked to stop once the attempt has run that long
     (``JobContext.mark_timed_out``), and ``grace_s`` later the lease is renewed no more and
     ``on_overrun`` is called, once, on a thread of its own (``jobs.execution.limits``).
+    The limit bounds the handler, not the recording of its outcome: once the handler has
+    returned (``returned``), the lease is renewed while its ending is recorded, and the
+    overrun comes only when that recording passes a bound of its own.
     """
 
     def __init__(
@@ -174,6 +177,9 @@ class Heartbeat:
         self._grace_s = grace_s
         self._on_overrun = on_overrun
         self._overran = False
+        # Once the handler returned: when its recording must be done (``time.monotonic()``).
+        self._record_by: float | None = None
+        self._limit_lock = threading.Lock()  # the overrun's decision and ``returned``
         self._first: tuple[bool, StartFigures | None, Finished | None] | None = None
         self._first_lock = threading.Lock()  # the first renewal is made once, by either side
 
@@ -203,12 +209,39 @@ class Heartbeat:
 
     def due_in(self) -> float:
         """Seconds until the renewer should tick again: the renewal period, or sooner when
-        the run-time limit or the end of its grace comes first."""
+        the run-time limit, the end of its grace or the recording's bound comes first."""
         if self._limit_s is None or self._overran:
             return self.renew_every_s
-        ran = time.monotonic() - self._began
+        now = time.monotonic()
+        if self._record_by is not None:
+            return max(0.0, min(self.renew_every_s, self._record_by - now))
+        ran = now - self._began
         step = self._limit_s if ran < self._limit_s else self._limit_s + self._grace_s
         return max(0.0, min(self.renew_every_s, step - ran))
+
+    def returned(self, record_s: float) -> None:
+        """The handler returned, and its ending is claimed: its limit no longer applies. The
+        lease is renewed while the ending is recorded, until the later of the limit's grace
+        and ``record_s`` from now; past that, the overrun comes as for a handler that would
+        not stop (a recording that hangs, a store or database that never answers). An
+        overrun already decided stands down (``recording_overran``)."""
+        if self._limit_s is None:
+            return
+        with self._limit_lock:
+            now = time.monotonic()
+            graced = self._began + self._limit_s + self._grace_s
+            self._record_by = max(graced, now + record_s)
+            self._overran = False
+
+    def recording_overran(self) -> bool:
+        """Asked by an overrun that found the handler's ending claimed: True when the
+        recording has passed its bound (the process must end); else the overrun stands
+        down and renewals go on."""
+        with self._limit_lock:
+            if self._record_by is not None and time.monotonic() >= self._record_by:
+                return True
+            self._overran = False
+            return False
 
     def tick(self, *, first_only: bool = False) -> None:
         """One renewal, by the renewer: the first one's ``announce``, ``start`` and
@@ -229,21 +262,30 @@ class Heartbeat:
 
     def _past_limit(self) -> bool:
         """Tell the handler of its limit when it has come; True once the grace after it has
-        passed too (the overrun started, on its own thread)."""
+        passed too (the overrun started, on its own thread), or, the handler returned, once
+        the recording of its ending has passed its bound."""
         if self._limit_s is None:
             return False
-        if self._overran:
-            return True
-        ran = time.monotonic() - self._began
-        if ran < self._limit_s:
-            return False
-        if not self._ctx.timed_out():
-            self._ctx.mark_timed_out()
-            self._warn("job.timed_out", limit_s=self._limit_s, grace_s=self._grace_s)
-        if ran < self._limit_s + self._grace_s:
-            return False
-        self._overran = True
-        self._warn("job.overrun", limit_s=self._limit_s, grace_s=self._grace_s)
+        with self._limit_lock:
+            if self._overran:
+                return True
+            now = time.monotonic()
+            if self._record_by is not None:
+                if now < self._record_by:
+                    return False
+                event = "job.record_overrun"
+            else:
+                ran = now - self._began
+                if ran < self._limit_s:
+                    return False
+                if not self._ctx.timed_out():
+                    self._ctx.mark_timed_out()
+                    self._warn("job.timed_out", limit_s=self._limit_s, grace_s=self._grace_s)
+                if ran < self._limit_s + self._grace_s:
+                    return False
+                event = "job.overrun"
+            self._overran = True
+        self._warn(event, limit_s=self._limit_s, grace_s=self._grace_s)
         if self._on_overrun is not None:
             threading.Thread(target=self._on_overrun, name="run-limit", daemon=True).start()
         return True

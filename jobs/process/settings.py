@@ -160,6 +160,9 @@ class Settings(BaseSettings):
     # A result whose JSON is larger than this is kept in the blob store, and
     # ``GET /v1/jobs/<id>/result`` links to it instead of carrying it.
     result_inline_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    # Storing such a result may take this long; a blob store slower than that (or one that
+    # hangs) leaves the result in the job's row instead (``jobs.execution.results``).
+    result_store_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     # When a worker runs its handlers' ``setup()`` (load a model): "eager", before it takes a
     # job and registers its slots; "lazy", before the first job of each kind in the process
     # (less memory and a faster start, where a kind's first job may wait for its model).
