@@ -1,8 +1,9 @@
 """A webhook as a submission names it, checked before anything is stored.
 
-The URL's text is checked here (``jobs.core.webhooks.url_problem``) and so is where it
-points: a literal address, or every address its name resolves to now, must not be inside a
-network (loopback, link-local, private) unless the operator allows it. A name that does not
+The URL's text is checked here (``jobs.core.webhooks.url_problem``, then whether the
+deliverer's HTTP client can send to it at all: ``unsendable``) and so is where it points: a
+literal address, or every address its name resolves to now, must not be inside a network
+(loopback, link-local, private) unless the operator allows it. A name that does not
 resolve is accepted (the receiver may not be up yet): the deliverer checks the addresses
 again at each try and connects only to an address it checked, so a name that later points
 inside is not called either.
@@ -14,6 +15,8 @@ import ipaddress
 import socket
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
+
+import httpx
 
 from jobs.core.errors import InvalidRequest
 from jobs.core.webhooks import Webhook, forbidden, literal_address, url_problem
@@ -35,12 +38,26 @@ def checked_webhook(
     problem = url_problem(url)
     if problem is not None:
         raise _bad((*loc, "url"), f"must be {problem}")
+    refused = unsendable(url)
+    if refused is not None:
+        raise _bad((*loc, "url"), f"must be a URL an HTTP client can send to ({refused})")
     unknown = [event for event in events if event not in known]
     if unknown:
         raise _bad((*loc, "events"), f"unknown event {unknown[0]!r}: one of {list(known)}")
     if not runtime.settings.webhook_allow_private and points_inside(url):
         raise _bad((*loc, "url"), PRIVATE)
     return Webhook(url=url, events=tuple(dict.fromkeys(events or known[:1])))
+
+
+def unsendable(url: str) -> str | None:
+    """Why the deliverer's HTTP client cannot make a request to ``url`` (None: it can): a
+    host that is no IDNA name (``☃.example``), a character no URL may hold. The URL's own
+    checks (``url_problem``) pass such URLs; only the client that sends knows."""
+    try:
+        httpx.Request("POST", url)
+    except (httpx.InvalidURL, UnicodeError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def points_inside(url: str) -> bool:

@@ -34,8 +34,8 @@ from typing import Any
 
 from standardwebhooks.webhooks import Webhook as Signer
 
-from jobs.admission.webhooks import Resolve, resolved
-from jobs.core.webhooks import RETRY_FOR_S, TIMEOUT_S, backoff_s
+from jobs.admission.webhooks import Resolve, resolved, unsendable
+from jobs.core.webhooks import RETRY_FOR_S, TIMEOUT_S, backoff_s, error_text
 from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE
 from jobs.process.runtime import Runtime
 from jobs.service.webhook_client import HTTP_ERRORS, InsideNetwork, WebhookClient
@@ -50,8 +50,10 @@ POLL_S = 0.25
 CLAIM_S = TIMEOUT_S + 20.0
 # A rotated secret keeps signing beside the new one this long.
 PREVIOUS_SECRET_S = 24 * 3600.0
-# Of an answer's body, what a try's record keeps to say why it failed.
+# Of why a try failed (an answer's body, an error), what its record keeps.
 ERROR_CHARS = 300
+# What a try cannot be recorded in, or made of, while it lasts: its claim lapses instead.
+OUTAGES = (*SQL_OUTAGE, *REDIS_OUTAGE)
 
 # What a delivery's ``data`` is made from: the job's (or batch's) body as the API shows it,
 # None when it is gone.
@@ -172,23 +174,51 @@ class Deliverer:
             self._done.set()
 
     def _deliver(self, event: Event) -> None:
+        """Try it and record the try, whatever it ended in: only a failure of SQL or Redis
+        (where the record would go, or what the delivery is made of) leaves no record, and
+        then its claim lapses and it is tried again. An unforeseen error is a failed try
+        like any other, tried again with backoff until the day is over."""
         began = time.monotonic()
-        status_code, error, final = self._post(event)
+        try:
+            status_code, error, final = self._post(event)
+        except OUTAGES:
+            raise
+        except Exception as exc:
+            logger.warning("webhooks.try_broke", exc_info=True, extra={"webhook_id": event.id})
+            status_code, error, final = None, f"{type(exc).__name__}: {exc}", False
         now = self.runtime.clock()
         next_at: float | None = now + backoff_s(event.tries + 1)
         if final or (next_at or 0) > event.created_at + RETRY_FOR_S:
             next_at = None
-        with self.runtime.sessions.begin() as session:
-            repo.record_try(session, event, at=now, status_code=status_code, error=error,
-                            duration_ms=(time.monotonic() - began) * 1000, next_at=next_at)
+        if error is not None:
+            error = error_text(error, ERROR_CHARS) or "no answer"
+        duration_ms = (time.monotonic() - began) * 1000
+        try:
+            self._record(event, now, status_code, error, duration_ms, next_at)
+        except OUTAGES:
+            raise
+        except Exception as exc:  # what it ended in could not be stored: that it ended is
+            logger.warning("webhooks.record_failed", exc_info=True,
+                           extra={"webhook_id": event.id})
+            error = f"its outcome could not be stored ({type(exc).__name__})"
+            self._record(event, now, None, error, duration_ms, next_at)
         logger.info("webhook.try", extra={
             "event": "webhook.try", "webhook_id": event.id, "type": event.type,
             "status_code": status_code, "error": error, "tenant": event.tenant_id,
             "given_up": error is not None and next_at is None})
 
+    def _record(self, event: Event, at: float, status_code: int | None, error: str | None,
+                duration_ms: float, next_at: float | None) -> None:
+        with self.runtime.sessions.begin() as session:
+            repo.record_try(session, event, at=at, status_code=status_code, error=error,
+                            duration_ms=duration_ms, next_at=next_at)
+
     def _post(self, event: Event) -> tuple[int | None, str | None, bool]:
         """The answer's status code, the error (None: delivered), and whether that error
         is final (no later try can succeed)."""
+        refused = unsendable(event.url)  # stored before submits were refused such URLs
+        if refused is not None:
+            return None, f"the URL cannot be sent: {refused}", True
         data = self.render(event)
         if data is None:
             return None, "its job or batch no longer exists", True
@@ -204,10 +234,10 @@ class Deliverer:
         except InsideNetwork:
             return None, "the URL points to a loopback, link-local or private address", True
         except HTTP_ERRORS as exc:
-            return None, f"{type(exc).__name__}: {exc}"[:ERROR_CHARS] or "no answer", False
+            return None, f"{type(exc).__name__}: {exc}", False
         if 200 <= status < 300:
             return status, None, False
-        text = text[:ERROR_CHARS].strip()
+        text = text.strip()
         return status, f"HTTP {status}" + (f": {text}" if text else ""), False
 
 

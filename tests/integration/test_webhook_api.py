@@ -58,6 +58,35 @@ def test_a_subscription_that_cannot_work_is_refused(
     assert answer.json()["error"]["details"][0]["loc"][-1] == field
 
 
+UNSENDABLE = "https://\u2603.receiver.example/hook"  # a snowman: no IDNA name has one
+
+
+@pytest.mark.parametrize("route", ["job", "batch", "ndjson batch", "document"])
+def test_a_url_the_http_client_cannot_send_is_refused_at_submit(
+    client: ApiClient, route: str
+) -> None:
+    """It passes the URL's own checks (http(s), a host), but no request can be made to it:
+    it would only fail at every try."""
+    key = client.tenant_key("acme")
+    if route == "job":
+        answer = client.submit(key, {"kind": "echo", "webhook": {"url": UNSENDABLE}})
+    elif route == "batch":
+        answer = client.post("/v1/batches", headers=auth(key), json={
+            "kind": "echo", "items": [{}], "webhook": {"url": UNSENDABLE}})
+    elif route == "ndjson batch":
+        answer = client.post("/v1/batches", params={"kind": "echo", "webhook_url": UNSENDABLE},
+                             headers={**auth(key), "content-type": "application/x-ndjson"},
+                             content=b"{}\n")
+    else:
+        answer = client.post("/v1/documents", headers=auth(key), data={
+            "webhook_url": UNSENDABLE}, files={"file": ("notes.txt", b"words", "text/plain")})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request" and error["message"].startswith("webhook.url")
+    assert error["details"][0]["loc"][-2:] == ["webhook", "url"]
+    assert client.get("/v1/jobs", headers=auth(key)).json()["jobs"] == []
+
+
 def test_unknown_fields_of_a_subscription_are_refused(client: ApiClient) -> None:
     answer = client.submit(client.tenant_key("acme"), {
         "kind": "echo", "webhook": {"url": PUBLIC, "secret": "mine"}})

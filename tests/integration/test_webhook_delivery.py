@@ -3,7 +3,8 @@ backlog at a receiver that hangs holds up no other tenant's delivery; a name tha
 outside to the check and inside afterwards (DNS rebinding) gets no request inside, while
 TLS still checks the URL's name, and a try through an egress proxy still has its name
 checked; an answer that never ends, trickles or is huge costs a try its deadline and a few
-KiB at most.
+KiB at most; and a try that fails in any way is recorded, so no event is claimed again and
+again without a trace.
 
 The events are written into the outbox as the trigger of migration 0013 writes them (its
 own tests are in ``test_webhook_outbox.py``); what a delivery carries comes from a render
@@ -363,3 +364,43 @@ def test_a_huge_answer_is_read_a_few_kib_into(receiving: Runtime) -> None:
     status, (attempt,) = attempts(runtime, event_id)
     assert status == "pending" and attempt.status_code == 500
     assert attempt.error is not None and attempt.error.startswith("HTTP 500: zzz")
+
+
+def test_a_try_that_fails_in_any_way_is_recorded(runtime: Runtime) -> None:
+    """A URL no request can be made to (stored before submits refused it), a delivery whose
+    body cannot be made, an answer PostgreSQL cannot store as it came (a U+0000): each try
+    is recorded, given up on when no later try can succeed, else tried again later."""
+    receiver = Receiver(0, lambda got, tries: 204, reply=lambda out: out.write(
+        b"HTTP/1.0 500 Internal Server Error\r\n\r\nbad\x00byte"))
+    owner = tenant(runtime, "acme")
+    now = runtime.clock()
+    (unsendable,) = record(runtime, owner, "https://\u2603.receiver.example/hook", 1,
+                           due_at=now - 3)
+    (unrendered,) = record(runtime, owner, receiver.url, 1, due_at=now - 2)
+    (nul,) = record(runtime, owner, receiver.url, 1, due_at=now - 1)
+    with runtime.sessions() as session:
+        broken = session.execute(sa.select(repo.EVENTS.c.job_id).where(
+            repo.EVENTS.c.id == unrendered)).scalar_one()
+
+    def rendering(event: Event) -> dict[str, Any]:
+        if event.job_id == broken:
+            raise KeyError("result")
+        return render(event)
+
+    deliverer = Deliverer(runtime, rendering, timeout_s=2.0)
+    try:
+        assert deliverer.run_once() == 3
+    finally:
+        receiver.close()
+    recorded = {event_id: attempts(runtime, event_id) for event_id in (unsendable, unrendered,
+                                                                        nul)}
+    unrecorded = [event_id for event_id, (_, tries) in recorded.items() if not tries]
+    assert unrecorded == [], f"{len(unrecorded)} of 3 tries left no record"
+    status, (attempt,) = recorded[unsendable]
+    assert status == "failed" and attempt.error is not None
+    assert attempt.error.startswith("the URL cannot be sent")
+    status, (attempt,) = recorded[unrendered]
+    assert status == "pending" and attempt.error == "KeyError: 'result'"
+    status, (attempt,) = recorded[nul]
+    assert status == "pending" and attempt.status_code == 500
+    assert attempt.error == "HTTP 500: bad\\x00byte"

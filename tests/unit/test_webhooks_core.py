@@ -17,6 +17,7 @@ from jobs.core.webhooks import (
     MAX_BACKOFF_S,
     Webhook,
     backoff_s,
+    error_text,
     events_column,
     events_of,
     forbidden,
@@ -80,3 +81,12 @@ def test_backoff_doubles_within_its_bounds(tries: int, seed: int) -> None:
     wait = backoff_s(tries, random.Random(seed))
     base = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (tries - 1))
     assert 0.8 * base <= wait <= 1.2 * base
+
+
+@given(st.text())
+def test_an_error_is_kept_as_postgresql_can_store_it(text: str) -> None:
+    kept = error_text(text, 300)
+    assert "\x00" not in kept and len(kept) <= 300
+    kept.encode("utf-8")  # no lone surrogate
+    if text.isascii() and "\x00" not in text:
+        assert kept == text[:300]
