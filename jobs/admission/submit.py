@@ -149,7 +149,8 @@ def _new_job(runtime: Runtime, validator: PayloadValidator, tenant: Tenant,
              submission: Submission, tier: str, payload: dict[str, Any]) -> NewJob:
     """The job a submission makes, not yet admitted."""
     webhook = None if submission.webhook is None else checked_webhook(
-        runtime, submission.webhook.url, submission.webhook.events, known=JOB_EVENTS)
+        runtime, submission.webhook.url, submission.webhook.events, known=JOB_EVENTS,
+        tenant=tenant.id)
     now = runtime.clock()
     return NewJob(
         id=new_job_id(now),

@@ -6,21 +6,31 @@ literal address, or every address its name resolves to now, must not be inside a
 (loopback, link-local, private) unless the operator allows it. A name that does not
 resolve is accepted (the receiver may not be up yet): the deliverer checks the addresses
 again at each try and connects only to an address it checked, so a name that later points
-inside is not called either.
+inside is not called either. That is also why a lookup may be cut short: ``getaddrinfo``
+has no timeout, and the API's threads are every tenant's, so a submit waits ``LOOKUP_S``
+at most for its name and a tenant has ``LOOKUPS_PER_TENANT`` lookups under way at most
+(``Lookups``); a name past either bound is taken as one that does not resolve now.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit
 
 import httpx
 
 from jobs.core.errors import InvalidRequest
 from jobs.core.webhooks import Webhook, forbidden, literal_address, url_problem
 from jobs.process.runtime import Runtime
+
+# A submit's lookup of its webhook's name: how long it may take, how many of one tenant's
+# may be under way in a process, and how many in all.
+LOOKUP_S = 2.0
+LOOKUPS_PER_TENANT = 2
+LOOKUP_THREADS = 16
 
 # An address, and what finds a name's addresses now (none when it does not resolve).
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -31,7 +41,7 @@ PRIVATE = ("points to a loopback, link-local or private address, which tierq doe
 
 
 def checked_webhook(
-    runtime: Runtime, url: str, events: Sequence[str], *, known: Sequence[str],
+    runtime: Runtime, url: str, events: Sequence[str], *, known: Sequence[str], tenant: str,
     loc: tuple[str | int, ...] = ("webhook",),
 ) -> Webhook:
     """The subscription, or ``InvalidRequest`` naming the field and why."""
@@ -44,7 +54,7 @@ def checked_webhook(
     unknown = [event for event in events if event not in known]
     if unknown:
         raise _bad((*loc, "events"), f"unknown event {unknown[0]!r}: one of {list(known)}")
-    if not runtime.settings.webhook_allow_private and points_inside(url):
+    if not runtime.settings.webhook_allow_private and points_inside(url, tenant=tenant):
         raise _bad((*loc, "url"), PRIVATE)
     return Webhook(url=url, events=tuple(dict.fromkeys(events or known[:1])))
 
@@ -60,13 +70,16 @@ def unsendable(url: str) -> str | None:
     return None
 
 
-def points_inside(url: str) -> bool:
-    """The URL's host is, or resolves to, an address tierq must not call."""
-    host = urlsplit(url).hostname or ""
+def points_inside(url: str, *, tenant: str) -> bool:
+    """The URL's host is, or resolves to, an address tierq must not call. A name whose
+    lookup takes longer than ``LOOKUP_S``, or that the tenant names while two lookups of its
+    own are still under way, is taken as one that does not resolve now: accepted, as the
+    deliverer looks it up at every try and connects only to an address it checked."""
+    host = httpx.URL(url).raw_host.decode("ascii")
     address = literal_address(host)
     if address is not None:
         return forbidden(address)
-    return any(forbidden(found) for found in resolved(host))
+    return any(forbidden(found) for found in lookups().addresses(host, owner=tenant) or ())
 
 
 def resolved(host: str) -> list[Address]:
@@ -78,6 +91,64 @@ def resolved(host: str) -> list[Address]:
         return []
     return [a for a in (literal_address(str(info[4][0]).split("%")[0]) for info in infos)
             if a is not None]
+
+
+class Lookups:
+    """Name lookups bounded in time and in what one owner may hold. ``getaddrinfo`` takes
+    no timeout and cannot be interrupted, so each lookup runs on a thread of its own (a
+    daemon: one that never returns keeps no process from ending) and its caller waits for
+    it ``timeout_s`` at most. At most ``threads`` run at once, ``per_tenant`` of one
+    owner's, counted until they return, not until their callers stop waiting: a name whose
+    DNS never answers holds its owner's share, and no more, for as long as the system's
+    resolver takes to give up. A lookup that times out or finds no room answers None: the
+    name's addresses are not known now."""
+
+    def __init__(self, resolve: Resolve = resolved, *, threads: int = LOOKUP_THREADS,
+                 per_tenant: int = LOOKUPS_PER_TENANT) -> None:
+        self.resolve = resolve
+        self.threads = threads
+        self.per_tenant = per_tenant
+        self._held: Counter[str] = Counter()
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def addresses(self, host: str, *, owner: str,
+                  timeout_s: float = LOOKUP_S) -> list[Address] | None:
+        with self._lock:
+            if self._held[owner] >= self.per_tenant or self._running >= self.threads:
+                return None
+            self._held[owner] += 1
+            self._running += 1
+        found: list[list[Address]] = []
+        done = threading.Event()
+
+        def look() -> None:
+            try:
+                found.append(list(self.resolve(host)))
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    self._held[owner] -= 1
+                    if self._held[owner] <= 0:
+                        del self._held[owner]
+                done.set()
+
+        threading.Thread(target=look, name="webhook-lookup", daemon=True).start()
+        if not done.wait(timeout_s):
+            return None
+        return found[0] if found else []  # a resolver that failed found nothing
+
+
+def lookups() -> Lookups:
+    """This process's lookups, made on first use: one bound for all of its submits."""
+    with _made:
+        if not _lookups:
+            _lookups.append(Lookups())
+        return _lookups[0]
+
+
+_lookups: list[Lookups] = []
+_made = threading.Lock()
 
 
 def _bad(loc: tuple[str | int, ...], msg: str) -> InvalidRequest:

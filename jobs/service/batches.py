@@ -132,7 +132,7 @@ def store(
             return _resubmitted(existing, spec, content_hash)
     _check_open_batches(runtime, tenant)
     webhook = None if spec.webhook is None else checked_webhook(
-        runtime, spec.webhook.url, spec.webhook.events, known=BATCH_EVENTS)
+        runtime, spec.webhook.url, spec.webhook.events, known=BATCH_EVENTS, tenant=tenant.id)
     now = runtime.clock()
     batch = Batch(
         id=new_job_id(now), tenant_id=tenant.id, tier=tenant.tier, kind=spec.kind,

@@ -31,7 +31,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from jobs.admission.webhooks import Address, Resolve
+from jobs.admission.webhooks import Address, Lookups, Resolve
 from jobs.core.webhooks import forbidden, literal_address
 
 # Of an answer that is not a ``2xx``, what is read: enough for the try's record.
@@ -57,7 +57,8 @@ class WebhookClient:
         self, resolve: Resolve, *, allow_private: bool, deadline_s: float, connections: int,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.guard = AddressGuard(resolve, allow_private=allow_private)
+        self.guard = AddressGuard(Lookups(resolve, threads=connections, per_tenant=connections),
+                                  allow_private=allow_private)
         self.deadline_s = deadline_s
         self.timeouts = {phase: deadline_s for phase in ("connect", "read", "write", "pool")}
         self.connections = connections
@@ -100,7 +101,7 @@ class WebhookClient:
             return self.direct
         # The proxy connects, to the name: what the name resolves to now is checked here,
         # and the proxy is the guard of what it then connects to.
-        self.guard.addresses(host)
+        self.guard.addresses(host, timeout_s=self.deadline_s)
         with self._lock:
             pool = self._proxied.get(proxy)
             if pool is None:
@@ -118,15 +119,19 @@ class WebhookClient:
 class AddressGuard:
     """Where a name may be called: every address it resolves to now, or
     ``InsideNetwork`` when one of them is inside a network (unless the operator allows
-    private addresses), or a ``ConnectError`` when it resolves to none."""
+    private addresses), a ``ConnectError`` when it resolves to none, or a
+    ``ConnectTimeout`` when its lookup takes longer than the try may."""
 
-    def __init__(self, resolve: Resolve, *, allow_private: bool) -> None:
-        self.resolve = resolve
+    def __init__(self, lookups: Lookups, *, allow_private: bool) -> None:
+        self.lookups = lookups
         self.allow_private = allow_private
 
-    def addresses(self, host: str) -> list[Address]:
+    def addresses(self, host: str, *, timeout_s: float) -> list[Address]:
         literal = literal_address(host)
-        found = [literal] if literal is not None else list(self.resolve(host))
+        found = [literal] if literal is not None else self.lookups.addresses(
+            host, owner="", timeout_s=timeout_s)
+        if found is None:
+            raise httpcore.ConnectTimeout(f"the lookup of {host!r} did not end in time")
         if not found:
             raise httpcore.ConnectError(f"the name {host!r} does not resolve")
         if not self.allow_private and any(forbidden(address) for address in found):
@@ -149,7 +154,8 @@ class Connections(httpcore.NetworkBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
         deadline = time.monotonic() + self.deadline_s
-        addresses: list[Any] = [host] if self.guard is None else self.guard.addresses(host)
+        addresses: list[Any] = [host] if self.guard is None else self.guard.addresses(
+            host, timeout_s=self.deadline_s)
         failed: Exception | None = None
         for address in addresses:
             try:

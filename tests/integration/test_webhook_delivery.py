@@ -345,6 +345,28 @@ def test_an_answer_that_never_ends_costs_the_try_its_deadline_and_no_more(
         assert attempt.status_code is None and "Timeout" in attempt.error
 
 
+def test_a_name_whose_lookup_never_ends_costs_the_try_its_deadline(receiving: Runtime) -> None:
+    released = threading.Event()
+
+    def never(host: str) -> list[Any]:
+        released.wait(30)
+        return []
+
+    (event_id,) = record(receiving, tenant(receiving, "acme"), "http://hangs.example/hook", 1,
+                         due_at=receiving.clock() - 1)
+    deliverer = Deliverer(receiving, render, timeout_s=DEADLINE_S, resolve=never)
+    trying = threading.Thread(target=deliverer.run_once, daemon=True)
+    trying.start()
+    try:
+        trying.join(timeout=DEADLINE_S + 3)
+        assert not trying.is_alive(), f"the try outlived its {DEADLINE_S} s deadline"
+    finally:
+        released.set()
+    status, (attempt,) = attempts(receiving, event_id)
+    assert status == "pending" and attempt.error is not None
+    assert attempt.error.startswith("ConnectTimeout: the lookup of 'hangs.example'")
+
+
 def test_a_huge_answer_is_read_a_few_kib_into(receiving: Runtime) -> None:
     runtime = receiving
     ended = threading.Event()
