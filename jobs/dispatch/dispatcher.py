@@ -174,7 +174,9 @@ class Dispatcher:
         )
 
     def _dispatch_free(self, now: float, stats: DispatchStats) -> None:
-        """Fill the free slots: the index counts them in the same call (``capacity``)."""
+        """Fill the free slots: the index counts them in the same call (``capacity``, cut
+        there to the live workers' slots: a configured capacity that admits work before any
+        worker of the pool is live leases none of it, so none of it lapses, out of order)."""
         assert self.caps.capacity is not None
         if self.caps.capacity == 0:  # no worker at the last upkeep: one may have come since
             self.caps.capacity = self.runtime.policy.pool_concurrency or (

@@ -159,7 +159,9 @@ class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
         lease alone (its row not visible yet) keeps its deadline. With a
         ``fence``, raise ``NotLeader`` (changing nothing) unless it is the leader's token.
         With a ``capacity``, ``n`` is cut to the slots it leaves free beside the leases
-        held now (nothing when none is free)."""
+        held now (nothing when none is free), the capacity itself cut to the live workers'
+        slots: a configured capacity admits work a pool with no live worker cannot start
+        yet, and a lease taken into it would only lapse."""
         ...
 
     def renew(
@@ -253,9 +255,10 @@ class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
         capacity: int | None = None,
         now: float | None = None,
     ) -> Lease | None:
-        """A submit's step after its commit: when the pool has a free slot (``capacity``,
-        None: the live workers'), lease the best runnable job as ``dispatch`` would and push
-        its message to its tier's queue (``push``), returning its lease. A free slot and
+        """A submit's step after its commit: when the pool has a free slot (``capacity``
+        cut to the live workers' slots, as ``dispatch`` cuts it; None: theirs), lease the
+        best runnable job as ``dispatch`` would and push its message to its tier's queue
+        (``push``), returning its lease. A free slot and
         nothing leased (nothing runnable, or no ``push``): the dispatcher's doorbell rings.
         No free slot: nothing happens (the next slot to free takes the best job itself)."""
         ...

@@ -79,12 +79,12 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
         fence: str | None = None,
         capacity: int | None = None,
     ) -> list[Lease]:
-        if capacity is not None:
-            n = min(n, capacity - self._held_slots())
-        if n <= 0:
-            return []
         now = self._at(now)
         self._check_fence(fence, now, "dispatch")
+        if capacity is not None:
+            n = min(n, min(capacity, self.pool_capacity(now=now)) - self._held_slots())
+        if n <= 0:
+            return []
         expires_at = now + lease_ttl_s
         if self._delayed:
             self._promote(now)

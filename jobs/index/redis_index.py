@@ -168,7 +168,7 @@ class RedisIndex(RedisLeases, RedisUpkeep):
         raw = self._run("dispatch", [
             n, now_arg(now), score_arg(lease_ttl_s), PROMOTE_LIMIT, fence or "",
             "" if capacity is None else int(capacity),
-        ])
+        ], self._keys.worker_keys())
         return [lease_of(item) for item in raw]
 
     def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:

@@ -27,6 +27,7 @@ _SCRIPTS = (
 _PRELUDES: dict[str, tuple[str, ...]] = {
     "admit": ("admit_job",),
     "admit_new": ("token_bucket", "workers", "admit_job"),
+    "dispatch": ("workers",),
     "hand_over": ("workers", "push"),
     "offer": ("workers", "push"),
     "renew": ("workers",),
@@ -123,11 +124,12 @@ class RedisScripts:
         self._set_generation = client.register_script(_lua("set_generation"))
         self._leadership = {name: client.register_script(_lua(name)) for name in _LEADERSHIP}
 
-    def _run(self, name: str, args: Sequence[str | int]) -> Any:
+    def _run(self, name: str, args: Sequence[str | int],
+             more_keys: Sequence[str] = ()) -> Any:
         """Run one index script; every one gets the leader lock as KEYS[13], so any may be
-        fenced by a token in its ARGV."""
+        fenced by a token in its ARGV (``more_keys``: its KEYS[14] on)."""
         try:
-            return self._scripts[name](keys=self._fenced, args=list(args))
+            return self._scripts[name](keys=[*self._fenced, *more_keys], args=list(args))
         except redis.ResponseError as exc:
             if str(exc).startswith("NOTLEADER"):
                 raise NotLeader(f"{name} refused: {exc}") from None

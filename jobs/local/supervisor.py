@@ -9,9 +9,12 @@ child also gets ``PR_SET_PDEATHSIG``, so none outlives a supervisor that is kill
 
 ``run_up`` wires it together: data directory, embedded Redis, admin key, migrations, then
 the API, the dispatcher and a worker. It refuses a port already in use before starting
-anything, says "up" only once its own API answers ``/readyz``, and writes ``up.json`` in the
-data directory while it runs, so that every other command finds this system (and no other).
-SIGINT, SIGTERM and SIGHUP (a closed terminal) all stop it the same orderly way.
+anything, writes ``up.json`` in the data directory once its own API answers ``/readyz``, so
+that every other command finds this system (and no other), and says "up" only once a worker
+of every pool it started is live (registered in the index) and the dispatcher has built the
+index: a first job then starts at once. Meanwhile it says what it waits for: the setup of
+the handlers that have one (a model to load). SIGINT, SIGTERM and SIGHUP (a closed terminal)
+all stop it the same orderly way.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from rich.console import Console
 
 from jobs.core.errors import ConfigError, TierqError
 from jobs.local.banner import derived_lines, print_banner
+from jobs.process.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -346,6 +350,67 @@ def wait_ready(url: str, *, alive: Callable[[], bool], stop: threading.Event,
     return False
 
 
+def setup_kinds(settings: Settings, pools: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The kinds of ``pools`` whose handler sets up before its worker registers (a model to
+    load): what a worker's start waits for. Read from the handlers the workers will load
+    (their entry points and ``TIERQ_HANDLERS``); none when they set up lazily, or when the
+    handlers cannot be loaded here (the worker says why, in its log)."""
+    from jobs.execution.registry import HANDLERS_ENV, default_registry
+
+    if settings.worker_setup != "eager":
+        return []
+    try:
+        registry = default_registry(env.get(HANDLERS_ENV, ""))
+    except ConfigError:
+        return []
+    every = settings.pool_set()
+    return sorted(kind for pool in pools for kind in every.kinds_of(pool, registry.kinds())
+                  if callable(getattr(registry.get(kind), "setup", None)))
+
+
+def waiting_line(kinds: Sequence[str], pools: Sequence[str]) -> str:
+    """What ``tierq up`` says while its workers start."""
+    who = "the worker" if len(pools) == 1 else f"the workers of {', '.join(pools)}"
+    if not kinds:
+        return f"waiting for {who} to start…"
+    return f"waiting for {who}: loading models for {', '.join(kinds)}…"
+
+
+def wait_workers(settings: Settings, redis_url: str, pools: Sequence[str], *,
+                 supervisor: Supervisor, stop: threading.Event) -> bool:
+    """Until a worker of each of ``pools`` is live and the dispatcher has built each pool's
+    index: True; False when stopped meanwhile. The children are supervised meanwhile (a
+    worker that exits while it sets up starts again); raises ``StartFailed`` when the API
+    exits."""
+    from redis import RedisError
+
+    from jobs.index.redis_index import RedisIndex
+    from jobs.process.runtime import redis_client
+
+    client = redis_client(redis_url)
+    indexes = [RedisIndex(client, settings.pool_prefix(pool), root=settings.key_prefix)
+               for pool in pools]
+
+    def ready() -> bool:
+        try:
+            return all(index.generation() is not None and index.live_workers()
+                       for index in indexes)
+        except RedisError:
+            return False
+
+    try:
+        while not stop.is_set():
+            supervisor.run_once()
+            if not supervisor.alive("api"):
+                raise StartFailed("the API exited while the workers started (its log is above)")
+            if ready():
+                return True
+            stop.wait(0.1)
+        return False
+    finally:
+        client.close()
+
+
 def run_up(options: UpOptions, console: Console) -> None:
     """Run everything until SIGINT/SIGTERM/SIGHUP, then stop it all (the embedded Redis last;
     workers get ``grace_s`` to finish or hand back their jobs)."""
@@ -384,7 +449,14 @@ def run_up(options: UpOptions, console: Console) -> None:
                 supervisor.add(spec)
             if not wait_ready(url, alive=lambda: supervisor.alive("api"), stop=stop):
                 return
-            write_up_file(data_dir, api_url=url)
+            write_up_file(data_dir, api_url=url)  # other commands find it from now on
+            console.print(waiting_line(setup_kinds(settings, options.pools, env),
+                                       options.pools),
+                          highlight=False, markup=False, soft_wrap=True)
+            redis_url = env.get("TIERQ_REDIS_URL") or settings.resolved_redis_url()
+            if not wait_workers(settings, redis_url, options.pools, supervisor=supervisor,
+                                stop=stop):
+                return
             print_banner(console, options, data_dir, url, settings.admin_key is None)
             for line in derived_lines(settings, options):
                 console.print(line, highlight=False, markup=False, soft_wrap=True)

@@ -16,6 +16,8 @@ from tests.e2e.harness import drain, free_port, start_up, stop_up, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def session_members(sid: int) -> list[int]:
     """Pids of live processes in session ``sid`` (all of ``tierq up``'s children)."""
@@ -151,17 +153,33 @@ def run_printed(line: str, cwd: Path, env: dict[str, str]) -> subprocess.Complet
 def test_up_says_up_once_ready_and_its_next_steps_work_as_printed(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERQ_")}
     env["PYTHONUNBUFFERED"] = "1"
+    # A handler whose setup takes a while, as loading a model does; the models extra's
+    # kinds in a pool not started here, so that no model is loaded for this test.
+    env["TIERQ_HANDLERS"] = "tests.handlers_for_tests:WarmHandler"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep)
+    config = tmp_path / "tierq.toml"
+    config.write_text('[pools.models]\nkinds = ["document.embed", "eval.similarity"]\n')
+    env["TIERQ_CONFIG"] = str(config)
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     home.mkdir()
     elsewhere.mkdir()
     port = free_port()
-    up, banner = start_up(home, env, "--port", str(port), "--data-dir", str(tmp_path / "d"))
+    up, banner = start_up(home, env, "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                          "--pools", "default")
     printed = list(banner)
-    # "up" is said only once the API answers: at once, not eventually.
+    # "up" is said only once the API answers and a worker is live: at once, not eventually.
     ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code
+    admin = (tmp_path / "d" / "admin.key").read_text().strip()
+    live = httpx.get(f"http://127.0.0.1:{port}/v1/admin/workers", timeout=5,
+                     headers={"Authorization": f"Bearer {admin}"}).json()["slots_by_pool"]
     done = drain(up, printed)
     try:
         assert ready == 200
+        assert live["default"] == 2, printed
+        # Meanwhile it said what it waited for: the setup of its pool's handlers that have one.
+        waiting = [line for line in banner if line.startswith("waiting for")]
+        assert waiting == ["waiting for the worker: loading models for warm…"], banner
         wait_until(lambda: any(line.startswith("Submit a job:") for line in printed), timeout=10)
         create = next(line for line in printed if line.startswith("Create a tenant:"))
         submit = next(line for line in printed if line.startswith("Submit a job:"))

@@ -37,6 +37,7 @@ from jobs.store import tenants as tenants_sql
 from jobs.store.migrate import upgrade
 from tests.faults.checks import check_invariants
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+from tests.integration.stand_in import register_stand_ins
 from workers.handlers import default_registry
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
@@ -89,6 +90,7 @@ def runtime(fault_pg: ThrowawayPostgres, fault_redis: ThrowawayRedis) -> Iterato
         policy={"pool_concurrency": 2, "lease_ttl_s": LEASE_TTL_S},
     )
     rt = Runtime.from_settings(settings)
+    register_stand_ins(rt)  # the workers these tests play by hand
     yield rt
     rt.close()
 

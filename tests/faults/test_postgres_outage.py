@@ -31,6 +31,7 @@ from tests.faults.checks import check_invariants
 from tests.faults.conftest import SystemFactory
 from tests.faults.load import outage_under_load
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+from tests.integration.stand_in import register_stand_ins
 from workers.handlers import default_registry
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
@@ -86,6 +87,7 @@ def test_a_submit_whose_commit_is_cut_off_is_not_half_accepted(
         load_settings(database_url=url, redis_url=fault_redis.url,
                       policy={"pool_concurrency": 1})
     )
+    register_stand_ins(runtime)  # the worker this test plays by hand
     try:
         with runtime.sessions.begin() as session:
             tenant = tenants_sql.create_tenant(

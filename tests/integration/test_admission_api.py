@@ -39,9 +39,16 @@ from tests.integration.api_harness import (
     rt,
     running_api,
 )
+from tests.integration.stand_in import stand_ins_for
 from tests.services import RedisServer
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
 
 
 class NoPublisher:

@@ -14,9 +14,16 @@ from jobs.execution.attempt import execute
 from jobs.execution.handlers import JobContext
 from jobs.execution.registry import HandlerRegistry
 from tests.integration.api_harness import ApiClient, Clock, auth, rt
+from tests.integration.stand_in import stand_ins_for
 from tests.integration.test_batches import RecordingPublisher
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
 
 
 class Judge:

@@ -28,8 +28,15 @@ from jobs.store import blobs as blobs_sql
 from jobs.store import jobs as jobs_sql
 from jobs.store import stats as stats_sql
 from tests.integration.api_harness import ApiClient, Clock, auth, move, rt
+from tests.integration.stand_in import stand_ins_for
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
 
 
 @dataclass

@@ -32,8 +32,16 @@ from jobs.store import tenants as tenants_sql
 from jobs.store.direct import direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
+from tests.integration.stand_in import stand_ins_for
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
+
 
 T0 = 1_800_000_000.0
 WORKER = "worker-test@host"

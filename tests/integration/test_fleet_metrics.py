@@ -34,10 +34,18 @@ from tests.integration.api_harness import (
     running_api,
     start_one,
 )
+from tests.integration.stand_in import register_stand_ins, stand_ins_for
 from tests.services import RedisServer
 from workers.handlers import default_registry
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
+
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -172,6 +180,7 @@ def test_every_transition_is_counted_once_fleet_wide(
     assert b.submit(key).status_code == 429  # refused by the other replica
 
     runtime = rt(a)
+    register_stand_ins(runtime)  # the worker this test plays by hand
     dispatcher = Dispatcher(runtime, NoPublisher())
     stats = dispatcher.run_once(clock.now)
     assert stats.dispatched == 1 and stats.reconciled is not None and stats.reconciled.full

@@ -287,12 +287,31 @@ def test_a_lease_belongs_to_its_attempt(index: DispatchIndex) -> None:
 
 def test_dispatch_with_a_capacity_fills_only_the_free_slots(index: DispatchIndex) -> None:
     index.set_caps({"free": BIG})
+    index.register_worker("w", slots=BIG, ttl_s=TTL, now=0.0)
     fill(index, *(job(f"j{n}", key=float(n)) for n in range(6)))
     assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL, capacity=2)) == ["j0", "j1"]
     assert index.dispatch(10, now=0.0, lease_ttl_s=TTL, capacity=2) == []  # none free
     index.release("j0")
     assert ids(index.dispatch(10, now=0.0, lease_ttl_s=TTL, capacity=3)) == ["j2", "j3"]
     assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL, capacity=10)) == ["j4"]  # n still caps
+
+
+def test_a_capacity_is_cut_to_the_live_workers_slots(index: DispatchIndex) -> None:
+    """A configured capacity admits work a pool with no live worker cannot start yet: no
+    lease is taken into slots that are not there, where it would only lapse."""
+    index.set_caps({"free": BIG})
+    fill(index, *(job(f"j{n}", key=float(n)) for n in range(4)))
+    assert index.dispatch(10, now=0.0, lease_ttl_s=TTL, capacity=8) == []
+    assert index.position("j0") == 0 and index.inflight() == 0
+    index.register_worker("w", slots=1, ttl_s=TTL, now=0.0)
+    assert ids(index.dispatch(10, now=1.0, lease_ttl_s=TTL, capacity=8)) == ["j0"]
+    index.register_worker("w2", slots=1, ttl_s=TTL, now=1.0)
+    assert ids(index.dispatch(10, now=2.0, lease_ttl_s=TTL, capacity=8)) == ["j1"]
+    # The first registration lapsed: the slot it brought is gone with it.
+    index.release("j0")
+    assert index.dispatch(10, now=TTL + 0.5, lease_ttl_s=TTL, capacity=8) == []
+    index.release("j1")
+    assert ids(index.dispatch(10, now=TTL + 0.5, lease_ttl_s=TTL, capacity=8)) == ["j2"]
 
 
 def test_a_cancel_flag_is_seen_by_the_renewal_of_its_attempt_only(index: DispatchIndex) -> None:
@@ -394,6 +413,7 @@ def test_a_job_popped_before_its_row_commits_keeps_its_deadline(index: DispatchI
     """A round pops a job whose row is not visible yet and queues it again from its lease
     alone (``retry_soon``): the lease carries the deadline the entry was indexed with, so
     the job expires at it like a peer with the same deadline, while the pool stays full."""
+    index.register_worker("w", slots=1, ttl_s=BIG, now=0.0)
     fill(index, job("early", "t1", key=1.0, start_by=25.0), job("busy", "t2", key=2.0),
          job("peer", "t3", key=3.0, start_by=25.0))
     popped = index.dispatch(10, now=10.0, lease_ttl_s=TTL, capacity=1)

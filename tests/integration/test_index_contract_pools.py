@@ -45,6 +45,9 @@ def test_a_pools_jobs_leases_and_slots_are_its_own(
     gpu.set_caps({"free": 5})
     default.register_worker("cpu@host", slots=2, ttl_s=TTL, now=now)
     assert default.pool_capacity(now=now) == 2 and gpu.pool_capacity(now=now) == 0
+    # No live worker of its own: its configured slot admits, but nothing is leased into it.
+    assert gpu.dispatch(10, now=now, lease_ttl_s=TTL, capacity=1) == []
+    gpu.register_worker("gpu@host", slots=1, ttl_s=TTL, now=now)
     assert ids(gpu.dispatch(10, now=now, lease_ttl_s=TTL, capacity=1)) == ["g1"]
     assert ids(default.dispatch(10, now=now, lease_ttl_s=TTL, capacity=2)) == ["c1", "c2"]
     assert (default.inflight(), gpu.inflight()) == (2, 1)
@@ -63,6 +66,7 @@ def test_one_leader_lock_fences_every_pool(
     assert default.leader(now=now) == token
     fill(default, job("c1"))
     default.set_caps({"free": 5})
+    default.register_worker("cpu@host", slots=1, ttl_s=TTL, now=now)
     assert ids(default.dispatch(5, now=now, lease_ttl_s=TTL, fence=token, capacity=1)) == ["c1"]
     with pytest.raises(NotLeader):
         gpu.dispatch(5, now=now, lease_ttl_s=TTL, fence="9:stale", capacity=1)

@@ -334,6 +334,7 @@ def test_a_kept_lease_stays_until_released_and_its_slot_passes_on(
 def test_a_kept_lease_counts_for_its_tenant_again_after_the_choice(
     index: DispatchIndex,
 ) -> None:
+    index.register_worker("w@host", slots=BIG, ttl_s=1e6, now=0.0)  # live slots
     fill(index, job("a1", "a", key=1.0), job("a2", "a", key=2.0), job("a3", "a", key=3.0))
     assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a1"]
     # a's cap is 1: a1's slot passes to a2 (a1 not counted for the choice)...
@@ -350,6 +351,7 @@ def test_a_kept_lease_counts_for_its_tenant_again_after_the_choice(
 
 
 def test_keeping_a_lease_that_is_gone_passes_on_no_slot(index: DispatchIndex) -> None:
+    index.register_worker("w@host", slots=BIG, ttl_s=1e6, now=0.0)  # live slots
     fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0))
     assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
     assert ids(index.reap(now=TTL + 1)) == ["a"]  # reaped: its slot was given back already
@@ -474,6 +476,7 @@ def test_long_walks_with_hand_overs_match(redis_server: RedisServer, seed: int) 
 def test_the_first_renewal_releases_the_lease_that_handed_the_job_over(
     index: DispatchIndex,
 ) -> None:
+    index.register_worker("w@host", slots=BIG, ttl_s=1e6, now=0.0)  # live slots
     fill(index, job("a", "t1", key=1.0), job("b", "t2", key=2.0), job("c", "t3", key=3.0))
     assert ids(index.dispatch(1, now=0.0, lease_ttl_s=TTL)) == ["a"]
     handed = index.hand_over("a", attempt=1, lease_ttl_s=TTL, capacity=1, now=1.0, keep=True)

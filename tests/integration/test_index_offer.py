@@ -21,10 +21,17 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(autouse=True)
 def whole(request: pytest.FixtureRequest) -> None:
-    """The index a leader has rebuilt: its generation sentinel is set (``set_generation``)."""
+    """The index a leader has rebuilt (its generation sentinel is set, ``set_generation``),
+    with a live worker whose slots the capacities passed cut to nothing."""
     for name in ("index", "redis_index"):
         if name in request.fixturenames:
-            request.getfixturevalue(name).set_generation("1")
+            index = request.getfixturevalue(name)
+            index.set_generation("1")
+            index.register_worker("w@host", slots=BIG, ttl_s=LIVE_S, now=0.0)
+
+
+# Registered at 0.0, live for every ``now`` these tests pass.
+LIVE_S = 1e6
 
 ENVELOPE = json.dumps({
     "body": {"callbacks": None}, "content-type": "application/json",

@@ -29,6 +29,7 @@ from jobs.index import progress as progress_index
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
 from tests.integration.api_harness import ApiClient, Clock, Statements, auth, move
+from tests.integration.stand_in import stand_ins_for
 from tests.integration.test_long_poll import (
     Background,
     RecordingPublisher,
@@ -38,6 +39,12 @@ from tests.integration.test_long_poll import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
 
 
 class Stepping:

@@ -28,9 +28,17 @@ from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
+from tests.integration.stand_in import register_stand_ins, stand_ins_for
 from tests.services import delete_prefixed
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
+
 
 T = TypeVar("T")
 SHORT_TTL_S = 0.3
@@ -218,6 +226,7 @@ def test_a_new_leader_rebuilds_before_its_first_round_and_after_a_loss(
         assert jobs_sql.start(s, running, attempt=1, now=time.time()) is not None
 
     delete_prefixed(redis_client, key_prefix)  # Redis lost everything, the lock included
+    register_stand_ins(runtime)  # the workers' next beat registers them again
     # Its lock went too: the rebuild's fenced writes are refused, and it steps down.
     assert lead_once(dispatcher, leadership, time.time()) is None
     assert runtime.index.inflight() == 0

@@ -29,8 +29,16 @@ from jobs.process.runtime import Runtime
 from jobs.service import jobs as job_service
 from jobs.service import tenants
 from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, Statements, auth, move, rt
+from tests.integration.stand_in import stand_ins_for
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
+
 
 # An answer within half the safety net's period of the change was woken by its notification:
 # the safety net (SAFETY_NET_S, 10 s and more) would come later, however loaded the machine.

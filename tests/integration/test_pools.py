@@ -29,9 +29,17 @@ from jobs.process.settings import load_settings
 from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
+from tests.integration.stand_in import stand_ins_for
 from tests.integration.test_dispatcher import RecordingPublisher
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
+
 
 T0 = 1_800_000_000.0
 

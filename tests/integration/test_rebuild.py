@@ -31,9 +31,17 @@ from jobs.process.settings import load_settings
 from jobs.store import jobs as jobs_sql
 from jobs.store import tenants as tenants_sql
 from jobs.store.engine import make_engine, make_sessionmaker
+from tests.integration.stand_in import register_stand_ins, stand_ins_for
 from tests.services import RedisServer, delete_prefixed
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def live_slots(request: pytest.FixtureRequest) -> None:
+    """The workers these tests play by hand: live slots the dispatcher may lease into."""
+    stand_ins_for(request)
+
 
 T0 = 1_800_000_000.0
 NOW = T0 + 2 * UNCOMMITTED_GRACE_S  # every job made at T0 is long committed by now
@@ -148,6 +156,7 @@ def lose_redis(runtime: Runtime) -> None:
     delete_prefixed(runtime.redis, runtime.settings.key_prefix)
     assert runtime.index.generation() is None
     assert list(runtime.index.job_ids()) == []
+    register_stand_ins(runtime)  # the workers' next beat registers them again
 
 
 def test_rebuild_restores_queue_order_leases_and_caps(runtime: Runtime) -> None:

@@ -235,3 +235,21 @@ def test_children_die_with_a_supervisor_that_is_killed(tmp_path: Path) -> None:
         parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_up_waits_for_the_setup_of_its_pools_kinds_and_names_them() -> None:
+    """What ``tierq up`` says while its workers start: the kinds of the pools it started whose
+    handler sets up before its worker registers (none when they set up lazily)."""
+    from jobs.local.supervisor import setup_kinds, waiting_line
+    from jobs.process.settings import load_settings
+
+    env = {"TIERQ_HANDLERS": "tests.handlers_for_tests:WarmHandler"}
+    settings = load_settings(pools={"gpu": {"kinds": ["warm"]}})
+    assert setup_kinds(settings, ["gpu"], env) == ["warm"]
+    assert "warm" not in setup_kinds(settings, ["default"], env)  # another pool's kind
+    lazy = settings.model_copy(update={"worker_setup": "lazy"})
+    assert setup_kinds(lazy, ["gpu"], env) == []
+    assert waiting_line(["a.b", "warm"], ["default"]) == (
+        "waiting for the worker: loading models for a.b, warm…")
+    assert waiting_line([], ["default", "gpu"]) == (
+        "waiting for the workers of default, gpu to start…")

@@ -1,11 +1,14 @@
 -- dispatch.lua: promote due delayed jobs, then lease up to n jobs in order-key order across
 -- runnable tenants; a tenant found at its cap moves to blocked (it does not count toward n).
--- KEYS: the layout of common.lua, which is prepended (KEYS[13] the leader lock).
+-- KEYS: the layout of common.lua (prepended, then workers.lua; KEYS[13] the leader lock),
+-- then KEYS[14] workers  KEYS[15] worker_slots (register_worker.lua)
 -- ARGV[1] n  ARGV[2] now ('' Redis's clock)  ARGV[3] lease ttl in seconds
 -- ARGV[4] promote limit  ARGV[5] the caller's fencing token ('' unfenced)
 -- ARGV[6] the pool's capacity ('' none): n is cut to the slots it leaves free, counted here
 --         (leases kept while ending hold none), so a dispatch round needs no round trip to
---         count the leases first
+--         count the leases first; and to the live workers' slots, whatever the capacity
+--         configured: no lease is taken into slots that are not there (a pool scaled to
+--         zero, a worker still loading its models), where it would only lapse
 -- The leases handed out are counted as 'dispatched' in counters:jobs (jobs.counters; with
 -- redis.pcall: a metric never fails the dispatch).
 -- Returns {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}, ...} in
@@ -16,7 +19,8 @@
 if fenced_out(ARGV[5]) then return redis.error_reply(NOT_LEADER) end
 local n, now = tonumber(ARGV[1]), now_or_server(ARGV[2])
 if ARGV[6] ~= nil and ARGV[6] ~= '' then
-  n = math.min(n, tonumber(ARGV[6]) - held_slots())
+  local slots = math.min(tonumber(ARGV[6]), live_slots(KEYS[14], KEYS[15], now))
+  n = math.min(n, slots - held_slots())
   if n <= 0 then return {} end
 end
 local expires_at = now + tonumber(ARGV[3])

@@ -9,14 +9,15 @@
 -- KEYS: the layout of common.lua (prepended, then workers.lua and push.lua), then KEYS[14]
 -- workers  KEYS[15] worker_slots  KEYS[16..] the tier queues' lists, one per tier of ARGV[7..]
 -- ARGV[1] lease ttl in seconds  ARGV[2] now ('' Redis's clock)
--- ARGV[3] the pool's capacity ('' the live workers' slots)  ARGV[4] promote limit
+-- ARGV[3] the pool's capacity ('' the live workers' slots; a configured one is cut to them:
+--         no lease is taken into slots that are not there)  ARGV[4] promote limit
 -- ARGV[5] the message envelope ('' none: lease nothing, ring when a slot is free)
 -- ARGV[6] the number of tier queues  ARGV[7..] their tiers, then as many routing keys
 -- Returns {} or {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none),
 -- pushed (1 or 0: the leased job's tier has no queue here, the caller puts it back)}}.
 local now = now_or_server(ARGV[2])
-local capacity = tonumber(ARGV[3])
-if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now) end
+local capacity = live_slots(KEYS[14], KEYS[15], now)
+if tonumber(ARGV[3]) ~= nil then capacity = math.min(capacity, tonumber(ARGV[3])) end
 if held_slots() >= capacity then return {} end
 if ARGV[5] == nil or ARGV[5] == '' or not whole() then
   ring()
