@@ -129,7 +129,9 @@ class Deliverer:
                 # A finished try frees a slot: look again at once rather than after a poll.
                 self._done.wait(POLL_S)
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # unposted claims lapse
+            # Tries under way end by their deadline and are recorded, rather than made
+            # again once their claims lapse; claims not yet tried lapse.
+            pool.shutdown(wait=True, cancel_futures=True)
             self.client.close()
 
     def run_once(self) -> int:
