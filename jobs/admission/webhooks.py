@@ -72,9 +72,10 @@ def unsendable(url: str) -> str | None:
 
 def points_inside(url: str, *, tenant: str) -> bool:
     """The URL's host is, or resolves to, an address tierq must not call. A name whose
-    lookup takes longer than ``LOOKUP_S``, or that the tenant names while two lookups of its
-    own are still under way, is taken as one that does not resolve now: accepted, as the
-    deliverer looks it up at every try and connects only to an address it checked."""
+    lookup takes longer than ``LOOKUP_S``, or that the tenant names while
+    ``LOOKUPS_PER_TENANT`` lookups of its own are still under way, is taken as one that does
+    not resolve now: accepted, as the deliverer looks it up at every try and connects only
+    to an address it checked."""
     host = httpx.URL(url).raw_host.decode("ascii")
     address = literal_address(host)
     if address is not None:

@@ -10,11 +10,12 @@ and one that dies lets its claims lapse to the others. A try is a POST of ``{"ty
 lead inside a network), connecting only to an address checked at that try and reading a few
 KiB of an answer at most (``jobs.service.webhook_client``). A ``2xx`` delivers it; anything
 else is tried again with backoff (``jobs.core.webhooks``) under the same ``webhook-id``,
-until a day after the event. Tries run on a bounded pool, at most
-``tenant_concurrency`` of one tenant's at once, so one slow receiver holds up no one else:
-the read of what is due (``jobs.store.webhooks.due``) takes no more of a tenant's events
-than it may still start, none of one at its limit, and gives the tenants turns, so a
-backlog of thousands at a receiver that hangs leaves the other slots to everyone else.
+until a day after the event; every try is recorded, whatever it ended in. Tries run on a
+bounded pool, at most ``tenant_concurrency`` of one tenant's at once, so one slow receiver
+holds up no one else: the read of what is due (``jobs.store.webhooks.due``) takes no more
+of a tenant's events than it may still start, none of one at its limit, and gives the
+tenants turns, so a backlog of thousands at a receiver that hangs leaves the other slots to
+everyone else.
 """
 
 from __future__ import annotations

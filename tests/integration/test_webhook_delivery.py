@@ -1,5 +1,6 @@
-"""The deliverer against real receivers on loopback, on SQLite and PostgreSQL: one tenant's
-backlog at a receiver that hangs holds up no other tenant's delivery; a name that resolves
+"""The deliverer against real receivers on loopback (what is read and recorded on SQLite
+and PostgreSQL, the HTTP side on one of them): one tenant's backlog at a receiver that
+hangs holds up no other tenant's delivery; a name that resolves
 outside to the check and inside afterwards (DNS rebinding) gets no request inside, while
 TLS still checks the URL's name, and a try through an egress proxy still has its name
 checked; an answer that never ends, trickles or is huge costs a try its deadline and a few
