@@ -42,9 +42,11 @@ class Receiver:
     """An HTTP server on loopback that keeps every POST and answers what ``answer`` says."""
 
     def __init__(self, port: int, answer: Callable[[Received, int], int], *,
-                 tls: bool = False, reply: Callable[[BinaryIO], None] | None = None) -> None:
+                 tls: bool = False, reply: Callable[[BinaryIO], None] | None = None,
+                 host: str = "127.0.0.1") -> None:
         """``port`` 0: any free one; ``tls``: HTTPS, as ``receiver.test``; ``reply``
-        writes the whole answer itself, bytes on the wire (``answer`` is not asked)."""
+        writes the whole answer itself, bytes on the wire (``answer`` is not asked);
+        ``host``: another loopback address (all of 127.0.0.0/8 is loopback)."""
         self.received: list[Received] = []
         self.lock = threading.Lock()
         receiver = self
@@ -67,7 +69,8 @@ class Receiver:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.host = host
         self.port = self.server.server_address[1]
         self.scheme = "https" if tls else "http"
         if tls:
@@ -79,7 +82,7 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return self.url_at("127.0.0.1")
+        return self.url_at(self.host)
 
     def url_at(self, host: str) -> str:
         """Its URL with ``host`` for a name (that the test's resolver finds here)."""

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from jobs.core.errors import InvalidRequest
-from jobs.core.webhooks import Webhook, forbidden, literal_address, url_problem
+from jobs.core.webhooks import Reach, Webhook, literal_address, url_problem
 from jobs.process.runtime import Runtime
 
 # A submit's lookup of its webhook's name: how long it may take, how many of one tenant's
@@ -37,7 +37,7 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolve = Callable[[str], Sequence[Address]]
 
 PRIVATE = ("points to a loopback, link-local or private address, which tierq does not call "
-           "unless the operator allows it (webhook_allow_private)")
+           "unless the operator allows it (webhook_allow_private, webhook_allow_networks)")
 
 
 def checked_webhook(
@@ -54,7 +54,8 @@ def checked_webhook(
     unknown = [event for event in events if event not in known]
     if unknown:
         raise _bad((*loc, "events"), f"unknown event {unknown[0]!r}: one of {list(known)}")
-    if not runtime.settings.webhook_allow_private and points_inside(url, tenant=tenant):
+    reach = runtime.settings.webhook_reach()
+    if not reach.allow_private and points_inside(url, tenant=tenant, reach=reach):
         raise _bad((*loc, "url"), PRIVATE)
     return Webhook(url=url, events=tuple(dict.fromkeys(events or known[:1])))
 
@@ -70,8 +71,8 @@ def unsendable(url: str) -> str | None:
     return None
 
 
-def points_inside(url: str, *, tenant: str) -> bool:
-    """The URL's host is, or resolves to, an address tierq must not call. A name whose
+def points_inside(url: str, *, tenant: str, reach: Reach) -> bool:
+    """The URL's host is, or resolves to, an address ``reach`` refuses. A name whose
     lookup takes longer than ``LOOKUP_S``, or that the tenant names while
     ``LOOKUPS_PER_TENANT`` lookups of its own are still under way, is taken as one that does
     not resolve now: accepted, as the deliverer looks it up at every try and connects only
@@ -79,8 +80,8 @@ def points_inside(url: str, *, tenant: str) -> bool:
     host = httpx.URL(url).raw_host.decode("ascii")
     address = literal_address(host)
     if address is not None:
-        return forbidden(address)
-    return any(forbidden(found) for found in lookups().addresses(host, owner=tenant) or ())
+        return reach.refuses(address)
+    return any(reach.refuses(found) for found in lookups().addresses(host, owner=tenant) or ())
 
 
 def resolved(host: str) -> list[Address]:

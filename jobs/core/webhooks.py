@@ -90,9 +90,36 @@ def forbidden(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """An address inside someone's network: loopback, link-local (cloud metadata),
     private, shared, reserved, multicast or unspecified. Unless the operator allows them, a
     tenant must not make tierq call there."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    address = _unmapped(address)
     return not address.is_global or address.is_multicast
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reach:
+    """Where webhooks may go: every global address; inside a network only where the
+    operator says, either anywhere (``allow_private``, a deployment whose tenants are all
+    trusted) or in the ``networks`` it names (one receiver's subnet, the rest still
+    refused)."""
+
+    allow_private: bool = False
+    networks: tuple[Network, ...] = ()
+
+    def refuses(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        if self.allow_private:
+            return False
+        address = _unmapped(address)
+        return forbidden(address) and not any(address in network for network in self.networks)
+
+
+def _unmapped(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def error_text(text: str, limit: int) -> str:

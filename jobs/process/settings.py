@@ -28,6 +28,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    IPvAnyNetwork,
     ValidationError,
     field_validator,
     model_validator,
@@ -42,6 +43,7 @@ from pydantic_settings import (
 from jobs.core import policy as tier_policy
 from jobs.core.errors import ConfigError
 from jobs.core.pools import DEFAULT_POOL, Pools, PoolSpec, pool_prefix
+from jobs.core.webhooks import Reach
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -173,6 +175,9 @@ class Settings(BaseSettings):
     # must not make tierq call inside its network); deliveries made at once per process,
     # and per tenant within them (one slow receiver holds up no other tenant).
     webhook_allow_private: bool = False
+    # Or only these networks (CIDR, ``["10.20.0.0/16"]``): one internal receiver allowed,
+    # every other address inside a network still refused.
+    webhook_allow_networks: list[IPvAnyNetwork] = Field(default_factory=list)
     webhook_concurrency: Annotated[int, Field(ge=1, le=256)] = 16
     webhook_tenant_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
     config: Path | None = None
@@ -226,6 +231,11 @@ class Settings(BaseSettings):
             raise ValueError(f"pool: no pool {self.pool!r} is configured; configured: "
                              f"{', '.join(pools.names)}")
         return self
+
+    def webhook_reach(self) -> Reach:
+        """Where webhooks may go (``jobs.core.webhooks.Reach``)."""
+        return Reach(allow_private=self.webhook_allow_private,
+                     networks=tuple(self.webhook_allow_networks))
 
     def pool_set(self) -> Pools:
         """The configured pools (``jobs.core.pools``)."""

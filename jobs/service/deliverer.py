@@ -110,7 +110,7 @@ class Deliverer:
         self.concurrency = concurrency or settings.webhook_concurrency
         self.tenant_concurrency = tenant_concurrency or settings.webhook_tenant_concurrency
         self.client = WebhookClient(
-            resolve, allow_private=settings.webhook_allow_private, deadline_s=timeout_s,
+            resolve, reach=settings.webhook_reach(), deadline_s=timeout_s,
             connections=self.concurrency, ssl_context=ssl_context)
         self._busy: Counter[str] = Counter()
         self._lock = threading.Lock()

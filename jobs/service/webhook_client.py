@@ -32,7 +32,7 @@ import httpcore
 import httpx
 
 from jobs.admission.webhooks import Address, Lookups, Resolve
-from jobs.core.webhooks import forbidden, literal_address
+from jobs.core.webhooks import Reach, literal_address
 
 # Of an answer that is not a ``2xx``, what is read: enough for the try's record.
 ANSWER_BYTES = 4096
@@ -54,11 +54,11 @@ class WebhookClient:
     raises ``InsideNetwork`` or one of ``HTTP_ERRORS``."""
 
     def __init__(
-        self, resolve: Resolve, *, allow_private: bool, deadline_s: float, connections: int,
+        self, resolve: Resolve, *, reach: Reach, deadline_s: float, connections: int,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.guard = AddressGuard(Lookups(resolve, threads=connections, per_tenant=connections),
-                                  allow_private=allow_private)
+                                  reach=reach)
         self.deadline_s = deadline_s
         self.timeouts = {phase: deadline_s for phase in ("connect", "read", "write", "pool")}
         self.connections = connections
@@ -118,13 +118,13 @@ class WebhookClient:
 
 class AddressGuard:
     """Where a name may be called: every address it resolves to now, or
-    ``InsideNetwork`` when one of them is inside a network (unless the operator allows
-    private addresses), a ``ConnectError`` when it resolves to none, or a
+    ``InsideNetwork`` when one of them is inside a network that ``reach`` refuses, a
+    ``ConnectError`` when it resolves to none, or a
     ``ConnectTimeout`` when its lookup takes longer than the try may."""
 
-    def __init__(self, lookups: Lookups, *, allow_private: bool) -> None:
+    def __init__(self, lookups: Lookups, *, reach: Reach) -> None:
         self.lookups = lookups
-        self.allow_private = allow_private
+        self.reach = reach
 
     def addresses(self, host: str, *, timeout_s: float) -> list[Address]:
         literal = literal_address(host)
@@ -134,7 +134,7 @@ class AddressGuard:
             raise httpcore.ConnectTimeout(f"the lookup of {host!r} did not end in time")
         if not found:
             raise httpcore.ConnectError(f"the name {host!r} does not resolve")
-        if not self.allow_private and any(forbidden(address) for address in found):
+        if any(self.reach.refuses(address) for address in found):
             raise InsideNetwork(host)
         return found
 

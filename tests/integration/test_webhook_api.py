@@ -5,6 +5,7 @@ tenant's secret and its rotation; deliveries are a tenant's own."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator
 from typing import Any
 
@@ -184,6 +185,29 @@ def test_the_operator_may_allow_private_addresses(private_client: ApiClient) -> 
     move(private_client, job_id, Status.RUNNING)
     shown = private_client.get(f"/v1/jobs/{job_id}/deliveries", headers=auth(key)).json()
     assert [d["type"] for d in shown["deliveries"]] == ["job.started"]
+
+
+@pytest.fixture
+def one_network_client(
+    pg_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any
+) -> Iterator[ApiClient]:
+    settings = make_settings(pg_url, redis_server.url, key_prefix).model_copy(
+        update={"webhook_allow_networks": [ipaddress.ip_network("127.0.0.2/32")]})
+    with running_api(settings) as api:
+        yield api
+
+
+def test_the_operator_may_allow_one_network_and_no_other(
+    one_network_client: ApiClient,
+) -> None:
+    client = one_network_client
+    key = client.tenant_key("acme")
+    allowed = client.submit(key, {"kind": "echo", "webhook": {"url": "http://127.0.0.2:9/"}})
+    assert allowed.status_code == 202, allowed.text
+    for url in ("http://127.0.0.1:9/", "http://10.1.2.3/", "http://localhost/"):
+        refused = client.submit(key, {"kind": "echo", "webhook": {"url": url}})
+        assert refused.status_code == 422, url
+        assert "webhook_allow_networks" in refused.json()["error"]["message"]
 
 
 def _cli(client: ApiClient, key: str, *args: str) -> Any:

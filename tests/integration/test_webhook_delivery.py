@@ -201,6 +201,35 @@ def test_a_name_that_rebinds_to_loopback_after_its_check_gets_no_request_there(
     assert status == "failed"  # it can never succeed: not tried again
 
 
+def test_an_allowed_network_is_called_and_a_name_turning_elsewhere_inside_is_not(
+    sqlite_url: str, redis_server: RedisServer, key_prefix: str, redis_client: Any,
+) -> None:
+    settings = make_settings(sqlite_url, redis_server.url, key_prefix).model_copy(
+        update={"webhook_allow_networks": [ipaddress.ip_network("127.0.0.2/32")]})
+    runtime = Runtime.from_settings(settings)
+    allowed = Receiver(0, lambda got, tries: 204, host="127.0.0.2")
+    other = Receiver(0, lambda got, tries: 204)  # 127.0.0.1: inside, not allowed
+    acme = tenant(runtime, "acme")
+    (to_allowed,) = record(runtime, acme, allowed.url_at("allowed.test"), 1,
+                           due_at=runtime.clock() - 1)
+    (to_other,) = record(runtime, acme, other.url_at("turned.test"), 1,
+                         due_at=runtime.clock() - 1)
+    names = Names(allowed_test=[ipaddress.ip_address("127.0.0.2")],
+                  turned_test=[ipaddress.ip_address("127.0.0.1")])
+    deliverer = Deliverer(runtime, render, resolve=names, timeout_s=1.0)
+    try:
+        assert deliverer.run_once() == 2
+        assert [got.id for got in allowed.received] == [to_allowed]
+        assert other.received == []
+        assert attempts(runtime, to_allowed)[0] == "delivered"
+        status, (refused,) = attempts(runtime, to_other)
+        assert status == "failed" and "loopback, link-local or private" in (refused.error or "")
+    finally:
+        allowed.close()
+        other.close()
+        runtime.close()
+
+
 class Names:
     """A resolver that knows a few names, each with its addresses."""
 

@@ -15,6 +15,7 @@ from jobs.core.webhooks import (
     FIRST_BACKOFF_S,
     JOB_EVENTS,
     MAX_BACKOFF_S,
+    Reach,
     Webhook,
     backoff_s,
     error_text,
@@ -56,6 +57,19 @@ def test_addresses_inside_a_network_are_forbidden(address: str) -> None:
                                      "::ffff:8.8.8.8"])
 def test_public_addresses_are_not(address: str) -> None:
     assert not forbidden(ipaddress.ip_address(address))
+
+
+def test_the_operator_may_open_one_network_and_no_more() -> None:
+    reach = Reach(networks=(ipaddress.ip_network("127.0.0.2/32"),
+                            ipaddress.ip_network("fd00:1::/64")))
+    assert not reach.refuses(ipaddress.ip_address("127.0.0.2"))
+    assert not reach.refuses(ipaddress.ip_address("::ffff:127.0.0.2"))  # the same, mapped
+    assert not reach.refuses(ipaddress.ip_address("fd00:1::5"))
+    assert not reach.refuses(ipaddress.ip_address("8.8.8.8"))
+    for inside in ("127.0.0.1", "127.0.0.3", "10.0.0.1", "fd00:2::5", "169.254.169.254"):
+        assert reach.refuses(ipaddress.ip_address(inside)), inside
+    assert not Reach(allow_private=True).refuses(ipaddress.ip_address("127.0.0.1"))
+    assert Reach().refuses(ipaddress.ip_address("127.0.0.2"))
 
 
 @given(st.lists(st.sampled_from(JOB_EVENTS + BATCH_EVENTS + ("batch.completed",))))
