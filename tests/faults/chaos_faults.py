@@ -30,13 +30,16 @@ from jobs.execution.limits import EXIT_OVERRUN
 from jobs.process.settings import load_settings
 from jobs.store.models import JobRow
 from tests.e2e.harness import Process, System
+from tests.faults.chaos_webhooks import BadReceivers
 from tests.faults.clock_skew import skew_env
 from tests.faults.conftest import LEASE_TTL_S
 from tests.faults.leader_lock import leader_pid
-from tests.faults.report import clock_text
+from tests.faults.report import Violation, clock_text
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+from tests.slow_store import DELAY_ENV as STORE_DELAY_ENV
 from workers.publisher import CeleryPublisher
 
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
 SKEW_S = 120.0
 SKEW_FAULT = "skew-worker-clock"
 WORKER_SLOTS = 2
@@ -48,9 +51,19 @@ SNAPSHOT_EVERY_S = 12.0
 # Stalled batch uploads opened at once by the slow-bodies fault (one tenant's).
 SLOW_UPLOADS = 12
 # The run-time limit of a hung job (policy.timeout_grace_s is 1 s in the soak), and how long
-# the fault waits for the worker running it to end.
+# the fault waits for the worker running it to end; what the hung handler started has this
+# long after that to be gone.
 HUNG_TIMEOUT_S = 1.0
 HUNG_WAIT_S = 30.0
+CHILD_GONE_S = 5.0
+# The slow blob store's fault: each write waits longer than a job's limit plus its grace
+# (1 s + 1 s), of jobs whose handlers return at once a result too large to keep inline.
+STORE_DELAY_S = 2.5
+LARGE_JOBS = 3
+LARGE_BYTES = 1024 * 1024 + 4096
+LARGE_WAIT_S = 40.0
+# Submits at once naming a name whose DNS never answers: more than a tenant's lookups.
+SLOW_DNS_SUBMITS = 4
 
 
 @dataclass
@@ -171,10 +184,21 @@ class FaultDriver:
     slow_key: str | None = None  # the API key of the tenant whose uploads stall
     hung_key: str | None = None  # the API key of the tenant whose jobs hang
     hung_jobs: list[str] = field(default_factory=list)  # each must end failed, timed_out
+    hook_key: str | None = None  # the API key of the tenant whose webhooks try to harm
+    receivers: BadReceivers | None = None
+    hook_jobs: dict[str, str] = field(default_factory=dict)  # job → what its webhook does
+    large_client: httpx.Client | None = None  # the tenant of the large results
+    large_jobs: list[str] = field(default_factory=list)  # stored while the store was slow
+    found: list[Violation] = field(default_factory=list)  # what a fault saw go wrong
     log: Callable[[str], None] = field(init=False)
 
     def __post_init__(self) -> None:
         self.log = self.fleet.timeline.log
+
+    @property
+    def driven(self) -> list[str]:
+        """The jobs the driver submitted itself (no load's)."""
+        return [*self.hung_jobs, *self.hook_jobs, *self.large_jobs]
 
     def faults(self) -> dict[str, tuple[int, Callable[[], None]]]:
         """Each fault by name, with its weight once each has run once; ``only`` keeps some."""
@@ -191,6 +215,8 @@ class FaultDriver:
             "slow-bodies": (1, self.slow_bodies),
             "hung-handler": (1, self.hung_handler),
             "freeze-worker": (2, self.freeze_worker),
+            "bad-webhooks": (1, self.bad_webhooks),
+            "slow-blob-store": (1, self.slow_blob_store),
         }
         unknown = (self.only or set()) - set(every)
         if unknown:
@@ -333,18 +359,21 @@ class FaultDriver:
         self.log(f"{opened} batch uploads stalled for {seconds:.1f} s, then abandoned")
 
     def hung_handler(self) -> None:
-        """A job whose handler ignores every stop, limited to ``HUNG_TIMEOUT_S``: the worker
-        running it records it timed out at its limit plus the grace, lets its other jobs
-        finish (or hands them back) and exits for a new one to take its place."""
+        """A job whose handler starts a child process (as a CUDA binary) and ignores every
+        stop, limited to ``HUNG_TIMEOUT_S``: the worker running it records it timed out at
+        its limit plus the grace, lets its other jobs finish (or hands them back) and exits
+        for a new one to take its place, and the child ends with it."""
         system = self.fleet.system
         if self.hung_key is None:
             client = system.tenant("hung-jobs", "premium")
             self.hung_key = client.headers["Authorization"].removeprefix("Bearer ")
         headers = {"Authorization": f"Bearer {self.hung_key}"}
         alive = {p.popen.pid for p in self.fleet.alive(self.fleet.workers)}
+        child_pid_file = system.workdir / f"hung-child-{len(self.hung_jobs)}.pid"
         try:
             answer = httpx.post(f"{system.url}/v1/jobs", headers=headers, timeout=10, json={
-                "kind": "hung", "timeout_s": HUNG_TIMEOUT_S})
+                "kind": "hung", "timeout_s": HUNG_TIMEOUT_S,
+                "payload": {"child_pid_file": str(child_pid_file)}})
         except httpx.HTTPError as exc:
             self.log(f"hung job not submitted: {exc!r}")
             return
@@ -363,9 +392,88 @@ class FaultDriver:
                     self.log(f"{process.name} (pid {process.popen.pid}) ended itself for the "
                              f"hung job (exit {EXIT_OVERRUN})")
                     self.fleet.replace_worker(process)
+                self.found += child_ended(job_id, child_pid_file, self.log)
                 return
             time.sleep(0.2)
         self.log(f"no worker ended for hung job {job_id} within {HUNG_WAIT_S:g} s")
+
+    def bad_webhooks(self) -> None:
+        """Jobs whose webhooks name a receiver that hangs, one whose answer never ends, one
+        whose answer is 48 MiB, a name whose DNS never answers (several submits at once, more
+        than the tenant's lookups) and a name that turns to loopback after the API's check
+        (``tests.faults.chaos_webhooks``)."""
+        system = self.fleet.system
+        if self.hook_key is None:
+            client = system.tenant("hooks", "standard")
+            self.hook_key = client.headers["Authorization"].removeprefix("Bearer ")
+            self.receivers = BadReceivers()
+        assert self.receivers is not None
+        n = len(self.hook_jobs)
+        urls = self.receivers.urls(n)
+        asked = [(what, url) for what, url in urls.items() if what != "slow-dns"]
+        asked += [("slow-dns", urls["slow-dns"].replace(f"hook-{n}", f"hook-{n}-{i}"))
+                  for i in range(SLOW_DNS_SUBMITS)]
+        answers: list[str] = []
+
+        def submit(what: str, url: str) -> None:
+            began = time.monotonic()
+            try:
+                answer = httpx.post(f"{system.url}/v1/jobs", timeout=15, json={
+                    "kind": "echo", "payload": {"hook": what}, "webhook": {"url": url}},
+                    headers={"Authorization": f"Bearer {self.hook_key}"})
+            except httpx.HTTPError as exc:
+                answers.append(f"{what}: {exc!r}")
+                return
+            took = time.monotonic() - began
+            answers.append(f"{what}: {answer.status_code} in {took:.1f} s")
+            if answer.status_code == 202:
+                self.hook_jobs[answer.json()["id"]] = what
+
+        threads = [threading.Thread(target=submit, args=pair) for pair in asked]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.log(f"bad webhooks submitted: {'; '.join(sorted(answers))}")
+
+    def slow_blob_store(self) -> None:
+        """For a while each write to the blob store takes longer than a job's run-time limit
+        plus its grace; jobs whose handlers return at once a result too large for their row
+        (``large.result``, limit ``HUNG_TIMEOUT_S``) must keep it: succeeded, one start, the
+        result whole, and no worker ended for an overrun."""
+        system = self.fleet.system
+        delay_file = Path(system.env[STORE_DELAY_ENV])
+        alive = {p.popen.pid for p in self.fleet.alive(self.fleet.workers)}
+        if self.large_client is None:
+            self.large_client = system.tenant("large-results", "premium")
+        client = self.large_client
+        submitted: list[str] = []
+        delay_file.write_text(str(STORE_DELAY_S))
+        self.log(f"blob store writes slowed to {STORE_DELAY_S:g} s")
+        try:
+            for _ in range(LARGE_JOBS):
+                try:
+                    answer = client.post("/v1/jobs", json={
+                        "kind": "large.result", "payload": {"bytes": LARGE_BYTES},
+                        "timeout_s": HUNG_TIMEOUT_S})
+                except httpx.HTTPError as exc:
+                    self.log(f"large job not submitted: {exc!r}")
+                    continue
+                if answer.status_code == 202:
+                    submitted.append(answer.json()["id"])
+                else:
+                    self.log(f"large job not submitted: {answer.status_code}")
+            self.large_jobs += submitted
+            ended = wait_ended(client, submitted, LARGE_WAIT_S)
+        finally:
+            delay_file.write_text("0")
+            self.log("blob store writes fast again")
+        overran = [p for p in self.fleet.workers if p.popen.pid in alive
+                   and p.popen.poll() == EXIT_OVERRUN]
+        for process in overran:
+            self.fleet.replace_worker(process)
+        self.found += large_results_kept(client, ended, submitted, overran)
+        self.log(f"large results: {', '.join(f'{j[:8]} {s}' for j, s in ended.items())}")
 
     def freeze_worker(self) -> None:
         """SIGSTOP a worker whole (its process group) past its leases' TTL, as a machine
@@ -388,6 +496,13 @@ class FaultDriver:
             self.fleet.frozen.setdefault(victim.popen.pid, []).append((stopped_at, time.time()))
             self.log(f"SIGCONT {victim.name}")
 
+    def close(self) -> None:
+        """Stop the receivers the faults started; what hangs on them gives up."""
+        if self.receivers is not None:
+            self.receivers.close()
+        if self.large_client is not None:
+            self.large_client.close()
+
     def take_snapshot(self) -> None:
         path = self.redis_server.snapshot()
         self.snapshots.append((time.time(), path))
@@ -398,6 +513,75 @@ class FaultDriver:
         return leader_pid(self.redis_server, self.fleet.system.env["TIERQ_KEY_PREFIX"])
 
 # -- helpers of the faults ------------------------------------------------------------------
+
+
+def child_ended(job_id: str, pid_file: Path, log: Callable[[str], None]) -> list[Violation]:
+    """The child the hung handler of ``job_id`` started is gone within ``CHILD_GONE_S`` (or
+    was never started: the job did not run)."""
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        log(f"hung job {job_id}: no child recorded")
+        return []
+    end = time.monotonic() + CHILD_GONE_S
+    while time.monotonic() < end:
+        try:
+            child = psutil.Process(pid)
+            if child.status() == psutil.STATUS_ZOMBIE or child.name() != "sleep":
+                break
+        except psutil.Error:
+            break
+        time.sleep(0.1)
+    else:
+        return [Violation(invariant="a hung handler's child ends with it",
+                          detail=f"{job_id}: its child (pid {pid}) still runs "
+                                 f"{CHILD_GONE_S:g} s after its worker ended",
+                          job_ids=(job_id,))]
+    log(f"hung job {job_id}: its child (pid {pid}) ended with it")
+    return []
+
+
+def wait_ended(client: httpx.Client, job_ids: list[str], within_s: float) -> dict[str, str]:
+    """Each job's status once all have ended, or as they are at ``within_s``."""
+    end = time.monotonic() + within_s
+    statuses: dict[str, str] = {}
+    while True:
+        for job_id in job_ids:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                statuses[job_id] = client.get(f"/v1/jobs/{job_id}").json()["status"]
+        if all(statuses.get(j) in TERMINAL for j in job_ids) or time.monotonic() > end:
+            return statuses
+        time.sleep(0.5)
+
+
+def large_results_kept(client: httpx.Client, statuses: dict[str, str], job_ids: list[str],
+                       overran: list[Process]) -> list[Violation]:
+    """Each large job succeeded at its first start with its whole result; no worker ended
+    for an overrun while they ran."""
+    found = [Violation(invariant="a result made in time is kept",
+                       detail=f"{p.name} (pid {p.popen.pid}) ended for an overrun while the "
+                              "blob store was slow") for p in overran]
+    for job_id in job_ids:
+        body: dict[str, object] = {}
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            body = client.get(f"/v1/jobs/{job_id}").json()
+        result: object = None
+        if body.get("status") == "succeeded":
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                answer = client.get(f"/v1/jobs/{job_id}/result").json()
+                # In the blob store (its own URL), or in the row had the store not answered.
+                result = (client.get(answer["result_url"]).json() if answer.get("result_url")
+                          else answer.get("result"))
+        whole = (isinstance(result, dict) and result.get("job") == job_id
+                 and len(str(result.get("text", ""))) == LARGE_BYTES)
+        if body.get("status") != "succeeded" or body.get("attempt") != 1 or not whole:
+            found.append(Violation(
+                invariant="a result made in time is kept",
+                detail=f"{job_id}: {statuses.get(job_id)}, attempt {body.get('attempt')}, "
+                       f"error {body.get('error')!r}, result whole: {whole}",
+                job_ids=(job_id,)))
+    return found
+
 
 
 def duplicate_in_flight(env: dict[str, str], seconds: float) -> int:

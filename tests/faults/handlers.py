@@ -18,6 +18,7 @@ Load it with ``TIERQ_HANDLERS=tests.faults.handlers:HANDLERS``.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -78,7 +79,9 @@ class NulResultHandler:
 
 class HungHandler:
     """Ignores every stop, as a CUDA call that never returns would: only its run-time limit
-    ends it, with the process running it. Leaves no trace: it is no load's job."""
+    ends it, with the process running it. With ``payload["child_pid_file"]`` it first starts
+    a child (``sleep``, in a session of its own, as a binary it runs) and writes its pid
+    there: the child must end with it. Leaves no trace: it is no load's job."""
 
     kind = "hung"
 
@@ -86,6 +89,10 @@ class HungHandler:
         return dict(payload)
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        pid_file = payload.get("child_pid_file")
+        if pid_file is not None:
+            child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+            Path(pid_file).write_text(str(child.pid))
         while True:
             time.sleep(3600)
 

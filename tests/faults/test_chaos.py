@@ -6,13 +6,19 @@ cancelled by their client, a few whose error or result holds U+0000, while the d
 leader (SIGSTOP, inside an SQL transaction when it can), pauses PostgreSQL, flushes Redis,
 restarts it empty or from an older snapshot, sends a second broker message for every
 dispatched attempt, holds batch uploads that stall mid-body, swaps in a worker whose
-clock is two minutes off, freezes a worker whole (SIGSTOP) past its leases, and submits a
-job whose handler ignores every stop (its run-time limit must end it, with the worker
-process running it). Then the faults stop,
+clock is two minutes off, freezes a worker whole (SIGSTOP) past its leases, submits a
+job whose handler starts a child process and ignores every stop (its run-time limit must
+end it, with the worker process running it and the child), aims webhooks at receivers that
+hang, answer without end or with 48 MiB, and at names whose DNS never answers or turns to
+loopback after the API's check (``tests.faults.chaos_webhooks``, the soak's own DNS in
+``tests/faults/soak_site``), and slows the blob store past a short run-time limit while
+handlers return results too large for their row. Then the faults stop,
 the system is left to settle (bounded), and ``check_invariants`` must hold: every accepted
 job terminal, each succeeded job completed exactly once, no attempt charged without a start,
-no tenant above its cap at any instant; each hung job ended ``failed``, ``timed_out``; and
-the clients saw only the answers an outage allows, each job submitted once.
+no tenant above its cap at any instant; each hung job ended ``failed``, ``timed_out``, its
+child gone; each large result made in time kept, at the first start; nothing reached the
+loopback receiver, every webhook try was recorded and the good receiver's events were
+delivered; and the clients saw only the answers an outage allows, each job submitted once.
 
 The seed is printed first; ``TIERQ_CHAOS_SEED=<seed>`` replays the same schedule of faults
 and load (the timing of a loaded machine still varies), and ``TIERQ_CHAOS_FAULTS`` (names
@@ -41,12 +47,15 @@ from jobs.store.models import JobRow, TenantRow
 from tests.e2e.harness import System, free_port, wait_until
 from tests.faults.chaos_faults import WORKER_SLOTS, FaultDriver, Fleet, Timeline
 from tests.faults.chaos_load import ChaosLoad, Submission, TenantLoad
+from tests.faults.chaos_webhooks import bad_webhooks_held
 from tests.faults.checks import check_invariants
-from tests.faults.conftest import SystemFactory
+from tests.faults.conftest import HANDLERS, SystemFactory
 from tests.faults.handlers import TrackedGpuHandler, read_runs
 from tests.faults.load import probe_ready
 from tests.faults.report import Violation
 from tests.faults.servers import ThrowawayPostgres, ThrowawayRedis
+from tests.faults.soak_names import ALLOWED
+from tests.slow_store import DELAY_ENV as STORE_DELAY_ENV
 from tests.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.faults, pytest.mark.chaos, pytest.mark.alone, pytest.mark.timeout(420)]
@@ -94,6 +103,8 @@ TENANTS = [
     ("free-a", "free", 5.0), ("free-b", "free", 5.0),
 ]
 SHARED_PORTS = (5432, 6379)
+# On PYTHONPATH of every process of the soak: its DNS and its slow blob store's protocol.
+SOAK_SITE = Path(__file__).resolve().parent / "soak_site"
 
 
 def chosen_faults() -> set[str] | None:
@@ -118,10 +129,19 @@ def test_chaos_soak(
     assert fault_pg.port not in SHARED_PORTS and fault_redis.port not in SHARED_PORTS
     timeline = Timeline()
     system = fault_system(CONFIG)
-    system.env.update(TIERQ_POLICY__POOL_CONCURRENCY=str(POOL), TIERQ_POLICY__LEADER_TTL_S="2",
-                      TIERQ_POLICY__TIMEOUT_GRACE_S="1", TIERQ_WEBHOOK_ALLOW_PRIVATE="true")
+    delay_file = system.workdir / "store-delay"
+    delay_file.write_text("0")
+    system.env.update(
+        TIERQ_POLICY__POOL_CONCURRENCY=str(POOL), TIERQ_POLICY__LEADER_TTL_S="2",
+        TIERQ_POLICY__TIMEOUT_GRACE_S="1",
+        # Webhooks may go to the soak's receivers (127.0.0.2) and nowhere else inside.
+        TIERQ_WEBHOOK_ALLOW_NETWORKS=f'["{ALLOWED}/32"]',
+        TIERQ_HANDLERS=f"{HANDLERS},tests.slow_store:HANDLERS",
+        TIERQ_BLOB_URL=f"slowfile://{system.workdir / 'blobs'}",
+        PYTHONPATH=f"{SOAK_SITE}{os.pathsep}{system.env['PYTHONPATH']}",
+        **{STORE_DELAY_ENV: str(delay_file)})
     fleet = Fleet(system=system, timeline=timeline)
-    receiver = Receiver(free_port(), lambda got, tries: 204)
+    receiver = Receiver(free_port(), lambda got, tries: 204, host=ALLOWED)
     load = ChaosLoad(url=system.url, tenants=start_fleet(fleet), seed=seed,
                      webhook_url=receiver.url)
     driver = FaultDriver(fleet=fleet, redis_server=fault_redis, pg=fault_pg,
@@ -136,16 +156,22 @@ def test_chaos_soak(
             load.stop()
         timeline.log(f"faults over; {load.summary()}")
         fleet.heal(workers={"default": WORKERS, "gpu": GPU_WORKERS}, dispatchers=DISPATCHERS)
-        found = client_violations(system, fleet, load, run_log, driver.hung_jobs)
+        found = client_violations(system, fleet, load, run_log, driver.driven)
         found += hung_jobs_timed_out(system.env["TIERQ_DATABASE_URL"], driver.hung_jobs)
+        found += driver.found
     except BaseException:
         sys.stderr.write(f"[chaos] seed {seed}\n{timeline.render()}\n")
         receiver.close()
+        driver.close()
         raise
     try:
         found += events_delivered(system.env["TIERQ_DATABASE_URL"], load.submissions, receiver)
+        if driver.receivers is not None:
+            found += bad_webhooks_held(system.env["TIERQ_DATABASE_URL"], driver.hook_jobs,
+                                       driver.receivers)
     finally:
         receiver.close()
+        driver.close()
     jobs = check_invariants(
         system.env["TIERQ_DATABASE_URL"], load.accepted, tier_caps=TIER_CAPS,
         pool_caps={"gpu": GPU_CAPS}, kind_pools={TrackedGpuHandler.kind: "gpu"}, run_log=run_log,

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -33,7 +33,7 @@ from jobs.store.rows import dt
 from jobs.store.webhooks import Event
 from tests.integration.api_harness import make_settings
 from tests.services import RedisServer
-from tests.webhook_receiver import CA, ForwardProxy, Receiver
+from tests.webhook_receiver import CA, Answers, ForwardProxy, Receiver
 
 pytestmark = pytest.mark.integration
 
@@ -287,58 +287,6 @@ def test_a_try_through_an_egress_proxy_has_its_name_checked_first(
     assert [got.id for got in receiver.received] == [outside]
     status, (refused,) = attempts(guarded, inside)
     assert status == "failed" and refused.error is not None and "loopback" in refused.error
-
-
-class Answers:
-    """Answers that a receiver writes byte by byte, until the client goes away or the test
-    ends; ``sent`` counts the bytes the client took."""
-
-    def __init__(self, ended: threading.Event) -> None:
-        self.ended = ended
-        self.sent = 0
-        self.finished = threading.Event()  # the huge answer: sent, or cut off
-
-    def _write(self, out: BinaryIO, data: bytes) -> bool:
-        try:
-            out.write(data)
-            out.flush()
-        except OSError:  # the client closed: the answer ends here
-            return False
-        self.sent += len(data)
-        return not self.ended.is_set()
-
-    def endless(self, out: BinaryIO) -> None:
-        """``200``, then a body that never ends (no length: it would end with the
-        connection), 16 KiB every 10 ms."""
-        if self._write(out, b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\n"):
-            while self._write(out, b"x" * 16384):
-                time.sleep(0.01)
-
-    def trickled_headers(self, out: BinaryIO) -> None:
-        """A status line, then a header a byte at a time, never finished."""
-        if self._write(out, b"HTTP/1.1 200 OK\r\nx-slow: "):
-            while self._write(out, b"a"):
-                time.sleep(0.05)
-
-    def trickled_error(self, out: BinaryIO) -> None:
-        """``503`` with a body a byte at a time, never finished: each byte comes well
-        within any read's timeout."""
-        if self._write(out, b"HTTP/1.0 503 Service Unavailable\r\n\r\n"):
-            while self._write(out, b"b"):
-                time.sleep(0.05)
-
-    def huge_error(self, out: BinaryIO) -> None:
-        """``500`` with a 48 MiB body, as fast as it is taken."""
-        size = 48 * 2**20
-        head = f"HTTP/1.1 500 Internal Server Error\r\ncontent-length: {size}\r\n\r\n"
-        try:
-            if self._write(out, head.encode()):
-                chunk = b"z" * 2**16
-                for _ in range(size // len(chunk)):
-                    if not self._write(out, chunk):
-                        return
-        finally:
-            self.finished.set()
 
 
 DEADLINE_S = 1.0
