@@ -24,6 +24,7 @@ import httpx
 import pytest
 import redis
 
+from jobs.index.redis_index import RedisIndex
 from tests.e2e.conftest import BROKERS
 from tests.e2e.harness import (
     Broker,
@@ -208,8 +209,12 @@ def test_each_tier_has_its_own_queue_under_the_deployments_prefix(
         system.start("dispatcher", "dispatcher")
         clients = {tier: system.tenant(f"t-{tier}", tier) for tier in ("premium", "standard",
                                                                           "free")}
+        # A worker's registration whose consumer has not started yet: the dispatcher leases
+        # into its live slots (none into slots no live worker brings).
+        RedisIndex(redis_client, key_prefix).register_worker("starting@host", slots=3,
+                                                              ttl_s=60.0)
         jobs = {tier: submit(client, "echo", {"tier": tier}) for tier, client in clients.items()}
-        # No worker yet: each job waits, published, in its own tier's queue.
+        # Each job waits, published, in its own tier's queue.
         wait_until(lambda: broker_depths(broker, key_prefix, redis_client)
                    == {"premium": 1, "standard": 1, "free": 1})
         system.start("worker", "worker", "--concurrency", "3")
