@@ -195,6 +195,16 @@ class SpanHandler(_AnyObject):
         return None
 
 
+class UpperHandler(_AnyObject):
+    """A kind a deployment adds (``TIERQ_HANDLERS``) that not every worker may have: its text
+    upper-cased, and the process that ran it."""
+
+    kind = "text.upper"
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        return {"text": str(payload.get("text", "")).upper(), "pid": os.getpid()}
+
+
 # For TIERQ_HANDLERS in worker processes.
 HANDLERS: list[Handler] = [RecordingHandler(), FlakyHandler(), CrashHandler()]
 # Beside them, for the tests of run-time limits.

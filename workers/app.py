@@ -103,6 +103,19 @@ def own_queue(settings: Settings, hostname: str) -> Queue:
     )
 
 
+def kind_queue(settings: Settings, kind: str) -> Queue:
+    """A kind's queue (``BrokerNames.kind_queue``), declared alike by the workers that consume
+    it and the dispatcher that publishes to it; on RabbitMQ it goes once unused, as a
+    worker's own queue does."""
+    names = names_of(settings)
+    name = names.kind_queue(kind)
+    exchange = Exchange(names.exchange, type="direct")  # type: ignore[no-untyped-call]
+    return Queue(  # type: ignore[no-untyped-call]
+        name, exchange, routing_key=name, durable=True,
+        queue_arguments=own_queue_arguments(settings.resolved_broker_url()),
+    )
+
+
 def base_app(settings: Settings, name: str = "tierq") -> Celery:
     app = Celery(name, set_as_current=False)
     app.conf.update(celery_config(settings))
@@ -146,6 +159,7 @@ class _WorkerLifecycle:
             ttl_s=registration_ttl_s(runtime.policy),
             device=device,
             memory_bytes=embedding.device_memory_bytes(device),
+            kinds=self.resources.kinds,
             on_register=lambda: wake.ring(runtime.redis, runtime.prefix),
         )
         self.registration.start()

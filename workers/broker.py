@@ -90,6 +90,13 @@ class BrokerNames:
         """A worker's own queue: the next job of a slot it frees (``workers.tasks``)."""
         return f"{self.prefix}worker.{hostname}"
 
+    def kind_queue(self, kind: str) -> str:
+        """A kind's queue, consumed only by the workers of the pool that run it: where the
+        dispatcher sends its jobs while not every live worker does (``jobs.dispatch.routing``)."""
+        if self.pool == DEFAULT_POOL:
+            return f"{self.prefix}kind.{kind}"
+        return f"{self.prefix}pool.{self.pool}.kind.{kind}"
+
     def queues(self, tiers: list[str]) -> list[str]:
         return [self.queue(tier) for tier in tiers]
 
@@ -134,8 +141,9 @@ def queue_arguments(broker_url: str) -> dict[str, Any] | None:
     return {"x-queue-type": "classic"} if is_amqp_broker(broker_url) else None
 
 
-# A worker's own queue outlives its worker this long on RabbitMQ, then goes with whatever it
-# holds (stale by then: each message's lease has lapsed, and the reaper requeued its job).
+# A worker's own queue (and a kind's, once no worker consumes it) outlives its worker this
+# long on RabbitMQ, then goes with whatever it holds (stale by then: each message's lease
+# has lapsed, and the reaper requeued its job).
 OWN_QUEUE_EXPIRES_MS = 600_000
 
 

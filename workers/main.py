@@ -4,8 +4,11 @@ Also runnable as ``python -m workers.main --concurrency N [--pool NAME]`` with s
 the environment (``TIERQ_DATABASE_URL``, ``TIERQ_REDIS_URL``, ``TIERQ_KEY_PREFIX``, ...).
 
 A worker joins one pool (``settings.pool``, ``jobs.core.pools``): it consumes that pool's
-tier queues, registers its slots in that pool's index, and sets up and runs the kinds of
-that pool only. It refuses to start when it has no handler for a kind its pool names.
+tier queues, registers its slots and the kinds it runs in that pool's index, and sets up and
+runs the kinds of that pool only. It refuses to start when it has no handler for a kind its
+pool names; the default pool, which takes every kind no pool names, may hold workers of
+different kinds: it consumes the queue of each kind it runs too, where the dispatcher sends
+a kind's jobs while not every live worker runs it (``jobs.dispatch.routing``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from jobs.execution.registry import HandlerRegistry
 from jobs.process import logs
 from jobs.process.settings import Settings, load_settings
 from workers import stopping
-from workers.app import make_celery, names_of, own_queue
+from workers.app import kind_queue, make_celery, names_of, own_queue
 from workers.handover import InProcess
 from workers.tasks import TASK_NAME, resources_of
 
@@ -90,6 +93,12 @@ def run_worker(
     own = own_queue(settings, hostname)
     app.amqp.queues.add(own)
     resources_of(app).own_queue = own.name
+    resources_of(app).kinds = kinds  # registered, so that only its kinds reach it
+    # Each kind's own queue: where the dispatcher sends its jobs while not every live worker
+    # of the pool runs it (``jobs.dispatch.routing``).
+    by_kind = [kind_queue(settings, kind) for kind in kinds]
+    for queue in by_kind:
+        app.amqp.queues.add(queue)
     if POOLS.get(pool, pool) == POOLS["threads"]:
         resources_of(app).in_process = InProcess(app, TASK_NAME, own.name)
         # A prefork child exits alone (its pool starts another); this process is every slot.
@@ -106,7 +115,8 @@ def run_worker(
         pool_cls=POOLS.get(pool, pool),
         concurrency=concurrency,
         loglevel=loglevel.upper(),
-        queues=[*names_of(settings).queues(list(settings.tiers)), own.name],
+        queues=[*names_of(settings).queues(list(settings.tiers)), own.name,
+                *(queue.name for queue in by_kind)],
         without_mingle=True,
         without_gossip=True,
         optimization="fair",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.process.settings import Settings
-from workers.app import base_app, names_of
+from workers.app import base_app, kind_queue, names_of
 from workers.tasks import TASK_NAME
 
 
@@ -25,22 +25,28 @@ class CeleryPublisher:
         if pool is not None:
             settings = settings.model_copy(update={"pool": pool})
         self._app = base_app(settings, name="tierq-publisher")
+        self._settings = settings
         self._names = names_of(settings)
         self._producer: Any = None
 
     def publish(
-        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None,
+        kind: str | None = None,
     ) -> None:
+        """To ``tier``'s queue; with a ``kind``, to that kind's queue, declared as the
+        workers that consume it declare it (``workers.app.kind_queue``)."""
         if self._producer is None:
             self._producer = self._app.producer_pool.acquire(block=True)
-        queue = self._names.queue(tier)
+        queue: Any = self._names.queue(tier)
+        if kind is not None:
+            queue = kind_queue(self._settings, kind)
         try:
             self._app.send_task(
                 TASK_NAME,
                 args=[job_id, attempt] if dispatched_at is None else
                      [job_id, attempt, dispatched_at],
                 queue=queue,
-                routing_key=queue,
+                routing_key=queue if kind is None else queue.name,
                 producer=self._producer,
             )
         except Exception:

@@ -4,16 +4,18 @@ The registration is renewed every ``ttl / 3`` by a thread; a worker that dies st
 and its slots drop out of ``pool_capacity`` when the registration expires. A clean stop
 unregisters at once, so the dispatcher stops sending work to a worker that is leaving.
 
-A worker names its device (``cuda:N`` or ``cpu``, ``workers.embedding.device``) and, on a
-GPU, its memory when it registers; unless told, a GPU worker takes one slot (one job at a
-time fills the device with its batches) and a CPU worker ``CPU_SLOTS``.
+A worker names its device (``cuda:N`` or ``cpu``, ``workers.embedding.device``), on a GPU
+its memory, and the kinds it runs when it registers (a pool whose workers run different
+kinds is routed by kind: ``jobs.index.worker_registry``); unless told, a GPU worker takes
+one slot (one job at a time fills the device with its batches) and a CPU worker
+``CPU_SLOTS``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -50,6 +52,7 @@ class WorkerRegistration:
         ttl_s: float,
         device: str = "cpu",
         memory_bytes: int | None = None,
+        kinds: Sequence[str] | None = None,
         on_register: Callable[[], None] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -57,6 +60,7 @@ class WorkerRegistration:
         self.slots = slots
         self.device = device
         self.memory_bytes = memory_bytes
+        self.kinds = None if kinds is None else sorted(kinds)
         self._index = index
         self._ttl_s = ttl_s
         self._on_register = on_register
@@ -72,7 +76,8 @@ class WorkerRegistration:
         """Register until the index's clock + TTL (``clock``: a virtual one, in tests)."""
         now = None if self._clock is None else self._clock()
         self._index.register_worker(self.worker_id, slots=self.slots, ttl_s=self._ttl_s, now=now,
-                                    device=self.device, memory_bytes=self.memory_bytes)
+                                    device=self.device, memory_bytes=self.memory_bytes,
+                                    kinds=self.kinds)
 
     def start(self) -> None:
         """Register now (new capacity: ring the dispatcher), then keep renewing."""
@@ -80,7 +85,8 @@ class WorkerRegistration:
         logger.info(
             "worker.registered",
             extra={"event": "worker.registered", "worker_id": self.worker_id, "slots": self.slots,
-                   "device": self.device, "memory_bytes": self.memory_bytes},
+                   "device": self.device, "memory_bytes": self.memory_bytes,
+                   "kinds": None if self.kinds is None else ",".join(self.kinds)},
         )
         if self._on_register is not None:
             self._on_register()

@@ -72,6 +72,8 @@ class WorkerResources:
         # This worker's own queue (``workers.app.own_queue``), set by the worker that consumes
         # it: a slot that frees passes its next job there. None: not consumed, not used.
         self.own_queue: str | None = None
+        # The kinds this worker runs, as it registers them (None: not said, every kind).
+        self.kinds: list[str] | None = None
         self._push: MessagePush | None = None
         # The thread pool: a freed slot's next job is handed to this process's own consumer
         # (``workers.handover``), and its start made ahead here (``jobs.execution.prestart``).

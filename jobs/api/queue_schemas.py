@@ -27,6 +27,14 @@ class TierQueue(BaseModel):
                                 "them: the work that passes a lower tier's queued jobs")
 
 
+class KindWaiting(BaseModel):
+    """A kind of the pool's queued jobs that no live worker of the pool runs."""
+
+    kind: str = Field(description="the kind")
+    queued: int = Field(ge=0, description="its jobs queued: they wait, in their places, for a "
+                        "worker that runs it to register, and start then")
+
+
 class PoolView(BaseModel):
     """A pool of workers and the kinds it runs (``default``: every kind no pool names)."""
 
@@ -41,6 +49,11 @@ class PoolView(BaseModel):
     utilisation: float = Field(description="inflight / capacity")
     service_rate: float = Field(description="μ, jobs per second the pool finishes: capacity "
                                 "over the measured mean service time")
+    waiting_kinds: list[KindWaiting] = Field(
+        default_factory=list, description="the kinds of its queued jobs that no live worker "
+        "of the pool runs (a worker without their handler: a rolling deploy, a host without "
+        "the package), by kind: their jobs wait instead of failing, and start once a worker "
+        "that runs the kind registers")
 
 
 class TenantUsage(BaseModel):

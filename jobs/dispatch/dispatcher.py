@@ -5,7 +5,8 @@ A round dispatches (4). Every ``MAINTENANCE_PERIOD_S`` a round also does the upk
 of a dispatcher does 1-3 before anything:
 
 1. caps: recompute tier caps from the pool's capacity and push them to the index when they
-   change (a tenant under its new cap becomes runnable);
+   change (a tenant under its new cap becomes runnable); and route the pool by kind, or
+   stop, as its live workers' kinds say (``jobs.dispatch.routing.Kinds``);
 2. reap: leases that lapsed (worker died, message lost) are decided from each job's row
    (``jobs.dispatch.recovery``): a row still queued (a dispatch whose message never started)
    is indexed again as it is; one that moved goes back as a new attempt with its original
@@ -14,9 +15,11 @@ of a dispatcher does 1-3 before anything:
 3. expire: queued jobs past ``start_by`` end ``expired`` and are never computed, even while
    the pool is full;
 4. dispatch: lease as many jobs as there are free slots (never more) and publish each lease
-   to its tier's broker queue, writing nothing to SQL: the row stays ``queued`` until the
-   worker's start, which is the claim (``jobs_sql.start``) and settles what a lease can meet
-   (a row not committed yet, cancelled, past its deadline) on the row it reads anyway. In
+   to its tier's broker queue (in a pool routed by kind, to the queue of its kind, or parked
+   while no live worker runs it: ``jobs.dispatch.routing``), writing nothing to SQL: the
+   row stays ``queued`` until the worker's start, which is the claim (``jobs_sql.start``)
+   and settles what a lease can meet (a row not committed yet, cancelled, past its
+   deadline) on the row it reads anyway. In
    steady state most slots are filled by the worker that frees them (``hand_over``: the
    release and the next lease in one script, its message to the worker's own queue); the
    dispatcher fills idle workers (a start-up, a burst, a slot freed with nothing to lease
@@ -52,10 +55,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from jobs.core.cadence import PUBLISH_RETRY_S, UNCOMMITTED_GRACE_S
+from jobs.core.cadence import PUBLISH_RETRY_S, UNCOMMITTED_GRACE_S, UNCOMMITTED_RETRY_S
 from jobs.dispatch.reconciler import Reconciler
 from jobs.dispatch.retention import Retention
 from jobs.dispatch.round import DispatchStats
+from jobs.dispatch.routing import PARKED_S, ROUTED_PASSES, Kinds, Send, route
 from jobs.dispatch.upkeep import (
     Caps,
     Expire,
@@ -76,8 +80,12 @@ __all__ = ["UNCOMMITTED_GRACE_S", "DispatchStats", "Dispatcher", "Publisher"]
 
 class Publisher(Protocol):
     def publish(
-        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
-    ) -> None: ...
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None,
+        kind: str | None = None,
+    ) -> None:
+        """To ``tier``'s queue; with a ``kind``, to that kind's queue instead, which only the
+        workers that run it consume (a pool routed by kind: ``jobs.dispatch.routing``)."""
+        ...
 
 
 @dataclass
@@ -103,10 +111,12 @@ class Dispatcher:
     feed: Feed = field(init=False)
     reconcile: Reconcile = field(init=False)
     prune: Prune = field(init=False)
+    kinds: Kinds = field(init=False)
 
     def __post_init__(self) -> None:
         self.caps, self.reap, self.expire = Caps(self), Reap(self), Expire(self)
         self.feed, self.reconcile, self.prune = Feed(self), Reconcile(self), Prune(self)
+        self.kinds = Kinds(self)
 
     @property
     def prefixes(self) -> list[str]:
@@ -150,7 +160,7 @@ class Dispatcher:
         return stats
 
     def _upkeep(self, now: float, stats: DispatchStats) -> None:
-        for chore in (self.caps, self.reap, self.expire):
+        for chore in (self.caps, self.reap, self.expire, self.kinds):
             chore.run(now, stats)
 
     def maintenance_due(self, now: float) -> bool:
@@ -182,7 +192,11 @@ class Dispatcher:
             self.caps.capacity = self.runtime.policy.pool_concurrency or (
                 self.runtime.index.pool_capacity(now=now))
         if self.caps.capacity > 0:
-            self._dispatch(now, stats)
+            for _ in range(ROUTED_PASSES):  # again into the slots of jobs just parked
+                parked = stats.parked
+                self._dispatch(now, stats)
+                if stats.parked == parked:
+                    break
 
     def needs_rebuild(self) -> bool:
         """Not rebuilt by this process yet, or the index lost its data since, or came back
@@ -225,26 +239,56 @@ class Dispatcher:
         lease can meet: a row not committed yet, cancelled, or past its deadline.
         Interrupted after the lease and before the publish: the lease lapses while the row
         is queued, and the reaper indexes it again."""
-        leases = self.runtime.index.dispatch(
+        leases, routed = self.runtime.index.dispatch_routed(
             self.batch_size, now=now, lease_ttl_s=self.runtime.policy.lease_ttl_s,
             fence=self.fence, capacity=self.caps.capacity,
         )
         stats.batch_full = stats.batch_full or len(leases) >= self.batch_size
-        for i, lease in enumerate(leases):
-            if not self._publish(lease, now, stats):
+        sends = [Send(lease) for lease in leases]
+        if routed:  # not every live worker runs every kind: each job by its kind
+            found = route(self.runtime, leases, now)
+            sends = found.sends
+            self._park(found.parked, now, stats)
+            for lease in found.unread:  # its kind is read once its submit has committed
+                self.runtime.index.put_back(lease.job_id, attempt=lease.attempt,
+                                            not_before=now + UNCOMMITTED_RETRY_S,
+                                            fence=self.fence)
+        done = 0
+        for i, send in enumerate(sends):
+            if not self._publish(send, now, stats):
                 # The broker is likely down: hand this job and the rest back at once.
-                self._hand_back(leases[i:], now, stats)
+                self._hand_back([s.lease for s in sends[i:]], now, stats)
                 break
-        if stats.dispatched:  # one line a round, however many jobs it dispatched
-            sent = leases[: stats.dispatched]
+            done += 1
+        if done:  # one line a round, however many jobs it dispatched
             logger.info("jobs.dispatched", extra={
-                "event": "jobs.dispatched", "count": len(sent),
-                "jobs": ",".join(f"{lease.job_id}:{lease.attempt}" for lease in sent),
+                "event": "jobs.dispatched", "count": done,
+                "jobs": ",".join(f"{s.lease.job_id}:{s.lease.attempt}" for s in sends[:done]),
             })
 
-    def _publish(self, lease: Lease, now: float, stats: DispatchStats) -> bool:
+    def _park(self, parked: list[tuple[Lease, str]], now: float, stats: DispatchStats) -> None:
+        """Jobs of a kind no live worker runs: back in their places, delayed, until a worker
+        of their kind registers (``jobs.dispatch.routing``). One not parked (Redis failed)
+        keeps its lease, which lapses and is reaped: indexed again as it is."""
+        for lease, kind in parked:
+            if self.runtime.index.park(lease.job_id, attempt=lease.attempt, kind=kind,
+                                       until=now + PARKED_S, fence=self.fence):
+                stats.parked += 1
+        if parked:
+            logger.info("jobs.parked", extra={
+                "event": "jobs.parked", "count": len(parked),
+                "kinds": ",".join(sorted({kind for _, kind in parked})),
+            })
+
+    def _publish(self, send: Send, now: float, stats: DispatchStats) -> bool:
+        lease = send.lease
         try:
-            self.publisher.publish(lease.job_id, lease.attempt, lease.tier, dispatched_at=now)
+            if send.kind is None:
+                self.publisher.publish(lease.job_id, lease.attempt, lease.tier,
+                                       dispatched_at=now)
+            else:
+                self.publisher.publish(lease.job_id, lease.attempt, lease.tier,
+                                       dispatched_at=now, kind=send.kind)
         except Exception:
             logger.exception("job.publish_failed",
                              extra={"job_id": lease.job_id, "tier": lease.tier})

@@ -20,6 +20,8 @@ class DispatchStats:
     batch_full: bool = False
     # Jobs whose publish failed (or that were not tried after a failure): handed back.
     publish_failed: int = 0
+    # Jobs of a kind no live worker of their pool runs, parked (``jobs.dispatch.routing``).
+    parked: int = 0
     # The round rebuilt the index from SQL instead (see ``lead_once``).
     rebuilt: bool = False
     # The reconciler's round, when one ran.

@@ -30,6 +30,7 @@ from jobs.execution.limits import timed_out_error
 from jobs.execution.results import result_fields
 from jobs.execution.running import (
     FAILED,
+    NOT_HERE,
     SUCCEEDED,
     TIMED_OUT,
     Ending,
@@ -78,6 +79,9 @@ class RecordsOutcome:
     def _hand_back(self, src: Status, reason: str = "") -> str:
         raise NotImplementedError
 
+    def _not_run_here(self) -> str:
+        raise NotImplementedError
+
     def _pass_slot(self) -> Passed | None:
         raise NotImplementedError
 
@@ -105,8 +109,10 @@ class RecordsOutcome:
         if ending.kind == "lease_lost":
             self._log(logging.WARNING, "job.stale", reason="lease lost")
             return STALE
-        if ending.kind == "handback":
+        if ending.kind in ("handback", NOT_HERE):
             heartbeat.stop()  # the requeue replaces this attempt's lease; no renewal after it
+            if ending.kind == NOT_HERE:
+                return self._not_run_here()
             return self._hand_back(Status.RUNNING, reason="worker stopping")
         if ending.kind == "retry":
             return self._retry(ending.error or "RetryableError", heartbeat)

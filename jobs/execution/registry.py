@@ -96,6 +96,11 @@ class HandlerRegistry:
     def kinds(self) -> list[str]:
         return sorted(self._handlers)
 
+    def runs(self, kind: str) -> bool:
+        """Whether this process has a handler for ``kind``: a job of a kind it has none for
+        goes back to the queue unrun, uncharged (``jobs.execution.unstarted``)."""
+        return kind in self._handlers
+
     def timeout_s(self, kind: str) -> float | None:
         """The kind's own run-time limit (its handler's ``timeout_s``), None when it names
         none or the kind is unknown here."""

@@ -30,6 +30,8 @@ logger = logging.getLogger("tierq.worker")
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
 # A handler that ran past its run-time limit (``jobs.execution.limits``).
 TIMED_OUT = "timed_out"
+# No handler for the job's kind in this process: nothing ran (``jobs.execution.unstarted``).
+NOT_HERE = "not_here"
 
 # Stored error texts are cut to this length.
 MAX_ERROR_CHARS = 4000
@@ -74,7 +76,7 @@ def hand_back_running() -> int:
 @dataclass(frozen=True, kw_only=True)
 class Ending:
     """How the handler ended: one of SUCCEEDED, FAILED, CANCELLED, TIMED_OUT, "retry",
-    "lease_lost", "handback"."""
+    "lease_lost", "handback", or NOT_HERE (it has none in this process)."""
 
     kind: str
     result: Any = None
@@ -86,6 +88,8 @@ def call_handler(registry: HandlerRegistry, ctx: JobContext, job: Job) -> Ending
     is already known (the renewal right after the start told of it) is not run at all."""
     if ctx.cancelled():
         return Ending(kind=CANCELLED)
+    if not registry.runs(job.kind):  # a worker of other kinds: not the job's fault
+        return Ending(kind=NOT_HERE)
     try:
         payload = registry.validate(job.kind, job.payload)
         registry.ready(job.kind)  # set up already, unless the worker sets up lazily

@@ -8,6 +8,12 @@ INSERT may not have committed; the slot waits a moment for it, then puts the job
 landed late: run it. Ended or moved on: free the lease when it is this attempt's, and do
 nothing else. Cancelled or past ``start_by``: end it unrun. Startable after all (its commit
 landed between the two statements): start it again.
+
+A start that moved, of a job whose kind this worker has no handler for (a rolling deploy, a
+host without a package: ``jobs.execution.running.NOT_HERE``), is settled here too: nothing
+ran, so the job goes back to the queue uncharged, in its place, and the pool is told first
+that it is routed by kind from now on (``jobs.index.worker_registry``): the job's next
+attempt reaches only a worker that runs its kind, or waits, parked, until one registers.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
+
+import redis
 
 from jobs.core.cadence import UNCOMMITTED_WAIT_S
 from jobs.core.domain import Job
@@ -63,6 +71,22 @@ class SettlesUnstarted:
 
     def _log(self, level: int, event: str, *, exc_info: bool = False, **fields: Any) -> None:
         raise NotImplementedError
+
+    def _hand_back(self, src: Status, reason: str = "") -> str:
+        raise NotImplementedError
+
+    def _not_run_here(self) -> str:
+        """No handler here for the job's kind: the pool routed by kind (its kind noted as
+        waiting for a worker that runs it), then the job handed back, uncharged. The note
+        goes first, so the dispatcher the hand-back rings already sends the job by its kind
+        (a note lost to Redis costs a trip back here, uncharged again, no more)."""
+        assert self.job is not None, "settled after its start, which read the row"
+        kind = self.job.kind
+        try:
+            self.runtime.index.note_kinds_waiting([kind])
+        except redis.RedisError:
+            self._log(logging.ERROR, "job.route_failed", exc_info=True)
+        return self._hand_back(Status.RUNNING, reason=f"no handler for kind {kind!r} here")
 
     def _read(self) -> Job | None:
         def read() -> Job | None:

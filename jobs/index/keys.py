@@ -41,6 +41,15 @@ its attempt is not the first or it has a ``start_by``):
 - ``tenant_tier``      hash tenant -> the tier last seen for it
 - ``tenant_delayed``   hash tenant -> count of its delayed jobs
 - ``workers``          zset worker -> expires_at;  ``worker_slots``: hash worker -> slots
+                       (and ``worker#device``, ``worker#memory``, ``worker#kinds``: the
+                       kinds it runs, a sorted JSON array, '' when it said none)
+- ``kinds``            string: the kinds every live worker registered, while they are the
+                       same (``register_worker``: another worker's unlike them routes)
+- ``routed``           string, set while the pool is routed by kind
+                       (``jobs.index.worker_registry``): only the dispatcher leases
+- ``kinds_waiting``    set of kinds met that some live worker did not run
+- ``parked:<kind>``    set of job ids: jobs of a kind no live worker ran, put back delayed
+                       until one registers (``route_kinds`` makes them due at once then)
 - ``leader``           string: the leading dispatcher's fencing token, with a TTL
 - ``leader_epoch``     counter: incremented on every acquisition of ``leader``
 - ``generation``       string: the epoch the reconciler keeps equal to SQL's; gone, Redis
@@ -249,6 +258,21 @@ class IndexKeys:
     def worker_keys(self) -> list[str]:
         """``KEYS[]`` of the worker scripts: the registrations and their slots."""
         return [self._fixed("workers"), self._fixed("worker_slots")]
+
+    @property
+    def shared_kinds(self) -> str:
+        """The kinds every live worker registered, while they are the same."""
+        return self._fixed("kinds")
+
+    @property
+    def routed(self) -> str:
+        """Set while the pool is routed by kind (``jobs.index.worker_registry``)."""
+        return self._fixed("routed")
+
+    @property
+    def kinds_waiting(self) -> str:
+        """Set of the kinds met that some live worker did not run."""
+        return self._fixed("kinds_waiting")
 
     def glob(self) -> str:
         """A SCAN pattern matching every key under the prefix (glob characters escaped)."""

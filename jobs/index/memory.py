@@ -30,10 +30,12 @@ from jobs.index.memory_upkeep import MemoryUpkeep
 from jobs.index.values import (
     FirstRenewal,
     IndexedJob,
+    KindRoutes,
     Lease,
     MessagePush,
     TierDepth,
     TierPush,
+    kinds_of,
 )
 
 __all__ = ["MemoryIndex"]
@@ -70,6 +72,20 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
             count += 1
         return count
 
+    def dispatch_routed(
+        self,
+        n: int,
+        *,
+        lease_ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+        capacity: int | None = None,
+    ) -> tuple[list[Lease], bool]:
+        if n <= 0:
+            return [], False
+        return self._dispatch(n, lease_ttl_s=lease_ttl_s, now=now, fence=fence,
+                              capacity=capacity)
+
     def dispatch(
         self,
         n: int,
@@ -79,12 +95,21 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
         fence: str | None = None,
         capacity: int | None = None,
     ) -> list[Lease]:
+        return self._dispatch(n, lease_ttl_s=lease_ttl_s, now=now, fence=fence,
+                              capacity=capacity)[0]
+
+    def _dispatch(
+        self, n: int, *, lease_ttl_s: float, now: float | None, fence: str | None,
+        capacity: int | None,
+    ) -> tuple[list[Lease], bool]:
+        """The leases, and whether the pool is routed by kind (said only when the call got as
+        far as leasing, as dispatch.lua says it)."""
         now = self._at(now)
         self._check_fence(fence, now, "dispatch")
         if capacity is not None:
             n = min(n, min(capacity, self.pool_capacity(now=now)) - self._held_slots())
         if n <= 0:
-            return []
+            return [], False
         expires_at = now + lease_ttl_s
         if self._delayed:
             self._promote(now)
@@ -116,7 +141,7 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
             out.append(frozen_value(Lease, job_id=job_id, tenant=tenant, tier=job.tier,
                                     order_key=job.order_key, expires_at=expires_at,
                                     attempt=job.attempt, start_by=job.start_by))
-        return out
+        return out, self._routed
 
     def _promote(self, now: float) -> None:
         """Delayed jobs due by ``now`` join their queues (at most ``PROMOTE_LIMIT``)."""
@@ -176,8 +201,8 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
 
     def _next(self, *, take_next: bool, lease_ttl_s: float, capacity: int | None,
               now: float | None) -> Lease | None:
-        if not take_next or self._generation is None:  # not whole: see ``set_generation``
-            return None
+        if not take_next or self._generation is None or self._routed:
+            return None  # not whole (``set_generation``), or routed by kind
         at = self._at(now)
         free = (self.pool_capacity(now=at) if capacity is None else capacity) - self._held_slots()
         if free <= 0:
@@ -216,6 +241,59 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
         self._unindex(known)
         self._index(dataclasses.replace(known, not_before=not_before))
         return True
+
+    # -- routing by kind (``jobs.index.worker_registry``) --
+
+    def kinds_waiting(self) -> frozenset[str]:
+        return frozenset(self._kinds_waiting)
+
+    def note_kinds_waiting(self, kinds: Iterable[str]) -> None:
+        met = set(kinds)
+        if met:
+            self._kinds_waiting |= met
+            self._routed = True
+
+    def park(
+        self, job_id: str, *, attempt: int, kind: str, until: float, fence: str | None = None
+    ) -> bool:
+        if not kind:
+            raise ValueError("a parked job names its kind")
+        if not self.put_back(job_id, attempt=attempt, not_before=until, fence=fence):
+            return False
+        self._parked.setdefault(kind, set()).add(job_id)
+        self._kinds_waiting.add(kind)
+        return True
+
+    def route_kinds(
+        self,
+        *,
+        now: float | None = None,
+        forget: Sequence[str] = (),
+        unpark: Sequence[str] = (),
+        fence: str | None = None,
+    ) -> KindRoutes:
+        now = self._at(now)
+        self._check_fence(fence, now, "route_kinds")
+        for kind in forget:
+            self._kinds_waiting.discard(kind)
+            self._parked.pop(kind, None)
+        for kind in unpark:
+            for job_id in sorted(self._parked.pop(kind, set())):
+                if self._delayed.score(job_id) is not None:  # still parked, not cancelled
+                    job = self._meta[job_id]
+                    self._undelay(job_id, job.tenant)
+                    self._enqueue(job_id, job.tenant, job.order_key, recheck=False)
+        self.pool_capacity(now=now)  # expired registrations dropped
+        registered = {self._worker_kinds.get(worker, "") for worker in self._workers}
+        first = min(registered) if len(registered) == 1 else None
+        if not registered:
+            self._shared_kinds = None
+        elif first is not None:
+            self._shared_kinds = first
+        runs = kinds_of(first) if first is not None else None
+        self._routed = len(registered) > 1 or (not registered and bool(self._kinds_waiting)) \
+            or (runs is not None and not self._kinds_waiting <= runs)
+        return KindRoutes(routed=self._routed, waiting=frozenset(self._kinds_waiting))
 
     def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:
         self._check_fence(fence, None, "cancel")

@@ -92,6 +92,14 @@ class MemoryLayout:
         self._tenant_delayed: dict[str, int] = {}
         self._workers: dict[str, tuple[float, int]] = {}
         self._devices: dict[str, tuple[str, int | None]] = {}  # worker -> device, memory
+        # Routing by kind (``worker_registry``): each worker's kinds as registered
+        # (``values.kinds_arg``), the ones they share, the flag, the waiting kinds and, by
+        # kind, the jobs parked for a worker of it.
+        self._worker_kinds: dict[str, str] = {}
+        self._shared_kinds: str | None = None
+        self._routed = False
+        self._kinds_waiting: set[str] = set()
+        self._parked: dict[str, set[str]] = {}
         self._pool: tuple[int, float] | None = None  # pool_capacity's (slots, valid until)
         if not self._shares_fleet:  # a pool's twin keeps the fleet's (``MemoryIndex.pool``)
             self._fleet = FleetState()

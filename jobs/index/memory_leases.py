@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from jobs.core.histograms import StartFigures
 from jobs.index.memory_layout import MemoryLayout, check_scores
@@ -13,6 +14,8 @@ from jobs.index.values import (
     LiveWorker,
     Renewal,
     Work,
+    kinds_arg,
+    kinds_of,
 )
 
 
@@ -138,22 +141,30 @@ class MemoryLeases(MemoryLayout):
     def register_worker(
         self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
         device: str = "cpu", memory_bytes: int | None = None,
+        kinds: Iterable[str] | None = None,
     ) -> None:
         expires_at = self._at(now) + ttl_s
         self._workers[worker_id] = (expires_at, int(slots))
         self._devices[worker_id] = (device or "cpu", memory_bytes)
+        registered = self._worker_kinds[worker_id] = kinds_arg(kinds)
+        if self._shared_kinds is None:
+            self._shared_kinds = registered
+        elif self._shared_kinds != registered:
+            self._routed = True
         self._pool = None
 
     def unregister_worker(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
         self._devices.pop(worker_id, None)
+        self._worker_kinds.pop(worker_id, None)
         self._pool = None
 
     def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
         self.pool_capacity(now=now)  # drops the expired ones
         return [LiveWorker(worker_id=worker, slots=slots, expires_at=expires_at,
                            device=self._devices.get(worker, ("cpu", None))[0],
-                           memory_bytes=self._devices.get(worker, ("cpu", None))[1])
+                           memory_bytes=self._devices.get(worker, ("cpu", None))[1],
+                           kinds=kinds_of(self._worker_kinds.get(worker, "")))
                 for worker, (expires_at, slots) in sorted(self._workers.items())]
 
     def work(self) -> Work:
@@ -165,6 +176,8 @@ class MemoryLeases(MemoryLayout):
             self._workers = {w: entry for w, entry in self._workers.items() if entry[0] > now}
             if len(self._devices) > len(self._workers):
                 self._devices = {w: d for w, d in self._devices.items() if w in self._workers}
+                self._worker_kinds = {w: k for w, k in self._worker_kinds.items()
+                                      if w in self._workers}
             # The sum, and when it next changes by itself (the first registration to lapse).
             self._pool = (sum(slots for _, slots in self._workers.values()),
                           min((entry[0] for entry in self._workers.values()), default=math.inf))

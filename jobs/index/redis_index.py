@@ -23,7 +23,8 @@ Choices the protocol leaves open (``MemoryIndex`` makes the same ones):
   ``TIME``, read inside the script that decides.
 
 The parts: the scripts and their codec (``redis_scripts.py``), the lease table and worker
-registry (``redis_leases.py``), upkeep (``redis_upkeep.py``); the queue and admission are here.
+registry (``redis_leases.py``), routing by kind (``redis_kinds.py``), upkeep
+(``redis_upkeep.py``); the queue and admission are here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 from jobs.core import policy
 from jobs.index.keys import PROMOTE_LIMIT
+from jobs.index.redis_kinds import RedisKinds
 from jobs.index.redis_leases import DEVICE_SUFFIX, RedisLeases
 from jobs.index.redis_scripts import (
     job_args,
@@ -63,7 +65,7 @@ __all__ = ["DEVICE_SUFFIX", "REQUEUE_CHUNK", "RedisIndex"]
 REQUEUE_CHUNK = 5000
 
 
-class RedisIndex(RedisLeases, RedisUpkeep):
+class RedisIndex(RedisLeases, RedisKinds, RedisUpkeep):
     """``DispatchIndex`` on Redis. ``prefix`` must carry one hash tag, e.g. ``{tierq}:``."""
 
     def admit(
@@ -165,11 +167,33 @@ class RedisIndex(RedisLeases, RedisUpkeep):
     ) -> list[Lease]:
         if n <= 0:
             return []
+        return self._dispatch(n, lease_ttl_s=lease_ttl_s, now=now, fence=fence,
+                              capacity=capacity, say_routed=False)[0]
+
+    def dispatch_routed(
+        self,
+        n: int,
+        *,
+        lease_ttl_s: float,
+        now: float | None = None,
+        fence: str | None = None,
+        capacity: int | None = None,
+    ) -> tuple[list[Lease], bool]:
+        if n <= 0:
+            return [], False
+        return self._dispatch(n, lease_ttl_s=lease_ttl_s, now=now, fence=fence,
+                              capacity=capacity, say_routed=True)
+
+    def _dispatch(
+        self, n: int, *, lease_ttl_s: float, now: float | None, fence: str | None,
+        capacity: int | None, say_routed: bool,
+    ) -> tuple[list[Lease], bool]:
         raw = self._run("dispatch", [
             n, now_arg(now), score_arg(lease_ttl_s), PROMOTE_LIMIT, fence or "",
-            "" if capacity is None else int(capacity),
+            "" if capacity is None else int(capacity), "1" if say_routed else "",
         ], self._keys.worker_keys())
-        return [lease_of(item) for item in raw]
+        routed = bool(raw) and not isinstance(raw[-1], list)  # the trailing 'routed'
+        return [lease_of(item) for item in (raw[:-1] if routed else raw)], routed
 
     def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:
         return bool(self._run("cancel", [job_id, fence or "", tenant or ""]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 
 from jobs.core.histograms import StartFigures
 from jobs.index import wake
@@ -30,16 +31,20 @@ from jobs.index.values import (
     Renewal,
     TierPush,
     Work,
+    kinds_arg,
+    kinds_of,
 )
 
 logger = logging.getLogger("tierq.index")
 
 # How long a process keeps the workers' ``TierPush`` before reading it again.
 TIER_PUSH_REFRESH_S = 10.0
-# A worker's device is kept beside its slots, under its id and this suffix (workers.lua), and
-# its memory (a GPU's) under the other.
+# A worker's device is kept beside its slots, under its id and this suffix (workers.lua), its
+# memory (a GPU's) and the kinds it runs under the others.
 DEVICE_SUFFIX = "#device"
 MEMORY_SUFFIX = "#memory"
+KINDS_SUFFIX = "#kinds"
+
 
 
 class RedisLeases(RedisScripts):
@@ -237,18 +242,20 @@ class RedisLeases(RedisScripts):
     def register_worker(
         self, worker_id: str, *, slots: int, ttl_s: float, now: float | None = None,
         device: str = "cpu", memory_bytes: int | None = None,
+        kinds: Iterable[str] | None = None,
     ) -> None:
         self._register_worker(
-            keys=self._keys.worker_keys(),
+            keys=[*self._keys.worker_keys(), self._keys.shared_kinds, self._keys.routed],
             args=[worker_id, int(slots), score_arg(ttl_s), now_arg(now), device,
-                  "" if memory_bytes is None else int(memory_bytes)],
+                  "" if memory_bytes is None else int(memory_bytes), kinds_arg(kinds)],
         )
 
     def unregister_worker(self, worker_id: str) -> None:
         workers, slot_hash = self._keys.worker_keys()
         pipe = self._client.pipeline(transaction=True)
         pipe.zrem(workers, worker_id)
-        pipe.hdel(slot_hash, worker_id, worker_id + DEVICE_SUFFIX, worker_id + MEMORY_SUFFIX)
+        pipe.hdel(slot_hash, worker_id, worker_id + DEVICE_SUFFIX, worker_id + MEMORY_SUFFIX,
+                  worker_id + KINDS_SUFFIX)
         pipe.execute()
 
     def live_workers(self, *, now: float | None = None) -> list[LiveWorker]:
@@ -256,8 +263,9 @@ class RedisLeases(RedisScripts):
         return sorted(
             (LiveWorker(worker_id=text_of(worker), slots=int(slots), device=text_of(device),
                         expires_at=float(text_of(expires_at)),
-                        memory_bytes=int(memory) if text_of(memory) else None)
-             for worker, slots, device, expires_at, memory in rows),
+                        memory_bytes=int(memory) if text_of(memory) else None,
+                        kinds=kinds_of(text_of(kinds)))
+             for worker, slots, device, expires_at, memory, kinds in rows),
             key=lambda worker: worker.worker_id,
         )
 

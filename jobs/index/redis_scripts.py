@@ -21,7 +21,7 @@ _SCRIPTS = (
     "admit", "admit_new", "requeue", "dispatch", "release", "renew", "cancel", "reap",
     "expire_due", "set_caps", "restore_lease", "flag_cancel", "hand_over",
     "put_back", "offer", "runnable_ahead", "position", "position_at", "upgrade_layout",
-    "entries",
+    "entries", "route_kinds",
 )
 # The Lua prepended to an index script after common.lua: the steps it shares with others.
 _PRELUDES: dict[str, tuple[str, ...]] = {
@@ -31,6 +31,7 @@ _PRELUDES: dict[str, tuple[str, ...]] = {
     "hand_over": ("workers", "push"),
     "offer": ("workers", "push"),
     "renew": ("workers",),
+    "route_kinds": ("workers",),
 }
 _LEADERSHIP = ("lead", "renew_lead", "resign")
 

@@ -25,6 +25,7 @@ __all__ = [
     "Finished",
     "FirstRenewal",
     "IndexedJob",
+    "KindRoutes",
     "Lease",
     "LiveWorker",
     "Renewal",
@@ -233,13 +234,42 @@ class Entry:
 
 @dataclass(frozen=True, kw_only=True)
 class LiveWorker:
-    """A worker whose registration has not expired: the slots it brings, on which device."""
+    """A worker whose registration has not expired: the slots it brings, on which device,
+    and the kinds it runs."""
 
     worker_id: str
     slots: int
     device: str
     expires_at: float
     memory_bytes: int | None = None  # the device's memory, on a GPU
+    # The kinds it has handlers for (None: it registered none, as a worker of an earlier
+    # version does: taken to run every kind of its pool).
+    kinds: frozenset[str] | None = None
+
+    def runs(self, kind: str) -> bool:
+        return self.kinds is None or kind in self.kinds
+
+
+def kinds_arg(kinds: Iterable[str] | None) -> str:
+    """A worker's kinds as the index keeps them: a sorted JSON array, so that two workers of
+    the same kinds register the same string ('' when it said none)."""
+    return "" if kinds is None else json.dumps(sorted(set(kinds)), separators=(",", ":"))
+
+
+def kinds_of(raw: str) -> frozenset[str] | None:
+    """``kinds_arg`` read back."""
+    return None if raw == "" else frozenset(str(kind) for kind in json.loads(raw))
+
+
+@dataclass(frozen=True, kw_only=True)
+class KindRoutes:
+    """How a pool's jobs reach its workers (``route_kinds``): ``routed`` while not every live
+    worker runs every kind its jobs may have (their kinds differ, or a kind was met that one
+    of them does not run), so that only the dispatcher leases, by kind; ``waiting``, the
+    kinds met that some live worker did not run, whose jobs may be parked until one does."""
+
+    routed: bool
+    waiting: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -169,6 +169,30 @@ def states_of(
             for row in session.execute(stmt)}
 
 
+def kinds_of(session: Session, job_ids: Iterable[str]) -> dict[str, str]:
+    """The kind of each of ``job_ids`` that exists, by id, in one query: where a dispatch of
+    a pool routed by kind sends each job (``jobs.dispatch.routing``)."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    stmt = sa.select(JOBS.c.id, JOBS.c.kind).where(JOBS.c.id.in_(ids))
+    return {row.id: row.kind for row in session.execute(stmt)}
+
+
+def count_by_kind(
+    session: Session, kinds: Iterable[str], statuses: Iterable[Status]
+) -> dict[str, int]:
+    """How many jobs of each of ``kinds`` are in one of ``statuses`` (a kind with none is
+    left out), read on the index of live rows: kinds waiting for a worker that runs them."""
+    wanted, states = sorted(set(kinds)), [status.value for status in statuses]
+    if not wanted or not states:
+        return {}
+    stmt = (sa.select(JOBS.c.kind, sa.func.count())
+            .where(JOBS.c.status.in_(states), JOBS.c.kind.in_(wanted))
+            .group_by(JOBS.c.kind))
+    return {kind: int(count) for kind, count in session.execute(stmt)}
+
+
 def list_jobs(
     session: Session,
     *,

@@ -246,7 +246,7 @@ def _queues_scene(client: ApiClient, clock: Clock) -> tuple[str, str]:
 STANDARD = {"name": "standard", "queued": 1, "bound": 13, "oldest_age_s": 5.0, "tenant_cap": 1,
             "wait_p50_s": 4.0, "wait_p95_s": 4.0, "arrival_rate": 0.0}
 POOL = {"name": "default", "kinds": None, "live_workers": 0, "capacity": 4, "inflight": 1,
-        "utilisation": 0.25, "service_rate": pytest.approx(4 / 6)}
+        "utilisation": 0.25, "service_rate": pytest.approx(4 / 6), "waiting_kinds": []}
 
 
 def test_queues_show_a_tenant_its_tier_and_its_own_usage_only(

@@ -82,7 +82,7 @@ def test_the_admin_key_sees_the_fleet(client: ApiClient, busy: dict[str, str]) -
     assert body["pool"] == {
         "name": "default", "kinds": None, "live_workers": 0,
         "capacity": 4, "inflight": 1, "utilisation": 0.25, "service_rate": pytest.approx(4 / 6),
-        "mean_service_s": 6.0, "service_measured": False, "workers": [],
+        "waiting_kinds": [], "mean_service_s": 6.0, "service_measured": False, "workers": [],
     }
     # One pool: `pools` is the default pool alone, as /v1/queues has it.
     published_pools = client.get("/v1/queues", headers=auth(ADMIN_KEY)).json()["pools"]

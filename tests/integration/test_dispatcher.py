@@ -32,7 +32,7 @@ from jobs.store import tenants as tenants_sql
 from jobs.store.direct import direct_pool
 from jobs.store.engine import make_engine, make_sessionmaker
 from tests.handlers_for_tests import RecordingHandler
-from tests.integration.stand_in import stand_ins_for
+from tests.integration.stand_in import STAND_IN, stand_ins_for
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +53,18 @@ Message = tuple[str, int, str]
 class RecordingPublisher:
     sent: list[Message] = field(default_factory=list)
     fail: bool = False
+    # The kind's queue each job went to instead of its tier's (a pool routed by kind).
+    kinds: dict[str, str] = field(default_factory=dict)
 
     def publish(
-        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None
+        self, job_id: str, attempt: int, tier: str, *, dispatched_at: float | None = None,
+        kind: str | None = None,
     ) -> None:
         if self.fail:
             raise ConnectionError("broker down")
         self.sent.append((job_id, attempt, tier))
+        if kind is not None:
+            self.kinds[job_id] = kind
 
 
 @pytest.fixture
@@ -420,3 +425,33 @@ def test_a_failed_publish_hands_the_jobs_back_without_charging_an_attempt(
     publisher.fail = False
     assert dispatcher.run_once(T0 + 2 + PUBLISH_RETRY_S).dispatched == 2
     assert publisher.sent == [(first.id, 1, "standard"), (second.id, 1, "standard")]
+
+
+def test_a_pool_routed_by_kind_sends_each_job_to_workers_of_its_kind_or_parks_it(
+    runtime: Runtime, dispatcher: Dispatcher, publisher: RecordingPublisher
+) -> None:
+    """Workers of different kinds (``jobs.dispatch.routing``): a kind every live worker runs
+    goes to its tier's queue, one only some run to its own queue, one none runs is parked in
+    its place, uncharged, until the leader sees a worker of it register."""
+    runtime.index.unregister_worker(STAND_IN)
+    runtime.index.register_worker("a@host", slots=1, ttl_s=1e9, now=T0, kinds=["echo", "upper"])
+    runtime.index.register_worker("b@host", slots=1, ttl_s=1e9, now=T0, kinds=["echo"])
+    upper = queue_job(runtime, tenant(runtime, "t1"), at=T0, kind="upper")
+    echo = queue_job(runtime, tenant(runtime, "t2"), at=T0 + 1)
+    gone = queue_job(runtime, tenant(runtime, "t3"), at=T0 + 2, kind="gone.kind")
+
+    dispatcher.run_once(T0 + 10)
+    assert publisher.sent == [(upper.id, 1, "standard"), (echo.id, 1, "standard")]
+    assert publisher.kinds == {upper.id: "upper"}  # the echo to its tier's queue
+    runtime.index.release(upper.id)
+    runtime.index.release(echo.id)
+    stats = dispatcher.run_once(T0 + 11)
+    assert stats.parked == 1 and len(publisher.sent) == 2  # none runs it: it waits, parked
+    assert runtime.index.kinds_waiting() == {"gone.kind"}
+    assert runtime.index.inflight() == 0 and status(runtime, gone.id).status is Status.QUEUED
+
+    runtime.index.register_worker("c@host", slots=1, ttl_s=1e9, now=T0, kinds=["gone.kind"])
+    dispatcher.run_once(T0 + 12)  # the leader's upkeep: back in its place, and dispatched
+    assert publisher.sent[2:] == [(gone.id, 1, "standard")]
+    assert publisher.kinds[gone.id] == "gone.kind"
+    assert status(runtime, gone.id).starts == 0

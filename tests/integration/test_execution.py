@@ -348,16 +348,24 @@ def test_a_nul_in_a_progress_message_keeps_the_result(
     assert_released(runtime, job)
 
 
-def test_a_kind_this_worker_does_not_know_fails_the_job(
+def test_a_kind_this_worker_does_not_know_goes_back_uncharged_and_routes_the_pool(
     runtime: Runtime, tenant: Tenant, registry: HandlerRegistry
 ) -> None:
+    """A worker without the kind's handler (a rolling deploy, a host without the package):
+    nothing ran, so the job goes back to its place uncharged, never failed, and the pool is
+    routed by kind from then on: its next attempt reaches only a worker that runs the kind
+    (``jobs.dispatch.routing``)."""
     job = dispatch(runtime, submit(runtime, tenant, "transcode", {}))
 
-    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "failed"
+    assert execute(runtime, registry, job.id, 1, worker_id=WORKER) == "handed_back"
 
-    done = load(runtime, job.id)
-    assert done.error is not None and done.error.startswith("UnknownKind: ")
-    assert_released(runtime, job)
+    again = load(runtime, job.id)
+    assert (again.status, again.attempt, again.starts, again.error) == (
+        Status.QUEUED, 2, 0, None)
+    assert again.order_key == job.order_key and runtime.index.position(job.id) == 0
+    assert runtime.index.kinds_waiting() == {"transcode"}
+    leases, routed = runtime.index.dispatch_routed(1, now=time.time(), lease_ttl_s=LEASE_TTL_S)
+    assert routed and [(lease.job_id, lease.attempt) for lease in leases] == [(job.id, 2)]
 
 
 # -- stale and duplicate messages ------------------------------------------------------------

@@ -225,3 +225,17 @@ def test_a_release_rings_if_runnable_only_while_a_job_waits(
     fill(redis_index, job("c", "t3", key=3.0))
     redis_index.release("b", attempt=1, ring_if_runnable=True)
     assert doorbell(redis_client, key_prefix) == [b"1"]  # c waits for the slot b frees
+
+
+def test_a_pool_routed_by_kind_offers_nothing_and_rings_the_dispatcher(
+    redis_index: RedisIndex, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    """The index knows no job's kind: while not every live worker runs every kind, only the
+    dispatcher, which reads the kinds, leases (``jobs.dispatch.routing``)."""
+    fill(redis_index, job("a", key=1.0))
+    redis_index.register_worker("w@host", slots=BIG, ttl_s=LIVE_S, now=0.0, kinds=["echo"])
+    redis_index.register_worker("v@host", slots=BIG, ttl_s=LIVE_S, now=0.0, kinds=["other"])
+    assert redis_index.offer(lease_ttl_s=TTL, push=pushes(key_prefix), capacity=BIG,
+                             now=0.0) is None
+    assert redis_index.position("a") == 0 and redis_index.inflight() == 0
+    assert doorbell(redis_client, key_prefix) == [b"1"]

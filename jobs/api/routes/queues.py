@@ -17,6 +17,7 @@ from jobs.api.deps import PrincipalDep, RuntimeDep, refuse_unknown_query
 from jobs.api.errors import OUTAGE_RETRY_AFTER_S, error_response, error_responses
 from jobs.api.queue_schemas import (
     HealthResponse,
+    KindWaiting,
     PoolQueues,
     PoolView,
     QueuesResponse,
@@ -28,6 +29,7 @@ from jobs.api.queue_schemas import (
 from jobs.core.domain import Tenant
 from jobs.core.pools import DEFAULT_POOL
 from jobs.fleet.arrivals import read_work
+from jobs.fleet.kinds import kinds_without_worker
 from jobs.fleet.metrics import (
     AppMetrics,
     TierFigures,
@@ -35,7 +37,7 @@ from jobs.fleet.metrics import (
     read_index_view,
     recent_waits,
 )
-from jobs.index.base import Arrival
+from jobs.index.base import Arrival, LiveWorker
 from jobs.process.runtime import Runtime
 
 router = APIRouter(tags=["queues and health"], dependencies=[Depends(refuse_unknown_query)])
@@ -61,7 +63,7 @@ def get_queues(principal: PrincipalDep, runtime: RuntimeDep) -> QueuesResponse:
     for one in runtime.every_pool():
         live = one.index.live_workers(now=now)
         workers.extend(WorkerView.of(w, now, one.pool) for w in live)
-        pools.append(_pool_queues(one, tenant, live_workers=len(live), now=now))
+        pools.append(_pool_queues(one, tenant, live=live, now=now))
     first = pools[0]
     if tenant is None:
         return QueuesResponse(scope="fleet", tiers=first.tiers, pool=first.pool,
@@ -71,7 +73,7 @@ def get_queues(principal: PrincipalDep, runtime: RuntimeDep) -> QueuesResponse:
 
 
 def _pool_queues(
-    runtime: Runtime, tenant: Tenant | None, *, live_workers: int, now: float
+    runtime: Runtime, tenant: Tenant | None, *, live: list[LiveWorker], now: float
 ) -> PoolQueues:
     view = read_index_view(runtime, now=now)
     waits = recent_waits(runtime, now=now)
@@ -82,8 +84,10 @@ def _pool_queues(
     spec = runtime.pools.spec(runtime.pool)
     pool_view = PoolView(
         name=runtime.pool, kinds=sorted(spec.kinds) if runtime.pool != DEFAULT_POOL else None,
-        live_workers=live_workers, capacity=pool.capacity, inflight=pool.inflight,
-        utilisation=pool.utilisation, service_rate=pool.service_rate)
+        live_workers=len(live), capacity=pool.capacity, inflight=pool.inflight,
+        utilisation=pool.utilisation, service_rate=pool.service_rate,
+        waiting_kinds=[KindWaiting(kind=kind, queued=queued) for kind, queued
+                       in kinds_without_worker(runtime, live).items()])
     if tenant is None:
         return PoolQueues(pool=pool_view, tiers=tiers)
     queued, inflight = runtime.index.tenant_counts(tenant.id)

@@ -21,6 +21,13 @@ local ENDING = PREFIX .. 'ending'
 -- paths (offer.lua, hand_over.lua) lease nothing until then; they ring the dispatcher.
 local function whole() return redis.call('EXISTS', PREFIX .. 'generation') == 1 end
 
+-- The pool is routed by kind while this flag is set (jobs.index.worker_registry): not every
+-- live worker runs every kind, so only the dispatcher, which reads the kinds of what it
+-- leases, may lease; the unfenced fast paths (offer.lua, hand_over.lua) lease nothing and
+-- ring it. Jobs of a kind no live worker runs are parked (put_back.lua): delayed, each id
+-- also in the set parked:<kind>, the kind in the set kinds_waiting.
+local function routed() return redis.call('EXISTS', PREFIX .. 'routed') == 1 end
+
 local function qkey(tenant) return PREFIX .. 'queue:' .. tenant end
 local function lkey(tenant) return PREFIX .. 'lease:' .. tenant end
 local function tkey(tier) return PREFIX .. 'tier:' .. tier end

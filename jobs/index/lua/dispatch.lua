@@ -11,6 +11,8 @@
 --         zero, a worker still loading its models), where it would only lapse
 -- The leases handed out are counted as 'dispatched' in counters:jobs (jobs.counters; with
 -- redis.pcall: a metric never fails the dispatch).
+-- ARGV[7] '1': say whether the pool is routed by kind (common.lua's routed): the reply then
+--         ends with the string 'routed' when it is, and the caller routes the leases
 -- Returns {{job, tenant, tier, order_key, attempt, expires_at, start_by ('' none)}, ...} in
 -- dispatch order; a lease belongs to the attempt its entry was indexed with, and keeps its
 -- meta (start_by included: a lease queued again from the reply keeps its deadline; the
@@ -27,4 +29,5 @@ local expires_at = now + tonumber(ARGV[3])
 
 promote_due(now, tonumber(ARGV[4]))
 local out = lease_next(n, expires_at)
+if ARGV[7] == '1' and routed() then out[#out + 1] = 'routed' end
 return out

@@ -3,7 +3,8 @@
 -- the pool has a free slot (dispatch.lua's order, caps and count), so no dispatcher wake-up
 -- sits between two jobs. Nothing leased (no runnable job, or no free slot): the doorbell
 -- rings instead, and the dispatcher does what is left (a batch's feed, a full pool, an index
--- that lost its data and is not rebuilt yet: common.lua's whole).
+-- that lost its data and is not rebuilt yet: common.lua's whole; a pool routed by kind,
+-- whose jobs only the dispatcher leases: common.lua's routed).
 -- KEYS: the layout of common.lua (prepended, then workers.lua and push.lua), then KEYS[14] workers
 -- KEYS[15] worker_slots  KEYS[16] the broker queue's list (with ARGV[10] only).
 -- ARGV[1] job  ARGV[2] attempt  ARGV[3] '1': publish the job's id on 'changed' (jobs.notify)
@@ -45,7 +46,7 @@ local now = now_or_server(ARGV[6])
 local capacity = tonumber(ARGV[7])
 if capacity == nil then capacity = live_slots(KEYS[14], KEYS[15], now) end
 local out = {}
-if ARGV[9] ~= '1' and whole() and held_slots() < capacity then
+if ARGV[9] ~= '1' and whole() and not routed() and held_slots() < capacity then
   promote_due(now, tonumber(ARGV[8]))
   out = lease_next(1, now + tonumber(ARGV[5]))
 end

@@ -1,6 +1,6 @@
 -- live_workers.lua: the live workers (registration not expired at now), expired ones dropped.
 -- KEYS[1] workers  KEYS[2] worker_slots (register_worker.lua)  ARGV[1] now ('' Redis's clock)
--- Returns {{worker, slots, device, expires_at, memory ('' not known)}, ...}.
+-- Returns {{worker, slots, device, expires_at, memory ('' not known), kinds ('' none)}, ...}.
 local now = ARGV[1]
 if now == nil or now == '' then
   local t = redis.call('TIME')
@@ -14,6 +14,7 @@ for i = 1, #live, 2 do
   local slots = redis.call('HGET', KEYS[2], worker) or '0'
   local device = redis.call('HGET', KEYS[2], worker .. '#device') or 'cpu'
   local memory = redis.call('HGET', KEYS[2], worker .. '#memory') or ''
-  out[#out + 1] = {worker, slots, device, live[i + 1], memory}
+  local kinds = redis.call('HGET', KEYS[2], worker .. '#kinds') or ''
+  out[#out + 1] = {worker, slots, device, live[i + 1], memory, kinds}
 end
 return out

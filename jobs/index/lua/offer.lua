@@ -3,7 +3,8 @@
 -- necessarily the one just submitted) and push its message to its tier's broker queue, so
 -- no dispatcher round sits between a submit and its start while a slot is idle. With a slot
 -- free and nothing leased (nothing runnable under the caps: a batch to feed, say), no
--- message to push, or an index not rebuilt since it lost its data (common.lua's whole), the
+-- message to push, an index not rebuilt since it lost its data (common.lua's whole), or a
+-- pool routed by kind (common.lua's routed: the dispatcher reads its jobs' kinds), the
 -- doorbell rings instead; with no slot free, nothing happens: the next slot to free takes
 -- the best job itself (hand_over.lua).
 -- KEYS: the layout of common.lua (prepended, then workers.lua and push.lua), then KEYS[14]
@@ -19,7 +20,7 @@ local now = now_or_server(ARGV[2])
 local capacity = live_slots(KEYS[14], KEYS[15], now)
 if tonumber(ARGV[3]) ~= nil then capacity = math.min(capacity, tonumber(ARGV[3])) end
 if held_slots() >= capacity then return {} end
-if ARGV[5] == nil or ARGV[5] == '' or not whole() then
+if ARGV[5] == nil or ARGV[5] == '' or not whole() or routed() then
   ring()
   return {}
 end

@@ -6,7 +6,8 @@ local function live_slots(workers, slots, now)
   local gone = redis.call('ZRANGEBYSCORE', workers, '-inf', now)
   for _, worker in ipairs(gone) do
     redis.call('ZREM', workers, worker)
-    redis.call('HDEL', slots, worker, worker .. '#device', worker .. '#memory')
+    redis.call('HDEL', slots, worker, worker .. '#device', worker .. '#memory',
+               worker .. '#kinds')
   end
   local total = 0
   for _, worker in ipairs(redis.call('ZRANGE', workers, 0, -1)) do
