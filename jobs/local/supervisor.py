@@ -270,6 +270,11 @@ def admin_key(configured: str | None, data_dir: Path) -> str:
     return key
 
 
+def worker_child(pool: str) -> str:
+    """The name of the child that runs ``pool``'s worker."""
+    return "worker" if pool == "default" else f"worker-{pool}"
+
+
 def app_children(options: UpOptions, env: Mapping[str, str]) -> list[ChildSpec]:
     base = [sys.executable, "-m", "jobs.cli"]
     return [
@@ -280,7 +285,7 @@ def app_children(options: UpOptions, env: Mapping[str, str]) -> list[ChildSpec]:
         ),
         ChildSpec(name="dispatcher", argv=[*base, "dispatcher"], env=env),
         *(ChildSpec(
-            name="worker" if pool == "default" else f"worker-{pool}",
+            name=worker_child(pool),
             argv=[*base, "worker", "--concurrency", str(options.concurrency), "--pool", pool],
             env=env,
         ) for pool in options.pools),
@@ -378,12 +383,14 @@ def waiting_line(kinds: Sequence[str], pools: Sequence[str]) -> str:
 
 def wait_workers(settings: Settings, redis_url: str, pools: Sequence[str], *,
                  supervisor: Supervisor, stop: threading.Event) -> bool:
-    """Until a worker of each of ``pools`` is live and the dispatcher has built each pool's
-    index: True; False when stopped meanwhile. The children are supervised meanwhile (a
-    worker that exits while it sets up starts again); raises ``StartFailed`` when the API
-    exits."""
+    """Until each of ``pools`` has its own worker live (registered under the pid of the
+    child that runs it: a registration a killed run left in the data directory's Redis
+    does not count) and the dispatcher has built each pool's index: True; False when stopped
+    meanwhile. The children are supervised meanwhile (a worker that exits while it sets up
+    starts again); raises ``StartFailed`` when the API exits."""
     from redis import RedisError
 
+    from jobs.index.base import LiveWorker
     from jobs.index.redis_index import RedisIndex
     from jobs.process.runtime import redis_client
 
@@ -391,10 +398,14 @@ def wait_workers(settings: Settings, redis_url: str, pools: Sequence[str], *,
     indexes = [RedisIndex(client, settings.pool_prefix(pool), root=settings.key_prefix)
                for pool in pools]
 
+    def own(pool: str, workers: Sequence[LiveWorker]) -> bool:
+        pid = supervisor.pid(worker_child(pool))
+        return pid is not None and any(w.worker_id.startswith(f"tierq-{pid}-") for w in workers)
+
     def ready() -> bool:
         try:
-            return all(index.generation() is not None and index.live_workers()
-                       for index in indexes)
+            return all(index.generation() is not None and own(pool, index.live_workers())
+                       for pool, index in zip(pools, indexes, strict=True))
         except RedisError:
             return False
 
