@@ -64,6 +64,9 @@ LARGE_BYTES = 1024 * 1024 + 4096
 LARGE_WAIT_S = 40.0
 # Submits at once naming a name whose DNS never answers: more than a tenant's lookups.
 SLOW_DNS_SUBMITS = 4
+# The handlers of a worker that a rolling deploy reached with a build lacking the soak's own
+# kinds (``tests.faults.handlers``).
+PARTIAL_HANDLERS = "tests.handlers_for_tests:HANDLERS,tests.slow_store:HANDLERS"
 
 
 @dataclass
@@ -100,10 +103,13 @@ class Fleet:
     pools: dict[int, str] = field(default_factory=dict)  # pid → the pool a worker joined
     _started: int = 0
 
-    def start_worker(self, skew_s: float = 0.0, pool: str = "default") -> Process:
+    def start_worker(self, skew_s: float = 0.0, pool: str = "default",
+                     handlers: str | None = None) -> Process:
+        """``handlers``: its ``TIERQ_HANDLERS``, when it is not the system's."""
         self._started += 1
         name = f"worker-{self._started}" if pool == "default" else f"worker-{pool}-{self._started}"
-        env = skew_env(skew_s) if skew_s else None
+        env = {**(skew_env(skew_s) if skew_s else {}),
+               **({"TIERQ_HANDLERS": handlers} if handlers is not None else {})} or None
         process = self.system.start(name, "worker", "--concurrency", str(WORKER_SLOTS),
                                     "--pool", pool, env=env)
         self.workers.append(process)
@@ -217,6 +223,7 @@ class FaultDriver:
             "freeze-worker": (2, self.freeze_worker),
             "bad-webhooks": (1, self.bad_webhooks),
             "slow-blob-store": (1, self.slow_blob_store),
+            "rolling-deploy": (1, self.rolling_deploy),
         }
         unknown = (self.only or set()) - set(every)
         if unknown:
@@ -474,6 +481,18 @@ class FaultDriver:
             self.fleet.replace_worker(process)
         self.found += large_results_kept(client, ended, submitted, overran)
         self.log(f"large results: {', '.join(f'{j[:8]} {s}' for j, s in ended.items())}")
+
+    def rolling_deploy(self) -> None:
+        """A worker of the default pool whose build lacks the soak's own kinds (``tracked``,
+        ``hung``, ...), as the first host a rolling deploy reaches, or one without the module:
+        it serves beside the others for a few seconds, then is stopped (SIGTERM). No job of
+        a kind it lacks may fail for it or be charged a start: such a job goes only to a
+        worker that runs its kind, or back to its place uncharged."""
+        process = self.fleet.start_worker(handlers=PARTIAL_HANDLERS)
+        seconds = self.rng.uniform(5, 10)
+        self.log(f"{process.name} lacks the soak's kinds; serving {seconds:.1f} s")
+        time.sleep(seconds)
+        self.fleet.stop(process)
 
     def freeze_worker(self) -> None:
         """SIGSTOP a worker whole (its process group) past its leases' TTL, as a machine

@@ -11,11 +11,13 @@ job whose handler starts a child process and ignores every stop (its run-time li
 end it, with the worker process running it and the child), aims webhooks at receivers that
 hang, answer without end or with 48 MiB, and at names whose DNS never answers or turns to
 loopback after the API's check (``tests.faults.chaos_webhooks``, the soak's own DNS in
-``tests/faults/soak_site``), and slows the blob store past a short run-time limit while
+``tests/faults/soak_site``), starts for a while a worker whose build lacks the soak's own
+kinds (a rolling deploy), and slows the blob store past a short run-time limit while
 handlers return results too large for their row. Then the faults stop,
 the system is left to settle (bounded), and ``check_invariants`` must hold: every accepted
 job terminal, each succeeded job completed exactly once, no attempt charged without a start,
-no tenant above its cap at any instant; each hung job ended ``failed``, ``timed_out``, its
+no tenant above its cap at any instant; no job failed for a worker that lacked its kind;
+each hung job ended ``failed``, ``timed_out``, its
 child gone; each large result made in time kept, at the first start; nothing reached the
 loopback receiver, every webhook try was recorded and the good receiver's events were
 delivered; and the clients saw only the answers an outage allows, each job submitted once.
@@ -158,6 +160,7 @@ def test_chaos_soak(
         fleet.heal(workers={"default": WORKERS, "gpu": GPU_WORKERS}, dispatchers=DISPATCHERS)
         found = client_violations(system, fleet, load, run_log, driver.driven)
         found += hung_jobs_timed_out(system.env["TIERQ_DATABASE_URL"], driver.hung_jobs)
+        found += no_kind_unknown(system.env["TIERQ_DATABASE_URL"])
         found += driver.found
     except BaseException:
         sys.stderr.write(f"[chaos] seed {seed}\n{timeline.render()}\n")
@@ -274,6 +277,21 @@ def hung_jobs_timed_out(database_url: str, job_ids: list[str]) -> list[Violation
                                    detail=f"{job_id}: {status}, error_type {error_type}",
                                    job_ids=(job_id,)))
     return found
+
+
+def no_kind_unknown(database_url: str) -> list[Violation]:
+    """No job ended for reaching a worker without its kind's handler (the rolling deploy's
+    worker): each went to one that runs it, or back uncharged."""
+    engine = sa.create_engine(database_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(JobRow.id, JobRow.status, JobRow.error)
+                                .where(JobRow.error.like("%unknown job kind%"))).all()
+    finally:
+        engine.dispose()
+    return [Violation(invariant="a job reaches only a worker that runs its kind",
+                      detail=f"{job_id}: {status}, {error}", job_ids=(job_id,))
+            for job_id, status, error in rows]
 
 
 def submitted_once(database_url: str, submissions: list[Submission],
