@@ -16,6 +16,14 @@ tiers' measured arrival rates (``policy.overtakers``, ``jobs.fleet.arrivals``): 
 behind a premium stream that alone fills the pool is told the wait until ageing lets it
 pass, not the drain time of the jobs ahead of it now.
 
+The tenant's side waits for the tenant's own running jobs, each by what it has left: what it
+has run against its kind's measured mean and spread (``jobs.core.remaining``), read with the
+tenant's own work from SQL at most once a second (``own_side``). A tenant whose 25 s job has
+run 20 s is told 5 s, and one whose job has overrun its kind's time is not told "at once".
+Until the pool has measured kinds nothing is known of how long they run, and each running
+job counts as a fresh one. The deadline refusal is decided in the admit script, which counts
+them as fresh too.
+
 The tenant's side is read next to, not inside, the atomic index calls: a job finishing or
 another submit of the tenant between two reads moves an estimate by one job at most, which
 an estimate can bear (the bound and the quota stay exact in the admit script).
@@ -37,6 +45,7 @@ from jobs.core.arrivals import Work
 from jobs.core.domain import Job, Tenant
 from jobs.core.policy import mean_service_s
 from jobs.core.progress import Report
+from jobs.core.remaining import Rest, own_slot_s, remaining
 from jobs.core.service_times import mix_mean
 from jobs.core.states import Status
 from jobs.fleet.arrivals import read_work
@@ -85,18 +94,30 @@ def overtaking(
                              arrivals=work.later_rates())
 
 
-# A tenant's own work by kind, as last read from SQL, per pool (its index) and tenant: a
-# tenant at its cap submits many jobs a second, and the mix of its kinds moves far slower
-# than that (the count query also grows with its queue).
+# A tenant's own work, as last read from SQL, per pool (its index) and tenant: a tenant at its
+# cap submits many jobs a second, and its work moves far slower than that (the count query
+# also grows with its queue).
 OWN_WORK_CACHE_S = 1.0
 _OWN_KEPT = 4096  # tenants kept per pool before the stale ones are dropped
 _OWN_LOCK = threading.Lock()
-_OWN: weakref.WeakKeyDictionary[DispatchIndex, dict[str, tuple[float, dict[str, int]]]] = (
+
+
+@dataclass(frozen=True, kw_only=True)
+class OwnWork:
+    """A tenant's jobs queued or in flight by kind, and the kind and start (None: not yet)
+    of each in flight."""
+
+    kinds: dict[str, int]
+    in_flight: tuple[tuple[str, float | None], ...]
+
+
+_OWN: weakref.WeakKeyDictionary[DispatchIndex, dict[str, tuple[float, OwnWork]]] = (
     weakref.WeakKeyDictionary())
 
 
-def _tenant_work(runtime: Runtime, tenant_id: str) -> dict[str, int]:
-    """``stats.tenant_work``, at most ``OWN_WORK_CACHE_S`` old."""
+def _own_work(runtime: Runtime, tenant_id: str) -> OwnWork:
+    """``stats.tenant_work`` and ``stats.tenant_in_flight_starts``, at most
+    ``OWN_WORK_CACHE_S`` old."""
     now = time.monotonic()
     with _OWN_LOCK:
         kept = _OWN.setdefault(runtime.index, {})
@@ -104,7 +125,9 @@ def _tenant_work(runtime: Runtime, tenant_id: str) -> dict[str, int]:
     if held is not None and now - held[0] < OWN_WORK_CACHE_S:
         return held[1]
     with runtime.sessions() as session:  # a read: on SQLite it must not take the write lock
-        work = stats_sql.tenant_work(session, tenant_id, runtime.scope)
+        work = OwnWork(kinds=stats_sql.tenant_work(session, tenant_id, runtime.scope),
+                       in_flight=tuple(stats_sql.tenant_in_flight_starts(
+                           session, tenant_id, runtime.scope)))
     with _OWN_LOCK:
         if len(kept) >= _OWN_KEPT:
             for stale in [t for t, (at, _) in kept.items() if now - at >= OWN_WORK_CACHE_S]:
@@ -113,16 +136,49 @@ def _tenant_work(runtime: Runtime, tenant_id: str) -> dict[str, int]:
     return work
 
 
-def own_mean_s(runtime: Runtime, tenant: Tenant, work: Work) -> float | None:
-    """The mean service time of the tenant's own work in the pool (queued and in flight),
-    each kind at its measured mean; None when no kind is measured (the pool's then). The
-    work is read at most once per ``OWN_WORK_CACHE_S`` per tenant and process."""
-    means = work.kind_means(runtime.policy.service_samples_min)
+@dataclass(frozen=True, kw_only=True)
+class OwnSide:
+    """What a tenant's own work adds to the estimate of its next job: the mean service time
+    of that work (None: the pool's), and when the first of the jobs holding its places under
+    its cap is expected to end, from what each has run (None: as fresh jobs)."""
+
+    mean_s: float | None = None
+    first_end_s: float | None = None
+
+
+NOTHING_OWN = OwnSide()
+
+
+def own_side(
+    runtime: Runtime, tenant: Tenant, work: Work, *, holds: int, cap: int, now: float
+) -> OwnSide:
+    """The tenant's own side, once the pool has measured kinds (before that nothing is known
+    of how long its kinds run, and its jobs count at the pool's mean, as fresh). Its work is
+    read at most once per ``OWN_WORK_CACHE_S`` per tenant and process; ``holds``: the jobs in
+    flight the index counts for it now."""
+    samples_min = runtime.policy.service_samples_min
+    means = work.kind_means(samples_min)
     if not means:
-        return None
-    held = _tenant_work(runtime, tenant.id)
+        return NOTHING_OWN
+    held = _own_work(runtime, tenant.id)
     fallback = mean_service_s(runtime.policy, None)
-    return mix_mean(held, means, fallback) if held else None
+    mean = mix_mean(held.kinds, means, fallback) if held.kinds else None
+    running = [_remaining(work, kind, samples_min, fallback,
+                          0.0 if started is None else now - started)
+               for kind, started in held.in_flight]
+    first = own_slot_s(running, holds=holds, cap=cap,
+                       fresh_mean_s=fallback if mean is None else mean)
+    return OwnSide(mean_s=mean, first_end_s=first if math.isfinite(first) else None)
+
+
+def _remaining(work: Work, kind: str, samples_min: int, fallback_s: float,
+               elapsed_s: float) -> Rest:
+    """A running job's rest: by its kind's mean and spread once measured, else as a job of
+    ``fallback_s`` of unknown spread."""
+    measured = work.kinds.get(kind)
+    if measured is None or measured.samples < samples_min:
+        return remaining(fallback_s, None, elapsed_s)
+    return remaining(measured.mean_s, measured.spread_s, elapsed_s)
 
 
 def starts_ahead(position: int, runnable: int, free_slots: int) -> int:
@@ -135,17 +191,16 @@ def starts_ahead(position: int, runnable: int, free_slots: int) -> int:
 def placement(
     figures: PoolFigures, *, position: int, load: policy.TenantLoad,
     later: Sequence[policy.Overtaker] = (), work: Work | None = None,
-    tenant_mean_s: float | None = None, ahead: int | None = None,
+    own: OwnSide = NOTHING_OWN, ahead: int | None = None,
 ) -> Placement:
     """A job ``position`` jobs ahead in the index, ``ahead`` of them starting before it
-    (None: all), its tenant as ``load`` says (its own work at ``tenant_mean_s``), passed by
-    ``later`` work while it waits; ``work``: what the leader measured of the pool (the
-    running jobs' mean)."""
+    (None: all), its tenant as ``load`` and ``own`` say, passed by ``later`` work while it
+    waits; ``work``: what the leader measured of the pool (the running jobs' mean)."""
     estimate = policy.expected_wait_s(
         position if ahead is None else ahead, figures.free_slots, figures.service_rate,
         tenant=load,
         capacity=figures.capacity, mean_service_s=figures.mean_service_s, later=later,
-        tenant_mean_s=tenant_mean_s,
+        tenant_mean_s=own.mean_s, tenant_first_end_s=own.first_end_s,
         running_mean_s=None if work is None else work.running_mean_s,
     )
     return Placement(position=position,
@@ -167,7 +222,7 @@ def placements(
     cap = tenant_cap(tenant, figures)
     now = runtime.clock()
     work = read_work(runtime.index)
-    own: list[float | None] = []  # the tenant's own mean, read once if a job needs it
+    own: list[OwnSide] = []  # the tenant's own side, read once if a job needs it
     found: dict[str, Placement] = {}
     places = runtime.index.places([(job.id, job.order_key) for job in queued],
                                   free_slots=figures.free_slots)
@@ -179,11 +234,11 @@ def placements(
         ahead = bisect_left(order, (job.order_key, job.id))
         load = policy.TenantLoad(cap=cap, inflight=inflight, ahead=ahead)
         if load.excess and not own:
-            own.append(own_mean_s(runtime, tenant, work))
+            own.append(own_side(runtime, tenant, work, holds=inflight, cap=cap, now=now))
         found[job.id] = placement(
             figures, position=position, load=load, work=work,
             ahead=starts_ahead(position, runnable, figures.free_slots),
-            tenant_mean_s=own[0] if load.excess else None,
+            own=own[0] if load.excess else NOTHING_OWN,
             later=overtaking(runtime, work, order_key=job.order_key, now=now))
     return found
 

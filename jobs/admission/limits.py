@@ -69,18 +69,27 @@ def admit(runtime: Runtime, tenant: Tenant, new: NewJob) -> Placement:
     if admission.accepted:
         load = policy.TenantLoad(cap=cap, inflight=admission.tenant_inflight,
                                  ahead=max(0, admission.tenant_queued - 1))
-        own = estimates.own_mean_s(runtime, tenant, work) if load.excess else None
+        own = (estimates.own_side(runtime, tenant, work, holds=load.inflight, cap=cap,
+                                  now=new.enqueued_at)
+               if load.excess else estimates.NOTHING_OWN)
         placed = estimates.placement(figures, position=admission.position, load=load,
-                                     later=later, work=work, tenant_mean_s=own,
+                                     later=later, work=work, own=own,
                                      ahead=admission.starts_ahead)
         return replace(placed, slot_free=admission.inflight < admission.capacity)
     reason = admission.reason or "capacity"
     _log_refusal(tenant, new.tier, *cause_and_limit(reason))
+    load = policy.TenantLoad(cap=cap, inflight=admission.tenant_inflight,
+                             ahead=admission.tenant_queued)
+    # A tenant over its own limit (its queued quota, its cap) is let in again once one of
+    # its own running jobs ends: when, from what each has run.
+    own = (estimates.own_side(runtime, tenant, work, holds=load.inflight, cap=cap,
+                              now=new.enqueued_at)
+           if reason in ("tenant_limit", "cap") and load.inflight >= cap
+           else estimates.NOTHING_OWN)
     raise refused(_refusal(
         runtime, tenant, new, figures, reason=reason, position=admission.position,
         tier_queued=admission.tier_queued, max_position=admission.max_position,
-        load=policy.TenantLoad(cap=cap, inflight=admission.tenant_inflight,
-                               ahead=admission.tenant_queued), later=later,
+        load=load, later=later, own_first_end_s=own.first_end_s,
     ))
 
 
@@ -126,7 +135,7 @@ def pool_figures(runtime: Runtime, admission: Admission) -> PoolFigures:
 def _refusal(
     runtime: Runtime, tenant: Tenant, new: NewJob, figures: PoolFigures, *, reason: str,
     position: int, tier_queued: int, max_position: int | None, load: policy.TenantLoad,
-    later: Sequence[policy.Overtaker],
+    later: Sequence[policy.Overtaker], own_first_end_s: float | None = None,
 ) -> Refusal:
     return Refusal(
         reason=reason,
@@ -145,6 +154,7 @@ def _refusal(
         free_slots=figures.free_slots,
         tenant_load=load,
         later=tuple(later),
+        own_first_end_s=own_first_end_s,
     )
 
 

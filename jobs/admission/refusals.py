@@ -10,11 +10,13 @@ at least 1, never a constant:
 - ``capacity``/bound: the tier's queue has room when the pool has served
   ``tier_queued - bound + 1`` jobs at the service rate ``mu``.
 - ``tenant_limit``/quota: the tenant's own queue drains at its concurrency cap over the
-  mean service time, so one place frees after ``mean / cap``.
+  mean service time, so one place frees after ``mean / cap``. At its cap, one frees when the
+  first of its own running jobs ends: when that is, from what each has run against its
+  kind's time (``jobs.core.remaining``; ``own_first_end_s``), once its kinds are measured.
 - ``tenant_limit``/cap: the tier is at its bound while the pool has a free slot, and the
   tenant runs as many jobs as its cap allows: its next one starts when one of its own ends,
-  after ``mean / cap`` (the pool is not what holds it back, so the cause is never
-  ``capacity``).
+  after ``mean / cap``, or when the first of them is expected to end as above (the pool is
+  not what holds it back, so the cause is never ``capacity``).
 - ``tenant_limit``/rate: the time until its token bucket holds the next token.
 - ``capacity``/deadline: the job would start after its own ``max_wait_s``, by the estimate of
   ``policy.expected_wait_s`` (the better-ranked work expected to arrive meanwhile counted).
@@ -86,6 +88,9 @@ class Refusal:
     tenant_load: TenantLoad | None = None
     # The work expected to arrive and pass the job while it waits (deadline).
     later: tuple[Overtaker, ...] = ()
+    # When the first of the tenant's own running jobs is expected to end, from what each has
+    # run (quota and cap at its cap; None: as fresh jobs, at ``tenant_rate``).
+    own_first_end_s: float | None = None
 
 
 def idle_retry_s(lease_ttl_s: float) -> float:
@@ -110,11 +115,14 @@ def capacity_retry_after_s(
     return whole_seconds(excess / service_rate)
 
 
-def tenant_retry_after_s(*, tenant_rate: float, idle_retry_s: float) -> int:
-    """Seconds until the tenant's own queue drains by one job at its cap."""
+def tenant_retry_after_s(
+    *, tenant_rate: float, idle_retry_s: float, first_end_s: float | None = None
+) -> int:
+    """Seconds until the tenant's own queue drains by one job at its cap: when the first of
+    its running jobs is expected to end (``first_end_s``), else one job at its rate."""
     if tenant_rate <= 0:
         return whole_seconds(idle_retry_s)
-    return whole_seconds(1 / tenant_rate)
+    return whole_seconds(1 / tenant_rate if first_end_s is None else first_end_s)
 
 
 def deadline_retry_after_s(*, position: int, max_position: int, service_rate: float) -> int:
@@ -172,7 +180,8 @@ def _quota(r: Refusal) -> TenantLimitExceeded:
         tier=r.tier,
         queue_position=r.position,
         retry_after_s=tenant_retry_after_s(
-            tenant_rate=r.tenant_rate, idle_retry_s=r.idle_retry_s
+            tenant_rate=r.tenant_rate, idle_retry_s=r.idle_retry_s,
+            first_end_s=r.own_first_end_s,
         ),
         limit="quota",
         tenant_queued=r.tenant_queued,
@@ -192,7 +201,8 @@ def _cap(r: Refusal) -> TenantLimitExceeded:
         tier=r.tier,
         queue_position=r.position,
         retry_after_s=tenant_retry_after_s(
-            tenant_rate=r.tenant_rate, idle_retry_s=r.idle_retry_s
+            tenant_rate=r.tenant_rate, idle_retry_s=r.idle_retry_s,
+            first_end_s=r.own_first_end_s,
         ),
         limit="cap",
         tenant_inflight=running,

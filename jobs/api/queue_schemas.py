@@ -23,8 +23,9 @@ class TierQueue(BaseModel):
                                      "last 5 minutes; null when none did")
     wait_p95_s: float | None = Field(description="95th percentile of the same waits")
     arrival_rate: float = Field(default=0.0, description="jobs per second admitted to it over "
-                                "the last policy.arrivals_window_s, as the leader measured "
-                                "them: the work that passes a lower tier's queued jobs")
+                                "the span since its rate last changed, at most the last "
+                                "policy.arrivals_window_s, as the leader measured them: the "
+                                "work that passes a lower tier's queued jobs")
 
 
 class KindWaiting(BaseModel):

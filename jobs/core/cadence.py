@@ -58,6 +58,9 @@ PRUNE_BATCH = 1000
 
 # How often the leader measures the mean service time again.
 SERVICE_REFRESH_S = 5.0
+# How often it counts the tiers' admissions and the running jobs' ages again: a step in load
+# is followed within seconds, not within a refresh of the mean.
+ARRIVALS_REFRESH_S = 1.0
 # A figure no dispatcher refreshed for this long is dropped: readers fall back to the
 # configured mean rather than trust a measure of a pool that may be long gone.
 SERVICE_STALE_AFTER_S = 600

@@ -16,7 +16,8 @@ module asks this one for the numbers, so the maths lives in one place (see docs/
 - Estimate: the later of the pool's start (``estimated_wait_s``) and the tenant's own (its
   cap, its jobs in flight and queued ahead: ``tenant_wait_s``), see ``expected_wait_s``. The
   pool's start counts the better-ranked work expected to arrive while the job waits
-  (``overtakers``, ``overtaken_wait_s``).
+  (``overtakers``, ``overtaken_wait_s``); both count what the running jobs have left
+  (``jobs.core.remaining``).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Policy:
     # a handler asked to stop at its limit has before the process running it is ended.
     default_timeout_s: float = 3600.0
     timeout_grace_s: float = 10.0
-    # Arrival rates are the admissions of this last window (``jobs.core.arrivals``).
+    # Arrival rates are the admissions of at most this last window, since the rate last
+    # changed (``jobs.core.arrivals``).
     arrivals_window_s: float = 60.0
 
     def tier(self, name: str) -> Tier:
@@ -313,14 +315,22 @@ def tenant_rate(cap: int, capacity: int, mean_service_s: float) -> float:
     return min(max(1, cap), capacity) / mean_service_s
 
 
-def tenant_wait_s(load: TenantLoad, tenant_rate: float) -> float:
+def tenant_wait_s(
+    load: TenantLoad, tenant_rate: float, first_end_s: float | None = None
+) -> float:
     """Expected wait for a slot under the tenant's own cap: its ``excess`` jobs finish at its
-    ``tenant_rate``. 0 while it is under its cap; infinite when nothing is served."""
+    ``tenant_rate``. With ``first_end_s``, when the first of the jobs holding its places is
+    expected to end from what each has run (``jobs.core.remaining.own_slot_s``), the first
+    of them ends then and the rest at the rate; None: each counts as a fresh job, and the
+    first ends at the rate too. 0 while it is under its cap; infinite when nothing is
+    served."""
     if load.excess == 0:
         return 0.0
     if tenant_rate <= 0:
         return math.inf
-    return load.excess / tenant_rate
+    if first_end_s is None:
+        return load.excess / tenant_rate
+    return first_end_s + (load.excess - 1) / tenant_rate
 
 
 def expected_wait_s(
@@ -334,6 +344,7 @@ def expected_wait_s(
     later: Sequence[Overtaker] = (),
     tenant_mean_s: float | None = None,
     running_mean_s: float | None = None,
+    tenant_first_end_s: float | None = None,
 ) -> float:
     """Expected wait of a queued job: it starts once the pool has a slot for it AND its tenant
     has one under its cap, so the later of the two.
@@ -346,26 +357,30 @@ def expected_wait_s(
       it counts every job ahead, an overestimate where capped tenants hold the slots.
     - The tenant: with ``r`` jobs in flight, ``q`` of its own queued ahead and cap ``c``, it
       adds nothing while ``r + q < c``; otherwise ``r + q - c + 1`` of its own jobs must
-      finish first, at its rate ``min(c, capacity) / mean_service_s`` (``tenant_wait_s``).
-      A running job counts as a whole service time: the model keeps no ages.
+      finish first, at its rate ``min(c, capacity) / mean_service_s`` (``tenant_wait_s``),
+      the first of them at ``tenant_first_end_s`` when what its running jobs have run is
+      known (``jobs.core.remaining``; None: as fresh jobs).
       ``tenant_mean_s``: the mean service time of the tenant's own work (its kinds', each at
       its own mean, ``jobs.core.service_times``); None: the pool's.
     - Kinds: ``mean_service_s`` (and so ``mu`` and ``later``'s rates) is that of the queued
       work; the slot the job needs is freed by a running job, whose mean is
-      ``running_mean_s``. The ``p + 1`` jobs to start (the ``p`` ahead, then its own) are
+      ``running_mean_s`` (the leader's, from what each running job has run, as the mean at
+      which they free slots: ``n × jobs.core.remaining.first_end_s``). The ``p + 1`` jobs to
+      start (the ``p`` ahead, then its own) are
       spent at ``(p × queued + running) / (p + 1)`` each: twenty 20 ms jobs queued ahead of
       one while one-minute jobs fill the slots wait for one of those to end, not twenty.
     """
     own = mean_service_s if tenant_mean_s is None else tenant_mean_s
     rate = tenant_rate(tenant.cap, capacity, own)
     if running_mean_s is not None and running_mean_s != mean_service_s and mean_service_s > 0:
-        spent = (max(0, position) * mean_service_s + running_mean_s) / (max(0, position) + 1)
+        spent = max(1e-9, (max(0, position) * mean_service_s + running_mean_s)
+                    / (max(0, position) + 1))
         scale = mean_service_s / spent  # jobs of the queued mean -> jobs of ``spent``
         mu = mu * scale
         later = [Overtaker(rate_per_s=o.rate_per_s * scale, window_s=o.window_s)
                  for o in later]
     pool = overtaken_wait_s(position + 1 - max(0, free_slots), mu, later)
-    return max(pool, tenant_wait_s(tenant, rate))
+    return max(pool, tenant_wait_s(tenant, rate, tenant_first_end_s))
 
 
 def latest_useful_excess(max_wait_s: float, tenant_rate: float) -> int | None:

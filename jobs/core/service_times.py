@@ -12,10 +12,11 @@ kind: that is what the next slots to free will be spent on, so it is the pool's 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from jobs.core.policy import WINDOW, weighted_mean
+from jobs.core.remaining import first_end_s, remaining
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,12 +35,15 @@ def kind_means(
         times = by_kind.setdefault(kind, [])
         if len(times) < window:
             times.append(max(0.0, seconds))
-    found = {}
-    for kind, times in by_kind.items():
-        plain = sum(times) / len(times)
-        spread = math.sqrt(sum((t - plain) ** 2 for t in times) / len(times))
-        found[kind] = KindMean(mean_s=weighted_mean(times), spread_s=spread, samples=len(times))
-    return found
+    return {kind: kind_mean(times) for kind, times in by_kind.items()}
+
+
+def kind_mean(times_newest_first: Sequence[float]) -> KindMean:
+    """One kind's measure from its runs, newest first."""
+    count = len(times_newest_first)
+    plain = sum(times_newest_first) / count
+    spread = math.sqrt(sum((t - plain) ** 2 for t in times_newest_first) / count)
+    return KindMean(mean_s=weighted_mean(times_newest_first), spread_s=spread, samples=count)
 
 
 def usable(means: Mapping[str, KindMean], samples_min: int) -> dict[str, float]:
@@ -73,3 +77,25 @@ def ending_mean(counts: Mapping[str, int], means: Mapping[str, float], fallback_
         return means.get(held[0][0], fallback_s)
     rate = sum(n / max(1e-9, means.get(kind, fallback_s)) for kind, n in held)
     return sum(n for _, n in held) / rate
+
+
+def running_mean_s(
+    starts: Iterable[tuple[str, float | None]], kinds: Mapping[str, KindMean],
+    samples_min: int, fallback_s: float, now: float,
+) -> float:
+    """The mean at which jobs started at ``starts`` (``(kind, started_at)``; None: not yet)
+    free their slots, as ``ending_mean`` means it: ``n`` times the expected time until the
+    first of them ends, each by what it has run against its kind's mean and spread
+    (``jobs.core.remaining``; ``fallback_s``, of unknown spread, for a kind measured on
+    fewer than ``samples_min`` runs). With every kind memoryless it is ``ending_mean``."""
+    figures: dict[str, tuple[float, float | None]] = {}  # each kind's, looked up once
+    rests = []
+    for kind, started in starts:
+        measure = figures.get(kind)
+        if measure is None:
+            measured = kinds.get(kind)
+            measure = figures[kind] = (
+                (fallback_s, None) if measured is None or measured.samples < samples_min
+                else (measured.mean_s, measured.spread_s))
+        rests.append(remaining(*measure, 0.0 if started is None else now - started))
+    return max(0.001, len(rests) * first_end_s(rests))  # finite, as a mean: at least 1 ms

@@ -3,8 +3,9 @@ estimates: the tiers' arrivals (a queued job is passed by the better-ranked work
 while it waits, ``policy.overtakers``), the mean of the jobs running now, and each kind's
 measured mean (a tenant at its cap waits for its own jobs, at their kinds' means).
 
-The leader measures them every ``SERVICE_REFRESH_S``; each process keeps what it read of a
-pool for ``CACHE_S``, so a submit rarely pays a Redis round trip for them. Unreadable or
+The leader counts the arrivals and the running jobs every ``ARRIVALS_REFRESH_S`` and the
+kinds' means every ``SERVICE_REFRESH_S``; each process keeps what it read of a pool for
+``CACHE_S``, so a submit rarely pays a Redis round trip for them. Unreadable or
 absent (no leader yet, Redis down): nothing measured, and the estimates fall back to the
 pool's mean alone.
 """

@@ -6,10 +6,11 @@ sample count, so every API replica reads the same figure in one round trip
 (``read_measured``). Readers use it only once ``policy.service_samples_min`` runs back it
 (``mean_service_s``); before that the configured ``mean_service_s`` stands.
 
-With it the leader publishes the pool's work (``jobs.core.arrivals.Work``): each kind's mean,
-the running jobs' mean, and each tier's admissions over the last
-``policy.arrivals_window_s``, which estimates count as the better-ranked work that passes a
-queued job (``jobs.fleet.arrivals`` reads them).
+With it the leader publishes the pool's work (``jobs.core.arrivals.Work``): each kind's mean
+and spread, and, every ``ARRIVALS_REFRESH_S``, the mean at which the running jobs free their
+slots (from what each has run, ``jobs.core.remaining``) and each tier's arrival rate over the
+span since it last changed, at most ``policy.arrivals_window_s``, which estimates count as the
+better-ranked work that passes a queued job (``jobs.fleet.arrivals`` reads them).
 
 The mean is exponentially weighted by recency over the last ``WINDOW`` runs (the weight halves
 every ``HALF_LIFE`` runs), so a change of workload moves μ within tens of jobs while one odd
@@ -25,11 +26,12 @@ from typing import Any
 
 import redis
 
-from jobs.core.arrivals import Work, arrivals_from
+from jobs.core.arrivals import Work, arrivals_from, spans
+from jobs.core.cadence import ARRIVALS_REFRESH_S
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
 from jobs.core.cadence import SERVICE_STALE_AFTER_S as STALE_AFTER_S
 from jobs.core.policy import WINDOW, MeasuredMean, mean_service_s, weighted_mean
-from jobs.core.service_times import KindMean, ending_mean, kind_means, mix_mean, usable
+from jobs.core.service_times import KindMean, kind_means, mix_mean, running_mean_s, usable
 from jobs.index.keys import IndexKeys
 from jobs.process.runtime import Runtime
 from jobs.store import stats as stats_sql
@@ -87,51 +89,77 @@ RUNS_READ = 10 * WINDOW
 
 @dataclass
 class ServiceRateTracker:
-    """Recomputes the measured mean from SQL at most every ``every_s`` and publishes it, with
-    the means per kind and the tiers' arrivals."""
+    """Recomputes the measured mean from SQL at most every ``every_s`` and publishes it with
+    the means per kind; counts the tiers' arrivals and the running jobs' ages at most every
+    ``arrivals_every_s`` and publishes the work (``Work``) they make."""
 
     every_s: float = REFRESH_S
+    arrivals_every_s: float = ARRIVALS_REFRESH_S
     window: int = WINDOW
     _current: MeasuredMean | None = field(default=None, init=False)
     _refreshed_at: float = field(default=-math.inf, init=False)
+    _counted_at: float = field(default=-math.inf, init=False)
+    # The last measure: each kind's, and the latest runs' overall mean (None: no runs).
+    _kinds: dict[str, KindMean] = field(default_factory=dict, init=False)
+    _overall: float | None = field(default=None, init=False)
+    _samples: int = field(default=0, init=False)
 
     def refresh(self, runtime: Runtime, now: float) -> MeasuredMean | None:
-        """The current figure; recomputed and published when ``every_s`` has passed."""
-        if now - self._refreshed_at < self.every_s:
-            return self._current
+        """The current figure; measured again when ``every_s`` has passed, the work counted
+        again when ``arrivals_every_s`` has."""
+        if now - self._refreshed_at >= self.every_s:
+            self._measure(runtime, now)
+        if now - self._counted_at >= self.arrivals_every_s:
+            self._count(runtime, now)
+        return self._current
+
+    def _measure(self, runtime: Runtime, now: float) -> None:
         pol = runtime.policy
-        window_s = pol.arrivals_window_s
         with runtime.sessions() as session:
             runs = stats_sql.recent_runs(session, limit=RUNS_READ, scope=runtime.scope)
-            queued, inflight = stats_sql.live_by_kind(session, runtime.scope)
-            arrived = stats_sql.arrival_counts(session, since=now - window_s,
-                                               scope=runtime.scope)
+            queued, _ = stats_sql.live_by_kind(session, runtime.scope)
         self._refreshed_at = now
         times = [seconds for _, seconds in runs[:self.window]]
-        kinds = kind_means(runs, self.window)
-        means = usable(kinds, pol.service_samples_min)
-        measured, running = None, None
-        if times:
+        self._kinds = kind_means(runs, self.window)
+        self._samples = len(times)
+        means = usable(self._kinds, pol.service_samples_min)
+        measured = None
+        self._overall = weighted_mean(times) if times else None
+        if self._overall is not None:
             # The pool's mean is that of the work it holds queued, each kind at its own mean
             # (with none queued, or one kind, the mean of the latest runs); the running
-            # jobs' is published beside it (``policy.expected_wait_s``).
-            overall = weighted_mean(times)
-            measured = MeasuredMean(mean_s=round(mix_mean(queued, means, overall), 6),
+            # jobs' is published with the arrivals (``policy.expected_wait_s``).
+            measured = MeasuredMean(mean_s=round(mix_mean(queued, means, self._overall), 6),
                                     samples=len(times))
-            if inflight and len(times) >= pol.service_samples_min:
-                running = round(ending_mean(inflight, means, overall), 6)
-        pool_mean = mean_service_s(pol, measured)
-        publish_kinds(runtime.redis, runtime.prefix, kinds)
-        publish_work(runtime.redis, runtime.prefix,
-                     Work(arrivals=arrivals_from(arrived, means, pool_mean, window_s),
-                          running_mean_s=running), now=now)
+        publish_kinds(runtime.redis, runtime.prefix, self._kinds)
         if measured is None:
             self._current = None
-            return None
+            return
         publish(runtime.redis, runtime.prefix, measured, now=now)
         if self._current is None or abs(self._current.mean_s - measured.mean_s) > 1e-6:
             logger.info("service_rate.measured", extra={
                 "event": "service_rate.measured", "mean_s": round(measured.mean_s, 4),
                 "samples": measured.samples})
         self._current = measured
-        return measured
+
+    def _count(self, runtime: Runtime, now: float) -> None:
+        """The tiers' arrivals over the spans since their rates last changed
+        (``jobs.core.arrivals``), and the mean at which the running jobs free their slots
+        from what each has run (``running_mean_s``)."""
+        pol = runtime.policy
+        spanned = spans(pol.arrivals_window_s)
+        with runtime.sessions() as session:
+            arrived = stats_sql.arrival_counts(session, now=now, spans=spanned,
+                                               scope=runtime.scope)
+            starts = stats_sql.in_flight_starts(session, runtime.scope)
+        self._counted_at = now
+        means = usable(self._kinds, pol.service_samples_min)
+        pool_mean = mean_service_s(pol, self._current)
+        running = None
+        if starts and self._overall is not None and self._samples >= pol.service_samples_min:
+            running = round(running_mean_s(starts, self._kinds, pol.service_samples_min,
+                                           self._overall, now), 6)
+        publish_work(runtime.redis, runtime.prefix,
+                     Work(arrivals=arrivals_from(arrived, means, pool_mean, spanned),
+                          running_mean_s=running), now=now)
+

@@ -56,8 +56,9 @@ its attempt is not the first or it has a ``start_by``):
                        lost its data; older than SQL's, Redis came back from a snapshot
 - ``rate:<tenant>``    hash tokens, at: the tenant's request-rate token bucket
 - ``service_mean``     hash mean_s, samples, at: the measured mean service time
-- ``arrivals``         hash tier -> "rate mean": jobs/s admitted over the last
-                       ``policy.arrivals_window_s`` and their kinds' mean service time; at:
+- ``arrivals``         hash tier -> "rate mean": jobs/s admitted over the span since the
+                       rate last changed (at most ``policy.arrivals_window_s``) and their
+                       kinds' mean service time; running_s: the running jobs' mean; at:
                        when measured (``jobs.fleet.arrivals``)
 - ``kind_means``       hash kind -> "mean spread samples": each kind's measured service time
                        (``jobs.core.service_times``)

@@ -105,7 +105,8 @@ class PolicySettings(BaseModel):
     default_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 3600.0
     timeout_grace_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     # The tiers' arrival rates, which estimates and deadlines count as the better-ranked
-    # work that passes a queued job, are the admissions of this last window.
+    # work that passes a queued job, are the admissions of at most this last window, over
+    # the span since each last changed (``jobs.core.arrivals``).
     arrivals_window_s: Annotated[float, Field(ge=5, le=3600)] = 60.0
 
 

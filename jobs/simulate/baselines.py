@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from sortedcontainers import SortedList
 
 from jobs.core.policy import MeasuredMean
+from jobs.core.service_times import KindMean
 from jobs.fleet import pool
 from jobs.simulate.contender import ACCEPTED, Context, Dispatched, Verdict
 
@@ -62,7 +63,8 @@ class _Baseline:
 
     def measured(self, mean: MeasuredMean, now: float,
                  kinds: Mapping[str, float] | None = None,
-                 running_mean_s: float | None = None) -> None:
+                 measures: Mapping[str, KindMean] | None = None,
+                 overall_s: float | None = None) -> None:
         self._measured = mean
         self._refigure()
 

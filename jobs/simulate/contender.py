@@ -13,6 +13,7 @@ from typing import Protocol
 
 from jobs.core import policy
 from jobs.core.policy import MeasuredMean, Policy, Tier
+from jobs.core.service_times import KindMean
 from jobs.simulate.traffic import Traffic
 
 
@@ -52,9 +53,11 @@ class Contender(Protocol):
 
     def measured(self, mean: MeasuredMean, now: float,
                  kinds: Mapping[str, float] | None = None,
-                 running_mean_s: float | None = None) -> None:
+                 measures: Mapping[str, KindMean] | None = None,
+                 overall_s: float | None = None) -> None:
         """The measured mean service time, as the dispatcher publishes it (the mean of the
-        work the pool holds queued), each measured kind's mean, and the running jobs'."""
+        work the pool holds queued), each measured kind's mean, and its mean and spread, and
+        the latest runs' overall mean (a kind not measured yet counts at it)."""
         ...
 
     def submit(self, job: int, now: float) -> Verdict: ...

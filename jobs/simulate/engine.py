@@ -25,7 +25,7 @@ from jobs.core import policy
 from jobs.core.cadence import FEED_PERIOD_S, ITEMS_PER_ROUND, MAINTENANCE_PERIOD_S
 from jobs.core.cadence import SERVICE_REFRESH_S as REFRESH_S
 from jobs.core.policy import WINDOW, MeasuredMean, weighted_mean
-from jobs.core.service_times import ending_mean, mix_mean
+from jobs.core.service_times import kind_mean, mix_mean, usable
 from jobs.simulate.contender import Contender, Context, Verdict
 from jobs.simulate.lanes import Lane, lane_tenants
 from jobs.simulate.outcome import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run, Sample
@@ -205,38 +205,43 @@ class Engine:
         self._next_timer = min(self._next_sample, self._next_measure, self._next_upkeep)
 
     def _measure(self, lane: Lane, now: float) -> None:
-        """As ``jobs.fleet.service_rate``: each kind's mean from its newest runs, the mean of
-        the work the pool holds queued, each kind at its own (the overall mean for a kind
-        with too few runs, and with none queued), and the running jobs' mean."""
-        overall = weighted_mean(lane.run_times)
+        """As ``jobs.fleet.service_rate``: each kind's mean and spread from its newest runs,
+        and the mean of the work the pool holds queued, each kind at its own (the overall
+        mean for a kind with too few runs, and with none queued). The running jobs' the
+        contender counts with the arrivals, as the leader does."""
         samples = len(lane.run_times)
         samples_min = self.context.policy.service_samples_min
+        if lane.kinds_at != lane.completions:  # new runs: each kind's measure again (only
+            # of those measured well enough to be used)
+            lane.kinds_at = lane.completions
+            lane.overall = weighted_mean(lane.run_times)
+            runs_of = ({self._kinds[0]: lane.run_times} if self._one_kind else
+                       {self._kinds[kind]: runs for kind, runs in lane.kind_runs.items()})
+            lane.kinds = {name: kind_mean(runs) for name, runs in runs_of.items()
+                          if len(runs) >= samples_min}
+        overall = lane.overall
+        assert overall is not None
         if self._one_kind:  # its mean is the overall one, queued and running alike
-            means = {self._kinds[0]: overall} if samples >= samples_min else {}
-            running_mean = overall if lane.running and samples >= samples_min else None
-            self._tell(lane, MeasuredMean(mean_s=overall, samples=samples), means,
-                       running_mean, now)
+            self._tell(lane, MeasuredMean(mean_s=overall, samples=samples), now)
             return
-        means = {self._kinds[kind]: weighted_mean(runs)
-                 for kind, runs in lane.kind_runs.items() if len(runs) >= samples_min}
+        means = usable(lane.kinds, samples_min)
         running: dict[str, int] = {}
         for job in lane.running:
             name = self._kinds[self._kind[job]]
             running[name] = running.get(name, 0) + 1
         queued = {self._kinds[kind]: count - running.get(self._kinds[kind], 0)
                   for kind, count in lane.live.items()}
-        running_mean = (ending_mean(running, means, overall)
-                        if running and samples >= samples_min else None)
         self._tell(lane, MeasuredMean(mean_s=mix_mean(queued, means, overall), samples=samples),
-                   means, running_mean, now)
+                   now)
 
-    def _tell(self, lane: Lane, mean: MeasuredMean, means: dict[str, float],
-              running_mean: float | None, now: float) -> None:
+    def _tell(self, lane: Lane, mean: MeasuredMean, now: float) -> None:
         """Tell the lane's contender a measure that differs from the last one told."""
-        measure = (mean, means, running_mean)
+        measures = lane.kinds
+        means = {name: m.mean_s for name, m in measures.items()}
+        measure = (mean, means, measures, lane.overall)
         if measure != lane.measure:
             lane.measure = measure
-            lane.c.measured(mean, now, kinds=means, running_mean_s=running_mean)
+            lane.c.measured(mean, now, kinds=means, measures=measures, overall_s=lane.overall)
 
     def _gone(self, lane: Lane, job: int) -> None:
         """A job of the lane's work ended for good (its kind's count kept with two kinds

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from jobs.core.policy import WINDOW, MeasuredMean
+from jobs.core.service_times import KindMean
 from jobs.simulate.contender import Contender
 from jobs.simulate.overtaking import Overtaking
 from jobs.simulate.scenario import Pool
@@ -33,8 +34,15 @@ class Lane:
     # Per kind (``Traffic.kinds``): its newest run times, and its jobs queued or running.
     kind_runs: dict[int, deque[float]] = field(default_factory=dict)
     live: dict[int, int] = field(default_factory=dict)
-    # The last measure told its contender: the mean, each kind's, the running jobs'.
-    measure: tuple[MeasuredMean, dict[str, float], float | None] | None = None
+    # The last measure told its contender: the mean, each kind's, each measured kind's mean
+    # and spread, the latest runs' overall mean.
+    measure: tuple[MeasuredMean, dict[str, float], dict[str, KindMean],
+                   float | None] | None = None
+    # Each kind's measure once it has the runs a measure needs, and the latest runs' overall
+    # mean (None: no runs).
+    kinds: dict[str, KindMean] = field(default_factory=dict)
+    overall: float | None = None
+    kinds_at: int = -1  # completions behind ``kinds``
     completions: int = 0
     measured_at: int = 0  # completions behind the last measure
     busy_s: float = 0.0  # slot-seconds of work

@@ -26,9 +26,10 @@ from collections.abc import Mapping
 
 from jobs.core import policy
 from jobs.core.arrivals import ArrivalCounter, arrivals_from
-from jobs.core.cadence import SERVICE_REFRESH_S
+from jobs.core.cadence import ARRIVALS_REFRESH_S
 from jobs.core.policy import MeasuredMean, RateLimit, Tier
-from jobs.core.service_times import mix_mean
+from jobs.core.remaining import Rest, own_slot_s, remaining
+from jobs.core.service_times import KindMean, mix_mean, running_mean_s
 from jobs.fleet import pool as capacity
 from jobs.fleet.pool import PoolFigures
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
@@ -92,7 +93,7 @@ class TierqContender:
         # every heartbeat.
         self._ids = [job_id(job) for job in range(len(traffic))]
         # Admissions per tier, and the rates the dispatcher last published from them (every
-        # SERVICE_REFRESH_S, as the mean service time).
+        # ARRIVALS_REFRESH_S).
         self._arrivals = ArrivalCounter(pol.arrivals_window_s)
         self._later_rates: dict[str, float] = {}
         self._rates_next = 0.0
@@ -105,6 +106,12 @@ class TierqContender:
         # own jobs' mean is the pool's, and nothing is kept).
         self._kinds_kept = len(traffic.kinds) > 1
         self._tenant_work: list[dict[str, int]] = [{} for _ in traffic.tenants]
+        # Each measured kind's mean and spread, and per tenant its running jobs and their
+        # starts: what they have left (``estimates.own_side``).
+        self._measures: dict[str, KindMean] = {}
+        self._running: list[dict[int, float]] = [{} for _ in traffic.tenants]
+        self._started: dict[int, float] = {}  # every running job's start
+        self._overall: float | None = None  # the latest runs' overall mean
 
     # -- the pool --
 
@@ -129,11 +136,13 @@ class TierqContender:
 
     def measured(self, mean: MeasuredMean, now: float,
                  kinds: Mapping[str, float] | None = None,
-                 running_mean_s: float | None = None) -> None:
+                 measures: Mapping[str, KindMean] | None = None,
+                 overall_s: float | None = None) -> None:
         self.index.service_mean = (mean.mean_s, mean.samples)
         self._measured = mean
         self._kind_means = dict(kinds or {})
-        self._running_mean = running_mean_s
+        self._measures = dict(measures or {})
+        self._overall = overall_s
 
     def cap(self, tenant: int) -> int | None:
         return self._tenant_caps[tenant]
@@ -187,16 +196,32 @@ class TierqContender:
         return later
 
     def _refresh_arrivals(self, now: float) -> None:
-        """What the dispatcher publishes every ``SERVICE_REFRESH_S``: the tiers' arrivals."""
+        """What the dispatcher publishes every ``ARRIVALS_REFRESH_S``: the tiers' arrivals."""
         pol = self.policy
         published = arrivals_from(self._arrivals.counts(now), self._kind_means,
                                   policy.mean_service_s(pol, self._measured),
-                                  pol.arrivals_window_s)
-        self._rates_next = now + SERVICE_REFRESH_S
+                                  self._arrivals.spans)
+        self._rates_next = now + ARRIVALS_REFRESH_S
+        self._running_mean = self._running_now(now)
         rates = {name: a.jobs_per_s for name, a in published.items()}
         if rates != self._later_rates:
             self._later_rates = rates
             self._later_of = [None] * len(self._tiers)
+
+    def _running_now(self, now: float) -> float | None:
+        """What the dispatcher publishes with the arrivals: the mean at which the running
+        jobs free their slots, from what each has run (``service_times.running_mean_s``)."""
+        measured, overall = self._measured, self._overall
+        if (overall is None or measured is None
+                or measured.samples < self.policy.service_samples_min):
+            return None
+        if not self._started:
+            return None
+        traffic = self.context.traffic
+        kinds, kind = traffic.kinds, traffic.kind
+        return running_mean_s(
+            [(kinds[kind[job]], started) for job, started in self._started.items()],
+            self._measures, self.policy.service_samples_min, overall, now)
 
     def _told_wait(self, admission: Admission, tier: Tier, tenant: int, job: int,
                    own_cap: int | None, later: list[policy.Overtaker]) -> float | None:
@@ -205,17 +230,32 @@ class TierqContender:
         load = frozen_value(policy.TenantLoad, cap=own_cap or figures.caps[tier.name],
                             inflight=admission.tenant_inflight,
                             ahead=max(0, admission.tenant_queued - 1))
-        own = None
-        if load.excess and self._kinds_kept and self._kind_means:  # its own kinds' mean,
-            # a kind not measured yet at the configured mean (``estimates.own_mean_s``)
-            own = mix_mean(self._ahead_of(tenant, job), self._kind_means,
-                           self.policy.mean_service_s)
+        own, first = None, None
+        if load.excess and self._kind_means:  # as ``estimates.own_side``
+            fallback = self.policy.mean_service_s
+            if self._kinds_kept:  # its own kinds' mean, one not measured yet at the
+                # configured mean
+                own = mix_mean(self._ahead_of(tenant, job), self._kind_means, fallback)
+            first = own_slot_s(self._rests(tenant, fallback), holds=load.inflight,
+                               cap=load.cap,
+                               fresh_mean_s=figures.mean_service_s if own is None else own)
         told = policy.expected_wait_s(
             admission.starts_ahead, max(0, figures.capacity - admission.inflight),
             figures.service_rate, tenant=load, capacity=figures.capacity,
             mean_service_s=figures.mean_service_s, later=later, tenant_mean_s=own,
-            running_mean_s=self._running_mean)
+            running_mean_s=self._running_mean,
+            tenant_first_end_s=first if first is not None and math.isfinite(first) else None)
         return told if math.isfinite(told) else None
+
+    def _rests(self, tenant: int, fallback_s: float) -> list[Rest]:
+        """What the tenant's running jobs have left, each by its kind's measure."""
+        traffic, now, measures = self.context.traffic, self._now, self._measures
+        rests = []
+        for job, started in self._running[tenant].items():
+            measured = measures.get(traffic.kinds[traffic.kind[job]])
+            rests.append(remaining(fallback_s, None, now - started) if measured is None
+                         else remaining(measured.mean_s, measured.spread_s, now - started))
+        return rests
 
     def _ahead_of(self, tenant: int, job: int) -> dict[str, int]:
         """The tenant's work in the pool, by kind, but for ``job`` itself."""
@@ -258,6 +298,7 @@ class TierqContender:
         self._now = now
         out = Dispatched()
         start_by = self.context.start_by
+        traffic_tenant = self.context.traffic.tenant
         while True:
             leases = self.index.dispatch(BATCH, lease_ttl_s=self._ttl, now=now,
                                          capacity=self._slots)
@@ -271,11 +312,14 @@ class TierqContender:
                     late += 1
                 else:
                     out.started.append((job, lease.attempt))
+                    self._running[traffic_tenant[job]][job] = self._started[job] = now
             if not late:
                 return out
 
     def finish(self, job: int, attempt: int, now: float) -> None:
         self.index.release(self._ids[job], attempt=attempt)
+        self._running[self.context.traffic.tenant[job]].pop(job, None)
+        self._started.pop(job, None)
 
     def gone(self, job: int) -> None:
         traffic = self.context.traffic
@@ -296,7 +340,9 @@ class TierqContender:
         self.index.renew(self._ids[job], attempt=attempt, ttl_s=self._ttl, now=now)
 
     def lose(self, job: int, attempt: int, now: float) -> None:
-        """Nothing to do: the lease simply stops being renewed."""
+        """The lease simply stops being renewed; the job runs no more."""
+        self._running[self.context.traffic.tenant[job]].pop(job, None)
+        self._started.pop(job, None)
 
     def reap(self, now: float) -> list[tuple[int, int]]:
         return [(int(lease.job_id), lease.attempt)

@@ -3,6 +3,8 @@ and what retention has pruned (the metrics and the measured service rate read th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -15,6 +17,7 @@ from jobs.store.models import (
 from jobs.store.rows import (
     TOTALS,
     dt,
+    epoch_or_none,
 )
 from jobs.store.scope import EVERY_KIND, scoped
 
@@ -50,17 +53,43 @@ def recent_service_times(
 
 
 def arrival_counts(
-    session: Session, *, since: float, scope: KindScope = EVERY_KIND
-) -> dict[tuple[str, str], int]:
-    """Jobs of each tier and kind that entered the queue at or after ``since``, among those
-    created since then: a range of the primary key, since ids are time-ordered
-    (``jobs.core.ids``)."""
+    session: Session, *, now: float, spans: Sequence[float], scope: KindScope = EVERY_KIND
+) -> dict[tuple[str, str], tuple[int, ...]]:
+    """Jobs of each tier and kind that entered the queue within each of ``spans`` (seconds,
+    ascending) before ``now``, among those created since the longest began: one range of the
+    primary key, since ids are time-ordered (``jobs.core.ids``), counted once per span."""
+    since = now - spans[-1]
+    columns = [sa.func.sum(sa.case((JobRow.enqueued_at >= dt(now - span), 1), else_=0))
+               for span in spans[:-1]]
     stmt = (
-        scoped(sa.select(JobRow.tier, JobRow.kind, sa.func.count()), JobRow.kind, scope)
+        scoped(sa.select(JobRow.tier, JobRow.kind, *columns, sa.func.count()), JobRow.kind,
+               scope)
         .where(JobRow.id >= first_id_at(since), JobRow.enqueued_at >= dt(since))
         .group_by(JobRow.tier, JobRow.kind)
     )
-    return {(tier, kind): count for tier, kind, count in session.execute(stmt)}
+    return {(tier, kind): tuple(int(n or 0) for n in counts)
+            for tier, kind, *counts in session.execute(stmt)}
+
+
+def in_flight_starts(
+    session: Session, scope: KindScope = EVERY_KIND
+) -> list[tuple[str, float | None]]:
+    """``(kind, started_at)`` of the jobs in flight (None: dispatched, not started yet): what
+    each has run, for the time it has left (``jobs.core.remaining``)."""
+    inflight = [Status.DISPATCHED.value, Status.RUNNING.value]
+    stmt = (scoped(sa.select(JobRow.kind, JobRow.started_at), JobRow.kind, scope)
+            .where(JobRow.status.in_(inflight)))
+    return [(kind, epoch_or_none(started)) for kind, started in session.execute(stmt)]
+
+
+def tenant_in_flight_starts(
+    session: Session, tenant_id: str, scope: KindScope = EVERY_KIND
+) -> list[tuple[str, float | None]]:
+    """``in_flight_starts`` of one tenant's jobs."""
+    inflight = [Status.DISPATCHED.value, Status.RUNNING.value]
+    stmt = (scoped(sa.select(JobRow.kind, JobRow.started_at), JobRow.kind, scope)
+            .where(JobRow.tenant_id == tenant_id, JobRow.status.in_(inflight)))
+    return [(kind, epoch_or_none(started)) for kind, started in session.execute(stmt)]
 
 
 def recent_runs(

@@ -4,6 +4,7 @@ late, queue position and estimated wait, and the measured service rate moving th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -383,15 +384,16 @@ def test_each_kind_is_measured_and_the_pool_is_the_mean_of_the_work_it_holds(
         dispatch_one(served, ids[0])  # an echo runs
         ServiceRateTracker().refresh(runtime, clock.now)
         assert runtime.index.work().running_mean_s == pytest.approx(0.02)
-        # All four run, the unmeasured sleep at the overall mean: a slot frees at the sum of
-        # their rates (about every 7 ms), so each frees at 4 / Σ rates, not at their plain
-        # mean of about 7.5 s.
+        # All four run, the unmeasured sleep at the overall mean, of unknown spread: the
+        # echos, measured at 20 ms exactly, end together 20 ms in, so the first slot frees
+        # then unless the sleep ends first (jobs.core.remaining); the four free their slots
+        # at 4 times that, not at their plain mean of about 7.5 s.
         runtime.index.set_caps({"premium": 6})  # the dispatcher's (24 slots x 0.25)
         for job_id in ids[1:]:
             dispatch_one(served, job_id)
         ServiceRateTracker().refresh(runtime, clock.now)
-        assert runtime.index.work().running_mean_s == pytest.approx(
-            4 / (3 / 0.02 + 1 / overall), abs=1e-6)
+        first_end = overall * (1 - math.exp(-0.02 / overall))
+        assert runtime.index.work().running_mean_s == pytest.approx(4 * first_end, abs=1e-6)
 
 
 def test_the_tracker_weights_recent_runs_more(

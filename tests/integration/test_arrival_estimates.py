@@ -58,6 +58,30 @@ def test_the_leader_publishes_each_tiers_admissions_over_the_window(settings: An
         assert runtime.index.work().arrivals == {}
 
 
+def test_a_step_in_load_is_measured_within_seconds(settings: Any) -> None:
+    """Free work at 0.1 jobs/s for a minute, then premium at 5 jobs/s: 5 s after the step the
+    leader publishes premium at about 5 jobs/s (not 25 jobs over a 60 s window, 0.42), and
+    free still at its steady 0.1."""
+    clock = Clock()
+    with running_api(settings.model_copy(update={"policy": settings.policy.model_copy(
+            update={"pool_concurrency": 100})}), clock) as served:
+        free = served.tenant_key("f")
+        premium = [served.tenant_key(f"lux{i}", tier="premium") for i in range(2)]
+        start = clock.now
+        for i in range(6):  # one every 10 s over the minute before the step
+            clock.now = start + 10 * i
+            assert served.submit(free).status_code == 202
+        step = start + 55
+        for i in range(25):  # 5 a second from the step, two tenants in turn
+            clock.now = step + i / 5
+            assert served.submit(premium[i % 2]).status_code == 202
+        clock.now = step + 5
+        ServiceRateTracker().refresh(rt(served), clock.now)
+        arrivals = rt(served).index.work().arrivals
+        assert arrivals["premium"].rate_per_s == pytest.approx(5.0, rel=0.25), arrivals
+        assert arrivals["free"].rate_per_s == pytest.approx(0.1, rel=0.25), arrivals
+
+
 def test_a_free_job_is_told_the_premium_work_that_will_pass_it(
     settings: Any, redis_client: redis.Redis, key_prefix: str
 ) -> None:

@@ -25,6 +25,7 @@ from tests.integration.api_harness import (
     queue_of,
     rt,
     running_api,
+    start_one,
 )
 from tests.services import RedisServer
 
@@ -169,3 +170,37 @@ def test_a_tenant_at_its_cap_waits_for_its_own_kinds_read_once_a_second(
     assert (second["queue_position"], second["estimated_wait_s"]) == (0, 0.5)
     assert (third["queue_position"], third["estimated_wait_s"]) == (1, 1.0)
     assert reads == [acme["id"]]
+
+
+def test_a_tenant_at_its_cap_is_told_what_its_running_job_has_left(
+    served: ApiClient, clock: Clock, redis_client: redis.Redis
+) -> None:
+    """Its kind runs 25 s give or take half a second: 20 s into its one running job, a tenant
+    at its cap of 1 is told its next job starts in 5 s, not a whole 25 s (nor the pool's
+    10 s), and a submit over its queued quota is told to come back then. A job that has run
+    past its kind's time is not taken to be nearly done: 5 s over, it is expected to need as
+    long again."""
+    redis_client.hset(IndexKeys(rt(served).prefix).kind_means, mapping=Work.kind_fields({
+        "sleep": KindMean(mean_s=25.0, spread_s=0.5, samples=200)}))
+    acme = served.create_tenant("acme", "standard")
+    key = acme["api_key"]
+    quota = served.patch(f"/v1/admin/tenants/{acme['id']}", json={"max_queued": 1},
+                         headers=auth(ADMIN_KEY))
+    assert quota.status_code == 200
+    first = served.submit(key, {"kind": "sleep", "payload": {"seconds": 25}}).json()
+    dispatch_one(served, first["id"])
+    start_one(served, first["id"])
+
+    clock.now += 20
+    second = served.submit(key, {"kind": "sleep", "payload": {"seconds": 25}}).json()
+    assert second["estimated_wait_s"] == pytest.approx(5.0, abs=0.01)
+    assert seen(served, key, second["id"])[1] == pytest.approx(5.0, abs=0.01)
+    over = served.submit(key)
+    assert over.status_code == 429, over.text
+    assert (over.json()["error"]["type"], over.json()["error"]["limit"]) == (
+        "tenant_limit", "quota")
+    assert over.headers["Retry-After"] == "5"  # when its running job frees its slot
+
+    clock.now += 10  # 30 s in: 5 s past its kind's time
+    assert seen(served, key, second["id"])[1] == pytest.approx(5.0, abs=0.01)
+    assert served.submit(key).headers["Retry-After"] == "5"

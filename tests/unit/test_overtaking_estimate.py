@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobs.core import policy
-from jobs.core.arrivals import ArrivalCounter, rate_of
+from jobs.core.arrivals import ArrivalCounter, rate_of, steady_rate
 from jobs.core.policy import Overtaker
 from jobs.core.service_times import ending_mean, kind_means, mix_mean, usable
 from jobs.process.settings import load_settings
@@ -108,10 +108,14 @@ def test_the_counter_keeps_its_window_only() -> None:
         counter.arrived("premium", float(at), "eval")
         if at == 10:
             counter.arrived("free", 10.0, "lookup")
-    # free's and premium's first 29 are out of the window
-    assert counter.counts(119.0) == {("premium", "eval"): 30}
+    # free's and premium's first 29 are out of the window; each span counts its own
+    counts = counter.counts(119.0)
+    assert list(counts) == [("premium", "eval")]
+    assert dict(zip(counter.spans, counts[("premium", "eval")], strict=True))[60.0] == 30
+    assert dict(zip(counter.spans, counts[("premium", "eval")], strict=True))[10.0] == 5
     assert rate_of(30, 60.0) == 0.5
-    assert counter.counts(150.0) == {("premium", "eval"): 15}
+    assert steady_rate(counts[("premium", "eval")], counter.spans) == (0.5, 9)
+    assert counter.counts(150.0)[("premium", "eval")][-1] == 15
 
 
 def test_each_kind_has_its_own_mean_and_spread_from_its_newest_runs() -> None:

@@ -318,11 +318,15 @@ def test_a_scenario_without_pools_gives_the_figures_it_gave_before_pools() -> No
     # passing_jobs), free jobs with a max_wait_s that premium would push past it are refused
     # at once (21 more), and their slots serve premium. Since the jobs ahead that wait on
     # their tenants' caps no longer count while a free slot awaits a job (starts_ahead), ten
-    # of those free jobs are accepted and start, and premium finds the pool fuller.
-    assert everything["tierq"] == (("premium", 2026, 1095, 594, 0, 0),
-                                   ("standard", 318, 290, 28, 0, 0),
+    # of those free jobs are accepted and start, and premium finds the pool fuller. Since the
+    # leader counts the arrivals every second over the span since each rate changed, not
+    # every 5 s over a minute, deadlines are decided on other figures and the run takes
+    # another course (from the 9 free jobs of 539-559 s refused on a measured mean of 6.5 s,
+    # where 5.9 s had been measured before).
+    assert everything["tierq"] == (("premium", 2026, 1097, 589, 0, 0),
+                                   ("standard", 318, 287, 31, 0, 0),
                                    ("standard batch", 300, 131, 0, 10, 159),
-                                   ("free", 356, 328, 12, 7, 0))
+                                   ("free", 356, 322, 21, 7, 0))
     assert everything["rescore"] == (("premium", 2026, 1165, 308, 0, 0),
                                      ("standard", 318, 281, 37, 0, 0),
                                      ("standard batch", 300, 131, 0, 12, 157),
