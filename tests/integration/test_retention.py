@@ -380,8 +380,8 @@ def test_a_pruned_jobs_webhook_deliveries_go_with_it(runtime: Runtime) -> None:
         for new, at in ((old, T0), (kept, T0 + 150)):
             assert jobs_sql.transition(s, new.id, src=Status.QUEUED, attempt=1,
                                        dst=Status.CANCELLED, now=at)
-        event = webhooks_sql.claim(s, [i for i, _ in webhooks_sql.due(s, now=T0, limit=5)],
-                                   now=T0, until=T0 + 30)[0]
+        due = webhooks_sql.due(s, now=T0, limit=5, room={}, tenant_room=5)
+        event = webhooks_sql.claim(s, [i for i, _ in due], now=T0, until=T0 + 30)[0]
         webhooks_sql.record_try(s, event, at=T0, status_code=500, error="HTTP 500",
                                 duration_ms=1.0, next_at=T0 + 5)
     assert count(runtime, WebhookEventRow) == 2 and count(runtime, WebhookAttemptRow) == 1
