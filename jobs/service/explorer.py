@@ -164,7 +164,9 @@ def cancel_any(runtime: Runtime, job_id: str) -> job_service.CancelOutcome:
     return job_service.cancel(runtime, tenant, job.id)
 
 
-def retry_any(runtime: Runtime, validator: PayloadValidator, job_id: str) -> Submitted:
-    """The admin's retry: the tenant's own, on the job's tenant (its tier, its limits)."""
+def retry_any(runtime: Runtime, validator: PayloadValidator, job_id: str,
+              idempotency_key: str | None = None) -> Submitted:
+    """The admin's retry: the tenant's own, on the job's tenant (its tier, its limits, its
+    idempotency keys)."""
     job, tenant = any_job(runtime, job_id)
-    return job_service.retry(runtime, validator, tenant, job.id)
+    return job_service.retry(runtime, validator, tenant, job.id, idempotency_key)

@@ -183,10 +183,14 @@ def test_the_admin_cancels_and_retries_any_tenants_job(api: ApiClient, world: Wo
     assert (again.status_code, again.json()["error"]["type"]) == (409, "job_not_ended")
     cancelled = api.post(f"/v1/admin/jobs/{job_id}/cancel", headers=ADMIN)
     assert (cancelled.status_code, cancelled.json()["status"]) == (200, "cancelled")
-    retried = api.post(f"/v1/admin/jobs/{job_id}/retry", headers=ADMIN)
+    keyed = ADMIN | {"Idempotency-Key": "admin-retry-1"}
+    retried = api.post(f"/v1/admin/jobs/{job_id}/retry", headers=keyed)
     assert retried.status_code == 202, retried.text
     new_id = retried.json()["id"]
     assert retried.headers["Location"] == f"/v1/admin/jobs/{new_id}"
+    # Sent again (its answer lost): the same new job, no second one.
+    resent = api.post(f"/v1/admin/jobs/{job_id}/retry", headers=keyed)
+    assert (resent.status_code, resent.json()["id"]) == (200, new_id)
     # The new job is globex's own, of its tier, naming the one it retries.
     view = api.get(f"/v1/jobs/{new_id}", headers=auth(world.globex)).json()
     assert (view["retry_of"], view["tier"], view["status"]) == (job_id, "free", "queued")

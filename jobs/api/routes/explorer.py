@@ -22,7 +22,7 @@ from jobs.api.explorer_schemas import (
     JobDetailResponse,
     job_filters,
 )
-from jobs.api.routes.jobs import cancel_answer
+from jobs.api.routes.jobs import RetryKey, cancel_answer
 from jobs.api.schemas import CancelResponse, SubmitResponse
 from jobs.service import explorer
 from jobs.service import jobs as job_service
@@ -109,20 +109,27 @@ def cancel_any_job(
     description="As its tenant's POST /v1/jobs/{job_id}/retry, under that tenant's tier and "
     "limits: a failed, expired or cancelled job is submitted again as a new job naming it in "
     "retry_of (202, or 429); a job that has not ended, or that succeeded, is 409 "
-    "job_not_ended.",
+    "job_not_ended. An Idempotency-Key header (the tenant's keys) makes it safe to send "
+    "again: the same key answers 200 with the job it made.",
     responses={
+        200: {"model": SubmitResponse,
+              "description": "this Idempotency-Key made a retry of this job before: the same "
+                             "new job, no second one"},
         202: {"description": "the new job, accepted and queued",
               "headers": {"Location": {"description": "/v1/admin/jobs/<id> of the new job",
                                        "schema": {"type": "string"}}}},
-        **error_responses(*_READ, "job_not_ended", "capacity", "tenant_limit"),
+        **error_responses(*_READ, "job_not_ended", "idempotency_conflict", "capacity",
+                          "tenant_limit"),
     },
 )
 def retry_any_job(
     job_id: JobIdPath, _: AdminDep, runtime: RuntimeDep, validator: ValidatorDep,
-    response: Response,
+    response: Response, idempotency_key: RetryKey = None,
 ) -> SubmitResponse:
-    submitted = explorer.retry_any(runtime, validator, job_id)
+    submitted = explorer.retry_any(runtime, validator, job_id, idempotency_key)
     response.headers["Location"] = f"/v1/admin/jobs/{submitted.progress.job.id}"
+    if not submitted.created:
+        response.status_code = 200
     return SubmitResponse.of(submitted.progress)
 
 

@@ -316,6 +316,14 @@ def blob_size(runtime: Runtime, sha256: str) -> int | None:
         return blobs_sql.blob_size(session, sha256)
 
 
+# A retry's own idempotency key: one per retry a client makes, the same on each resend.
+RetryKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", min_length=1, max_length=200,
+    description="unique per tenant, one per retry a client makes (the same on each resend "
+                "of it): the same key again answers 200 with the job it made; a key used "
+                "for other work, 409 idempotency_conflict")]
+
+
 @router.post(
     "/{job_id}/retry",
     status_code=202,
@@ -343,11 +351,7 @@ def blob_size(runtime: Runtime, sha256: str) -> int | None:
 def retry_job(
     job_id: JobIdPath, tenant: TenantDep, runtime: RuntimeDep, validator: ValidatorDep,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(
-        alias="Idempotency-Key", min_length=1, max_length=200,
-        description="unique per tenant, one per retry a client makes (the same on each "
-                    "resend of it): the same key again answers 200 with the job it made; "
-                    "a key used for other work, 409 idempotency_conflict")] = None,
+    idempotency_key: RetryKey = None,
 ) -> SubmitResponse:
     submitted = job_service.retry(runtime, validator, tenant, job_id, idempotency_key)
     response.headers["Location"] = f"/v1/jobs/{submitted.progress.job.id}"
