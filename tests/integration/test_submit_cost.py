@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 
 T0 = 1_800_000_000.0
 TIERS = {"std": {"base_priority": 10, "max_wait_s": 60, "tenant_share": 0.5,
-                 "rate_per_s": 50, "rate_burst": 3}}
+                 "rate_per_s": 0.5, "rate_burst": 3}}
 
 
 @pytest.fixture
