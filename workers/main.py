@@ -67,7 +67,7 @@ def configure_logging(loglevel: str) -> None:
 def worker_hostname() -> str:
     """A worker id unique per process: it names the worker's slots in the index, and its
     pid tells ``tierq up`` which registration is its own child's
-    (``jobs.local.supervisor.wait_workers``)."""
+    (``jobs.local.up.wait_workers``)."""
     return f"tierq-{os.getpid()}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
 
 

@@ -54,7 +54,7 @@ def up(
     ] = None,
 ) -> None:
     """Run the whole system on this machine: API, dispatcher, a worker per pool (and Redis)."""
-    from jobs.local.supervisor import UpOptions, run_up
+    from jobs.local.up import UpOptions, run_up
 
     overrides: dict[str, Any] = {"data_dir": data_dir} if data_dir is not None else {}
     settings = load_settings(**overrides)

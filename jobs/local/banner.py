@@ -13,7 +13,7 @@ from jobs.process.program import tierq_command
 from jobs.process.settings import Settings
 
 if TYPE_CHECKING:
-    from jobs.local.supervisor import UpOptions
+    from jobs.local.up import UpOptions
 
 
 def derived_lines(settings: Settings, options: UpOptions) -> list[str]:

@@ -13,7 +13,8 @@ import pytest
 import redis
 
 from jobs.local.embedded_redis import EmbeddedRedis
-from jobs.local.supervisor import Backoff, ChildSpec, Supervisor, admin_key
+from jobs.local.supervisor import Backoff, ChildSpec, Supervisor
+from jobs.local.up import admin_key
 
 pytestmark = pytest.mark.integration
 
@@ -240,7 +241,7 @@ def test_children_die_with_a_supervisor_that_is_killed(tmp_path: Path) -> None:
 def test_up_waits_for_the_setup_of_its_pools_kinds_and_names_them() -> None:
     """What ``tierq up`` says while its workers start: the kinds of the pools it started whose
     handler sets up before its worker registers (none when they set up lazily)."""
-    from jobs.local.supervisor import setup_kinds, waiting_line
+    from jobs.local.up import setup_kinds, waiting_line
     from jobs.process.settings import load_settings
 
     env = {"TIERQ_HANDLERS": "tests.handlers_for_tests:WarmHandler"}

@@ -61,7 +61,7 @@ def test_the_example_run_comes_out_of_the_installed_package(tmp_path: Path) -> N
 
 def test_up_prints_what_its_slots_give_each_tier_and_warns_of_ones() -> None:
     from jobs.local.banner import derived_lines
-    from jobs.local.supervisor import UpOptions
+    from jobs.local.up import UpOptions
     from jobs.process.settings import load_settings
 
     small = derived_lines(load_settings(), UpOptions(concurrency=2))

@@ -117,7 +117,7 @@ def test_pool_names_the_tierq_pool_and_celery_pool_celerys(
 
 
 def test_up_starts_a_worker_per_pool_it_is_given() -> None:
-    from jobs.local.supervisor import UpOptions, app_children
+    from jobs.local.up import UpOptions, app_children
 
     children = app_children(UpOptions(concurrency=3, pools=("default", "gpu")), {})
     workers = {child.name: child.argv[child.argv.index("worker"):] for child in children
