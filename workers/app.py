@@ -94,22 +94,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def own_queue(settings: Settings, hostname: str) -> Queue:
     """The queue only this worker consumes: a slot it frees takes its next job from here
     (``workers.tasks``), bound to the tier queues' exchange by its own name."""
-    names = names_of(settings)
-    name = names.own_queue(hostname)
-    exchange = Exchange(names.exchange, type="direct")  # type: ignore[no-untyped-call]
-    return Queue(  # type: ignore[no-untyped-call]
-        name, exchange, routing_key=name, durable=True,
-        queue_arguments=own_queue_arguments(settings.resolved_broker_url()),
-    )
+    return _routed_by_name(settings, names_of(settings).own_queue(hostname))
 
 
 def kind_queue(settings: Settings, kind: str) -> Queue:
     """A kind's queue (``BrokerNames.kind_queue``), declared alike by the workers that consume
     it and the dispatcher that publishes to it; on RabbitMQ it goes once unused, as a
     worker's own queue does."""
-    names = names_of(settings)
-    name = names.kind_queue(kind)
-    exchange = Exchange(names.exchange, type="direct")  # type: ignore[no-untyped-call]
+    return _routed_by_name(settings, names_of(settings).kind_queue(kind))
+
+
+def _routed_by_name(settings: Settings, name: str) -> Queue:
+    """A queue bound to the tier queues' exchange by its own name (a worker's, a kind's)."""
+    exchange = Exchange(names_of(settings).exchange, type="direct")  # type: ignore[no-untyped-call]
     return Queue(  # type: ignore[no-untyped-call]
         name, exchange, routing_key=name, durable=True,
         queue_arguments=own_queue_arguments(settings.resolved_broker_url()),

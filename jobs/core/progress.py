@@ -11,21 +11,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.core.text import storable_text
+
 # A message longer than this is cut (it is a line in a progress bar, not a log).
 MAX_MESSAGE = 200
 # Reports of one job reach Redis at most this often; the latest one always does.
 REPORT_EVERY_S = 0.25
-
-
-def storable(text: str) -> str:
-    """``text`` as PostgreSQL can store it in JSON, at most ``MAX_MESSAGE`` long: a U+0000
-    written out (``\\x00``, as in a stored error) and a lone surrogate replaced (U+FFFD).
-    The last report is stored with the job's ending: its text must never be why that ending
-    (and the result it carries) is refused."""
-    text = text.replace("\x00", "\\x00")
-    if not text.isascii():
-        text = "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
-    return text[:MAX_MESSAGE]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +38,9 @@ class Report:
         value = float(fraction)
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             raise ValueError(f"progress: fraction must be from 0 to 1, not {fraction!r}")
-        text = None if message is None else storable(str(message)[:MAX_MESSAGE])
+        # The last report is stored with the job's ending: its text must never be why that
+        # ending (and the result it carries) is refused.
+        text = None if message is None else storable_text(str(message), MAX_MESSAGE)
         return cls(fraction=value, message=text, at=at, attempt=attempt)
 
     def to_dict(self) -> dict[str, Any]:

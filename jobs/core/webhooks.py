@@ -122,16 +122,6 @@ def _unmapped(
     return address
 
 
-def error_text(text: str, limit: int) -> str:
-    """A try's error as its record keeps it: at most ``limit`` characters, a U+0000 written
-    out (``\\x00``) and a lone surrogate replaced (U+FFFD), so that what a receiver or an
-    exception says can never be why its try goes unrecorded (PostgreSQL stores neither)."""
-    text = text.replace("\x00", "\\x00")
-    if not text.isascii():
-        text = "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
-    return text[:limit]
-
-
 def backoff_s(tries: int, rng: random.Random | None = None) -> float:
     """The wait after the ``tries``-th failed try (1 for the first)."""
     base = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2.0 ** max(0, tries - 1))

@@ -36,7 +36,8 @@ from typing import Any
 from standardwebhooks.webhooks import Webhook as Signer
 
 from jobs.admission.webhooks import Resolve, resolved, unsendable
-from jobs.core.webhooks import RETRY_FOR_S, TIMEOUT_S, backoff_s, error_text
+from jobs.core.text import storable_text
+from jobs.core.webhooks import RETRY_FOR_S, TIMEOUT_S, backoff_s
 from jobs.process.outage import REDIS_OUTAGE, SQL_OUTAGE
 from jobs.process.runtime import Runtime
 from jobs.service.webhook_client import HTTP_ERRORS, InsideNetwork, WebhookClient
@@ -194,7 +195,7 @@ class Deliverer:
         if final or (next_at or 0) > event.created_at + RETRY_FOR_S:
             next_at = None
         if error is not None:
-            error = error_text(error, ERROR_CHARS) or "no answer"
+            error = storable_text(error, ERROR_CHARS) or "no answer"
         duration_ms = (time.monotonic() - began) * 1000
         try:
             self._record(event, now, status_code, error, duration_ms, next_at)

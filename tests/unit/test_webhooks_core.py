@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jobs.core.text import storable_text
 from jobs.core.webhooks import (
     BATCH_EVENTS,
     FIRST_BACKOFF_S,
@@ -18,7 +19,6 @@ from jobs.core.webhooks import (
     Reach,
     Webhook,
     backoff_s,
-    error_text,
     events_column,
     events_of,
     forbidden,
@@ -99,7 +99,7 @@ def test_backoff_doubles_within_its_bounds(tries: int, seed: int) -> None:
 
 @given(st.text())
 def test_an_error_is_kept_as_postgresql_can_store_it(text: str) -> None:
-    kept = error_text(text, 300)
+    kept = storable_text(text, 300)
     assert "\x00" not in kept and len(kept) <= 300
     kept.encode("utf-8")  # no lone surrogate
     if text.isascii() and "\x00" not in text:
