@@ -26,6 +26,7 @@ class CeleryPublisher:
             settings = settings.model_copy(update={"pool": pool})
         self._app = base_app(settings, name="tierq-publisher")
         self._settings = settings
+        self._kind_queues: dict[str, Any] = {}  # declared once per kind and publisher
         self._names = names_of(settings)
         self._producer: Any = None
 
@@ -39,7 +40,9 @@ class CeleryPublisher:
             self._producer = self._app.producer_pool.acquire(block=True)
         queue: Any = self._names.queue(tier)
         if kind is not None:
-            queue = kind_queue(self._settings, kind)
+            queue = self._kind_queues.get(kind)
+            if queue is None:
+                queue = self._kind_queues[kind] = kind_queue(self._settings, kind)
         try:
             self._app.send_task(
                 TASK_NAME,

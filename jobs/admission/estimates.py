@@ -45,8 +45,8 @@ from jobs.core.arrivals import Work
 from jobs.core.domain import Job, Tenant
 from jobs.core.policy import mean_service_s
 from jobs.core.progress import Report
-from jobs.core.remaining import Rest, own_slot_s, remaining
-from jobs.core.service_times import mix_mean
+from jobs.core.remaining import own_slot_s
+from jobs.core.service_times import kind_rest, mix_mean
 from jobs.core.states import Status
 from jobs.fleet.arrivals import read_work
 from jobs.fleet.pool import PoolFigures, live_pool
@@ -116,7 +116,7 @@ _OWN: weakref.WeakKeyDictionary[DispatchIndex, dict[str, tuple[float, OwnWork]]]
 
 
 def _own_work(runtime: Runtime, tenant_id: str) -> OwnWork:
-    """``stats.tenant_work`` and ``stats.tenant_in_flight_starts``, at most
+    """``stats.tenant_work`` and ``stats.in_flight_starts`` of the tenant, at most
     ``OWN_WORK_CACHE_S`` old."""
     now = time.monotonic()
     with _OWN_LOCK:
@@ -126,8 +126,8 @@ def _own_work(runtime: Runtime, tenant_id: str) -> OwnWork:
         return held[1]
     with runtime.sessions() as session:  # a read: on SQLite it must not take the write lock
         work = OwnWork(kinds=stats_sql.tenant_work(session, tenant_id, runtime.scope),
-                       in_flight=tuple(stats_sql.tenant_in_flight_starts(
-                           session, tenant_id, runtime.scope)))
+                       in_flight=tuple(stats_sql.in_flight_starts(
+                           session, runtime.scope, tenant_id=tenant_id)))
     with _OWN_LOCK:
         if len(kept) >= _OWN_KEPT:
             for stale in [t for t, (at, _) in kept.items() if now - at >= OWN_WORK_CACHE_S]:
@@ -163,22 +163,12 @@ def own_side(
     held = _own_work(runtime, tenant.id)
     fallback = mean_service_s(runtime.policy, None)
     mean = mix_mean(held.kinds, means, fallback) if held.kinds else None
-    running = [_remaining(work, kind, samples_min, fallback,
-                          0.0 if started is None else now - started)
+    running = [kind_rest(work.kinds, kind, samples_min, fallback,
+                         0.0 if started is None else now - started)
                for kind, started in held.in_flight]
     first = own_slot_s(running, holds=holds, cap=cap,
                        fresh_mean_s=fallback if mean is None else mean)
     return OwnSide(mean_s=mean, first_end_s=first if math.isfinite(first) else None)
-
-
-def _remaining(work: Work, kind: str, samples_min: int, fallback_s: float,
-               elapsed_s: float) -> Rest:
-    """A running job's rest: by its kind's mean and spread once measured, else as a job of
-    ``fallback_s`` of unknown spread."""
-    measured = work.kinds.get(kind)
-    if measured is None or measured.samples < samples_min:
-        return remaining(fallback_s, None, elapsed_s)
-    return remaining(measured.mean_s, measured.spread_s, elapsed_s)
 
 
 def starts_ahead(position: int, runnable: int, free_slots: int) -> int:

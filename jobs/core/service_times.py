@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from jobs.core.policy import WINDOW, weighted_mean
-from jobs.core.remaining import first_end_s, remaining
+from jobs.core.remaining import Rest, first_end_s, remaining
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,17 +85,19 @@ def running_mean_s(
 ) -> float:
     """The mean at which jobs started at ``starts`` (``(kind, started_at)``; None: not yet)
     free their slots, as ``ending_mean`` means it: ``n`` times the expected time until the
-    first of them ends, each by what it has run against its kind's mean and spread
-    (``jobs.core.remaining``; ``fallback_s``, of unknown spread, for a kind measured on
-    fewer than ``samples_min`` runs). With every kind memoryless it is ``ending_mean``."""
-    figures: dict[str, tuple[float, float | None]] = {}  # each kind's, looked up once
-    rests = []
-    for kind, started in starts:
-        measure = figures.get(kind)
-        if measure is None:
-            measured = kinds.get(kind)
-            measure = figures[kind] = (
-                (fallback_s, None) if measured is None or measured.samples < samples_min
-                else (measured.mean_s, measured.spread_s))
-        rests.append(remaining(*measure, 0.0 if started is None else now - started))
+    first of them ends, each by what it has run (``kind_rest``). With every kind memoryless
+    it is ``ending_mean``."""
+    rests = [kind_rest(kinds, kind, samples_min, fallback_s,
+                       0.0 if started is None else now - started) for kind, started in starts]
     return max(0.001, len(rests) * first_end_s(rests))  # finite, as a mean: at least 1 ms
+
+
+def kind_rest(kinds: Mapping[str, KindMean], kind: str, samples_min: int, fallback_s: float,
+              elapsed_s: float) -> Rest:
+    """What a running job of ``kind`` that has run ``elapsed_s`` has left
+    (``jobs.core.remaining``): by its kind's mean and spread once measured on
+    ``samples_min`` runs, else as a job of ``fallback_s`` of unknown spread."""
+    measured = kinds.get(kind)
+    if measured is None or measured.samples < samples_min:
+        return remaining(fallback_s, None, elapsed_s)
+    return remaining(measured.mean_s, measured.spread_s, elapsed_s)

@@ -291,8 +291,8 @@ class MemoryIndex(MemoryAdmission, MemoryUpkeep):
         elif first is not None:
             self._shared_kinds = first
         runs = kinds_of(first) if first is not None else None
-        self._routed = len(registered) > 1 or (not registered and bool(self._kinds_waiting)) \
-            or (runs is not None and not self._kinds_waiting <= runs)
+        self._routed = (len(registered) > 1 or (not registered and bool(self._kinds_waiting))
+                        or (runs is not None and not self._kinds_waiting <= runs))
         return KindRoutes(routed=self._routed, waiting=frozenset(self._kinds_waiting))
 
     def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:

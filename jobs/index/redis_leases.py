@@ -46,7 +46,6 @@ MEMORY_SUFFIX = "#memory"
 KINDS_SUFFIX = "#kinds"
 
 
-
 class RedisLeases(RedisScripts):
     """Leases (renew, release, reap, restore) and live workers of ``RedisIndex``."""
 

@@ -72,23 +72,16 @@ def arrival_counts(
 
 
 def in_flight_starts(
-    session: Session, scope: KindScope = EVERY_KIND
+    session: Session, scope: KindScope = EVERY_KIND, *, tenant_id: str | None = None
 ) -> list[tuple[str, float | None]]:
-    """``(kind, started_at)`` of the jobs in flight (None: dispatched, not started yet): what
-    each has run, for the time it has left (``jobs.core.remaining``)."""
+    """``(kind, started_at)`` of the jobs in flight (None: dispatched, not started yet), of
+    one tenant's with ``tenant_id``: what each has run, for the time it has left
+    (``jobs.core.remaining``)."""
     inflight = [Status.DISPATCHED.value, Status.RUNNING.value]
     stmt = (scoped(sa.select(JobRow.kind, JobRow.started_at), JobRow.kind, scope)
             .where(JobRow.status.in_(inflight)))
-    return [(kind, epoch_or_none(started)) for kind, started in session.execute(stmt)]
-
-
-def tenant_in_flight_starts(
-    session: Session, tenant_id: str, scope: KindScope = EVERY_KIND
-) -> list[tuple[str, float | None]]:
-    """``in_flight_starts`` of one tenant's jobs."""
-    inflight = [Status.DISPATCHED.value, Status.RUNNING.value]
-    stmt = (scoped(sa.select(JobRow.kind, JobRow.started_at), JobRow.kind, scope)
-            .where(JobRow.tenant_id == tenant_id, JobRow.status.in_(inflight)))
+    if tenant_id is not None:
+        stmt = stmt.where(JobRow.tenant_id == tenant_id)
     return [(kind, epoch_or_none(started)) for kind, started in session.execute(stmt)]
 
 
