@@ -28,8 +28,8 @@ from jobs.core import policy
 from jobs.core.arrivals import ArrivalCounter, arrivals_from
 from jobs.core.cadence import ARRIVALS_REFRESH_S
 from jobs.core.policy import MeasuredMean, RateLimit, Tier
-from jobs.core.remaining import Rest, own_slot_s, remaining
-from jobs.core.service_times import KindMean, mix_mean, running_mean_s
+from jobs.core.remaining import Rest, own_slot_s
+from jobs.core.service_times import KindMean, kind_rest, mix_mean, running_mean_s
 from jobs.fleet import pool as capacity
 from jobs.fleet.pool import PoolFigures
 from jobs.index.base import Admission, AdmissionTerms, IndexedJob
@@ -249,13 +249,10 @@ class TierqContender:
 
     def _rests(self, tenant: int, fallback_s: float) -> list[Rest]:
         """What the tenant's running jobs have left, each by its kind's measure."""
-        traffic, now, measures = self.context.traffic, self._now, self._measures
-        rests = []
-        for job, started in self._running[tenant].items():
-            measured = measures.get(traffic.kinds[traffic.kind[job]])
-            rests.append(remaining(fallback_s, None, now - started) if measured is None
-                         else remaining(measured.mean_s, measured.spread_s, now - started))
-        return rests
+        traffic, now = self.context.traffic, self._now
+        return [kind_rest(self._measures, traffic.kinds[traffic.kind[job]],
+                          self.policy.service_samples_min, fallback_s, now - started)
+                for job, started in self._running[tenant].items()]
 
     def _ahead_of(self, tenant: int, job: int) -> dict[str, int]:
         """The tenant's work in the pool, by kind, but for ``job`` itself."""
