@@ -2,7 +2,7 @@
 
 Revision ID: 0015
 Revises: 0014
-Create Date: 2027-01-12
+Create Date: 2026-12-07
 
 The deliverer reads at most what each tenant may still start (``jobs.store.webhooks.due``):
 the tenants with pending events, one index probe each, then a few of each due one's events.
