@@ -51,6 +51,7 @@ from jobs.index.values import (
     LiveWorker,
     MessagePush,
     Renewal,
+    RunCandidate,
     TierDepth,
     TierPush,
     TierQueue,
@@ -77,6 +78,7 @@ __all__ = [
     "MessagePush",
     "NotLeader",
     "Renewal",
+    "RunCandidate",
     "TierDepth",
     "TierPush",
     "TierQueue",
@@ -281,6 +283,28 @@ class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
         """The lease of ``attempt`` goes back to the queue as its entry was indexed (order
         key, deadline), delayed until ``not_before``: a job whose row is not committed yet,
         or one whose publish failed. False when no lease of that attempt is held."""
+        ...
+
+    def fill_run(
+        self,
+        lead_id: str,
+        *,
+        attempt: int,
+        candidates: Sequence[RunCandidate],
+        max_items: int,
+        max_cost: int | None = None,
+        lead_cost: int = 0,
+        lease_ttl_s: float,
+        now: float | None = None,
+    ) -> list[Lease]:
+        """Fill the run that job ``lead_id`` (``attempt``, whose lease is held) leads: lease,
+        in the pool's order (order key, ties by id), the queued ``candidates`` (jobs of its
+        kind) that may run now, until the run holds ``max_items`` items or ``max_cost``
+        (None: no budget; the lead's own ``lead_cost`` counts first) would be passed. A
+        candidate not queued here (delayed, leased, gone) is skipped; so is one whose tenant
+        is at its cap, unless that tenant has an item in the run already: a tenant's items in
+        one run hold one of its cap, and the run holds one slot of the pool (its riders take
+        none). Returns the riders' leases in run order; none when the lead's lease is gone."""
         ...
 
     def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:

@@ -33,6 +33,8 @@ its attempt is not the first or it has a ``start_by``):
 - ``ending``           set of jobs: leases kept by a slot that passed itself on before its
                        ending was committed (``hand_over`` with ``keep``): held until
                        released, but holding no slot of the pool (``lua/common.lua``)
+- ``riders``           set of jobs: leases of a run's items after its first (``fill_run``):
+                       the run holds one slot, so these hold none
 - ``meta``             hash job -> JSON [tenant, tier, order_key, start_by, not_before,
                        attempt(, cancel)]: every lease and delayed job, and a queued job
                        whose attempt is not the first or that has a start_by; the attempt

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from jobs.index.keys import PROMOTE_LIMIT
 from jobs.index.memory_admission import MemoryAdmission
 from jobs.index.memory_layout import check_scores, frozen_value
+from jobs.index.memory_runs import MemoryRuns
 from jobs.index.memory_upkeep import MemoryUpkeep
 from jobs.index.values import (
     FirstRenewal,
@@ -40,7 +41,7 @@ from jobs.index.values import (
 
 __all__ = ["MemoryIndex"]
 
-class MemoryIndex(MemoryAdmission, MemoryUpkeep):
+class MemoryIndex(MemoryAdmission, MemoryUpkeep, MemoryRuns):
     """``DispatchIndex`` in process memory (not thread-safe; one owner at a time)."""
 
     def pool(self) -> MemoryIndex:

@@ -86,6 +86,7 @@ class MemoryLayout:
         self._meta: dict[str, IndexedJob] = {}
         self._cancels: set[str] = set()  # leased jobs flagged to cancel (meta's 7th field)
         self._ending: set[str] = set()  # leases kept while ending (common.lua's ENDING)
+        self._riders: set[str] = set()  # a run's items after its first (common.lua's RIDERS)
         self._tier_caps: dict[str, int] = {}
         self._tenant_caps: dict[str, int] = {}
         self._tenant_tier: dict[str, str] = {}
@@ -247,6 +248,7 @@ class MemoryLayout:
             state = "leased"
             self._drop(self._tenant_leases, tenant, job_id)
             self._ending.discard(job_id)
+            self._riders.discard(job_id)
         self._drop(self._tiers, job.tier, job_id)
         self._deadlines.remove(job_id)
         del self._meta[job_id]
@@ -273,8 +275,9 @@ class MemoryLayout:
         return len(self._leases)
 
     def _held_slots(self) -> int:
-        """The leases that hold a slot of the pool: all but those kept while ending."""
-        return len(self._leases) - len(self._ending)
+        """The leases that hold a slot of the pool: all but those kept while ending and a
+        run's riders."""
+        return len(self._leases) - len(self._ending) - len(self._riders)
 
     def tenant_inflight(self, tenant: str) -> int:
         return len(self._tenant_leases.get(tenant, ()))

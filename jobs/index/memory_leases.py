@@ -47,7 +47,9 @@ class MemoryLeases(MemoryLayout):
         expires_at = self._at(now) + ttl_s
         if expires_at > current:
             self._leases[job_id] = expires_at
-            self._tenant_leases[self._meta[job_id].tenant][job_id] = expires_at
+            held = self._tenant_leases.get(self._meta[job_id].tenant, {})
+            if job_id in held:  # a run's rider holds none of its tenant's cap but its first
+                held[job_id] = expires_at
         return Renewal.CANCEL_REQUESTED if job_id in self._cancels else Renewal.HELD
 
     def flag_cancel(self, job_id: str, *, attempt: int | None = None) -> bool:
@@ -79,6 +81,7 @@ class MemoryLeases(MemoryLayout):
         tenant = self._meta.pop(job_id).tenant
         self._cancels.discard(job_id)
         self._ending.discard(job_id)
+        self._riders.discard(job_id)
         del self._leases[job_id]
         self._drop(self._tenant_leases, tenant, job_id)
         head = self._head_of(tenant)

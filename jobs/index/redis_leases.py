@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from jobs.core.histograms import StartFigures
 from jobs.index import wake
@@ -17,6 +17,7 @@ from jobs.index.redis_scripts import (
     lease_of,
     now_arg,
     opt_float_of,
+    opt_int_arg,
     opt_score_arg,
     score_arg,
     text_of,
@@ -29,6 +30,7 @@ from jobs.index.values import (
     LiveWorker,
     MessagePush,
     Renewal,
+    RunCandidate,
     TierPush,
     Work,
     kinds_arg,
@@ -164,6 +166,26 @@ class RedisLeases(RedisScripts):
     def set_tier_push(self, push: TierPush) -> None:
         self._client.set(self._keys.tier_push, push.to_json())
         self._tier_push_read = (time.monotonic(), push)
+
+    def fill_run(
+        self,
+        lead_id: str,
+        *,
+        attempt: int,
+        candidates: Sequence[RunCandidate],
+        max_items: int,
+        max_cost: int | None = None,
+        lead_cost: int = 0,
+        lease_ttl_s: float,
+        now: float | None = None,
+    ) -> list[Lease]:
+        if max_items < 2 or not candidates:
+            return []
+        args: list[str] = [lead_id, str(int(attempt)), score_arg(lease_ttl_s), now_arg(now),
+                           str(int(max_items)), opt_int_arg(max_cost), str(int(lead_cost))]
+        for candidate in candidates:
+            args += [candidate.job_id, candidate.tenant, str(int(candidate.cost))]
+        return [lease_of(raw) for raw in self._run("fill_run", args)]
 
     def put_back(
         self, job_id: str, *, attempt: int, not_before: float | None = None,

@@ -21,7 +21,7 @@ _SCRIPTS = (
     "admit", "admit_new", "requeue", "dispatch", "release", "renew", "cancel", "reap",
     "expire_due", "set_caps", "restore_lease", "flag_cancel", "hand_over",
     "put_back", "offer", "runnable_ahead", "position", "position_at", "upgrade_layout",
-    "entries", "route_kinds",
+    "entries", "route_kinds", "fill_run",
 )
 # The Lua prepended to an index script after common.lua: the steps it shares with others.
 _PRELUDES: dict[str, tuple[str, ...]] = {

@@ -224,6 +224,16 @@ class Lease:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunCandidate:
+    """A queued job that may join a run (``fill_run``): its id, its tenant (whose cap it
+    counts against) and its cost in the kind's units (0 without a budget)."""
+
+    job_id: str
+    tenant: str
+    cost: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Entry:
     """What the index holds for one job (the reconciler's walk)."""
 

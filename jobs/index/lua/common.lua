@@ -15,6 +15,13 @@ local TIER_CAPS, TENANT_CAPS, TENANT_TIER, TENANT_DELAYED = KEYS[9], KEYS[10], K
 -- them (a set of job ids, each also in LEASES).
 local ENDING = PREFIX .. 'ending'
 
+-- Leases of a run's items after its first (fill_run.lua): each item keeps a lease of its own
+-- (renewed, released and reaped as any), but the run holds one slot of the pool, so the pool
+-- does not count them (a set of job ids, each also in LEASES). A rider is in its tenant's
+-- lease set only when it is the first of its tenant's items in the run: a tenant's items in
+-- one run hold one of its cap.
+local RIDERS = PREFIX .. 'riders'
+
 -- The index is whole while its generation sentinel is there (set by a leader's rebuild): one
 -- that lost its data (a flush, a restart without it) has lost the leases of running jobs
 -- too, so only the leader, once it has put them back, may lease again. The unfenced fast
@@ -136,9 +143,10 @@ local function cap_of(tenant)
   return cap
 end
 
--- The leases that hold a slot of the pool: every lease but those kept while ending.
+-- The leases that hold a slot of the pool: every lease but those kept while ending and a
+-- run's riders.
 local function held_slots()
-  return redis.call('ZCARD', LEASES) - redis.call('SCARD', ENDING)
+  return redis.call('ZCARD', LEASES) - redis.call('SCARD', ENDING) - redis.call('SCARD', RIDERS)
 end
 
 local function at_cap(tenant)
@@ -437,6 +445,7 @@ local function unindex(job, e)
     redis.call('ZREM', LEASES, job)
     redis.call('ZREM', lkey(tenant), job)
     redis.call('SREM', ENDING, job)
+    redis.call('SREM', RIDERS, job)
   end
   redis.call('ZREM', DEADLINES, job)
   redis.call('HDEL', META, job)
@@ -527,6 +536,7 @@ local function drop_lease(job, attempt)
   redis.call('ZREM', LEASES, job)
   redis.call('ZREM', lkey(tenant), job)
   redis.call('SREM', ENDING, job)
+  redis.call('SREM', RIDERS, job)
   redis.call('HDEL', META, job)
   local head = head_of(tenant)
   return true, (head ~= nil and refile(tenant, head))
