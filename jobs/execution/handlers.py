@@ -23,6 +23,19 @@ none), ``retry_on_timeout`` (False by default), and ``setup()``: run once in eac
 process before it takes a job (load a model, warm a device), so no job pays for it. A
 handler that ignores the stop its limit asks for is ended with the process running it,
 ``policy.timeout_grace_s`` later.
+
+Packing (``PackingHandler``): a GPU does many small items of one kind in one pass for little
+more than the cost of one, so a handler may declare ``max_items_per_run`` (2 or more turns
+packing on for its kind; the configuration's ``[kinds."<kind>"]`` overrides it), optionally
+``max_cost_per_run`` with ``cost(payload) -> int`` (a budget in its own units: characters,
+tokens), and implement ``run_many(contexts, payloads)``. It returns one outcome per item, in
+order: a result, or an exception instance (that item ends as if ``run`` had raised it: a
+``RetryableError`` is retried, anything else fails it). A ``run_many`` that raises fails the
+whole run: the worker splits it until the item that breaks it runs alone, and charges that
+item only. Each item has its own ``JobContext`` (its progress, its cancel); the worker marks
+a stop of the whole run (lease lost, timed out, handed back) on every context of the run,
+a cancel on its item's only. ``check_run(contexts)`` between batches raises the first and
+names the items still wanted. A handler without ``run_many`` runs one job at a time.
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
@@ -164,6 +177,9 @@ class JobContext:
 
 
 class Handler(Protocol):
+    """What a job of a kind does. Optional, found by name: ``timeout_s``,
+    ``retry_on_timeout``, ``setup()``, and for packing the members of ``PackingHandler``."""
+
     kind: str
 
     def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +189,34 @@ class Handler(Protocol):
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         """Do the work; return a JSON-serialisable result."""
         ...
+
+
+class PackingHandler(Handler, Protocol):
+    """A handler whose kind packs: several queued items of it share one run of a slot.
+
+    ``max_items_per_run``: 2 or more packs (the registry's ``packing(kind)`` applies the
+    configuration's override). A handler with a budget also has ``max_cost_per_run: int`` and
+    ``cost(payload) -> int``; the first item of a run always fits, however large.
+    """
+
+    max_items_per_run: int
+
+    def run_many(self, contexts: list[JobContext], payloads: list[dict[str, Any]]) -> list[Any]:
+        """One outcome per item, in order: its result, or an exception instance that ends
+        that item as if ``run`` had raised it (a cancelled item's: ``JobCancelled``). Raise
+        only for what breaks the whole run. Call ``check_run(contexts)`` between batches."""
+        ...
+
+
+def check_run(contexts: Sequence[JobContext]) -> list[int]:
+    """The indexes of the run's items still wanted (not cancelled); raise ``LeaseLost``,
+    ``WorkerStopping`` or ``JobTimedOut`` when the whole run must stop (the worker marks
+    those on every context of the run). A run whose items are all cancelled gets ``[]``:
+    the handler returns their ``JobCancelled`` outcomes."""
+    for ctx in contexts:
+        if ctx.lease_lost() or ctx.handed_back() or ctx.timed_out():
+            ctx.check()
+    return [index for index, ctx in enumerate(contexts) if not ctx.cancelled()]
 
 
 # -- built-in handlers -----------------------------------------------------------------------

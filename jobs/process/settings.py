@@ -122,6 +122,17 @@ class PoolSettings(BaseModel):
     mean_service_s: Positive | None = None
 
 
+class KindSettings(BaseModel):
+    """``[kinds."<kind>"]``: a deployment's packing of a kind, over its handler's own
+    (``jobs.execution.registry.HandlerRegistry.packing``). ``max_items_per_run = 1`` turns
+    packing off; ``max_cost_per_run`` is in the units of the handler's ``cost(payload)``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_items_per_run: Annotated[int, Field(ge=1)] | None = None
+    max_cost_per_run: Annotated[int, Field(ge=1)] | None = None
+
+
 class ApiSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -191,6 +202,8 @@ class Settings(BaseSettings):
     pools: dict[str, PoolSettings] = Field(default_factory=dict)
     # The pool this process's worker joins (``tierq worker --pool``).
     pool: str = DEFAULT_POOL
+    # ``[kinds."<kind>"]``: per-kind overrides of the handlers' packing (``KindSettings``).
+    kinds: dict[str, KindSettings] = Field(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(
