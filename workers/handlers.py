@@ -5,6 +5,7 @@ The contract lives in ``jobs.execution.handlers`` and the registry in
 this module is their documented face (docs/handlers.md), which stays put whatever moves behind.
 """
 
+from jobs.core.packing import Packing
 from jobs.execution.handlers import (
     MAX_SLEEP_S,
     EchoHandler,
@@ -14,9 +15,11 @@ from jobs.execution.handlers import (
     JobInterrupted,
     JobTimedOut,
     LeaseLost,
+    PackingHandler,
     RetryableError,
     SleepHandler,
     WorkerStopping,
+    check_run,
     parse_payload,
 )
 from jobs.execution.registry import (
@@ -25,6 +28,7 @@ from jobs.execution.registry import (
     HandlerRegistry,
     builtin_handlers,
     default_registry,
+    kind_packing,
     load_entry_points,
     load_handlers,
 )
@@ -32,6 +36,7 @@ from jobs.execution.registry import (
 __all__ = [
     "ENTRY_POINT_GROUP", "HANDLERS_ENV", "MAX_SLEEP_S", "EchoHandler", "Handler",
     "HandlerRegistry", "JobCancelled", "JobContext", "JobInterrupted", "JobTimedOut", "LeaseLost",
-    "RetryableError", "SleepHandler", "WorkerStopping", "builtin_handlers", "default_registry",
-    "load_entry_points", "load_handlers", "parse_payload",
+    "Packing", "PackingHandler", "RetryableError", "SleepHandler", "WorkerStopping",
+    "builtin_handlers", "check_run", "default_registry", "kind_packing", "load_entry_points",
+    "load_handlers", "parse_payload",
 ]

@@ -116,6 +116,7 @@ class WorkerResources:
         with self._lock:
             if self._registry is None:
                 self._registry = default_registry()
+                self._registry.configure_packing(self.settings.kinds)
             return self._registry
 
     def close(self) -> None:

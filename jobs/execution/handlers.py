@@ -210,12 +210,13 @@ class PackingHandler(Handler, Protocol):
 
 def check_run(contexts: Sequence[JobContext]) -> list[int]:
     """The indexes of the run's items still wanted (not cancelled); raise ``LeaseLost``,
-    ``WorkerStopping`` or ``JobTimedOut`` when the whole run must stop (the worker marks
-    those on every context of the run). A run whose items are all cancelled gets ``[]``:
-    the handler returns their ``JobCancelled`` outcomes."""
-    for ctx in contexts:
-        if ctx.lease_lost() or ctx.handed_back() or ctx.timed_out():
-            ctx.check()
+    ``WorkerStopping`` or ``JobTimedOut`` (the gravest, in that order) when the whole run
+    must stop: the worker marks those on every context of the run. A run whose items are
+    all cancelled gets ``[]``: the handler returns their ``JobCancelled`` outcomes."""
+    for stop in (JobContext.lease_lost, JobContext.handed_back, JobContext.timed_out):
+        for ctx in contexts:  # the gravest first: a lost lease may write nothing at all
+            if stop(ctx):
+                ctx.check()
     return [index for index, ctx in enumerate(contexts) if not ctx.cancelled()]
 
 

@@ -8,6 +8,10 @@ and how the ``models`` extra adds its own), and ``TIERQ_HANDLERS``: comma-separa
 object, a handler class (built with no arguments) or a list of them; an entry point may also
 name a function returning such a list. A kind registered twice stops the process at start
 (docs/handlers.md).
+
+A kind packs (``packing``) when its handler has ``run_many`` and 2 or more items per run: its
+own ``max_items_per_run``, or the configuration's (``configure_packing``: the settings'
+``[kinds."<kind>"]``, so a deployment tunes a kind to its devices without a new build).
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points as installed_entry_points
 from typing import Any
 
 from jobs.core.errors import ConfigError, UnknownKind
+from jobs.core.packing import Packing
 from jobs.core.policy import MAX_TIMEOUT_S
 from jobs.execution.handlers import EchoHandler, Handler, SleepHandler, invalid_payload
+from jobs.process.settings import KindSettings
 
 HANDLERS_ENV = "TIERQ_HANDLERS"
 ENTRY_POINT_GROUP = "tierq.handlers"
@@ -36,6 +42,7 @@ class HandlerRegistry:
 
     def __init__(self, handlers: Iterable[Handler] = ()) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._kind_settings: dict[str, KindSettings] = {}  # ``configure_packing``
         for handler in handlers:
             self.register(handler)
         self._setup_lock = threading.Lock()
@@ -79,7 +86,31 @@ class HandlerRegistry:
     def register(self, handler: Handler, *, replace: bool = False) -> None:
         if not replace and handler.kind in self._handlers:
             raise ValueError(f"a handler for kind {handler.kind!r} is already registered")
+        kind_packing(handler)  # a packing it declares wrongly stops the process here, not mid-run
         self._handlers[handler.kind] = handler
+
+    def configure_packing(self, kinds: Mapping[str, KindSettings]) -> None:
+        """Take the deployment's ``[kinds."<kind>"]`` over the handlers' own packing. A kind
+        this process has no handler of is kept quietly (the configuration is the fleet's,
+        and a worker runs its pool's kinds); asking a handler without ``run_many`` to pack,
+        or one without ``cost`` for a budget, is ignored with a warning."""
+        self._kind_settings = dict(kinds)
+        for kind, spec in sorted(kinds.items()):
+            handler = self._handlers.get(kind)
+            if handler is None:
+                continue
+            if (spec.max_items_per_run or 0) >= 2 and not callable(
+                    getattr(handler, "run_many", None)):
+                _ignored(kind, "max_items_per_run", "its handler has no run_many()")
+            if spec.max_cost_per_run is not None and not callable(getattr(handler, "cost", None)):
+                _ignored(kind, "max_cost_per_run", "its handler has no cost(payload)")
+
+    def packing(self, kind: str) -> Packing | None:
+        """How many items of ``kind`` (and how much of its handler's cost) one run may hold;
+        None when the kind does not pack here: its handler has no ``run_many``, or fewer
+        than 2 items per run (its own, or the configuration's), or it is unknown here."""
+        handler = self._handlers.get(kind)
+        return None if handler is None else kind_packing(handler, self._kind_settings.get(kind))
 
     def get(self, kind: str) -> Handler:
         try:
@@ -130,6 +161,45 @@ def kind_timeout_s(handler: Handler) -> float | None:
         raise ConfigError(f"the handler of kind {handler.kind!r} has timeout_s = {value!r}: "
                           f"a number of seconds in (0, {MAX_TIMEOUT_S:g}] or None")
     return float(value)
+
+
+def kind_packing(handler: Handler, override: KindSettings | None = None) -> Packing | None:
+    """``handler``'s packing with ``override``'s fields over its own; None unless it has
+    ``run_many`` and 2 or more items per run. ``ConfigError`` for a declaration that cannot
+    work: a count that is not a whole number of at least 1, packing without ``run_many``, a
+    budget without ``cost``."""
+    own_items = _declared_count(handler, "max_items_per_run")
+    own_cost = _declared_count(handler, "max_cost_per_run")
+    run_many = callable(getattr(handler, "run_many", None))
+    cost = getattr(handler, "cost", None)
+    if (own_items or 0) >= 2 and not run_many:
+        raise ConfigError(f"the handler of kind {handler.kind!r} has max_items_per_run = "
+                          f"{own_items} but no run_many(contexts, payloads)")
+    if own_cost is not None and not callable(cost):
+        raise ConfigError(f"the handler of kind {handler.kind!r} has max_cost_per_run = "
+                          f"{own_cost} but no cost(payload)")
+    spec = override or KindSettings()
+    max_items = spec.max_items_per_run or own_items
+    if not run_many or max_items is None or max_items < 2:
+        return None
+    if not callable(cost):
+        return Packing(max_items=max_items)
+    return Packing(max_items=max_items, max_cost=spec.max_cost_per_run or own_cost, cost=cost)
+
+
+def _declared_count(handler: Handler, name: str) -> int | None:
+    value = getattr(handler, name, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"the handler of kind {handler.kind!r} has {name} = {value!r}: "
+                          "a whole number of at least 1, or None")
+    return value
+
+
+def _ignored(kind: str, field: str, why: str) -> None:
+    logger.warning("worker.kind_setting_ignored", extra={
+        "event": "worker.kind_setting_ignored", "kind": kind, "field": field, "reason": why})
 
 
 def builtin_handlers() -> list[Handler]:
@@ -221,6 +291,7 @@ def _as_handler(item: str, value: Any) -> Handler:
     handler: Handler = value
     try:
         kind_timeout_s(handler)
+        kind_packing(handler)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return handler
