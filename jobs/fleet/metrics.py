@@ -13,7 +13,11 @@ O(tiers), whatever the size of the jobs table:
 - ``tierq_queue_wait_recent_seconds``: the p50/p95 of the waits of the last
   ``WAIT_WINDOW_S`` seconds (what ``/v1/queues`` publishes), as gauges;
 - ``tierq_jobs``: jobs in each live state, the leader's snapshot (one bounded SQL count per
-  reconciler period for the whole fleet).
+  reconciler period for the whole fleet);
+- packing: ``tierq_run_items``, a histogram per kind of the items each run a worker started
+  held (a job run alone is a run of 1), and ``tierq_pool_items_started_total``, whose
+  ``rate()`` is the items a pool starts a second (its recent figure, for the dashboard:
+  ``run_figures``).
 
 The one SQL read is the pruner's totals (``tierq_jobs_pruned_total``,
 ``tierq_jobs_abandoned_total``: one row per tier, see ``jobs.dispatch.retention``).
@@ -39,6 +43,7 @@ from jobs.core.histograms import Histogram
 from jobs.core.policy import Policy
 from jobs.fleet.pool import PoolFigures, live_pool
 from jobs.index import counters
+from jobs.index.counters import ITEMS_WINDOW_S as ITEMS_WINDOW_S  # the items' window, too
 from jobs.process.runtime import Runtime
 from jobs.store import stats as stats_sql
 
@@ -153,6 +158,7 @@ class FleetCollector:
         yield from _queue_families(reads)
         yield from _pool_families(reads)
         yield from _counter_families(reads)
+        yield from _run_families(reads)
         yield _histogram("tierq_queue_wait_seconds",
                          "Queue wait (started - enqueued) of each start, per pool and tier",
                          [(read.name, read.found.waits) for read in reads])
@@ -294,6 +300,29 @@ def _counter_families(reads: Sequence[_PoolRead]) -> Iterable[Metric]:
         for kind in REPAIRS:
             repairs.add_metric([read.name, kind], found.repairs.get(kind, 0))
     yield from (reclaimed, live, entered, rejections, repairs)
+
+
+def _run_families(reads: Sequence[_PoolRead]) -> Iterable[Metric]:
+    """Packing: the runs' sizes per kind (labelled with the pool that ran them too, so a kind
+    moved to another pool never gives two series of one name), items started per pool."""
+    run_items = HistogramMetricFamily(
+        "tierq_run_items", "Items per run a worker started, per kind (a job run alone: 1)",
+        labels=["pool", "kind"])
+    started = CounterMetricFamily(
+        "tierq_pool_items_started",
+        "Items (jobs) a pool's workers started, each run counting its items; rate() gives the "
+        "items a pool starts a second", labels=["pool"])
+    for read in reads:
+        for kind, hist in sorted(read.found.run_items.items()):
+            run_items.add_metric([read.name, kind], hist.buckets, sum_value=hist.sum)
+        started.add_metric([read.name], read.found.items_started)
+    yield from (run_items, started)
+
+
+def run_figures(runtime: Runtime, *, now: float) -> counters.Runs:
+    """One pool's runs: each kind's items per run, its items started in all and over the
+    last ``ITEMS_WINDOW_S``."""
+    return counters.read_runs(runtime.redis, runtime.prefix, now=now)
 
 
 def _histogram(
