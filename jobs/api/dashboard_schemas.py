@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -9,7 +10,17 @@ from pydantic import BaseModel, Field
 from jobs.api.queue_schemas import PoolView, WorkerView
 from jobs.api.schemas import TIMESTAMP, rfc3339
 from jobs.core.states import Status
-from jobs.dashboard.figures import FleetView, JobLine, PoolLine, TenantUse, TenantView, TierCard
+from jobs.dashboard.figures import (
+    FleetView,
+    JobLine,
+    KindRuns,
+    Packing,
+    PoolItems,
+    PoolLine,
+    TenantUse,
+    TenantView,
+    TierCard,
+)
 from jobs.dashboard.refusals import RefusalCount
 
 
@@ -146,6 +157,62 @@ class OwnFigures(BaseModel):
         )
 
 
+class RunSizes(BaseModel):
+    """Runs of one size bucket: more items than the bucket below holds, at most ``le``."""
+
+    le: float | None = Field(description="the most items a run of this bucket held; null: "
+                             "more than the largest bound (256)")
+    runs: int = Field(description="runs of this size")
+
+
+class KindRunsView(BaseModel):
+    """One kind's runs (a job run alone is a run of 1): how much it packs."""
+
+    kind: str = Field(description="the kind")
+    pool: str = Field(description="the pool that ran it")
+    runs: int = Field(description="runs started")
+    items: int = Field(description="items (jobs) those runs held")
+    mean_items_per_run: float | None = Field(description="items / runs; null before its "
+                                             "first run")
+    sizes: list[RunSizes] = Field(description="runs per size bucket (1, 2, 4, … 256, more), "
+                                  "not cumulative")
+
+    @classmethod
+    def of(cls, runs: KindRuns) -> KindRunsView:
+        return cls(kind=runs.kind, pool=runs.pool, runs=runs.runs, items=runs.items,
+                   mean_items_per_run=runs.mean_items,
+                   sizes=[RunSizes(le=None if math.isinf(le) else le, runs=n)
+                          for le, n in runs.sizes])
+
+
+class PoolItemsView(BaseModel):
+    """Items a pool's workers start."""
+
+    pool: str = Field(description="the pool")
+    items_per_s: float = Field(description="items started a second over the last `window_s`")
+    items_started: int = Field(description="items started in all (since Redis last lost its "
+                               "data)")
+
+    @classmethod
+    def of(cls, items: PoolItems) -> PoolItemsView:
+        return cls(pool=items.pool, items_per_s=items.items_per_s,
+                   items_started=items.items_started)
+
+
+class PackingView(BaseModel):
+    """How much the workers pack: items per run per kind, items a second per pool."""
+
+    window_s: float = Field(description="seconds over which `items_per_s` is taken")
+    pools: list[PoolItemsView] = Field(description="every pool, default first")
+    kinds: list[KindRunsView] = Field(description="every kind that ran, by pool then name")
+
+    @classmethod
+    def of(cls, packing: Packing) -> PackingView:
+        return cls(window_s=packing.window_s,
+                   pools=[PoolItemsView.of(items) for items in packing.pools],
+                   kinds=[KindRunsView.of(runs) for runs in packing.kinds])
+
+
 class DashboardResponse(BaseModel):
     """What the dashboard shows: the fleet (admin key) or the calling tenant's own view."""
 
@@ -167,6 +234,8 @@ class DashboardResponse(BaseModel):
                                          "there, most first; tenant: empty")
     tenant: OwnFigures | None = Field(description="the calling tenant's own figures (tenant "
                                       "view only)")
+    packing: PackingView | None = Field(default=None, description="fleet: items per run per "
+                                        "kind and items a second per pool; tenant: null")
 
     @classmethod
     def of_fleet(cls, view: FleetView) -> DashboardResponse:
@@ -176,7 +245,8 @@ class DashboardResponse(BaseModel):
                    pools=[pool_view(line) for line in view.pools],
                    workers=[WorkerView.of(worker, view.at, pool)
                             for pool, worker in view.workers],
-                   tenants=[TenantUseView.of(use) for use in view.tenants], tenant=None)
+                   tenants=[TenantUseView.of(use) for use in view.tenants], tenant=None,
+                   packing=None if view.packing is None else PackingView.of(view.packing))
 
     @classmethod
     def of_tenant(cls, view: TenantView) -> DashboardResponse:

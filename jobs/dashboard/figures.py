@@ -8,7 +8,9 @@ key): its tier's public card with only its own refusals, its cap and quota use i
 its waits and its recent jobs; nothing about any other tenant.
 
 The tier cards and the pool are the default pool's, the only one without ``[pools]``;
-the refusals are every pool's.
+the refusals are every pool's. Packing (the fleet's view): each pool's items started a second
+over the last minute, and each kind's items per run (their mean and how many runs of each
+size), from the counts the workers keep (``jobs.index.counters.record_run``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from dataclasses import dataclass, field
 from jobs.admission import estimates
 from jobs.core import policy
 from jobs.core.domain import JobSummary, Tenant
+from jobs.core.histograms import Histogram
 from jobs.core.pools import DEFAULT_POOL, Pools
 from jobs.core.states import Status
 from jobs.dashboard.refusals import RefusalCount
 from jobs.fleet.metrics import IndexView, TierFigures, percentile
 from jobs.fleet.pool import PoolFigures
 from jobs.index.base import LiveWorker
+from jobs.index.counters import Runs
 
 NEAREST_TENANTS = 8
 RECENT_JOBS = 12
@@ -96,6 +100,40 @@ class PoolLine:
 
 
 @dataclass(frozen=True, kw_only=True)
+class KindRuns:
+    """One kind's runs, counted since Redis last lost its data: how many, their items, and
+    how many runs fell in each size bucket (``sizes``: (upper bound, runs), not cumulative,
+    the last bound infinite)."""
+
+    kind: str
+    pool: str
+    runs: int
+    items: int
+    sizes: list[tuple[float, int]]
+
+    @property
+    def mean_items(self) -> float | None:
+        """Items per run on average; None before its first run."""
+        return self.items / self.runs if self.runs else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolItems:
+    """Items a pool's workers start: a second over the recent window, and in all."""
+
+    pool: str
+    items_per_s: float
+    items_started: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Packing:
+    window_s: float  # of ``items_per_s``
+    pools: list[PoolItems]  # every pool, default first
+    kinds: list[KindRuns]  # every kind that ran, by pool then name
+
+
+@dataclass(frozen=True, kw_only=True)
 class FleetView:
     at: float
     window_s: float
@@ -105,6 +143,7 @@ class FleetView:
     tenants: list[TenantUse]
     # Every pool, default first.
     pools: list[PoolLine]
+    packing: Packing | None = None
 
     @property
     def workers(self) -> list[tuple[str, LiveWorker]]:
@@ -178,17 +217,38 @@ def nearest_cap(
     return sorted(tenants, key=share)[:limit]
 
 
+def kind_runs(kind: str, pool: str, hist: Histogram) -> KindRuns:
+    """One kind's stored histogram (cumulative buckets) as runs per size bucket."""
+    sizes, below = [], 0.0
+    for le, count in hist.buckets:
+        sizes.append((float(le), round(count - below)))
+        below = count
+    return KindRuns(kind=kind, pool=pool, runs=round(hist.count), items=round(hist.sum),
+                    sizes=sizes)
+
+
+def packing(runs: Mapping[str, Runs], *, window_s: float) -> Packing:
+    """``runs``: each pool's, by name, default first."""
+    return Packing(
+        window_s=window_s,
+        pools=[PoolItems(pool=pool, items_per_s=found.recent.per_s,
+                         items_started=found.items_started) for pool, found in runs.items()],
+        kinds=[kind_runs(kind, pool, hist) for pool, found in runs.items()
+               for kind, hist in sorted(found.run_items.items())],
+    )
+
+
 def fleet_view(
     pol: policy.Policy, *, at: float, window_s: float, view: IndexView,
     waits: Mapping[str, Sequence[float]], refusals: Mapping[str, list[RefusalCount]],
-    tenants: list[TenantUse], pools: Sequence[PoolLine],
+    tenants: list[TenantUse], pools: Sequence[PoolLine], runs: Packing | None = None,
 ) -> FleetView:
     """``pol``, ``view`` and ``waits``: the default pool's, which ``pools`` lists first;
     ``refusals``: every pool's."""
     cards = [tier_card(pol, tier, waits.get(tier.name, []), refusals.get(tier.name, []))
              for tier in view.tiers]
     return FleetView(at=at, window_s=window_s, tiers=cards, pool=pools[0], tenants=tenants,
-                     pools=list(pools))
+                     pools=list(pools), packing=runs)
 
 
 def job_lines(jobs: Sequence[JobSummary], *, limit: int = RECENT_JOBS) -> list[JobLine]:

@@ -9,7 +9,7 @@ its own keys. What one refresh costs:
   pool and one indexed query per tier), the refusal counts (one round trip per pool), every
   lease's tenant in each pool (as many leases as the pools have slots), the queued counts of
   the tenants shown (at most ``NEAREST_TENANTS`` per pool) and their records (one query by
-  primary key for all pools);
+  primary key for all pools), and the runs' figures (two round trips per pool, O(kinds));
 - tenant: the same index figures, its tier's recent waits (one indexed query), its own
   in-flight and queued counts in each pool, and its latest ``TENANT_JOBS`` jobs (one query
   on ``(tenant_id, id)``), from which its own waits, its jobs by status and its recent jobs
@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from jobs.core.domain import Tenant
 from jobs.dashboard import figures, refusals
-from jobs.fleet.metrics import WAIT_WINDOW_S, read_index_view, recent_waits
+from jobs.fleet.metrics import (
+    ITEMS_WINDOW_S,
+    WAIT_WINDOW_S,
+    read_index_view,
+    recent_waits,
+    run_figures,
+)
 from jobs.fleet.pool import PoolFigures, live_pool
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
@@ -55,8 +61,11 @@ def fleet(runtime: Runtime) -> figures.FleetView:
             figures.tenant_use(found[tenant_id], line.figures, inflight=held[tenant_id],
                                queued=one.index.tenant_queued(tenant_id), pool=one.pool)
             for tenant_id in figures.nearest_cap(found, held, line.figures))
+    runs = figures.packing({one.pool: run_figures(one, now=now) for one in pools},
+                           window_s=ITEMS_WINDOW_S)
     return figures.fleet_view(home.policy, at=now, window_s=WAIT_WINDOW_S, view=view,
-                              waits=waits, refusals=recent.by_tier, tenants=uses, pools=lines)
+                              waits=waits, refusals=recent.by_tier, tenants=uses, pools=lines,
+                              runs=runs)
 
 
 def of_tenant(runtime: Runtime, tenant: Tenant) -> figures.TenantView:

@@ -1,7 +1,8 @@
 // The tierq dashboard: reads /v1/dashboard every REFRESH_MS with the key kept in this tab,
 // draws one card per tier, the pool or the tenant's own figures, and two line charts of the
 // last HISTORY_MS. With [pools] configured it also draws every pool and its workers (a
-// tenant: its use of each pool); with one pool the page is as it was before pools.
+// tenant: its use of each pool); with one pool the page is as it was before pools. The
+// fleet's page shows packing too: items/s per pool, items per run per kind.
 // Beside it, a job explorer (#jobs?status=…) and a page per job (#job/<id>): the admin key
 // searches and acts on every tenant's jobs, a tenant's key on its own.
 // Plain DOM and canvas; no library, nothing loaded from elsewhere; data is set as text only.
@@ -234,6 +235,71 @@
         el("th", { text: "worker" }), el("th", { text: "pool" }), el("th", { text: "device" }),
         el("th", { class: "num", text: "slots" }))),
       el("tbody", {}, ...lines)));
+    return card;
+  }
+
+  function perSecond(value) {
+    return value >= 100 ? String(Math.round(value)) : value.toFixed(value >= 10 ? 1 : 2);
+  }
+
+  // "3–4 items: 12 runs": one size bucket of a kind's runs (le null: past the largest bound).
+  function sizeText(size, below) {
+    const items = size.le === null ? "over " + below
+      : size.le === below + 1 ? String(size.le) : (below + 1) + "–" + size.le;
+    return items + (size.le === 1 ? " item: " : " items: ") + size.runs
+      + (size.runs === 1 ? " run" : " runs");
+  }
+
+  // A kind's runs by size as a row of small bars, 1 item on the left; each says its count.
+  function sizesBars(sizes) {
+    const most = Math.max(1, ...sizes.map((size) => size.runs));
+    const bars = el("span", { class: "sizes", dataset: { field: "sizes" } });
+    let below = 0;
+    const said = [];
+    for (const size of sizes) {
+      const text = sizeText(size, below);
+      const bar = el("span", { title: text });
+      if (size.runs === 0) bar.dataset.empty = "";
+      else said.push(text);
+      bar.style.height = Math.max(6, (size.runs / most) * 100) + "%";
+      bars.append(bar);
+      below = size.le === null ? below : size.le;
+    }
+    bars.setAttribute("title", said.join("\n") || "no runs");
+    return bars;
+  }
+
+  // Packing: each pool's items started a second, each kind's items per run.
+  function packingCard(packing, pooled) {
+    const card = el("article", { class: "card packing", dataset: { card: "packing" } },
+      el("h2", {}, el("span", { text: "Packing" }),
+        el("small", { text: "items/s over the last " + seconds(packing.window_s) })));
+    const pools = packing.pools.map((p) => el("tr", { dataset: { pool: p.pool } },
+      el("td", { text: p.pool }),
+      el("td", { class: "num", text: perSecond(p.items_per_s), dataset: { field: "items-per-s" } }),
+      el("td", { class: "num", text: String(p.items_started) })));
+    card.append(el("table", { dataset: { table: "pool-items" } },
+      el("thead", {}, el("tr", {}, el("th", { text: "pool" }),
+        el("th", { class: "num", text: "items/s" }),
+        el("th", { class: "num", text: "items started" }))),
+      el("tbody", {}, ...pools)));
+    if (packing.kinds.length === 0) {
+      card.append(el("p", { class: "empty", text: "no runs recorded yet" }));
+      return card;
+    }
+    const kinds = packing.kinds.map((k) => el("tr", { dataset: { kind: k.kind, pool: k.pool } },
+      el("td", { text: k.kind }), pooled ? el("td", { text: k.pool }) : null,
+      el("td", { class: "num", text: String(k.runs) }),
+      el("td", { class: "num", dataset: { field: "mean-items" }, text:
+        k.mean_items_per_run === null ? "–" : k.mean_items_per_run.toFixed(1) }),
+      el("td", {}, sizesBars(k.sizes))));
+    card.append(el("table", { dataset: { table: "kind-runs" } },
+      el("thead", {}, el("tr", {}, el("th", { text: "kind" }),
+        pooled ? el("th", { text: "pool" }) : null,
+        el("th", { class: "num", text: "runs" }),
+        el("th", { class: "num", text: "items/run" }),
+        el("th", { text: "runs by items (1 … 256+)" }))),
+      el("tbody", {}, ...kinds)));
     return card;
   }
 
@@ -730,6 +796,7 @@
     if (body.view === "fleet") {
       $("tiers").replaceChildren(...cards);
       const side = [poolCard(body.pool, pooled), tenantsCard(body.tenants, pooled)];
+      if (body.packing) side.splice(1, 0, packingCard(body.packing, pooled));
       if (pooled) side.splice(1, 0, poolsCard(body.pools, body.workers || []));
       $("side").replaceChildren(...side);
     } else {
