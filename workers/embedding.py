@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +94,75 @@ def embed(
     """Unit-length embeddings of ``texts``, ``BATCH_SIZE`` at a time on the model's device;
     ``between_batches`` runs before each batch (a handler's ``ctx.check``), ``on_progress``
     after each with the texts done and their total."""
-    encoder = model()
     vectors: list[list[float]] = []
     for start in range(0, len(texts), BATCH_SIZE):
         if between_batches is not None:
             between_batches()
-        batch = list(texts[start:start + BATCH_SIZE])
-        encoded = encoder.encode(
-            batch, batch_size=BATCH_SIZE, convert_to_numpy=True, normalize_embeddings=True,
-            show_progress_bar=False,
-        )
-        vectors.extend([float(x) for x in row] for row in encoded)
+        vectors.extend(_encode(texts[start:start + BATCH_SIZE]))
         if on_progress is not None:
             on_progress(len(vectors), len(texts))
     return vectors
+
+
+def embed_many(
+    items: Sequence[Sequence[str]], *, wanted: Callable[[], Collection[int]] | None = None,
+    on_progress: Callable[[int, int, int], None] | None = None,
+) -> list[list[list[float]] | None]:
+    """Each item's embeddings (as ``embed`` gives them), the texts of all items going to the
+    device together, ``BATCH_SIZE`` at a time: a run of many small items fills each batch,
+    and a text several items hold is embedded once. The first item's texts go first.
+
+    ``wanted`` runs before each batch and names the items still wanted (a packing handler's
+    ``check_run``, which raises to stop the whole run); a text only unwanted items hold is
+    skipped, and an item left without all its vectors gets None. ``on_progress(item, done,
+    total)`` after each batch, for each wanted item it advanced."""
+    holders: dict[str, list[int]] = {}  # each distinct text: the items holding it
+    for index, texts in enumerate(items):
+        for text in texts:
+            held = holders.setdefault(text, [])
+            if not held or held[-1] != index:
+                held.append(index)
+    totals = [len(set(texts)) for texts in items]
+    done = [0] * len(items)
+    vectors: dict[str, list[float]] = {}
+    pending = iter(holders.items())
+    live: Collection[int] = range(len(items))
+    while True:
+        if wanted is not None:
+            live = set(wanted())
+        batch = [text for text, held in _take(pending, live, BATCH_SIZE)]
+        if not batch:
+            break
+        advanced: set[int] = set()
+        for text, vector in zip(batch, _encode(batch), strict=True):
+            vectors[text] = vector
+            advanced.update(holders[text])
+            for index in holders[text]:
+                done[index] += 1
+        if on_progress is not None:
+            for index in sorted(advanced.intersection(live)):
+                on_progress(index, done[index], totals[index])
+    return [[vectors[t] for t in texts] if done[i] == totals[i] else None
+            for i, texts in enumerate(items)]
+
+
+def _take(pending: Iterator[tuple[str, list[int]]], live: Collection[int],
+          size: int) -> list[tuple[str, list[int]]]:
+    """The next ``size`` texts that a wanted item holds; those no wanted item holds are
+    dropped on the way."""
+    taken: list[tuple[str, list[int]]] = []
+    for text, held in pending:
+        if any(index in live for index in held):
+            taken.append((text, held))
+            if len(taken) == size:
+                break
+    return taken
+
+
+def _encode(texts: Sequence[str]) -> list[list[float]]:
+    """One batch through the model: unit-length vectors, as plain floats."""
+    encoded = model().encode(
+        list(texts), batch_size=BATCH_SIZE, convert_to_numpy=True, normalize_embeddings=True,
+        show_progress_bar=False,
+    )
+    return [[float(x) for x in row] for row in encoded]

@@ -8,6 +8,10 @@ Both embed through ``workers.embedding`` (one model per process, loaded by their
 before the worker takes a job; batches on its device) and check for a cancel between
 batches. A blob store that cannot be reached is retryable; a
 document that cannot be read, or a blob that is gone, is not.
+
+Both pack (``run_many``): the texts of every item of a run share the model's batches, so
+many small evaluations or documents cost a GPU little more than one. Each item's result is
+the one ``run`` gives it alone; a document that cannot be read ends its own item only.
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ from jobs.core.errors import InvalidRequest
 from jobs.process.settings import load_settings
 from workers import embedding
 from workers.documents import chunk_text, extract_text
-from workers.handlers import Handler, JobContext, RetryableError, parse_payload
+from workers.handlers import (
+    Handler,
+    JobCancelled,
+    JobContext,
+    RetryableError,
+    check_run,
+    parse_payload,
+)
 
 MAX_PAIRS = 10_000
 MAX_SENTENCE_CHARS = 10_000
@@ -41,6 +52,9 @@ class DocumentEmbedHandler:
     ``store``: the blob store (default: the one the settings name, built on first use)."""
 
     kind = "document.embed"
+    # A payload names its blob only, so a run is bounded by its count of documents (a
+    # document is up to ``api.max_document_bytes``: no budget can be told before reading).
+    max_items_per_run = 16
 
     def __init__(self, store: BlobStore | None = None) -> None:
         self._store = store
@@ -53,16 +67,39 @@ class DocumentEmbedHandler:
         return parse_payload(_EmbedPayload, payload)
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
-        data = self._read(str(payload["blob"]))
-        _, text = extract_text(data)
-        chunks = chunk_text(text)
+        chunks = self._chunks(payload)
         vectors = embedding.embed(chunks, between_batches=ctx.check,
                                   on_progress=reporter(ctx, "chunks embedded"))
-        return {
-            "chunks": [{"text": c, "embedding": v} for c, v in zip(chunks, vectors, strict=True)],
-            "model": embedding.MODEL_NAME,
-            "dimensions": embedding.DIMENSIONS,
-        }
+        return _embedded(chunks, vectors)
+
+    def run_many(self, contexts: list[JobContext], payloads: list[dict[str, Any]]) -> list[Any]:
+        """Every document's chunks through the model together. A document that cannot be
+        read (gone, not a document, a bad PDF) or a store that cannot be reached (retryable)
+        is its own item's outcome; the others run on."""
+        outcomes: list[Any] = [None] * len(payloads)
+        chunks: list[list[str]] = [[] for _ in payloads]
+        for index, payload in enumerate(payloads):
+            if index not in check_run(contexts):
+                continue
+            try:
+                chunks[index] = self._chunks(payload)
+            except Exception as exc:  # that document's failure, not the run's
+                outcomes[index] = exc
+        vectors = embedding.embed_many(
+            chunks, wanted=lambda: check_run(contexts),
+            on_progress=item_reporter(contexts, "chunks embedded"))
+        still = set(check_run(contexts))
+        for index, ctx in enumerate(contexts):
+            if outcomes[index] is not None:
+                continue
+            encoded = vectors[index]
+            outcomes[index] = (_embedded(chunks[index], encoded)
+                               if index in still and encoded is not None else cancelled(ctx))
+        return outcomes
+
+    def _chunks(self, payload: dict[str, Any]) -> list[str]:
+        _, text = extract_text(self._read(str(payload["blob"])))
+        return chunk_text(text)
 
     def _read(self, sha256: str) -> bytes:
         if self._store is None:
@@ -73,6 +110,14 @@ class DocumentEmbedHandler:
             raise
         except OSError as exc:
             raise RetryableError(f"the blob store cannot be read: {exc}") from exc
+
+
+def _embedded(chunks: list[str], vectors: list[list[float]]) -> dict[str, Any]:
+    return {
+        "chunks": [{"text": c, "embedding": v} for c, v in zip(chunks, vectors, strict=True)],
+        "model": embedding.MODEL_NAME,
+        "dimensions": embedding.DIMENSIONS,
+    }
 
 
 Sentence = Annotated[str, StringConstraints(min_length=1, max_length=MAX_SENTENCE_CHARS)]
@@ -92,6 +137,13 @@ class SimilarityHandler:
     (null when either side is constant: no ranking to compare)."""
 
     kind = "eval.similarity"
+    max_items_per_run = 64
+    # In characters of the pairs' sentences: about 3,000 short sentences, a second or so of a
+    # GPU and some 10 s of a CPU, so the items riding with a run's first wait little for it.
+    max_cost_per_run = 200_000
+
+    def cost(self, payload: dict[str, Any]) -> int:
+        return sum(len(a) + len(b) for a, b in payload["pairs"])
 
     def setup(self) -> None:
         """Load the model before the worker takes a job (once per process)."""
@@ -107,12 +159,36 @@ class SimilarityHandler:
         return normalised
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
-        sentences = sorted({s for pair in payload["pairs"] for s in pair})
+        sentences = _sentences(payload)
         encoded = embedding.embed(sentences, between_batches=ctx.check,
                                   on_progress=reporter(ctx, "sentences embedded"))
-        vectors = dict(zip(sentences, encoded, strict=True))
-        scores = [_dot(vectors[a], vectors[b]) for a, b in payload["pairs"]]
-        return {"scores": scores, "spearman": spearman(scores, payload["labels"])}
+        return _scored(payload, sentences, encoded)
+
+    def run_many(self, contexts: list[JobContext], payloads: list[dict[str, Any]]) -> list[Any]:
+        """Every item's distinct sentences through the model together (one shared by
+        several items, once); each item scored on its own."""
+        wanted = set(check_run(contexts))
+        sentences = [_sentences(p) if i in wanted else [] for i, p in enumerate(payloads)]
+        vectors = embedding.embed_many(
+            sentences, wanted=lambda: check_run(contexts),
+            on_progress=item_reporter(contexts, "sentences embedded"))
+        still = set(check_run(contexts))
+        return [
+            _scored(payload, sentences[i], encoded)
+            if i in still and (encoded := vectors[i]) is not None else cancelled(ctx)
+            for i, (ctx, payload) in enumerate(zip(contexts, payloads, strict=True))
+        ]
+
+
+def _sentences(payload: dict[str, Any]) -> list[str]:
+    return sorted({s for pair in payload["pairs"] for s in pair})
+
+
+def _scored(payload: dict[str, Any], sentences: list[str],
+            encoded: list[list[float]]) -> dict[str, Any]:
+    vectors = dict(zip(sentences, encoded, strict=True))
+    scores = [_dot(vectors[a], vectors[b]) for a, b in payload["pairs"]]
+    return {"scores": scores, "spearman": spearman(scores, payload["labels"])}
 
 
 def reporter(ctx: JobContext, what: str) -> Callable[[int, int], None]:
@@ -122,6 +198,20 @@ def reporter(ctx: JobContext, what: str) -> Callable[[int, int], None]:
         ctx.progress(done / total if total else 1.0, f"{done} of {total} {what}")
 
     return report
+
+
+def item_reporter(contexts: list[JobContext], what: str) -> Callable[[int, int, int], None]:
+    """``embed_many``'s progress as each item's own: its texts done of its total."""
+
+    def report(index: int, done: int, total: int) -> None:
+        reporter(contexts[index], what)(done, total)
+
+    return report
+
+
+def cancelled(ctx: JobContext) -> JobCancelled:
+    """The outcome of an item cancelled while its run went on."""
+    return JobCancelled(f"job {ctx.job_id} was cancelled")
 
 
 def _dot(a: list[float], b: list[float]) -> float:
