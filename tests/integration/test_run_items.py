@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from jobs.index import counters
 from jobs.process.settings import load_settings
@@ -97,7 +99,8 @@ def test_a_run_is_timed_by_redis_when_no_clock_is_given(
 def test_a_redis_that_does_not_answer_costs_the_count_not_the_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gone = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    gone = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5,
+                       retry=Retry(NoBackoff(), 0))
     with caplog.at_level(logging.WARNING, logger="tierq.counters"):
         counters.record_run(gone, "{nowhere}:", kind="echo", pool="gpu", items=4)
     [record] = [r for r in caplog.records if r.getMessage() == "counter.failed"]
