@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from workers.handlers import Handler, JobContext, RetryableError
+from workers.handlers import Handler, JobCancelled, JobContext, RetryableError, check_run
 
 
 class _AnyObject:
@@ -203,6 +203,42 @@ class UpperHandler(_AnyObject):
 
     def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         return {"text": str(payload.get("text", "")).upper(), "pid": os.getpid()}
+
+
+class PackHandler(_AnyObject):
+    """Packs up to 16 items per run (``run_many``): holds its slot for the longest
+    ``payload["seconds"]`` of its items (stopping early for a run-level stop), then pushes
+    ``"<start> <end> <id>,<id>,..."`` (``time.time()``) onto the Redis list ``payload["key"]``
+    of its first item: when each run ran and what it held. An item with ``"fail": true``
+    ends failed alone; one with ``"poison": true`` makes the whole call raise."""
+
+    kind = "pack"
+    max_items_per_run = 16
+
+    def run(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
+        outcome = self.run_many([ctx], [payload])[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def run_many(self, contexts: list[JobContext], payloads: list[dict[str, Any]]) -> list[Any]:
+        started = time.time()
+        if any(p.get("poison") for p in payloads):
+            raise RuntimeError("a poisoned item breaks the whole run")
+        until = started + max(float(p.get("seconds", 0)) for p in payloads)
+        while time.time() < until:
+            check_run(contexts)
+            contexts[0].sleep(min(0.05, max(0.0, until - time.time())))
+        wanted = set(check_run(contexts))
+        client = redis.Redis.from_url(os.environ["TIERQ_REDIS_URL"])
+        try:
+            ids = ",".join(ctx.job_id for ctx in contexts)
+            client.rpush(str(payloads[0]["key"]), f"{started!r} {time.time()!r} {ids}")
+        finally:
+            client.close()
+        return [JobCancelled("cancelled") if i not in wanted
+                else ValueError("asked to fail") if p.get("fail") else {"items": len(payloads)}
+                for i, p in enumerate(payloads)]
 
 
 # For TIERQ_HANDLERS in worker processes.

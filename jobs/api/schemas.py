@@ -243,6 +243,10 @@ class JobResponse(BaseModel):
                                  "(POST /v1/jobs/<id>/retry); null otherwise")
     custom_id: str | None = Field(default=None, description="a batch item's id of the "
                                   "client's own (an envelope's custom_id); null otherwise")
+    run_items: int | None = Field(default=None, description="how many items the run of its "
+                                  "latest start held (packing: items of one kind sharing "
+                                  "one handler call); 1 when it ran alone, null before it "
+                                  "started")
     batch_id: str | None = Field(default=None, description="the batch it is an item of; null "
                                  "for a job of its own")
     webhook: WebhookRequest | None = Field(
@@ -275,6 +279,8 @@ class JobResponse(BaseModel):
             progress=ProgressView.of(progress.report),
             retry_of=job.retry_of,
             custom_id=job.custom_id,
+            run_items=job.run_items if job.run_items is not None
+            else None if job.started_at is None else 1,
             batch_id=job.batch_id,
             webhook=None if job.webhook_url is None or job.batch_id is not None
             else WebhookRequest(url=job.webhook_url, events=list(events_of(job.webhook_events))),

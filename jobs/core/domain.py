@@ -110,6 +110,10 @@ class Job:
     # Its webhook (``jobs.core.webhooks``); a batch item carries its batch's.
     webhook_url: str | None = None
     webhook_events: str | None = None
+    # How many items its latest start's run held (None: not started since packing, or
+    # alone), and the bound a run that failed as a whole left it (``jobs.core.packing``).
+    run_items: int | None = None
+    run_cap: int | None = None
 
     @property
     def terminal(self) -> bool:

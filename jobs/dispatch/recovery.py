@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session
 
 from jobs.core.domain import Job
 from jobs.core.error_types import ErrorType
+from jobs.core.packing import split_cap
 from jobs.core.states import Status
 from jobs.index.base import IndexedJob, NotLeader
 from jobs.store import jobs as jobs_sql
@@ -145,6 +146,16 @@ def _recover_once(
         if outcome is not None:
             logger.info("lease.expired.unstarted",
                         extra={"event": "lease.expired.unstarted", **log})
+        return outcome
+    if job.run_items is not None and job.run_items > 1:
+        # Its run failed as a whole (its process died, or hung past its limit): not this
+        # item's fault alone. Back uncharged, in runs of half the size (jobs.core.packing).
+        outcome = _move(session, job, Status.QUEUED, now,
+                        Recovered(requeued=True, entry=indexed(job, attempt=job.attempt + 1)),
+                        **jobs_sql.unstart_fields(job), run_cap=split_cap(job.run_items))
+        if outcome is not None:
+            logger.warning("lease.expired.split", extra={
+                "event": "lease.expired.split", "run_items": job.run_items, **log})
         return outcome
     spent = job.starts >= job.max_attempts
     late = job.start_by is not None and now >= job.start_by

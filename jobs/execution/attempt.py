@@ -74,6 +74,7 @@ from jobs.execution.leases import (
     start_figures,
 )
 from jobs.execution.outcome import STALE, RecordsOutcome
+from jobs.execution.packing import PackedRun
 from jobs.execution.prestart import PRE_STARTS, Claim, Landing
 from jobs.execution.progress import ProgressSender
 from jobs.execution.registry import HandlerRegistry
@@ -82,6 +83,7 @@ from jobs.execution.running import (
     FAILED,
     RUNNING,
     SUCCEEDED,
+    Ending,
     call_handler,
     hand_back_running,
     log_job,
@@ -180,6 +182,7 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         # while the job runs and until its outcome is recorded.
         self._holds_lease: Callable[[], bool] = self._keeper.renew
         self.limit_s = runtime.policy.default_timeout_s  # the row's, once started
+        self.run_items = 1  # the items of its run (``jobs.execution.packing``)
         self.retries_timeout = False
         # The handler's ending and the overrun's (another thread) race: the first records.
         self._ending_lock = threading.Lock()
@@ -238,7 +241,7 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
             self._announce_batch()
         RUNNING.add(ctx)
         try:
-            ending = call_handler(registry, ctx, job)
+            ending = self._call(registry, ctx, job, heartbeat)
             sender.close()  # the last report is in Redis before the ending is announced
             self._await_handing(fold=ending.kind in (SUCCEEDED, FAILED, CANCELLED))
             if not self._claim_ending(returned=heartbeat):
@@ -249,6 +252,21 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
             self._pay_owed()  # owed and not made: an ending that did not pass the slot on
             RUNNING.discard(ctx)
             heartbeat.stop()
+
+    def _call(self, registry: HandlerRegistry, ctx: JobContext, job: Job,
+              heartbeat: Heartbeat) -> Ending:
+        """The handler's call: alone, or leading a run of its kind (``jobs.execution.packing``)."""
+        packing = registry.packing(job.kind) if registry.runs(job.kind) else None
+        if packing is None or ctx.cancelled():
+            return call_handler(registry, ctx, job)
+        policy = self.runtime.policy
+        run = PackedRun(self.runtime, registry, packing, lead=job, ctx=ctx, heartbeat=heartbeat,
+                        clock=self.clock, virtual=self._virtual_clock, worker_id=self.worker_id,
+                        dispatched_at=self.dispatched_at, lead_limit_s=self.limit_s,
+                        limit_of=lambda j: limits.limit_s(j, policy, registry.timeout_s(j.kind)))
+        ending = run.run()
+        self.run_items, self.limit_s = run.size, run.limit_s
+        return ending
 
     def _claim_ending(self, *, returned: Heartbeat | None = None) -> bool:
         """True for the first of the handler's ending and the overrun's: that one records.
@@ -341,7 +359,8 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
 
         return retry_sql(start, keep_trying=keep_trying, what="start", job_id=self.job_id)
 
-    def _hand_back(self, src: Status, reason: str = "lease gone before the start") -> str:
+    def _hand_back(self, src: Status, reason: str = "lease gone before the start",
+                   **extra: Any) -> str:
         """Give a job whose lease is gone back to the queue before its handler ran: a new
         attempt, not charged (a start just made is undone; ``started_at`` is cleared when it
         was the first start, else the earlier start's time is not known here and stays the
@@ -349,7 +368,7 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         indexes it (else the reconciler will)."""
         job = self._job
         uncharge = jobs_sql.unstart_fields(job) if src is Status.RUNNING else {}
-        if not self._transition(src, Status.QUEUED, **uncharge):
+        if not self._transition(src, Status.QUEUED, **uncharge, **extra):
             self._log(logging.INFO, "job.stale", reason="lease gone, job moved on")
             return STALE
         try:

@@ -182,6 +182,15 @@ class Heartbeat:
         self._limit_lock = threading.Lock()  # the overrun's decision and ``returned``
         self._first: tuple[bool, StartFigures | None, Finished | None] | None = None
         self._first_lock = threading.Lock()  # the first renewal is made once, by either side
+        # A packed run's (``jobs.execution.packing``): renews its riders' leases after each
+        # renewal of this one, and tells each of its cancel.
+        self.riders: Callable[[], None] | None = None
+
+    def tighten(self, limit_s: float) -> None:
+        """A packed run's limit is the smallest of its items': never longer than set."""
+        with self._limit_lock:
+            if self._limit_s is None or limit_s < self._limit_s:
+                self._limit_s = limit_s
 
     def start(self, *, announce: bool = False, start: StartFigures | None = None,
               release: Finished | None = None) -> None:
@@ -322,6 +331,9 @@ class Heartbeat:
             self._warn("job.renew_failed", exc_info=True)
             return
         self._renewed_at = now
+        riders = self.riders
+        if riders is not None and renewal is not Renewal.LOST:
+            riders()
         if renewal is Renewal.LOST:
             self._ctx.mark_lease_lost()
             self._warn("job.lease_lost")

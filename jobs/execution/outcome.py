@@ -22,11 +22,13 @@ import sqlalchemy.exc as sa_exc
 
 from jobs.core.domain import Job
 from jobs.core.error_types import ErrorType
+from jobs.core.packing import split_cap
 from jobs.core.policy import retry_backoff_s
 from jobs.core.states import Status
 from jobs.execution.handlers import JobContext
 from jobs.execution.leases import Heartbeat, LeaseKeeper, is_sql_outage, retry_sql
 from jobs.execution.limits import timed_out_error
+from jobs.execution.packing import SPLIT
 from jobs.execution.results import result_fields
 from jobs.execution.running import (
     FAILED,
@@ -53,6 +55,8 @@ class RecordsOutcome:
     # The attempt's run-time limit, and whether its kind retries an attempt past it.
     limit_s: float
     retries_timeout: bool
+    # How many items the run this attempt led held (1: it ran alone).
+    run_items: int
     # The handler's context (its last progress report is stored with the ending).
     ctx: JobContext | None
     # This handling's start token, when its lease was taken, and whether it still holds it.
@@ -76,8 +80,14 @@ class RecordsOutcome:
     def _announce_batch(self) -> None:
         raise NotImplementedError
 
-    def _hand_back(self, src: Status, reason: str = "") -> str:
+    def _hand_back(self, src: Status, reason: str = "", **extra: Any) -> str:
         raise NotImplementedError
+
+    def _split(self, run_cap: int) -> str:
+        """The run this attempt led failed as a whole: back to the queue uncharged, in runs
+        of at most ``run_cap`` items from now on (``jobs.core.packing``)."""
+        return self._hand_back(Status.RUNNING, reason=f"its run of {self.run_items} failed "
+                               f"as a whole: split into runs of {run_cap}", run_cap=run_cap)
 
     def _not_run_here(self) -> str:
         raise NotImplementedError
@@ -114,6 +124,9 @@ class RecordsOutcome:
             if ending.kind == NOT_HERE:
                 return self._not_run_here()
             return self._hand_back(Status.RUNNING, reason="worker stopping")
+        if ending.kind == SPLIT:
+            heartbeat.stop()
+            return self._split(int(ending.result))
         if ending.kind == "retry":
             return self._retry(ending.error or "RetryableError", heartbeat)
         if ending.kind == TIMED_OUT:
@@ -232,7 +245,11 @@ class RecordsOutcome:
         return moved
 
     def _timed_out(self, heartbeat: Heartbeat) -> str:
-        """The attempt ran past its limit: retried when its kind says so, else failed."""
+        """The attempt ran past its limit: retried when its kind says so, else failed. A run
+        of several items past its limit failed as a whole: split, uncharged."""
+        if self.run_items > 1:
+            heartbeat.stop()
+            return self._split(split_cap(self.run_items))
         error = timed_out_error(self.limit_s)
         if self.retries_timeout:
             return self._retry(error, heartbeat, spent=ErrorType.TIMED_OUT)

@@ -132,6 +132,10 @@ class JobRow(Base):
         # ended status (live ones are few and have the indexes above), or of one kind.
         sa.Index("ix_jobs_status_id", "status", "id", postgresql_where=ENDED_ROWS),
         sa.Index("ix_jobs_kind_id", "kind", "id"),
+        # Packing: a kind's queued jobs in dispatch order, the candidates of a run.
+        sa.Index("ix_jobs_kind_order_key", "kind", "order_key",
+                 postgresql_where=sa.text("status = 'queued'"),
+                 sqlite_where=sa.text("status = 'queued'")),
         # Blob pruning: is a blob still named by a job?
         sa.Index("ix_jobs_blob", "blob", postgresql_where=sa.text("blob IS NOT NULL")),
         sa.Index("ix_jobs_result_blob", "result_blob",
@@ -192,6 +196,10 @@ class JobRow(Base):
     # transaction of the change (migration 0013). A batch item carries its batch's.
     webhook_url: Mapped[str | None] = mapped_column(sa.Text())
     webhook_events: Mapped[str | None] = mapped_column(sa.String(64))
+    # Packing (``jobs.core.packing``, migration 0016): how many items the run of its latest
+    # start held, and the bound on its runs that a run failing as a whole left it.
+    run_items: Mapped[int | None] = mapped_column(sa.Integer())
+    run_cap: Mapped[int | None] = mapped_column(sa.Integer())
 
 
 class BlobRow(Base):

@@ -27,7 +27,7 @@ from jobs.store.rows import JOBS, dt, dt_or_none, epoch_or_none, job_from_row
 
 TRANSITION_FIELDS = frozenset(
     {"result", "result_blob", "error", "error_type", "not_before", "cancel_requested",
-     "max_attempts", "starts", "started_at", "progress"}
+     "max_attempts", "starts", "started_at", "progress", "run_cap"}
 )
 
 
@@ -303,7 +303,7 @@ def _start_statement(w: str, v: str) -> Any:
             sa.or_(JOBS.c.start_by.is_(None), JOBS.c.start_by > at),
         )
         .values(status=Status.RUNNING.value, started_at=at, starts=JOBS.c.starts + 1,
-                updated_at=at, start_token=sa.bindparam(f"{v}_token"),
+                updated_at=at, start_token=sa.bindparam(f"{v}_token"), run_items=None,
                 dispatched_at=sa.func.coalesce(JOBS.c.dispatched_at, sa.bindparam(
                     f"{v}_dispatched_at", type_=JOBS.c.dispatched_at.type)))
         .returning(*JOBS.c)

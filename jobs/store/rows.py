@@ -112,6 +112,8 @@ def job_from_row(row: JobRow) -> Job:
         retry_of=getattr(row, "retry_of", None),
         webhook_url=getattr(row, "webhook_url", None),
         webhook_events=getattr(row, "webhook_events", None),
+        run_items=getattr(row, "run_items", None),
+        run_cap=getattr(row, "run_cap", None),
     )
 
 

@@ -88,10 +88,11 @@ def in_flight_starts(
 def recent_runs(
     session: Session, *, limit: int, scope: KindScope = EVERY_KIND
 ) -> list[tuple[str, float]]:
-    """``(kind, run time)`` of the last ``limit`` finished runs, newest first."""
+    """``(kind, run time)`` of the last ``limit`` finished runs, newest first: an item of a
+    packed run counts its share of the run (μ counts items)."""
     stmt = (
-        scoped(sa.select(JobRow.kind, JobRow.started_at, JobRow.finished_at), JobRow.kind,
-               scope)
+        scoped(sa.select(JobRow.kind, JobRow.started_at, JobRow.finished_at, JobRow.run_items),
+               JobRow.kind, scope)
         .where(
             JobRow.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]),
             JobRow.started_at.is_not(None),
@@ -101,8 +102,8 @@ def recent_runs(
         .limit(limit)
     )
     return [
-        (kind, (finished - started).total_seconds())
-        for kind, started, finished in session.execute(stmt)
+        (kind, (finished - started).total_seconds() / max(1, items or 1))
+        for kind, started, finished, items in session.execute(stmt)
         if started is not None and finished is not None
     ]
 
