@@ -35,6 +35,8 @@ its attempt is not the first or it has a ``start_by``):
                        released, but holding no slot of the pool (``lua/common.lua``)
 - ``riders``           set of jobs: leases of a run's items after its first (``fill_run``):
                        the run holds one slot, so these hold none
+- ``hist:run_items:<kind>``, ``run_kinds``, ``counters:items_started``,
+  ``items_started:<slot>``: runs recorded by workers (``jobs.index.counters.record_run``)
 - ``meta``             hash job -> JSON [tenant, tier, order_key, start_by, not_before,
                        attempt(, cancel)]: every lease and delayed job, and a queued job
                        whose attempt is not the first or that has a start_by; the attempt
