@@ -318,9 +318,16 @@ def check_caps(
     names: Mapping[tuple[str, str], str],
 ) -> list[Violation]:
     """No tenant ran more jobs at once than its cap, in any pool: ``caps`` and ``names`` by
-    ``(tenant id, pool)``."""
+    ``(tenant id, pool)``. A cap counts slots: the traced items of one packed run (one
+    process, one start instant) count once."""
     by_tenant: dict[tuple[str, str], list[Span]] = defaultdict(list)
+    runs: set[tuple[str, str, int, float]] = set()
     for span in spans:
+        if span.pid is not None:  # a tenant's items of one packed run hold one slot
+            run = (span.tenant_id, span.pool, span.pid, span.start)
+            if run in runs:
+                continue
+            runs.add(run)
         by_tenant[(span.tenant_id, span.pool)].append(span)
     found = []
     for tenant_id, tenant_spans in by_tenant.items():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.handlers import Handler, JobContext
+from workers.handlers import Handler, JobCancelled, JobContext, check_run
 
 RUN_LOG_ENV = "FAULTS_RUN_LOG"
 
@@ -54,10 +54,41 @@ class TrackedHandler:
 
 
 class TrackedGpuHandler(TrackedHandler):
-    """``tracked`` under a kind of the soak's second pool (``gpu``): its runs are traced the
-    same way, and its tenants' caps are that pool's."""
+    """``tracked`` under a kind of the soak's second pool (``gpu``), which packs: up to
+    ``max_items_per_run`` of its jobs share one handler call (``run_many``). Every item's run
+    is traced as ``tracked``'s, its ``start`` lines all written at one instant (the run's
+    start, so the checker counts a tenant's items of one run as the one slot they hold), and
+    its tenants' caps are that pool's."""
 
     kind = "tracked.gpu"
+    max_items_per_run = 6
+
+    def run_many(self, contexts: list[JobContext], payloads: list[dict[str, Any]]) -> list[Any]:
+        at, seen = true_time(), time.time()
+        for ctx in contexts:
+            _write("start", ctx, at=at, seen=seen)
+        try:
+            until = time.monotonic() + max(float(p.get("seconds", 0)) for p in payloads)
+            while time.monotonic() < until:
+                check_run(contexts)  # a run-level stop ends every item without a "done"
+                time.sleep(min(0.02, max(0.0, until - time.monotonic())))
+            wanted = set(check_run(contexts))
+        except BaseException:
+            for ctx in contexts:
+                _write("stop", ctx)
+            raise
+        outcomes: list[Any] = []
+        for i, (ctx, payload) in enumerate(zip(contexts, payloads, strict=True)):
+            if i not in wanted:
+                _write("stop", ctx)
+                outcomes.append(JobCancelled(f"job {ctx.job_id} was cancelled"))
+            elif payload.get("nul"):
+                _write("stop", ctx)
+                outcomes.append(ValueError("bad byte \x00 in the input"))
+            else:
+                _write("done", ctx)
+                outcomes.append({"attempt": ctx.attempt, "pid": os.getpid()})
+        return outcomes
 
 
 # The kinds whose runs leave a trace.
@@ -102,12 +133,12 @@ def true_time() -> float:
     return time.clock_gettime(time.CLOCK_REALTIME)
 
 
-def _write(what: str, ctx: JobContext) -> None:
+def _write(what: str, ctx: JobContext, *, at: float | None = None,
+           seen: float | None = None) -> None:
     path = os.environ[RUN_LOG_ENV]
-    line = (
-        f"{what} {ctx.job_id} {ctx.attempt} {os.getpid()} {true_time():.6f} "
-        f"{time.time():.6f}\n"
-    )
+    at = true_time() if at is None else at
+    seen = time.time() if seen is None else seen
+    line = f"{what} {ctx.job_id} {ctx.attempt} {os.getpid()} {at:.6f} {seen:.6f}\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())

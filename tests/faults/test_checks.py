@@ -128,3 +128,13 @@ def test_a_tenants_cap_holds_in_each_pool_on_its_own() -> None:
     second = dataclasses.replace(spans[0], job_id="x", start=1.6, end=2.0)
     found = checks.check_caps([*spans, second], caps, names)
     assert len(found) == 1 and f"t1 in {second.pool} went over its cap" in found[0].detail
+
+
+def test_a_tenants_items_of_one_packed_run_hold_one_slot() -> None:
+    # Three items of one run (one process, one start instant) and a run of another
+    # process after it: cap 1 holds. The same items started apart would overshoot it.
+    caps, names = {("t1", "default"): 1}, {}
+    packed = [span(0, 1, "a"), span(0, 1.001, "b"), span(0, 1.002, "c"), span(1.01, 2, "d")]
+    assert checks.check_caps(packed, caps, names) == []
+    apart = [span(0, 1, "a"), dataclasses.replace(span(0.5, 1, "b"), pid=2)]
+    assert len(checks.check_caps(apart, caps, names)) == 1
