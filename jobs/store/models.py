@@ -134,8 +134,7 @@ class JobRow(Base):
         sa.Index("ix_jobs_kind_id", "kind", "id"),
         # Packing: a kind's queued jobs in dispatch order, the candidates of a run.
         sa.Index("ix_jobs_kind_order_key", "kind", "order_key",
-                 postgresql_where=sa.text("status = 'queued'"),
-                 sqlite_where=sa.text("status = 'queued'")),
+                 postgresql_where=sa.text("status = 'queued'")),
         # Blob pruning: is a blob still named by a job?
         sa.Index("ix_jobs_blob", "blob", postgresql_where=sa.text("blob IS NOT NULL")),
         sa.Index("ix_jobs_result_blob", "result_blob",

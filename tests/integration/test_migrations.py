@@ -85,7 +85,7 @@ def test_empty_database_has_no_revision(empty_url: str) -> None:
 def test_upgrade_head_matches_the_models(connection: sa.Connection) -> None:
     context = MigrationContext.configure(connection, opts={"compare_type": True})
     assert compare_metadata(context, Base.metadata) == []
-    assert context.get_current_revision() == head() == "0015"
+    assert context.get_current_revision() == head() == "0016"
 
 
 def test_check_constraints_match_the_models(connection: sa.Connection) -> None:
@@ -130,7 +130,7 @@ def test_index_predicates_match_the_models(connection: sa.Connection) -> None:
         "ix_jobs_status_order_key", "ix_jobs_status_updated_at", "ix_jobs_finished_at",
         "ix_jobs_tier_started_at", "ix_jobs_tier_finished_at", "ix_jobs_batch_id_batch_index",
         "ix_jobs_status_batch_id_batch_index", "ix_jobs_blob", "ix_jobs_result_blob",
-        "ix_jobs_status_id"})
+        "ix_jobs_status_id", "ix_jobs_kind_order_key"})
 
 
 def test_status_check_refuses_an_unknown_state(connection: sa.Connection) -> None:
@@ -163,7 +163,7 @@ def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
     assert set(_schema(empty_url)) <= {"alembic_version"}
 
     upgrade(empty_url)
-    assert current(empty_url) == "0015"
+    assert current(empty_url) == "0016"
     assert _schema(empty_url) == migrated
 
 
