@@ -39,6 +39,15 @@ workers and slots, the kinds it runs, and what a configuration's ``[pools.<name>
     tier = "premium"
     tenants = 4                       # tenants premium-0 .. premium-3
     rate_per_s = 1.25                 # per tenant: poisson, or diurnal / burst (below)
+
+A kind may pack (``[kinds."<kind>"]``, as a configuration's ``max_items_per_run``): a run
+of ``n`` of its items takes about ``a + b × n`` seconds, so its items are drawn at a mean of
+``a + b`` (a run of one) and a run of ``n`` takes its first item's draw times
+``(a + b × n) / (a + b)``:
+
+    [kinds."eval.similarity"]
+    max_items_per_run = 32            # 1 (the default): the kind does not pack
+    run_time = {a = 0.05, b = 0.01}
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from typing import Any
 
 from jobs.core.errors import ConfigError
 from jobs.core.pools import DEFAULT_POOL, Pools, PoolSpec
+from jobs.simulate.packing import Kind, kinds_from, with_max_items
 
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 PATTERNS = ("poisson", "diurnal", "burst", "trace")
@@ -138,6 +148,7 @@ class Scenario:
     service: ServiceTime
     streams: tuple[Stream, ...]
     source: Path | None = field(default=None, compare=False)
+    kinds: dict[str, Kind] = field(default_factory=dict)  # ``[kinds."<kind>"]``
 
     @property
     def pool(self) -> Pool:
@@ -153,7 +164,25 @@ class Scenario:
         return [p.name for p in self.pools].index(stream.pool or owner)
 
     def service_of(self, stream: Stream) -> ServiceTime:
-        return stream.service or self.pools[self.pool_index(stream)].service or self.service
+        """Its jobs' draws; a kind with a run-time model is drawn at the mean of a run of one."""
+        service = stream.service or self.pools[self.pool_index(stream)].service or self.service
+        kind = self.kinds.get(stream.kind or "")
+        if kind is not None and kind.run_time is not None:
+            return dataclasses.replace(service, mean_s=kind.run_time.seconds(1))
+        return service
+
+    def packs(self) -> bool:
+        return any(kind.packs for kind in self.kinds.values())
+
+    def with_packing(self, max_items: dict[str, int]) -> Scenario:
+        """The scenario with these kinds' ``max_items_per_run`` (``--packing KIND=MAX``)."""
+        return dataclasses.replace(self, kinds=with_max_items(
+            self.kinds, max_items, _sent(self.streams)))
+
+
+def _sent(streams: tuple[Stream, ...]) -> set[str]:
+    """The kinds the streams send."""
+    return {stream.kind for stream in streams if stream.kind}
 
 
 def named() -> list[str]:
@@ -308,5 +337,6 @@ def parse(data: dict[str, Any], name: str, source: Path | None) -> Scenario:
     return Scenario(
         name=str(data.get("name", name)), description=str(data.get("description", "")),
         jobs=jobs, pools=pools, service=_service(dict(data.get("service", {})), "service"),
-        streams=streams, source=source,
+        streams=streams, source=source, kinds=kinds_from(data.get("kinds", {}),
+                                                           _sent(streams)),
     )
