@@ -19,6 +19,7 @@ from jobs.core.pools import DEFAULT_POOL, Pools
 from jobs.simulate.baselines import RescoreContender, StrictContender
 from jobs.simulate.contender import Contender, Context
 from jobs.simulate.engine import Engine, Run
+from jobs.simulate.packing import NO_PACKING
 from jobs.simulate.real import TierqContender
 from jobs.simulate.report import PolicyReport, report
 from jobs.simulate.scenario import Pool, Scenario
@@ -67,10 +68,12 @@ def run_policy(pol: Policy, scenario: Scenario, traffic: Traffic, name: str,
              configured: Pools | None = None) -> Run:
     """One policy's run of ``traffic``: a contender of policy ``name`` per pool."""
     enqueued = list(traffic.arrival)
+    kinds = (tuple(scenario.kinds.get(name, NO_PACKING) for name in traffic.kinds)
+             if scenario.kinds else ())
     lanes = []
     for pool in scenario.pools:
         context = Context(policy=pool_policy(pol, pool, configured), traffic=traffic,
-                          enqueued=enqueued)
+                          enqueued=enqueued, kinds=kinds)
         lanes.append((CONTENDERS[name](context), pool, context))
     (first, pool, context), others = lanes[0], [(c, p) for c, p, _ in lanes[1:]]
     return Engine(first, context, pool, others=others).simulate()

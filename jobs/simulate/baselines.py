@@ -7,14 +7,19 @@
   the tier bounds and quotas and the caps of ``jobs.fleet.pool.figures``.
 
 Both expire a job popped past its own deadline and retry as tierq does. Neither has a rate
-limit or refuses a job for its own deadline, and neither tells an estimate.
+limit or refuses a job for its own deadline, and neither tells an estimate. Both pack as
+tierq does (``jobs.simulate.packing.fill``): a slot's first job is the one the baseline pops,
+and a kind that packs fills its run with the next queued jobs of that kind in the baseline's
+own order, under its caps.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
@@ -22,8 +27,21 @@ from jobs.core.policy import MeasuredMean
 from jobs.core.service_times import KindMean
 from jobs.fleet import pool
 from jobs.simulate.contender import ACCEPTED, Context, Dispatched, Verdict
+from jobs.simulate.packing import fill
 
 RESCORE_PERIOD_S = 1.0
+
+# A queued job as each baseline keeps it: (its key in the baseline's order, seq, job, attempt).
+Entry = tuple[float, int, int, int]
+
+
+@dataclass(eq=False)
+class _Hold:
+    """What a run of several items holds until its last item ends: one slot, and one unit of
+    the cap of each tenant it has items of."""
+
+    items: int = 0
+    tenants: Counter[int] = field(default_factory=Counter)
 
 
 class _Baseline:
@@ -46,6 +64,8 @@ class _Baseline:
         self._slots = 0  # the live workers' slots: what the pool can run
         self._measured: MeasuredMean | None = None
         self._bounds = self._quotas = self._caps = [1] * len(traffic.tiers)
+        self._holds: dict[int, _Hold] = {}  # job → its run's, for runs of several items
+        self._packs = context.packs
 
     def _refigure(self) -> None:
         names = self.context.traffic.tiers
@@ -117,7 +137,8 @@ class _Baseline:
         return out
 
     def _popped(self, job: int, attempt: int, now: float, out: Dispatched) -> None:
-        """A job left the queue: it expires if past its deadline, else it starts."""
+        """A job left the queue: it expires if past its deadline, else it starts, and leads
+        a run when its kind packs."""
         self._count(job, -1)
         start_by = self.context.start_by(job)
         if start_by is not None and now >= start_by:
@@ -126,10 +147,61 @@ class _Baseline:
         self._inflight += 1
         self._tenant_inflight[self.context.traffic.tenant[job]] += 1
         out.started.append((job, attempt))
+        if self._packs:
+            self._fill(job, now, out)
 
     def finish(self, job: int, attempt: int, now: float) -> None:
-        self._inflight -= 1
-        self._tenant_inflight[self.context.traffic.tenant[job]] -= 1
+        tenant = self.context.traffic.tenant[job]
+        hold = self._holds.pop(job, None) if self._holds else None
+        if hold is None:
+            self._inflight -= 1
+            self._tenant_inflight[tenant] -= 1
+            return
+        hold.tenants[tenant] -= 1
+        if not hold.tenants[tenant]:
+            self._tenant_inflight[tenant] -= 1
+        hold.items -= 1
+        if not hold.items:
+            self._inflight -= 1
+
+    def _fill(self, lead: int, now: float, out: Dispatched) -> None:
+        """The run ``lead`` started: the next queued jobs of its kind that may join it."""
+        kind = self.context.kind(lead)
+        if not kind.packs:
+            return
+        tenant_of = self.context.traffic.tenant
+        chosen = fill(tenant_of[lead], ((entry, tenant_of[entry[2]])
+                                        for entry in self._candidates(lead)),
+                      kind.max_items_per_run, self._room)
+        if not chosen:
+            return
+        self._take(chosen)
+        hold = _Hold(items=1, tenants=Counter({tenant_of[lead]: 1}))
+        riders = []
+        for _, _, job, attempt in chosen:
+            self._count(job, -1)
+            start_by = self.context.start_by(job)
+            if start_by is not None and now >= start_by:
+                out.expired.append(job)
+                continue
+            tenant = tenant_of[job]
+            if not hold.tenants[tenant]:
+                self._tenant_inflight[tenant] += 1
+            hold.tenants[tenant] += 1
+            hold.items += 1
+            self._holds[job] = hold
+            riders.append((job, attempt))
+        if riders:
+            self._holds[lead] = hold
+            out.riders[lead] = riders
+
+    def _candidates(self, lead: int) -> Iterator[Entry]:
+        """The queued jobs of ``lead``'s kind in the baseline's order."""
+        raise NotImplementedError
+
+    def _take(self, entries: list[Entry]) -> None:
+        """Riders leave the queue."""
+        raise NotImplementedError
 
     def gone(self, job: int) -> None:
         pass
@@ -179,19 +251,45 @@ class StrictContender(_Baseline):
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
-        self._heap: list[tuple[float, int, int, int]] = []  # (priority, seq, job, attempt)
+        self._heap: list[Entry] = []  # (priority, seq, job, attempt)
         self._seq = 0
         self._priority = [t.base_priority for t in context.tiers]
+        # Per kind that packs, its queued jobs in order; riders taken from the heap's middle
+        # (their seq) are dropped when they reach its top.
+        self._of_kind: dict[int, SortedList] = {
+            kind: SortedList() for kind, each in enumerate(context.kinds) if each.packs}
+        self._taken: set[int] = set()
 
     def _push(self, job: int, attempt: int, now: float) -> None:
         self._seq += 1
         priority = self._priority[self.context.traffic.tier_of(job)]
-        heapq.heappush(self._heap, (priority, self._seq, job, attempt))
+        entry = (priority, self._seq, job, attempt)
+        heapq.heappush(self._heap, entry)
+        if self._of_kind:
+            queue = self._of_kind.get(self.context.traffic.kind[job])
+            if queue is not None:
+                queue.add(entry)
 
     def _pop(self, n: int, now: float, out: Dispatched) -> None:
         while len(out.started) < n and self._heap:
-            _, _, job, attempt = heapq.heappop(self._heap)
+            entry = heapq.heappop(self._heap)
+            _, seq, job, attempt = entry
+            if self._of_kind:
+                if seq in self._taken:
+                    self._taken.discard(seq)
+                    continue
+                queue = self._of_kind.get(self.context.traffic.kind[job])
+                if queue is not None:
+                    queue.remove(entry)
             self._popped(job, attempt, now, out)
+
+    def _candidates(self, lead: int) -> Iterator[Entry]:
+        return iter(self._of_kind[self.context.traffic.kind[lead]])
+
+    def _take(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            self._of_kind[self.context.traffic.kind[entry[2]]].remove(entry)
+            self._taken.add(entry[1])
 
 
 class RescoreContender(_Baseline):
@@ -254,3 +352,12 @@ class RescoreContender(_Baseline):
                 continue
             self._queue.pop(i)
             self._popped(job, attempt, now, out)
+
+    def _candidates(self, lead: int) -> Iterator[Entry]:
+        kind_of = self.context.traffic.kind
+        kind = kind_of[lead]
+        return (entry for entry in self._queue if kind_of[entry[2]] == kind)
+
+    def _take(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            self._queue.remove(entry)

@@ -14,6 +14,7 @@ from typing import Protocol
 from jobs.core import policy
 from jobs.core.policy import MeasuredMean, Policy, Tier
 from jobs.core.service_times import KindMean
+from jobs.simulate.packing import NO_PACKING, Kind
 from jobs.simulate.traffic import Traffic
 
 
@@ -40,8 +41,12 @@ ACCEPTED = Verdict(accepted=True)
 
 @dataclass(kw_only=True, slots=True)
 class Dispatched:
+    """What a dispatch started: one run per slot, led by its first item (``started``), its
+    further items (``riders``, by lead; a run of one has none); and what it found late."""
+
     started: list[tuple[int, int]] = field(default_factory=list)  # (job, attempt)
     expired: list[int] = field(default_factory=list)  # popped past their deadline
+    riders: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class Contender(Protocol):
@@ -68,11 +73,14 @@ class Contender(Protocol):
         ...
 
     def dispatch(self, now: float) -> Dispatched:
-        """Start as many jobs as the pool's free slots and the caps allow."""
+        """Start as many runs as the pool's free slots and the caps allow: each slot's first
+        job, and with it, when its kind packs, the next queued jobs of that kind that may
+        join (``jobs.simulate.packing``)."""
         ...
 
     def finish(self, job: int, attempt: int, now: float) -> None:
-        """The attempt ended (success or failure): its slot frees."""
+        """The attempt ended (success or failure): its slot frees once the last item of its
+        run has ended."""
         ...
 
     def gone(self, job: int) -> None:
@@ -117,6 +125,16 @@ class Context:
     policy: Policy
     traffic: Traffic
     enqueued: list[float]
+    # Per kind of ``traffic.kinds``: how it runs (none: no kind packs).
+    kinds: tuple[Kind, ...] = ()
+
+    def kind(self, job: int) -> Kind:
+        """How the job's kind runs."""
+        return self.kinds[self.traffic.kind[job]] if self.kinds else NO_PACKING
+
+    @property
+    def packs(self) -> bool:
+        return any(kind.packs for kind in self.kinds)
 
     @property
     def tiers(self) -> list[Tier]:

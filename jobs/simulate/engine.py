@@ -31,16 +31,15 @@ from jobs.simulate.lanes import Lane, lane_tenants
 from jobs.simulate.outcome import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run, Sample
 from jobs.simulate.overtaking import Overtaking
 from jobs.simulate.scenario import Pool
+from jobs.simulate.slots import _FEED, _FINISH, _POOL, _REAP, _RENEW, _WAKE, Slots
 
 __all__ = ["EXPIRED", "FAILED", "HELD", "REFUSED", "SERVED", "WAITING", "Engine", "Run",
            "Sample"]
 
-# Event kinds.
-_FINISH, _RENEW, _POOL, _REAP, _WAKE, _FEED = range(6)
 NAN = math.nan
 
 
-class Engine:
+class Engine(Slots):
     """``contender`` runs ``pool``, the scenario's first; ``others`` the further pools, in
     ``Traffic.pools`` order. A contender of each pool shares ``context.enqueued``."""
 
@@ -80,6 +79,7 @@ class Engine:
         self._kind = traffic.kind
         self._kinds = traffic.kinds
         self._one_kind = len(traffic.kinds) == 1
+        self._packs = context.packs
         self._batch = traffic.batch
         self._enqueued = context.enqueued
         self._events: list[tuple[float, int, int, int, int]] = []
@@ -98,9 +98,6 @@ class Engine:
         self._next_sample, self._next_measure = 0.0, REFRESH_S
         self._next_upkeep = MAINTENANCE_PERIOD_S
         self._next_timer = 0.0  # the first of the three above: no timer is due before it
-
-    def _push(self, at: float, kind: int, job: int = 0, attempt: int = 0) -> None:
-        heapq.heappush(self._events, (at, next(self._seq), kind, job, attempt))
 
     def _lane(self, job: int) -> Lane:
         return self.lanes[self._pool[job]]
@@ -335,8 +332,12 @@ class Engine:
         dispatched = lane.c.dispatch(now)
         if dispatched.expired:
             self._expire(dispatched.expired)
+        riders = dispatched.riders
         for job, attempt in dispatched.started:
-            self._start(lane, job, attempt, now)
+            if self._packs:
+                self._start_run(lane, job, attempt, riders.get(job, ()), now)
+            else:
+                self._start(lane, job, attempt, now)
 
     def _expire(self, jobs: list[int]) -> None:
         for job in jobs:
@@ -346,46 +347,36 @@ class Engine:
             lane.tracker.unwait(job, self._tenant[job], self._enqueued[job])
             self._gone(lane, job)
 
-    def _start(self, lane: Lane, job: int, attempt: int, now: float) -> None:
-        run = self.run
-        tenant = self._tenant[job]
-        if run.start[job] != run.start[job]:  # nan: its first start
-            run.start[job] = now
-            run.status[job] = SERVED
-        if attempt > 1:
-            run.restarts += 1
-        self._busy += 1
-        lane.busy += 1
-        running = lane.tenant_running[tenant] = lane.tenant_running[tenant] + 1
-        if running > run.peak[tenant]:
-            run.peak[tenant] = running
-        cap = lane.c.cap(tenant)
-        if cap is not None and running > cap:
-            run.cap_exceeded += 1
-        lane.tracker.start(job, tenant, self._enqueued[job], now)
-        end = now + self._service_s[job]
-        lane.running[job] = (attempt, end)
-        self._push(end, _FINISH, job, attempt)
-        if end - now > self._renew_after:
-            self._push(now + self._renew_every, _RENEW, job, attempt)
-
-    def _stop(self, lane: Lane, job: int) -> None:
-        """A running attempt ends (finished or lost): its slot frees."""
-        tenant = self._tenant[job]
-        del lane.running[job]
-        self._busy -= 1
-        lane.busy -= 1
-        lane.tenant_running[tenant] -= 1
-        lane.tracker.finish(tenant)
+    def _finish_run(self, lane: Lane, items: Sequence[tuple[int, int]], now: float) -> None:
+        """All items of a run end together; each took its share of the run's time (so μ
+        counts items)."""
+        lead = items[0][0]
+        kind = self.context.kind(lead)
+        assert kind.run_time is not None
+        share = self._service_s[lead] * kind.run_time.stretch(len(items)) / len(items)
+        self._vacate(lane, items)
+        for job, attempt in items:
+            lane.c.finish(job, attempt, now)
+        for job, attempt in items:
+            self._ended(lane, job, attempt, share, now)
 
     def _finish(self, job: int, attempt: int, now: float) -> Sequence[Lane]:
         lane = self.lanes[self._pool[job]]
         held = lane.running.get(job)
         if held is None or held[0] != attempt:
             return ()  # lost with its worker
+        items = lane.runs.pop(job, None) if self._packs else None
+        if items is not None:
+            self._finish_run(lane, items, now)
+            return self._one[lane.index]
         self._stop(lane, job)
         lane.c.finish(job, attempt, now)
-        seconds = self._service_s[job]
+        self._ended(lane, job, attempt, self._service_s[job], now)
+        return self._one[lane.index]
+
+    def _ended(self, lane: Lane, job: int, attempt: int, seconds: float, now: float) -> None:
+        """An attempt that took ``seconds`` of its slot (its share of its run's) ended: it is
+        measured, and retried or gone."""
         lane.run_times.appendleft(seconds)
         if not self._one_kind:
             runs = lane.kind_runs.get(self._kind[job])
@@ -400,7 +391,6 @@ class Engine:
             self._retry(lane, job, attempt, now + backoff, now)
         else:
             self._gone(lane, job)
-        return self._one[lane.index]
 
     def _retry(self, lane: Lane, job: int, attempt: int, not_before: float | None,
                now: float) -> None:
@@ -439,8 +429,14 @@ class Engine:
         self._pool_changed(lane, now)
         if change.crash and before:
             lost_slots = len(leaving) * lane.pool.slots
-            for job in list(lane.running)[: math.ceil(len(lane.running) * lost_slots / before)]:
+            leads = [job for job in lane.running if job not in lane.rider_of]
+            for job in leads[: math.ceil(len(leads) * lost_slots / before)]:
                 attempt = lane.running[job][0]
-                self._stop(lane, job)
-                lane.c.lose(job, attempt, now)
+                items = lane.runs.pop(job, None)
+                if items is None:
+                    self._stop(lane, job)
+                else:
+                    self._vacate(lane, items)
+                for item, item_attempt in items or ((job, attempt),):
+                    lane.c.lose(item, item_attempt, now)
             self._push(now + self._ttl, _REAP, 0, lane.index)

@@ -30,6 +30,10 @@ class Lane:
     capacity: int = 0
     busy: int = 0
     running: dict[int, tuple[int, float]] = field(default_factory=dict)  # job → (attempt, end)
+    # Runs of more than one item: lead → its items (lead first, then its riders, with their
+    # attempts); each rider → its run's lead.
+    runs: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    rider_of: dict[int, int] = field(default_factory=dict)
     run_times: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # newest first
     # Per kind (``Traffic.kinds``): its newest run times, and its jobs queued or running.
     kind_runs: dict[int, deque[float]] = field(default_factory=dict)

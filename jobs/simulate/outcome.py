@@ -46,6 +46,8 @@ class Run:
     # Per pool (``Traffic.pools``): slot-seconds of work and of pool.
     pool_busy_s: list[float] = field(default_factory=list)
     pool_capacity_s: list[float] = field(default_factory=list)
+    # Per kind that packs: [runs started, items they held].
+    run_items: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def utilisation(self) -> float:

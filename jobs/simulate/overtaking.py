@@ -88,10 +88,17 @@ class Overtaking:
         if head is not None and head[1] == job:
             self._refresh(tenant)
 
-    def start(self, job: int, tenant: int, arrival: float, now: float) -> None:
+    def start(self, job: int, tenant: int, arrival: float, now: float, *,
+              holds: bool = True, passes: bool = True) -> None:
         """``job`` starts: it stops waiting, and overtakes the oldest waiting job of every
-        worse tier that arrived before it."""
-        for tier in self._worse[self._tenant_tier[tenant]]:
+        worse tier that arrived before it. A run's rider does not pass (``passes``: it takes
+        no slot) and holds no more of its tenant's cap once one item of it is in the run
+        (``holds``)."""
+        if not holds:
+            del self._live[job]
+            self._refresh(tenant)
+            return
+        for tier in self._worse[self._tenant_tier[tenant]] if passes else ():
             first = self._first(tier)
             if first is not None and first[0] < arrival:
                 oldest = first[0]

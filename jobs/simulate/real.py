@@ -7,7 +7,10 @@ drive the real index, on the simulator's virtual clock.
   the told wait is ``policy.expected_wait_s`` on the figures of the admission, as
   ``jobs.admission.limits`` and ``jobs.admission.estimates`` tell it;
 - dispatch: ``dispatch`` under the tier caps of ``jobs.fleet.pool.figures`` (``set_caps`` when
-  the pool changes), a popped job past its ``start_by`` expires, ``expire_due`` sweeps. A
+  the pool changes), a popped job past its ``start_by`` expires, ``expire_due`` sweeps. When a
+  kind packs, a slot is leased at a time and a lead of such a kind fills its run with
+  ``fill_run``, given the queued jobs of its kind in order (kept here, as the dispatcher reads
+  them); a rider past its ``start_by`` expires as a lead does. A
   configured ``pool_concurrency`` sizes the bounds and caps, as in the real system; jobs
   start only on the slots the scenario's workers have (the rest would wait in the broker);
 - the workers: ``register_worker``, lease ``renew`` (heartbeats of long jobs), ``release``;
@@ -32,9 +35,10 @@ from jobs.core.remaining import Rest, own_slot_s
 from jobs.core.service_times import KindMean, kind_rest, mix_mean, running_mean_s
 from jobs.fleet import pool as capacity
 from jobs.fleet.pool import PoolFigures
-from jobs.index.base import Admission, AdmissionTerms, IndexedJob
+from jobs.index.base import Admission, AdmissionTerms, IndexedJob, Lease
 from jobs.index.memory import MemoryIndex
 from jobs.index.memory_layout import frozen_value
+from jobs.simulate.candidates import QueuedByKind
 from jobs.simulate.contender import Context, Dispatched, Verdict
 
 _LIMITS = {"capacity": "bound", "tenant_limit": "quota"}
@@ -112,6 +116,8 @@ class TierqContender:
         self._running: list[dict[int, float]] = [{} for _ in traffic.tenants]
         self._started: dict[int, float] = {}  # every running job's start
         self._overall: float | None = None  # the latest runs' overall mean
+        self._packs = context.packs
+        self._of_kind = QueuedByKind(context, self._ids)
 
     # -- the pool --
 
@@ -178,6 +184,8 @@ class TierqContender:
         self._arrivals.arrived(tier.name, now, traffic.kinds[traffic.kind[job]])
         if self._kinds_kept:
             self._holds(job)
+        if self._of_kind:
+            self._of_kind.add(job, order_key)
         return Verdict(accepted=True,
                        told_wait_s=self._told_wait(admission, tier, tenant, job, own_cap, later))
 
@@ -287,31 +295,71 @@ class TierqContender:
             tenant_quota=own_quota or figures.quotas[tier.name])
         if outcome.accepted and self._kinds_kept:
             self._holds(job)
+        if outcome.accepted and self._of_kind:
+            self._of_kind.add(job, self.policy.order_key(tier.name, now))
         return outcome.accepted
 
     # -- dispatch and the leases --
 
     def dispatch(self, now: float) -> Dispatched:
         self._now = now
+        if self._packs:
+            return self._dispatch_runs(now)
         out = Dispatched()
-        start_by = self.context.start_by
-        traffic_tenant = self.context.traffic.tenant
         while True:
             leases = self.index.dispatch(BATCH, lease_ttl_s=self._ttl, now=now,
                                          capacity=self._slots)
             late = 0
             for lease in leases:
-                job = int(lease.job_id)
-                deadline = start_by(job) if self._deadlines else None
-                if deadline is not None and now >= deadline:
-                    self.index.release(lease.job_id, attempt=lease.attempt)
-                    out.expired.append(job)
+                job = self._started_or_late(lease, now, out)
+                if job is None:
                     late += 1
                 else:
                     out.started.append((job, lease.attempt))
-                    self._running[traffic_tenant[job]][job] = self._started[job] = now
             if not late:
                 return out
+
+    def _started_or_late(self, lease: Lease, now: float, out: Dispatched) -> int | None:
+        """A leased job starts, or (past its own ``start_by``) is released and expires;
+        None then."""
+        job = int(lease.job_id)
+        deadline = self.context.start_by(job) if self._deadlines else None
+        if deadline is not None and now >= deadline:
+            self.index.release(lease.job_id, attempt=lease.attempt)
+            out.expired.append(job)
+            return None
+        self._running[self.context.traffic.tenant[job]][job] = self._started[job] = now
+        return job
+
+    def _dispatch_runs(self, now: float) -> Dispatched:
+        """A slot at a time, as workers take them: its first job, then, when its kind packs,
+        the riders ``fill_run`` leases from the queued jobs of that kind."""
+        out = Dispatched()
+        while True:
+            leases = self.index.dispatch(1, lease_ttl_s=self._ttl, now=now, capacity=self._slots)
+            if not leases:
+                return out
+            lead = leases[0]
+            job = int(lead.job_id)
+            self._of_kind.remove(job)
+            if self._started_or_late(lead, now, out) is None:
+                continue
+            out.started.append((job, lead.attempt))
+            kind = self.context.kind(job)
+            if not kind.packs:
+                continue
+            leased = self.index.fill_run(
+                lead.job_id, attempt=lead.attempt, max_items=kind.max_items_per_run,
+                candidates=self._of_kind.of(job),
+                lease_ttl_s=self._ttl, now=now)
+            riders = []
+            for lease in leased:
+                self._of_kind.remove(int(lease.job_id))
+                rider = self._started_or_late(lease, now, out)
+                if rider is not None:
+                    riders.append((rider, lease.attempt))
+            if riders:
+                out.riders[job] = riders
 
     def finish(self, job: int, attempt: int, now: float) -> None:
         self.index.release(self._ids[job], attempt=attempt)
@@ -347,16 +395,22 @@ class TierqContender:
 
     def requeue(self, job: int, attempt: int, not_before: float | None, now: float) -> None:
         traffic = self.context.traffic
+        order_key = self.context.order_key(job)
         self.index.requeue(IndexedJob(
             job_id=job_id(job), tenant=traffic.tenants[traffic.tenant[job]],
-            tier=self._tier_names[traffic.tier_of(job)], order_key=self.context.order_key(job),
+            tier=self._tier_names[traffic.tier_of(job)], order_key=order_key,
             start_by=self.context.start_by(job), not_before=not_before, attempt=attempt))
+        if self._of_kind:
+            self._of_kind.add(job, order_key)  # while its backoff lasts, fill_run skips it
 
     def expire(self, now: float) -> list[int]:
         if not self._deadlines:
             return []
-        return [int(entry.job_id)
-                for entry in self.index.expire_due(now=now, limit=1_000_000)]
+        expired = [int(entry.job_id)
+                   for entry in self.index.expire_due(now=now, limit=1_000_000)]
+        for job in expired if self._of_kind else ():
+            self._of_kind.remove(job)
+        return expired
 
     def queued(self) -> list[int]:
         depths = self.index.tier_depths(self._tier_names)
