@@ -2,9 +2,10 @@
 
 A discrete-event simulation on a virtual clock of a scenario's traffic (``scenario``,
 ``traffic``) against the real policy and the real in-memory dispatch index (``real``), next
-to two baselines (``baselines``), all in one run on the same jobs (``engine``). The figures
-(``report``) are printed as a table (``table``) and drawn (``plot``). Nothing here needs a
-running system: no SQL, no Redis.
+to two baselines (``baselines``), all in one run on the same jobs (``engine``); a kind that
+packs runs several items a slot (``packing``). The figures (``report``) are printed as a
+table (``table``) and drawn (``plot``). Nothing here needs a running system: no SQL, no
+Redis.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ queued then is reported as waiting, so a policy that starves a tier cannot hide 
 draining the queue once the traffic stops.
 
 With pools, each pool is a lane of its own (``lanes``): its contender, workers and measure;
-a job's events go to its pool's lane only.
+a job's events go to its pool's lane only. A slot takes a run (``slots``): one job, or with a
+kind that packs, the items its contender joined to it, which end together; the measure counts
+each item at its share of its run.
 """
 
 from __future__ import annotations

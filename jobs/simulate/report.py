@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from jobs.simulate.outcome import EXPIRED, FAILED, HELD, REFUSED, SERVED, WAITING, Run
+from jobs.simulate.scenario import Scenario
 from jobs.simulate.traffic import Traffic
 
 
@@ -65,6 +66,19 @@ class PoolReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunsReport:
+    """The runs of one kind that packs: how many started, holding how many items."""
+
+    runs: int
+    items: int  # started, each start of an item counted (a retry again)
+    items_per_s: float  # items started per simulated second
+
+    @property
+    def items_per_run(self) -> float:
+        return self.items / self.runs if self.runs else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class PolicyReport:
     policy: str
     jobs: int
@@ -73,6 +87,26 @@ class PolicyReport:
     cap_exceeded: int
     wall_s: float
     pools: list[PoolReport] = field(default_factory=list)  # only with more than one pool
+    # Per kind that packs: its runs and the items they held (``items_per_run``).
+    runs: dict[str, RunsReport] = field(default_factory=dict)
+
+
+def told_floor_s(scenario: Scenario) -> float:
+    """The finest a told wait can be: the shortest mean service time of the scenario's jobs
+    (a kind that packs: a run of one)."""
+    return min(scenario.service_of(stream).mean_s for stream in scenario.streams)
+
+
+def told_holds(tier: TierReport, floor_s: float) -> bool | None:
+    """Whether what a tier's served jobs were told agrees with what they waited, as two
+    distributions: the medians within 10 % of each other and the p95s within 25 %, or within
+    ``floor_s`` where that is more (a slot frees once per service time: no estimate is
+    finer). None: none was told an estimate."""
+    told, waited = tier.told, tier.told_waited
+    if told is None or waited is None:
+        return None
+    return (abs(told.p50 - waited.p50) <= max(floor_s, 0.10 * waited.p50)
+            and abs(told.p95 - waited.p95) <= max(floor_s, 0.25 * waited.p95))
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -189,7 +223,11 @@ def report(run: Run, traffic: Traffic) -> PolicyReport:
     return PolicyReport(policy=run.policy, jobs=len(traffic), tiers=tiers,
                         utilisation=run.utilisation, cap_exceeded=run.cap_exceeded,
                         wall_s=run.wall_s,
-                        pools=pool_reports(run, traffic) if len(traffic.pools) > 1 else [])
+                        pools=pool_reports(run, traffic) if len(traffic.pools) > 1 else [],
+                        runs={kind: RunsReport(runs=runs, items=items,
+                                               items_per_s=items / run.horizon_s
+                                               if run.horizon_s else 0.0)
+                              for kind, (runs, items) in sorted(run.run_items.items())})
 
 
 def pool_reports(run: Run, traffic: Traffic) -> list[PoolReport]:

@@ -7,7 +7,14 @@ from rich.table import Table
 
 from jobs.core import policy
 from jobs.core.policy import Policy
-from jobs.simulate.report import PolicyReport, PoolReport, TenantReport, TierReport, Waits
+from jobs.simulate.report import (
+    PolicyReport,
+    PoolReport,
+    TenantReport,
+    TierReport,
+    Waits,
+    told_holds,
+)
 from jobs.simulate.scenario import Scenario
 
 NONE = "-"
@@ -81,15 +88,15 @@ def pool_table(reports: list[PolicyReport], title: str = "pool") -> Table:
     return table
 
 
-def told_table(reports: list[PolicyReport]) -> Table | None:
+def told_table(reports: list[PolicyReport], floor_s: float) -> Table | None:
     """Per tier, what the served jobs were told against what they waited, for each policy
-    that tells an estimate: the two distributions' p50 and p95 side by side (the estimate is
-    honest when they agree), and each job's own error."""
+    that tells an estimate: the two distributions' p50 and p95 side by side, each job's own
+    error, and whether they agree (``report.told_holds``, to within ``floor_s``)."""
     table = Table(title="told vs waited (served jobs that were told an estimate)")
     table.add_column("tier", no_wrap=True)
     table.add_column("policy", no_wrap=True)
     for column in ("told\np50 s", "waited\np50 s", "told\np95 s", "waited\np95 s",
-                   "|waited − told|\np50 / p95 s"):
+                   "|waited − told|\np50 / p95 s", "holds"):
         table.add_column(column, justify="right")
     rows = 0
     for i, tier in enumerate(reports[0].tiers):
@@ -100,7 +107,8 @@ def told_table(reports: list[PolicyReport]) -> Table | None:
                 continue
             table.add_row(tier.tier, rep.policy, seconds(told.p50), seconds(waited.p50),
                           seconds(told.p95), seconds(waited.p95),
-                          f"{seconds(error.p50)} / {seconds(error.p95)}")
+                          f"{seconds(error.p50)} / {seconds(error.p95)}",
+                          "yes" if told_holds(row, floor_s) else "no")
             rows += 1
     return table if rows else None
 
@@ -124,6 +132,25 @@ def pools_table(reports: list[PolicyReport], scenario: Scenario) -> Table:
                           f"{row.submitted:,}", f"{row.served:,}", _refused(row), waiting,
                           *(_waits(row.waits)[k] for k in (0, 1, 3)), f"{row.utilisation:.1%}")
     return table
+
+
+def runs_table(reports: list[PolicyReport]) -> Table | None:
+    """Per kind that packs and policy: the runs its slots took and the items they held."""
+    table = Table(title="runs (kinds that pack)")
+    table.add_column("kind", no_wrap=True)
+    table.add_column("policy", no_wrap=True)
+    for column in ("runs", "items", "items per\nrun (mean)", "items/s"):
+        table.add_column(column, justify="right")
+    kinds = sorted({kind for rep in reports for kind in rep.runs})
+    for i, kind in enumerate(kinds):
+        if i:
+            table.add_section()
+        for rep in reports:
+            runs = rep.runs.get(kind)
+            if runs is not None:
+                table.add_row(kind, rep.policy, f"{runs.runs:,}", f"{runs.items:,}",
+                              f"{runs.items_per_run:.1f}", f"{runs.items_per_s:,.1f}")
+    return table if kinds else None
 
 
 def tenant_table(tenants: list[TenantReport]) -> Table:

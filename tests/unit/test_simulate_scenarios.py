@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_the_named_scenarios_ship_and_load() -> None:
-    assert scenario.named() == ["batch", "diurnal", "mixed", "noisy", "pools", "seed"]
+    assert scenario.named() == ["batch", "diurnal", "mixed", "noisy", "packing", "pools", "seed"]
     seed = scenario.load("seed")
     assert seed.pool.workers * seed.pool.slots == 24
     assert seed.service.mean_s == 6.0
