@@ -11,7 +11,9 @@ How the task ends is what Flower shows. A job recorded ``failed`` raises ``JobFa
 after SQL has it, so the task ends FAILURE. The exception is declared in ``throws``: Celery
 logs it in one INFO line, without a traceback (the handler's own traceback is logged once, as
 ``job.handler_error``). Nothing runs the job again: the message was acked on receipt, and the
-task has no autoretry. Every other outcome ends SUCCESS with the outcome as its result:
+task has no autoretry. A job that led a packed run (``jobs.execution.packing``: one message
+per run) says so in its result, with the run's size. Every other outcome ends SUCCESS with
+the outcome as its result:
 ``succeeded``; ``cancelled`` and ``expired``, which are what was asked for (a client's cancel,
 a deadline nobody could meet), not faults of the work; ``requeued``, a retryable error whose
 next attempt is a new message; ``stale``, a copy of a message with nothing left to do.
@@ -136,6 +138,7 @@ def run_job(task: Any, job_id: str, attempt: int, dispatched_at: float | None = 
     """Run the attempt; its outcome is the task's result, or ``JobFailedError`` (FAILURE)."""
     resources = resources_of(task.app)
     runtime = resources.runtime()
+    runs: list[int] = []
     outcome = execute(
         runtime,
         resources.registry(),
@@ -145,9 +148,12 @@ def run_job(task: Any, job_id: str, attempt: int, dispatched_at: float | None = 
         dispatched_at=None if dispatched_at is None else float(dispatched_at),
         handover=_handover(task.app, resources, runtime),
         token=None if token is None else str(token),
+        runs=runs,
     )
     if outcome == FAILED:
         raise JobFailedError(str(job_id), _recorded_error(runtime, str(job_id)))
+    if runs and runs[0] > 1:  # what Flower shows of a packed run: the lead's, and its size
+        return f"{outcome} (led a run of {runs[0]} items)"
     return outcome
 
 

@@ -120,14 +120,20 @@ def execute(
     dispatched_at: float | None = None,
     handover: Handover | None = None,
     token: str | None = None,
+    runs: list[int] | None = None,
 ) -> str:
     """Run attempt ``attempt`` of job ``job_id``; return the outcome (see module constants).
+    ``runs``: given, the items of the run it led are appended to it (1: it ran alone).
     ``clock``: a virtual clock for tests (default: the runtime's, Redis's);
     ``dispatched_at``: when its lease was taken; ``handover``: how the job this slot takes
     next reaches it (None: the slot is released, and the dispatcher fills it); ``token``:
     the one its message carries (a hand-over's, whose start may be made already), else new."""
-    return _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock,
-                    dispatched_at=dispatched_at, handover=handover, token=token).run(registry)
+    attempt_ = _Attempt(runtime, job_id, attempt, worker_id=worker_id, clock=clock,
+                        dispatched_at=dispatched_at, handover=handover, token=token)
+    outcome = attempt_.run(registry)
+    if runs is not None:
+        runs.append(attempt_.run_items)
+    return outcome
 
 
 def _log_unrecorded(job_id: str, attempt: int, step: str) -> None:

@@ -101,6 +101,8 @@ def test_a_capped_tenant_gets_full_runs_on_one_slot_and_premium_starts_at_once(
     assert vip_job["status"] == "succeeded"
     last_free_start = max(s for s, _ in free_runs)
     assert _epoch(vip_job["started_at"]) < last_free_start
+    # One Celery task per run, whose result (what Flower shows) names the run's size.
+    assert "led a run of" in system.processes["worker"].log.read_text(errors="replace")
 
 
 def test_an_item_fails_alone_a_cancel_ends_one_item_and_a_poison_is_split_out(
