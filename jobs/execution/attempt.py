@@ -268,7 +268,7 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         policy = self.runtime.policy
         run = PackedRun(self.runtime, registry, packing, lead=job, ctx=ctx, heartbeat=heartbeat,
                         clock=self.clock, virtual=self._virtual_clock, worker_id=self.worker_id,
-                        dispatched_at=self.dispatched_at, lead_limit_s=self.limit_s,
+                        lead_limit_s=self.limit_s,
                         limit_of=lambda j: limits.limit_s(j, policy, registry.timeout_s(j.kind)))
         ending = run.run()
         self.run_items, self.limit_s = run.size, run.limit_s

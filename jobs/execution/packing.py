@@ -92,7 +92,7 @@ class PackedRun:
     def __init__(self, runtime: Runtime, registry: HandlerRegistry, packing: Packing, *,
                  lead: Job, ctx: JobContext, heartbeat: Heartbeat,
                  clock: Callable[[], float], virtual: Callable[[], float] | None,
-                 worker_id: str, dispatched_at: float | None, lead_limit_s: float,
+                 worker_id: str, lead_limit_s: float,
                  limit_of: Callable[[Job], float]) -> None:
         self.runtime = runtime
         self.registry = registry
@@ -103,7 +103,6 @@ class PackedRun:
         self.clock = clock
         self._virtual = virtual
         self.worker_id = worker_id
-        self.dispatched_at = dispatched_at
         self.limit_s = lead_limit_s
         self._limit_of = limit_of
         self.riders: list[Rider] = []
@@ -129,7 +128,6 @@ class PackedRun:
             endings = self._call()
             for rider in self.riders:
                 rider.sender.close()
-            self.heartbeat.riders = None
             self._record([(rider, endings[i + 1]) for i, rider in enumerate(self.riders)])
             return endings[0]
         finally:
@@ -176,7 +174,7 @@ class PackedRun:
             with self.runtime.sessions.begin() as session:
                 return runs_sql.start_riders(session, pairs, lead=self.lead.id,
                                              now=self.clock(), token=token,
-                                             dispatched_at=self.dispatched_at,
+                                             dispatched_at=None,  # leased now
                                              again=retried[0])
 
         retried = [False]
@@ -280,7 +278,8 @@ class PackedRun:
 
     def _record(self, endings: Sequence[tuple[Rider, Ending]]) -> None:
         """The riders' endings in one transaction, then their leases released (or their next
-        attempts indexed). A rider whose lease was lost records nothing: the reaper has it."""
+        attempts indexed); the lead's heartbeat renews their leases until then. A rider whose
+        lease was lost records nothing: the reaper has it."""
         moves = [move for move in (self._move(rider, ending) for rider, ending in endings)
                  if move is not None]
         if not moves:
