@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -263,3 +264,26 @@ def test_a_packing_that_cannot_be_simulated_is_one_red_line(given: str, message:
     result = _simulate("--packing", given)
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
+
+
+def test_the_packing_example_in_the_docs_is_the_simulators(pol: Policy) -> None:
+    """docs/policy.md's packing example: its runs row and the jobs served with and without
+    packing are what ``tierq simulate --scenario packing --jobs 20000`` gives."""
+    text = DOC.read_text()
+    section = text[text.index("### Packing: items of one kind"):text.index("### `seed`")]
+    assert "tierq simulate --scenario packing --jobs 20000 --policies tierq" in section
+    chosen = scenario.load("packing")
+    packed = compare(pol, chosen, jobs=20_000, seed=1, policies=["tierq"])
+    alone = compare(pol, chosen.with_packing({"embed": 1}), jobs=20_000, seed=1,
+                    policies=["tierq"])
+    runs = packed.reports[0].runs["embed"]
+    row = next(line for line in section.splitlines() if line.startswith("│ embed"))
+    assert [cell.strip() for cell in row.split("│")[3:7]] == [
+        f"{runs.runs:,}", f"{runs.items:,}", f"{runs.items_per_run:.1f}",
+        f"{runs.items_per_s:,.1f}"]
+    served = [sum(t.served for t in c.reports[0].tiers) for c in (packed, alone)]
+    assert f"Packed, {served[0]:,} are served" in section
+    assert f"the same traffic is served {served[1]:,}" in section
