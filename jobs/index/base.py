@@ -410,8 +410,9 @@ class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
         ...
 
     def inflight_by_tenant(self) -> dict[str, int]:
-        """Leases held now, by tenant (tenants holding none are left out). Reads every lease:
-        as many as the pool has slots, not a walk of the queue."""
+        """Leases held now, by tenant, as its cap counts them (a packed run's items of one
+        tenant count once; tenants holding none are left out). Reads every lease: as many as
+        the pool has slots and runs have items, not a walk of the queue."""
         ...
 
     def tenant_queued(self, tenant: str) -> int:

@@ -250,13 +250,16 @@ class RedisLeases(RedisScripts):
         leased = [text_of(job) for job in self._client.zrange(self._keys.leases, 0, -1)]
         if not leased:
             return {}
-        counts: dict[str, int] = {}
-        # A lease released between the two reads has no entry left: not counted.
-        for meta in self._client.hmget(self._keys.meta, leased):
-            if meta is not None:
-                tenant = str(json.loads(text_of(meta))[0])
-                counts[tenant] = counts.get(tenant, 0) + 1
-        return counts
+        # A lease released between the reads has no entry left: not counted. A tenant's count
+        # is what its cap counts (its lease set): a packed run's items hold one unit of it.
+        tenants = sorted({str(json.loads(text_of(meta))[0])
+                          for meta in self._client.hmget(self._keys.meta, leased)
+                          if meta is not None})
+        pipe = self._client.pipeline(transaction=False)
+        for tenant in tenants:
+            pipe.zcard(self._keys.tenant_leases(tenant))
+        return {tenant: int(held) for tenant, held in zip(tenants, pipe.execute(), strict=True)
+                if int(held) > 0}
 
     # -- the worker registry --
 

@@ -75,6 +75,7 @@ def test_other_tenants_join_under_their_caps_and_ride_once_in(index: DispatchInd
     assert ids(riders) == ["u1", "u2", "w1"]
     assert index.tenant_inflight("t2") == 1 and index.tenant_inflight("t4") == 1
     assert index.tenant_inflight("t3") == 1
+    assert index.inflight_by_tenant() == {"t1": 1, "t2": 1, "t3": 1, "t4": 1}
 
 
 def test_a_budget_stops_the_run_and_the_lead_must_hold_its_lease(index: DispatchIndex) -> None:
