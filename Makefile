@@ -51,6 +51,7 @@ bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
 	$(BIN)/python bench/submit.py $(SUBMIT_BENCH_ARGS)
 	$(BIN)/python bench/e2e.py $(E2E_BENCH_ARGS)
 	$(BIN)/python bench/batches.py $(BATCH_BENCH_ARGS)
+	$(BIN)/python bench/packing.py $(PACKING_BENCH_ARGS)
 	$(BIN)/python bench/simulate.py $(SIMULATE_BENCH_ARGS)
 
 clean: ## remove the virtual environment and local data
