@@ -115,6 +115,17 @@ def settle_uncommitted(runtime: Runtime, job_id: str, attempt: int, now: float) 
             exc_info=True)
 
 
+def put_back_soon(runtime: Runtime, job_id: str, attempt: int, now: float) -> None:
+    """A lease whose row cannot start yet but will (a batch item whose feed has not
+    committed): back to the queue, its place kept, offered again shortly."""
+    try:
+        runtime.index.put_back(job_id, attempt=attempt, not_before=now + UNCOMMITTED_RETRY_S)
+    except redis.RedisError:  # the lease lapses, and the reaper decides
+        logger.warning("job.put_back_failed", extra={
+            "event": "job.put_back_failed", "job_id": job_id, "attempt": attempt},
+            exc_info=True)
+
+
 def free_lease(runtime: Runtime, job_id: str, attempt: int) -> None:
     """Release a lease nobody will run (its row ended, or went back to waiting)."""
     try:

@@ -31,7 +31,7 @@ from jobs.core.ids import may_be_uncommitted
 from jobs.core.states import Status
 from jobs.execution.leases import retry_sql
 from jobs.execution.outcome import STALE
-from jobs.execution.slots import Passed, free_lease, settle_uncommitted
+from jobs.execution.slots import Passed, free_lease, put_back_soon, settle_uncommitted
 from jobs.process.runtime import Runtime
 from jobs.store import jobs as jobs_sql
 
@@ -109,9 +109,14 @@ class SettlesUnstarted:
             own = self._started_by_me()
             if own is not None:
                 return own  # the start made ahead for this message, landed late
+        if job.attempt == self.attempt and job.status is Status.WAITING:
+            job = self._await_fed(job)
+            if job.status is Status.WAITING:
+                put_back_soon(self.runtime, self.job_id, self.attempt, self.clock())
+                return self._stale(job)
         if job.attempt != self.attempt or job.status not in STARTABLE:
             if job.attempt == self.attempt and job.status is not Status.RUNNING:
-                # ended, or a batch item back to waiting: nobody runs this attempt
+                # ended: nobody runs this attempt
                 free_lease(self.runtime, self.job_id, self.attempt)
             return self._stale(job)
         self.job = job
@@ -144,6 +149,18 @@ class SettlesUnstarted:
             if job is not None:
                 return job
         return None
+
+    def _await_fed(self, job: Job) -> Job:
+        """A batch item the feeder indexed before its UPDATE to queued committed (the
+        feeder admits first): read again for at most ``UNCOMMITTED_WAIT_S`` while it is
+        still waiting, rather than drop a lease the feed is about to make good."""
+        deadline = time.monotonic() + UNCOMMITTED_WAIT_S
+        pause = 0.002
+        while job.status is Status.WAITING and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+            job = self._read() or job
+        return job
 
     def _not_committed(self) -> str:
         settle_uncommitted(self.runtime, self.job_id, self.attempt, self.clock())

@@ -523,3 +523,36 @@ def test_the_clients_submit_read_and_cancel_batches(client: ApiClient) -> None:
     assert [line["index"] for line in lines] == [0, 1, 2, 3]
     assert {line["status"] for line in lines} == {"cancelled"}
 
+
+
+def test_an_item_whose_feed_commits_while_its_start_waits_runs_at_once(
+    client: ApiClient, clock: Clock
+) -> None:
+    """A slot's hand-over can lease an item the feeder indexed a moment before its UPDATE to
+    queued commits (the feeder admits first): the start waits for it, briefly, and runs it,
+    rather than drop the lease and leave the item to the reconciler's grace."""
+    import threading
+    import time
+
+    from jobs.store import batches
+
+    _, item = interrupted_feed(client, "racing")
+    runtime = rt(client)
+    [lease] = runtime.index.dispatch(5, now=clock.now, lease_ttl_s=runtime.policy.lease_ttl_s)
+    assert lease.job_id == item.job_id
+
+    def feed_commits() -> None:
+        time.sleep(0.2)
+        with runtime.sessions.begin() as session:
+            assert batches.admit_items(session, [item.job_id], order_key=0.0,
+                                       now=clock.now) == 1
+
+    committing = threading.Thread(target=feed_commits)
+    committing.start()
+    registry, handler = counting()
+    try:
+        assert execute(runtime, registry, item.job_id, 1, worker_id="w@host",
+                       clock=clock) == SUCCEEDED
+    finally:
+        committing.join()
+    assert handler.runs == [item.job_id]
