@@ -195,19 +195,18 @@ class PackedRun:
             if lease.job_id not in ids:
                 self._safely(lambda lease=lease: self.runtime.index.put_back(  # type: ignore[misc]
                     lease.job_id, attempt=lease.attempt))
-        for job in started:
+        renewals = self._safely(lambda: self.runtime.index.renew_many(
+            [(job.id, job.attempt, start_figures(job)) for job in started],
+            ttl_s=self.runtime.policy.lease_ttl_s, now=self._now(), announce=True))
+        for job, renewal in zip(started, renewals or [Renewal.HELD] * len(started), strict=True):
+            if renewal is Renewal.LOST:
+                continue  # reaped meanwhile: the reaper has it
             sender = ProgressSender(self.runtime, job.id)
             ctx = JobContext(job_id=job.id, attempt=job.attempt, tenant_id=job.tenant_id,
                              kind=job.kind, reporter=sender)
-            rider = Rider(job=job, ctx=ctx, sender=sender)
-            renewal = self._safely(lambda job=job: self.runtime.index.renew_checked(  # type: ignore[misc]
-                job.id, attempt=job.attempt, ttl_s=self.runtime.policy.lease_ttl_s,
-                now=self._now(), announce=True, start=start_figures(job)))
-            if renewal is Renewal.LOST:
-                continue  # reaped meanwhile: the reaper has it
             if renewal is Renewal.CANCEL_REQUESTED:
                 ctx.mark_cancelled()
-            self.riders.append(rider)
+            self.riders.append(Rider(job=job, ctx=ctx, sender=sender))
         batches = {job.batch_id for job in started if job.batch_id is not None}
         if batches:
             notify.announce_batches(self.runtime.redis, self.runtime.prefix, batches)
@@ -222,12 +221,11 @@ class PackedRun:
 
     def _renew_riders(self) -> None:
         """With each renewal of the lead's lease: the riders' leases, and their cancels."""
-        ttl = self.runtime.policy.lease_ttl_s
-        for rider in self.riders:
-            if rider.ctx.lease_lost():
-                continue
-            renewal = self._safely(lambda rider=rider: self.runtime.index.renew_checked(  # type: ignore[misc]
-                rider.job.id, attempt=rider.job.attempt, ttl_s=ttl, now=self._now()))
+        held = [rider for rider in self.riders if not rider.ctx.lease_lost()]
+        renewals = self._safely(lambda: self.runtime.index.renew_many(
+            [(r.job.id, r.job.attempt, None) for r in held],
+            ttl_s=self.runtime.policy.lease_ttl_s, now=self._now()))
+        for rider, renewal in zip(held, renewals or [], strict=False):
             if renewal is Renewal.LOST:
                 rider.ctx.mark_lease_lost()
             elif renewal is Renewal.CANCEL_REQUESTED and not rider.ctx.cancelled():
@@ -294,6 +292,7 @@ class PackedRun:
                     exc_info=True)
             return
         requeued = False
+        released: list[tuple[str, int, str | None]] = []
         for move, did in zip(moves, moved, strict=True):
             job = move.rider.job
             if did and move.dst is Status.QUEUED:
@@ -303,12 +302,12 @@ class PackedRun:
                         "not_before"))))
                 notify.announce(self.runtime.redis, self.runtime.prefix, [job.id])
             else:
-                self._safely(lambda job=job, did=did, move=move: self.runtime.index.release(  # type: ignore[misc]
-                    job.id, attempt=job.attempt, announce=did,
-                    outcome=move.dst.value if did else None))
+                released.append((job.id, job.attempt, move.dst.value if did else None))
             level = logging.WARNING if move.dst is Status.FAILED else logging.INFO
             log_job(level, f"job.{move.dst.value}" if did else "job.stale", job,
                     worker_id=self.worker_id, error=move.fields.get("error"), run_items=self.size)
+        if released:
+            self._safely(lambda: self.runtime.index.release_many(released))
         if requeued:
             ring(self.runtime)
         batches = {m.rider.job.batch_id for m in moves if m.rider.job.batch_id is not None}

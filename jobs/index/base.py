@@ -307,6 +307,24 @@ class DispatchIndex(WorkerRegistry, LeaderLock, Protocol):
         none). Returns the riders' leases in run order; none when the lead's lease is gone."""
         ...
 
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int, StartFigures | None]],
+        *,
+        ttl_s: float,
+        now: float | None = None,
+        announce: bool = False,
+    ) -> list[Renewal]:
+        """``renew_checked`` of each ``(job, attempt, start figures)`` of a packed run, in one
+        call (``announce``: each start, committed first, in one message)."""
+        ...
+
+    def release_many(self, items: Sequence[tuple[str, int, str | None]]) -> int:
+        """Release each ``(job, attempt, status it moved to or None)`` of a packed run, in
+        one call, counting and announcing each move; the number of leases dropped. Riders
+        hold no slot: nothing rings."""
+        ...
+
     def cancel(self, job_id: str, *, tenant: str | None = None, fence: str | None = None) -> bool:
         """Remove a queued job; False when it is not queued here. ``tenant``: the job's, as
         its row says; without it (a stray entry no row names) the index may have to search

@@ -4,11 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobs.index.memory_layout import MemoryLayout, frozen_value
-from jobs.index.values import Lease, RunCandidate
+from jobs.core.histograms import StartFigures
+from jobs.index.memory_layout import frozen_value
+from jobs.index.memory_leases import MemoryLeases
+from jobs.index.values import Lease, Renewal, RunCandidate
 
 
-class MemoryRuns(MemoryLayout):
+class MemoryRuns(MemoryLeases):
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int, StartFigures | None]],
+        *,
+        ttl_s: float,
+        now: float | None = None,
+        announce: bool = False,
+    ) -> list[Renewal]:
+        """The figures and announcements reach nobody here: the twin keeps no metrics."""
+        return [self.renew_checked(job_id, attempt=attempt, ttl_s=ttl_s, now=now)
+                for job_id, attempt, _ in items]
+
+    def release_many(self, items: Sequence[tuple[str, int, str | None]]) -> int:
+        dropped = 0
+        for job_id, attempt, _ in items:
+            held = job_id in self._leases and self._meta[job_id].attempt == attempt
+            self.release(job_id, attempt=attempt)
+            dropped += held
+        return dropped
+
     def fill_run(
         self,
         lead_id: str,

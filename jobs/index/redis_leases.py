@@ -187,6 +187,29 @@ class RedisLeases(RedisScripts):
             args += [candidate.job_id, candidate.tenant, str(int(candidate.cost))]
         return [lease_of(raw) for raw in self._run("fill_run", args)]
 
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int, StartFigures | None]],
+        *,
+        ttl_s: float,
+        now: float | None = None,
+        announce: bool = False,
+    ) -> list[Renewal]:
+        if not items:
+            return []
+        args: list[str | int] = [score_arg(ttl_s), now_arg(now), "1" if announce else ""]
+        for job_id, attempt, start in items:
+            args += [job_id, int(attempt), *([""] * 6 if start is None else start.script_args())]
+        return [Renewal(int(raw)) for raw in self._run("renew_many", args)]
+
+    def release_many(self, items: Sequence[tuple[str, int, str | None]]) -> int:
+        if not items:
+            return 0
+        args: list[str | int] = []
+        for job_id, attempt, status in items:
+            args += [job_id, int(attempt), status or ""]
+        return int(self._run("release_many", args))
+
     def put_back(
         self, job_id: str, *, attempt: int, not_before: float | None = None,
         fence: str | None = None,

@@ -22,6 +22,7 @@ _SCRIPTS = (
     "expire_due", "set_caps", "restore_lease", "flag_cancel", "hand_over",
     "put_back", "offer", "runnable_ahead", "position", "position_at", "upgrade_layout",
     "entries", "route_kinds", "fill_run",
+    "renew_many", "release_many",
 )
 # The Lua prepended to an index script after common.lua: the steps it shares with others.
 _PRELUDES: dict[str, tuple[str, ...]] = {

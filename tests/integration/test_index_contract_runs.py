@@ -105,3 +105,20 @@ def test_a_riders_lapsed_lease_is_reaped_as_any(index: DispatchIndex) -> None:
                    lease_ttl_s=TTL, now=now)
     assert sorted(ids(index.reap(now=now + TTL + 1))) == ["a", "b"]
     assert index.inflight() == 0 and index.tenant_inflight("t1") == 0
+
+
+def test_a_runs_leases_are_renewed_and_released_in_one_call(index: DispatchIndex) -> None:
+    now = time.time()
+    fill(index, job("a", key=1), job("b", key=2), job("c", key=3))
+    index.set_caps({"free": 5})
+    assert lead(index, now) == "a"
+    index.fill_run("a", attempt=1, candidates=cands(("b", "t1"), ("c", "t1")), max_items=3,
+                   lease_ttl_s=TTL, now=now)
+    assert index.flag_cancel("c", attempt=1)
+    renewed = index.renew_many([("b", 1, None), ("c", 1, None), ("b", 2, None)],
+                               ttl_s=TTL, now=now + 10)
+    assert [r.value for r in renewed] == [1, 2, 0]  # held, cancel asked, another attempt
+    # Renewed to now + TTL: still held at the first TTL's end.
+    assert ids(index.reap(now=now + TTL + 1)) == ["a"]
+    assert index.release_many([("b", 1, "succeeded"), ("c", 1, None), ("c", 2, None)]) == 2
+    assert index.inflight() == 0 and index.tenant_inflight("t1") == 0
