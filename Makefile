@@ -15,6 +15,8 @@ E2E_BENCH_ARGS ?=
 BATCH_BENCH_ARGS ?=
 # e.g. make bench SIMULATE_BENCH_ARGS='--jobs 100000 --policies tierq'
 SIMULATE_BENCH_ARGS ?=
+# e.g. make bench PACKING_BENCH_ARGS='--quick'
+PACKING_BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install up test lint bench clean
