@@ -22,7 +22,9 @@ import redis
 from jobs.core.domain import Tenant
 from jobs.index import DispatchIndex, MemoryIndex, RedisIndex
 from jobs.process.runtime import Runtime
+from jobs.process.settings import load_settings
 from tests.integration.api_harness import (
+    ADMIN_KEY,
     ApiClient,
     Clock,
     Statements,
@@ -45,6 +47,20 @@ def client(
     pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock, redis_client: Any
 ) -> Iterator[ApiClient]:
     with running_api(make_settings(pg_url, redis_server.url, key_prefix), clock) as api:
+        yield api
+
+
+@pytest.fixture
+def pooled(
+    pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock, redis_client: Any
+) -> Iterator[ApiClient]:
+    """An API whose ``eval.similarity`` runs in pool ``gpu``, every other kind in default."""
+    settings = load_settings(
+        database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix,
+        admin_key=ADMIN_KEY, policy={"pool_concurrency": 4},
+        pools={"gpu": {"kinds": ["eval.similarity"], "concurrency": 8}},
+    )
+    with running_api(settings, clock) as api:
         yield api
 
 

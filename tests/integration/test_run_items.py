@@ -6,8 +6,6 @@ items of the last minute for the dashboard's items/s, and never raises; ``/metri
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -16,9 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from jobs.index import counters
-from jobs.process.settings import load_settings
-from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, rt, running_api
-from tests.services import RedisServer
+from tests.integration.api_harness import ApiClient, Clock, rt
 
 pytestmark = pytest.mark.integration
 
@@ -105,20 +101,6 @@ def test_a_redis_that_does_not_answer_costs_the_count_not_the_run(
         counters.record_run(gone, "{nowhere}:", kind="echo", pool="gpu", items=4)
     [record] = [r for r in caplog.records if r.getMessage() == "counter.failed"]
     assert (record.__dict__["kind"], record.__dict__["pool"]) == ("echo", "gpu")
-
-
-@pytest.fixture
-def pooled(
-    pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock, redis_client: Any
-) -> Iterator[ApiClient]:
-    """An API whose ``eval.similarity`` runs in pool ``gpu``, every other kind in default."""
-    settings = load_settings(
-        database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix,
-        admin_key=ADMIN_KEY, policy={"pool_concurrency": 4},
-        pools={"gpu": {"kinds": ["eval.similarity"], "concurrency": 8}},
-    )
-    with running_api(settings, clock) as api:
-        yield api
 
 
 def test_metrics_show_items_per_run_per_kind_and_items_started_per_pool(

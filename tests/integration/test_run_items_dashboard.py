@@ -4,15 +4,12 @@ that ran it; a tenant's view shows none of it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from jobs.index import counters
-from jobs.process.settings import load_settings
-from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, auth, rt, running_api
-from tests.services import RedisServer
+from tests.integration.api_harness import ADMIN_KEY, ApiClient, Clock, auth, rt
 
 pytestmark = pytest.mark.integration
 
@@ -22,20 +19,6 @@ def dashboard(client: ApiClient, key: str) -> dict[str, Any]:
     assert answer.status_code == 200, answer.text
     body: dict[str, Any] = answer.json()
     return body
-
-
-@pytest.fixture
-def pooled(
-    pg_url: str, redis_server: RedisServer, key_prefix: str, clock: Clock, redis_client: Any
-) -> Iterator[ApiClient]:
-    """An API whose ``eval.similarity`` runs in pool ``gpu``, every other kind in default."""
-    settings = load_settings(
-        database_url=pg_url, redis_url=redis_server.url, key_prefix=key_prefix,
-        admin_key=ADMIN_KEY, policy={"pool_concurrency": 4},
-        pools={"gpu": {"kinds": ["eval.similarity"], "concurrency": 8}},
-    )
-    with running_api(settings, clock) as api:
-        yield api
 
 
 def test_the_fleet_sees_items_per_run_per_kind_and_items_a_second_per_pool(
