@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from jobs.api.errors import ERROR_TYPES
 from jobs.cli.main import build_app
 from jobs.core import errors
-from jobs.process.settings import PoolSettings, Settings, TierSettings
+from jobs.process.settings import KindSettings, PoolSettings, Settings, TierSettings
 from tests.e2e.live_api import live_api
 from tests.services import RedisServer
 from workers.embedding import models_installed
@@ -127,6 +127,8 @@ def _settings(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
             yield from _settings(TierSettings, f"{prefix}tiers.<name>.")
         elif name == "pools":  # dict[str, PoolSettings]
             yield from _settings(PoolSettings, f"{prefix}pools.<name>.")
+        elif name == "kinds" and not prefix:  # dict[str, KindSettings]
+            yield from _settings(KindSettings, f"{prefix}kinds.<kind>.")
         else:
             yield f"{prefix}{name}"
 
