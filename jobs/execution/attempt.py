@@ -269,10 +269,14 @@ class _Attempt(HandsOver, SettlesUnstarted, RecordsOutcome):
         run = PackedRun(self.runtime, registry, packing, lead=job, ctx=ctx, heartbeat=heartbeat,
                         clock=self.clock, virtual=self._virtual_clock, worker_id=self.worker_id,
                         lead_limit_s=self.limit_s,
-                        limit_of=lambda j: limits.limit_s(j, policy, registry.timeout_s(j.kind)))
+                        limit_of=lambda j: limits.limit_s(j, policy, registry.timeout_s(j.kind)),
+                        on_size=self._note_run_items)
         ending = run.run()
         self.run_items, self.limit_s = run.size, run.limit_s
         return ending
+
+    def _note_run_items(self, size: int) -> None:
+        self.run_items = size
 
     def _claim_ending(self, *, returned: Heartbeat | None = None) -> bool:
         """True for the first of the handler's ending and the overrun's: that one records.

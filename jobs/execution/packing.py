@@ -93,7 +93,8 @@ class PackedRun:
                  lead: Job, ctx: JobContext, heartbeat: Heartbeat,
                  clock: Callable[[], float], virtual: Callable[[], float] | None,
                  worker_id: str, lead_limit_s: float,
-                 limit_of: Callable[[Job], float]) -> None:
+                 limit_of: Callable[[Job], float],
+                 on_size: Callable[[int], None] = lambda size: None) -> None:
         self.runtime = runtime
         self.registry = registry
         self.packing = packing
@@ -105,6 +106,9 @@ class PackedRun:
         self.worker_id = worker_id
         self.limit_s = lead_limit_s
         self._limit_of = limit_of
+        # Told the run's size once its riders started: an overrun, on another thread, ends
+        # a run of several as one that failed as a whole.
+        self._on_size = on_size
         self.riders: list[Rider] = []
 
     @property
@@ -119,6 +123,7 @@ class PackedRun:
         self._note_run()
         if not self.riders:
             return call_handler(self.registry, self.ctx, self.lead)
+        self._on_size(self.size)
         for rider in self.riders:
             RUNNING.add(rider.ctx)
         try:
