@@ -142,7 +142,7 @@ def test_a_worker_killed_mid_run_leaves_every_item_to_run_again_once(
     free = system.tenant("lab", "free")
     system.wait_for_capacity(free, 2)
     key = f"{key_prefix}test:runs"
-    first = send(free, 1, key, seconds=4.0)
+    first = send(free, 1, key, seconds=2.5)
     rest = send(free, 20, key)
     wait_until(lambda: free.get(f"/v1/jobs/{first[0]}").json()["status"] == "running",
                timeout=30)
@@ -153,6 +153,8 @@ def test_a_worker_killed_mid_run_leaves_every_item_to_run_again_once(
     ids = [*first, *rest]
     ended = [wait_terminal(free, job_id, timeout=120) for job_id in ids]
     assert {job["status"] for job in ended} == {"succeeded"}
+    assert any(job["attempt"] > 1 for job in ended)  # the kill took a run down mid-way
+    assert all(job["starts"] == 1 for job in ended)  # and its split was not charged
     done = [i for _, _, items in runs(redis_client, key) for i in items]
     assert sorted(done) == sorted(ids)  # each completed once, none lost
 
