@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers for the isolated tests (own database, own key prefix): one more than
-# the 2 cores, since most tests wait on processes, sockets and timers more than they compute
+# the 2 cores, since most tests wait on processes, sockets and timers more than they compute;
+# they steal work from each other (--dist worksteal), so no worker is left with a tail of
+# long system tests while the others idle
 TEST_WORKERS ?= 3
 # e.g. make bench SUBMIT_BENCH_ARGS='--jobs 500' for a quick run
 SUBMIT_BENCH_ARGS ?=
@@ -44,7 +46,7 @@ lint: $(STAMP) ## ruff, mypy --strict and the layering contract (import-linter)
 
 test: lint ## lint, then the whole test suite: the isolated tests in parallel, then those that run alone
 	@sh scripts/test-tools.sh
-	$(BIN)/pytest -n $(TEST_WORKERS) -m "not alone" --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone" --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/pytest -p no:xdist -m alone --durations=5 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 bench: $(STAMP) ## benchmarks: print tables of side-by-side figures
