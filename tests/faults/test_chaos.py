@@ -64,7 +64,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.chaos, pytest.mark.alone, pytest.m
 
 SEED_ENV = "TIERQ_CHAOS_SEED"
 FAULTS_ENV = "TIERQ_CHAOS_FAULTS"
-FAULT_PHASE_S = 75.0
+FAULT_PHASE_S = 100.0
 SETTLE_S = 45.0
 WORKERS, DISPATCHERS = 3, 2
 POOL = WORKERS * WORKER_SLOTS
