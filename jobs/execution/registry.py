@@ -43,6 +43,8 @@ class HandlerRegistry:
     def __init__(self, handlers: Iterable[Handler] = ()) -> None:
         self._handlers: dict[str, Handler] = {}
         self._kind_settings: dict[str, KindSettings] = {}  # ``configure_packing``
+        # Each kind's packing, worked out once (asked at every start of a job of the kind).
+        self._packings: dict[str, Packing | None] = {}
         for handler in handlers:
             self.register(handler)
         self._setup_lock = threading.Lock()
@@ -88,6 +90,7 @@ class HandlerRegistry:
             raise ValueError(f"a handler for kind {handler.kind!r} is already registered")
         kind_packing(handler)  # a packing it declares wrongly stops the process here, not mid-run
         self._handlers[handler.kind] = handler
+        self._packings.pop(handler.kind, None)
 
     def configure_packing(self, kinds: Mapping[str, KindSettings]) -> None:
         """Take the deployment's ``[kinds."<kind>"]`` over the handlers' own packing. A kind
@@ -95,6 +98,7 @@ class HandlerRegistry:
         and a worker runs its pool's kinds); asking a handler without ``run_many`` to pack,
         or one without ``cost`` for a budget, is ignored with a warning."""
         self._kind_settings = dict(kinds)
+        self._packings.clear()
         for kind, spec in sorted(kinds.items()):
             handler = self._handlers.get(kind)
             if handler is None:
@@ -109,8 +113,13 @@ class HandlerRegistry:
         """How many items of ``kind`` (and how much of its handler's cost) one run may hold;
         None when the kind does not pack here: its handler has no ``run_many``, or fewer
         than 2 items per run (its own, or the configuration's), or it is unknown here."""
+        if kind in self._packings:
+            return self._packings[kind]
         handler = self._handlers.get(kind)
-        return None if handler is None else kind_packing(handler, self._kind_settings.get(kind))
+        if handler is None:
+            return None
+        found = self._packings[kind] = kind_packing(handler, self._kind_settings.get(kind))
+        return found
 
     def get(self, kind: str) -> Handler:
         try:
